@@ -1,0 +1,93 @@
+# shard: one entry point. `make` builds lib/libshard.{so,a} and bin/shard; `make run` trains the
+# default recipe; `make test` runs every C test and busted spec. CUDA kernels are compiled when
+# nvcc exists (NVCC= disables them); the build never needs a GPU.
+
+BUILD   ?= build
+CC      ?= gcc
+OPT     ?= -O2
+SAN     ?=
+CFLAGS  += $(OPT) -g -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(SAN)
+CFLAGS  += -Iruntime -Ikernels
+LDFLAGS += $(SAN)
+
+LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null)
+LUAJIT_LIBS   ?= $(shell pkg-config --libs luajit 2>/dev/null)
+MPI_CFLAGS    ?= $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS      ?= $(shell mpicc --showme:link 2>/dev/null)
+BLAS_LIBS     ?= -lopenblas
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
+NVFLAGS   ?= -O2 -std=c++17 -Xcompiler -fPIC -Iruntime -Ikernels \
+             -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
+
+RUNTIME_SRC := $(filter-out runtime/host.c runtime/cuda_none.c,$(wildcard runtime/*.c))
+RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
+ifneq ($(NVCC),)
+  CUDA_SRC  := $(wildcard kernels/*.cu)
+  CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl
+  CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
+else
+  CUDA_OBJ  := $(BUILD)/runtime/cuda_none.o
+endif
+LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
+
+C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
+HOST    ?= bin/shard
+
+.PHONY: all deps run test c-tests test-asan test-gpu bench clean check-long
+all: lib/libshard.so lib/libshard.a $(HOST)
+
+$(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+lib/libshard.so: $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p lib
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIBS)
+
+lib/libshard.a: $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p lib
+	rm -f $@ && ar rcs $@ $^
+
+# The host links the runtime statically and exports every symbol (-Wl,-E) so that LuaJIT's
+# FFI finds them in the executable itself.
+$(HOST): runtime/host.c $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p bin
+	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -lreadline $(LIBS) -ldl
+
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
+
+c-tests: $(C_TESTS)
+
+deps:
+	@sh tests/deps.sh
+
+run: deps all
+	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 $(ARGS)
+
+test: deps all $(C_TESTS)
+	@sh tests/run.sh $(BUILD) bin/shard
+
+# Everything again under AddressSanitizer and UBSan, in its own build tree.
+test-asan: deps
+	$(MAKE) BUILD=build-asan OPT=-O1 NVCC= HOST=bin/shard-asan \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  bin/shard-asan c-tests
+	@ASAN_OPTIONS=detect_leaks=0 sh tests/run.sh build-asan bin/shard-asan
+
+test-gpu: all
+	@sh tests/run_gpu.sh bin/shard
+
+bench: all
+	@sh bench/run.sh
+
+clean:
+	rm -rf build build-asan lib bin/shard bin/shard-asan

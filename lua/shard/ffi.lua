@@ -1,0 +1,64 @@
+-- shard.ffi: the C runtime seen from Lua. The declarations are the runtime headers' own
+-- text (preprocessor lines dropped), so C and Lua cannot drift. Inside bin/shard the symbols
+-- are in the executable; from a plain luajit, lib/libshard.so is loaded.
+local ffi = require "ffi"
+
+local M = {}
+
+local function project_root()
+  local env = os.getenv("SHARD_HOME")
+  if env and env ~= "" then return env end
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  return (src:match("^(.*)/lua/shard/ffi%.lua$") or ".")
+end
+M.root = project_root()
+
+local CORE = { "status.h", "dtype.h", "alloc.h", "tensor.h" }
+
+local function read(path)
+  local f = assert(io.open(path, "r"), "shard: cannot read runtime header " .. path)
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+local function declarations(text)
+  local out = {}
+  for line in (text .. "\n"):gmatch("(.-)\n") do
+    if not line:match("^%s*#") then out[#out + 1] = line end
+  end
+  return (table.concat(out, "\n"):gsub("__attribute__%b()", ""))
+end
+
+-- Public headers: the core in dependency order, then every other runtime/*.h that is not
+-- *_internal.h, in name order.
+local function header_list()
+  local seen, list = {}, {}
+  for _, h in ipairs(CORE) do seen[h] = true; list[#list + 1] = h end
+  local p = io.popen('ls "' .. M.root .. '/runtime" 2>/dev/null')
+  local rest = {}
+  for name in p:lines() do
+    if name:match("%.h$") and not name:match("_internal%.h$") and not seen[name] then rest[#rest + 1] = name end
+  end
+  p:close()
+  table.sort(rest)
+  for _, h in ipairs(rest) do list[#list + 1] = h end
+  return list
+end
+
+for _, h in ipairs(header_list()) do
+  ffi.cdef(declarations(read(M.root .. "/runtime/" .. h)))
+end
+
+local function runtime_library()
+  if pcall(function() return ffi.C.sh_last_error end) then return ffi.C end
+  return ffi.load(M.root .. "/lib/libshard.so", true)
+end
+M.C = runtime_library()
+
+-- Turns a runtime status into a Lua error carrying the runtime's message.
+function M.check(rc, level)
+  if rc ~= 0 then error(ffi.string(M.C.sh_last_error()), (level or 1) + 1) end
+end
+
+return M

@@ -1,0 +1,326 @@
+-- shard.tensor: the Tensor type. A tensor is an FFI struct (sh_handle) holding the one
+-- pointer to its C sh_tensor; the struct's metatype gives it methods, operators, indexing
+-- and a __gc that is only a backstop: :free() releases the storage at once.
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local C, check = rt.C, rt.check
+
+ffi.cdef "typedef struct sh_handle { sh_tensor *p; } sh_handle;"
+
+local M = {}
+local Tensor = {}            -- methods; other modules (ops, autograd) add to it
+M.Tensor = Tensor
+
+local DTYPES = { [0] = "f64", "f32", "bf16", "f16", "i64", "i32", "u8", "bool" }
+M.default_dtype = "f32"
+
+function M.dtype_id(name)
+  if type(name) == "number" then return name end
+  local id = C.sh_dtype_from_name(name)
+  if id < 0 then error("unknown dtype '" .. tostring(name) .. "' (expected f64, f32, bf16, f16, i64, i32, u8 or bool)", 3) end
+  return id
+end
+function M.dtype_name(id) return DTYPES[id] end
+
+function M.device_id(dev)
+  if dev == nil or dev == "cpu" or dev == -1 then return -1 end
+  if type(dev) == "number" then return dev end
+  if dev == "cuda" then return 0 end
+  local n = type(dev) == "string" and dev:match("^cuda:(%d+)$")
+  if not n then error("unknown device '" .. tostring(dev) .. "' (expected cpu, cuda or cuda:N)", 3) end
+  return tonumber(n)
+end
+function M.device_name(id) return id < 0 and "cpu" or ("cuda:" .. id) end
+
+local Handle = ffi.typeof("sh_handle")
+local box = ffi.new("sh_tensor*[1]")
+
+-- Wraps a freshly created C tensor; the handle becomes its only owner.
+local function wrap(p)
+  return Handle(p)
+end
+M.wrap = wrap
+
+-- Calls a C function whose first argument is an sh_tensor** out-parameter.
+local function new_from(fn, ...)
+  box[0] = nil
+  check(fn(box, ...), 3)
+  return wrap(box[0])
+end
+M.new_from = new_from
+
+-- Shapes come as a table {2, 3} or as numbers 2, 3.
+local shape_buf = ffi.new("int64_t[8]")
+local function shape_args(first, ...)
+  local dims = type(first) == "table" and first or { first, ... }
+  if #dims > 8 then error("a tensor has at most 8 dims, got " .. #dims, 3) end
+  for i = 1, #dims do
+    if type(dims[i]) ~= "number" then error("shape entries must be numbers, got " .. type(dims[i]), 3) end
+    shape_buf[i - 1] = dims[i]
+  end
+  return #dims, shape_buf
+end
+M.shape_args = shape_args
+
+local function opts_of(opts)
+  opts = opts or {}
+  return M.dtype_id(opts.dtype or M.default_dtype), M.device_id(opts.device)
+end
+
+function M.empty(shape, opts)
+  local dtype, device = opts_of(opts)
+  local n, s = shape_args(shape)
+  return new_from(C.sh_tensor_empty, n, s, dtype, device)
+end
+
+function M.full(shape, value, opts)
+  local t = M.empty(shape, opts)
+  if t.p.device < 0 then check(C.sh_tensor_fill_(t.p, value), 2) else t:fill_(value) end
+  return t
+end
+function M.zeros(shape, opts) return M.full(shape, 0, opts) end
+function M.ones(shape, opts) return M.full(shape, 1, opts) end
+
+-- shard.tensor{{1,2},{3,4}}: shape from the nesting, values in row-major order.
+function M.tensor(data, opts)
+  if type(data) == "number" then
+    local t = M.empty({}, opts)
+    check(C.sh_tensor_fill_(t.p, data), 2)
+    return t
+  end
+  if type(data) ~= "table" then error("shard.tensor expects a number or nested tables, got " .. type(data), 2) end
+  local shape, flat = {}, {}
+  local node = data
+  while type(node) == "table" do shape[#shape + 1] = #node; node = node[1] end
+  local function walk(t, depth)
+    if #t ~= shape[depth] then error(("shard.tensor: ragged nesting at depth %d (%d vs %d entries)"):format(depth, #t, shape[depth]), 4) end
+    for i = 1, #t do
+      local v = t[i]
+      if depth < #shape then
+        if type(v) ~= "table" then error("shard.tensor: ragged nesting at depth " .. depth, 4) end
+        walk(v, depth + 1)
+      else
+        if type(v) == "boolean" then v = v and 1 or 0 end
+        if type(v) ~= "number" then error("shard.tensor: expected a number, got " .. type(v), 4) end
+        flat[#flat + 1] = v
+      end
+    end
+  end
+  walk(data, 1)
+  local dtype, device = opts_of(opts)
+  local host = M.empty(shape, { dtype = dtype })
+  local buf = ffi.new("double[?]", math.max(#flat, 1))
+  for i = 1, #flat do buf[i - 1] = flat[i] end
+  check(C.sh_tensor_write_f64(host.p, buf), 2)
+  if device < 0 then return host end
+  local t = host:to(M.device_name(device))
+  host:free()
+  return t
+end
+
+function M.is_tensor(x) return ffi.istype(Handle, x) end
+
+---------------------------------------------------------------------------------------------
+-- queries
+
+function Tensor:shape()
+  local p, s = self.p, {}
+  for d = 0, p.ndim - 1 do s[d + 1] = tonumber(p.shape[d]) end
+  return s
+end
+function Tensor:size(d)
+  local p = self.p
+  if d < 0 then d = d + p.ndim + 1 end
+  if d < 1 or d > p.ndim then error(("size: dim %d out of range for %d dims"):format(d, p.ndim), 2) end
+  return tonumber(p.shape[d - 1])
+end
+function Tensor:stride()
+  local p, s = self.p, {}
+  for d = 0, p.ndim - 1 do s[d + 1] = tonumber(p.stride[d]) end
+  return s
+end
+function Tensor:dim() return self.p.ndim end
+function Tensor:numel() return tonumber(C.sh_tensor_numel(self.p)) end
+function Tensor:dtype() return DTYPES[self.p.dtype] end
+function Tensor:device() return M.device_name(self.p.device) end
+function Tensor:is_cuda() return self.p.device >= 0 end
+function Tensor:is_contiguous() return C.sh_tensor_is_contiguous(self.p) == 1 end
+function Tensor:is_freed() return self.p.storage == nil end
+function Tensor:data_ptr() check(C.sh_tensor_check(self.p, "data_ptr"), 2); return C.sh_tensor_data(self.p) end
+function Tensor:describe()
+  local buf = ffi.new("char[200]")
+  C.sh_tensor_describe(self.p, buf, 200)
+  return ffi.string(buf)
+end
+
+function Tensor:item()
+  local v = ffi.new("double[1]")
+  check(C.sh_tensor_item(self.p, v), 2)
+  return v[0]
+end
+
+-- Every element as a flat Lua array of numbers (row-major); moves to the CPU if needed.
+function Tensor:tolist_flat()
+  local src = self.p.device >= 0 and self:to("cpu") or self
+  local n = src:numel()
+  local buf = ffi.new("double[?]", math.max(n, 1))
+  check(C.sh_tensor_read_f64(src.p, buf), 2)
+  local out = {}
+  for i = 1, n do out[i] = buf[i - 1] end
+  if src ~= self then src:free() end
+  return out
+end
+
+-- Nested Lua tables in the tensor's shape.
+function Tensor:tolist()
+  local flat, shape = self:tolist_flat(), self:shape()
+  if #shape == 0 then return flat[1] end
+  local pos = 0
+  local function build(d)
+    local t = {}
+    for i = 1, shape[d] do
+      if d == #shape then pos = pos + 1; t[i] = flat[pos] else t[i] = build(d + 1) end
+    end
+    return t
+  end
+  return build(1)
+end
+
+---------------------------------------------------------------------------------------------
+-- lifetime
+
+function Tensor:free()
+  C.sh_tensor_release(self.p)
+  return nil
+end
+
+function Tensor:alias() return new_from(C.sh_tensor_alias, self.p) end
+
+---------------------------------------------------------------------------------------------
+-- views
+
+function Tensor:view(...) local n, s = shape_args(...); return new_from(C.sh_view_reshape, self.p, n, s) end
+function Tensor:reshape(...) local n, s = shape_args(...); return new_from(C.sh_tensor_reshape, self.p, n, s) end
+function Tensor:expand(...) local n, s = shape_args(...); return new_from(C.sh_view_expand, self.p, n, s) end
+-- Dims are 1-based in Lua (negative counts from the end), 0-based in C.
+local function cdim(d, ndim_extra)
+  if d < 0 then return d end
+  if d == 0 then error("dims are 1-based: dim 0 does not exist", 3) end
+  return d - 1
+end
+function Tensor:narrow(dim, start, length) return new_from(C.sh_view_narrow, self.p, cdim(dim), start - 1, length) end
+function Tensor:select(dim, index) return new_from(C.sh_view_select, self.p, cdim(dim), index < 0 and index or index - 1) end
+function Tensor:transpose(d0, d1) return new_from(C.sh_view_transpose, self.p, cdim(d0), cdim(d1)) end
+function Tensor:t()
+  if self.p.ndim ~= 2 then error("t(): needs a 2-D tensor, got " .. self:describe(), 2) end
+  return self:transpose(1, 2)
+end
+function Tensor:unsqueeze(dim) return new_from(C.sh_view_unsqueeze, self.p, cdim(dim)) end
+function Tensor:squeeze(dim) return new_from(C.sh_view_squeeze, self.p, cdim(dim)) end
+function Tensor:permute(...)
+  local order = type((...)) == "table" and (...) or { ... }
+  if #order ~= self.p.ndim then error(("permute: %d dims given for %s"):format(#order, self:describe()), 2) end
+  local perm = ffi.new("int[8]")
+  for i = 1, #order do perm[i - 1] = cdim(order[i]) end
+  return new_from(C.sh_view_permute, self.p, perm)
+end
+function Tensor:contiguous() return new_from(C.sh_tensor_contiguous, self.p) end
+function Tensor:flatten() return self:reshape(self:numel()) end
+
+---------------------------------------------------------------------------------------------
+-- copies and conversions
+
+-- t:to("bf16"), t:to("cuda"), t:to{dtype = "f32", device = "cpu"}
+function Tensor:to(what)
+  local dtype, device = self.p.dtype, self.p.device
+  if type(what) == "table" then
+    if what.dtype then dtype = M.dtype_id(what.dtype) end
+    if what.device then device = M.device_id(what.device) end
+  elseif type(what) == "string" and (what == "cpu" or what:match("^cuda")) then
+    device = M.device_id(what)
+  else
+    dtype = M.dtype_id(what)
+  end
+  return new_from(C.sh_tensor_to, self.p, dtype, device)
+end
+function Tensor:float() return self:to("f32") end
+function Tensor:double() return self:to("f64") end
+function Tensor:clone() return new_from(C.sh_tensor_to, self.p, self.p.dtype, self.p.device) end
+function Tensor:copy_(src) check(C.sh_tensor_copy_(self.p, src.p), 2); return self end
+
+local index_buf = ffi.new("int64_t[8]")
+local function fill_index(t, idx)
+  if #idx ~= t.p.ndim then error(("index has %d entries for %s"):format(#idx, t:describe()), 3) end
+  for i = 1, #idx do index_buf[i - 1] = idx[i] < 0 and idx[i] or idx[i] - 1 end
+end
+function Tensor:get(idx)
+  fill_index(self, idx)
+  local v = ffi.new("double[1]")
+  check(C.sh_tensor_get(self.p, index_buf, v), 2)
+  return v[0]
+end
+function Tensor:set(idx, value)
+  fill_index(self, idx)
+  check(C.sh_tensor_set(self.p, index_buf, value), 2)
+  return self
+end
+
+---------------------------------------------------------------------------------------------
+-- the metatype
+
+local mt = {}
+function mt.__index(self, k)
+  local m = Tensor[k]
+  if m ~= nil then return m end
+  if type(k) == "number" then            -- t[i]: a view of row i, or a number for 1-D t
+    local p = self.p
+    if p.ndim == 0 then error("cannot index a 0-dim tensor; use :item()", 2) end
+    local n = tonumber(p.shape[0])
+    local i = k < 0 and k + n + 1 or k
+    if i < 1 or i > n then error(("index %d out of range for dim 1 of size %d in %s"):format(k, n, self:describe()), 2) end
+    if p.ndim == 1 then return self:get({ i }) end
+    return self:select(1, i)
+  end
+  if k == "grad" then
+    local g = self.p.grad
+    if g == nil then return nil end
+    return new_from(C.sh_tensor_alias, g)
+  elseif k == "requires_grad" then
+    return self.p.requires_grad ~= 0
+  end
+  return nil
+end
+function mt.__newindex(self, k, v)
+  if type(k) == "number" then
+    local p = self.p
+    if p.ndim == 1 then return self:set({ k }, v) end
+    local row = self:select(1, k)
+    if type(v) == "number" then check(C.sh_tensor_fill_(row.p, v), 2) else row:copy_(v) end
+    row:free()
+  elseif k == "grad" then
+    check(C.sh_tensor_set_grad(self.p, v and v.p or nil), 2)
+  elseif k == "requires_grad" then
+    self.p.requires_grad = v and 1 or 0
+  else
+    error("cannot set field '" .. tostring(k) .. "' on a tensor", 2)
+  end
+end
+function mt.__gc(self) C.sh_tensor_destroy(self.p) end
+function mt.__len(self) return self.p.ndim > 0 and tonumber(self.p.shape[0]) or 0 end
+function mt.__tostring(self) return require("shard.print").tensor(self) end
+-- Arithmetic operators forward to methods that shard.ops (and autograd) define.
+function mt.__add(a, b) return M.binary("add", a, b) end
+function mt.__sub(a, b) return M.binary("sub", a, b) end
+function mt.__mul(a, b) return M.binary("mul", a, b) end
+function mt.__div(a, b) return M.binary("div", a, b) end
+function mt.__pow(a, b) return M.binary("pow", a, b) end
+function mt.__unm(a) return a:neg() end
+
+-- a OP b where either side may be a number: tensor OP scalar, or scalar OP tensor.
+function M.binary(op, a, b)
+  if M.is_tensor(a) then return a[op](a, b) end
+  return Tensor["r" .. op](b, a)
+end
+
+ffi.metatype(Handle, mt)
+return M

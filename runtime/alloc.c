@@ -1,0 +1,201 @@
+#include "alloc_internal.h"
+#include "status_internal.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_DEVICES = 17, N_CLASSES = 256, ALIGN = 64 };
+
+typedef struct free_block { struct free_block *next; void *ptr; } free_block;
+
+typedef struct device_pool {
+  sh_mem_stats stats;
+  free_block *free_lists[N_CLASSES];
+  free_block *spare_nodes;        /* recycled list nodes, so caching never mallocs twice */
+  int64_t cached;
+} device_pool;
+
+static device_pool pools[MAX_DEVICES]; /* [0] is the CPU, [1 + N] is cuda:N */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int current_tag = SH_TAG_OTHER;
+static sh_mem_backend cuda_backend;
+
+static const char *tag_names[SH_N_TAGS] = {"other", "param", "grad", "optim", "activation", "comm"};
+const char *sh_mem_tag_name(int tag) { return tag >= 0 && tag < SH_N_TAGS ? tag_names[tag] : "?"; }
+
+void sh_mem_register_cuda(const sh_mem_backend *backend) { cuda_backend = *backend; }
+const sh_mem_backend *sh_mem_cuda(void) { return cuda_backend.raw_alloc ? &cuda_backend : NULL; }
+
+static device_pool *pool_for(int device) {
+  if (device < -1 || device >= MAX_DEVICES - 1) {
+    sh_fail(SH_ERR_DEVICE, "memory: no device %d", device);
+    return NULL;
+  }
+  if (device >= 0 && !cuda_backend.raw_alloc) {
+    sh_fail(SH_ERR_DEVICE, "memory: cuda:%d requested but shard was built without CUDA or no GPU is present", device);
+    return NULL;
+  }
+  return &pools[device + 1];
+}
+
+/* Size classes: 64-byte steps up to 1 KiB, then four classes per power of two. */
+static int size_class(size_t n, size_t *class_bytes) {
+  if (n <= 1024) {
+    size_t b = n < ALIGN ? ALIGN : (n + ALIGN - 1) / ALIGN * ALIGN;
+    *class_bytes = b;
+    return (int)(b / ALIGN) - 1;                       /* 0..15 */
+  }
+  int p = 63 - __builtin_clzll((unsigned long long)(n - 1));   /* 2^p < n <= 2^(p+1) */
+  size_t quarter = (size_t)1 << (p - 1);
+  size_t k = (n - ((size_t)1 << p) + quarter - 1) / quarter;   /* 1..4 */
+  *class_bytes = ((size_t)1 << p) + k * quarter;
+  int cls = 16 + (p - 10) * 4 + (int)k - 1;
+  return cls < N_CLASSES ? cls : -1;
+}
+
+static void *system_alloc(int device, size_t bytes) {
+  if (device < 0) return aligned_alloc(ALIGN, bytes);
+  return cuda_backend.raw_alloc(device, bytes);
+}
+
+static void system_free(int device, void *ptr) {
+  if (device < 0) free(ptr); else cuda_backend.raw_free(device, ptr);
+}
+
+static void account(sh_mem_stats *s, int tag, int64_t delta) {
+  s->allocated += delta;
+  s->by_tag[tag] += delta;
+  if (s->allocated > s->peak) {
+    s->peak = s->allocated;
+    memcpy(s->peak_by_tag, s->by_tag, sizeof s->by_tag);
+  }
+}
+
+static void release_cache(int device, device_pool *p) {
+  for (int c = 0; c < N_CLASSES; c++) {
+    while (p->free_lists[c]) {
+      free_block *b = p->free_lists[c];
+      p->free_lists[c] = b->next;
+      system_free(device, b->ptr);
+      b->next = p->spare_nodes;
+      p->spare_nodes = b;
+    }
+  }
+  p->stats.reserved -= p->cached;
+  p->cached = 0;
+}
+
+static int oom(int device, device_pool *p, size_t bytes, int tag, const char *why) {
+  const sh_mem_stats *s = &p->stats;
+  return sh_fail(SH_ERR_OOM,
+    "out of memory on %s%d: %s allocating %zu bytes (tag %s); allocated %lld, reserved %lld, "
+    "limit %lld; by tag: param %lld, grad %lld, optim %lld, activation %lld, comm %lld, other %lld",
+    device < 0 ? "cpu" : "cuda:", device < 0 ? 0 : device, why, bytes, tag_names[tag],
+    (long long)s->allocated, (long long)s->reserved, (long long)s->limit,
+    (long long)s->by_tag[SH_TAG_PARAM], (long long)s->by_tag[SH_TAG_GRAD],
+    (long long)s->by_tag[SH_TAG_OPTIM], (long long)s->by_tag[SH_TAG_ACTIVATION],
+    (long long)s->by_tag[SH_TAG_COMM], (long long)s->by_tag[SH_TAG_OTHER]);
+}
+
+void *sh_mem_alloc(int device, size_t nbytes, int tag) {
+  if (tag < 0 || tag >= SH_N_TAGS) tag = SH_TAG_OTHER;
+  pthread_mutex_lock(&lock);
+  device_pool *p = pool_for(device);
+  void *ptr = NULL;
+  size_t bytes = 0;
+  int cls = p ? size_class(nbytes, &bytes) : -1;
+  if (!p) goto out;
+  if (cls < 0) { oom(device, p, nbytes, tag, "size beyond the largest size class"); goto out; }
+  if (p->stats.limit && p->stats.allocated + (int64_t)bytes > p->stats.limit) {
+    oom(device, p, bytes, tag, "memory limit reached");
+    goto out;
+  }
+  free_block *b = p->free_lists[cls];
+  if (b) {
+    p->free_lists[cls] = b->next;
+    ptr = b->ptr;
+    b->next = p->spare_nodes;
+    p->spare_nodes = b;
+    p->cached -= (int64_t)bytes;
+  } else {
+    ptr = system_alloc(device, bytes);
+    if (!ptr) {                       /* give the cache back and try once more */
+      release_cache(device, p);
+      ptr = system_alloc(device, bytes);
+    }
+    if (!ptr) { oom(device, p, bytes, tag, "the system refused"); goto out; }
+    p->stats.reserved += (int64_t)bytes;
+    p->stats.n_system_alloc++;
+  }
+  p->stats.n_alloc++;
+  account(&p->stats, tag, (int64_t)bytes);
+out:
+  pthread_mutex_unlock(&lock);
+  return ptr;
+}
+
+void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
+  if (!ptr) return;
+  if (tag < 0 || tag >= SH_N_TAGS) tag = SH_TAG_OTHER;
+  pthread_mutex_lock(&lock);
+  device_pool *p = &pools[device + 1];
+  size_t bytes;
+  int cls = size_class(nbytes, &bytes);
+  free_block *b = p->spare_nodes;
+  if (b) p->spare_nodes = b->next; else b = malloc(sizeof *b);
+  if (b) {
+    b->ptr = ptr;
+    b->next = p->free_lists[cls];
+    p->free_lists[cls] = b;
+    p->cached += (int64_t)bytes;
+  } else {                            /* cannot even cache: hand it back */
+    system_free(device, ptr);
+    p->stats.reserved -= (int64_t)bytes;
+  }
+  account(&p->stats, tag, -(int64_t)bytes);
+  pthread_mutex_unlock(&lock);
+}
+
+int sh_mem_stats_get(int device, sh_mem_stats *out) {
+  pthread_mutex_lock(&lock);
+  device_pool *p = pool_for(device);
+  if (p) *out = p->stats;
+  pthread_mutex_unlock(&lock);
+  return p ? SH_OK : SH_ERR_DEVICE;
+}
+
+int sh_mem_reset_peak(int device) {
+  pthread_mutex_lock(&lock);
+  device_pool *p = pool_for(device);
+  if (p) {
+    p->stats.peak = p->stats.allocated;
+    memcpy(p->stats.peak_by_tag, p->stats.by_tag, sizeof p->stats.by_tag);
+  }
+  pthread_mutex_unlock(&lock);
+  return p ? SH_OK : SH_ERR_DEVICE;
+}
+
+int sh_mem_empty_cache(int device) {
+  pthread_mutex_lock(&lock);
+  device_pool *p = pool_for(device);
+  if (p) release_cache(device, p);
+  pthread_mutex_unlock(&lock);
+  return p ? SH_OK : SH_ERR_DEVICE;
+}
+
+int sh_mem_set_limit(int device, int64_t bytes) {
+  if (bytes < 0) return sh_fail(SH_ERR_ARG, "memory: limit must be >= 0, got %lld", (long long)bytes);
+  pthread_mutex_lock(&lock);
+  device_pool *p = pool_for(device);
+  if (p) p->stats.limit = bytes;
+  pthread_mutex_unlock(&lock);
+  return p ? SH_OK : SH_ERR_DEVICE;
+}
+
+int sh_mem_set_tag(int tag) {
+  int old = current_tag;
+  if (tag >= 0 && tag < SH_N_TAGS) current_tag = tag;
+  return old;
+}
+
+int sh_mem_current_tag(void) { return current_tag; }

@@ -1,0 +1,31 @@
+/* alloc.h: the caching allocator and its memory statistics.
+ * Blocks are rounded up to size classes (four per power of two, 64-byte aligned) and kept
+ * on per-class free lists when released, so a training step reuses the same blocks and the
+ * peak is the same from run to run. Every block carries a tag so the stats can say where
+ * memory goes. Device -1 is the CPU; device N >= 0 is cuda:N. */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+typedef enum sh_mem_tag {
+  SH_TAG_OTHER = 0, SH_TAG_PARAM = 1, SH_TAG_GRAD = 2, SH_TAG_OPTIM = 3,
+  SH_TAG_ACTIVATION = 4, SH_TAG_COMM = 5, SH_N_TAGS = 6
+} sh_mem_tag;
+
+typedef struct sh_mem_stats {
+  int64_t allocated;            /* bytes in live blocks (rounded to their size class) */
+  int64_t peak;                 /* highest `allocated` since the last reset_peak */
+  int64_t reserved;             /* allocated + cached free blocks */
+  int64_t by_tag[6];            /* allocated, split by sh_mem_tag */
+  int64_t peak_by_tag[6];       /* by_tag at the moment `peak` was reached */
+  int64_t n_alloc;              /* blocks handed out */
+  int64_t n_system_alloc;       /* blocks that had to come from the system (cache misses) */
+  int64_t limit;                /* 0 = no limit; else allocations past it fail with SH_ERR_OOM */
+} sh_mem_stats;
+
+int sh_mem_stats_get(int device, sh_mem_stats *out);
+int sh_mem_reset_peak(int device);
+int sh_mem_empty_cache(int device);        /* return cached free blocks to the system */
+int sh_mem_set_limit(int device, int64_t bytes);
+int sh_mem_set_tag(int tag);               /* the tag new storages get; returns the old one */
+const char *sh_mem_tag_name(int tag);

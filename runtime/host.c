@@ -1,0 +1,66 @@
+/* host.c: bin/shard, a small C host that embeds LuaJIT and hands the command line to
+ * lua/shard/cli.lua. The runtime is linked in with -Wl,-E, so FFI finds its symbols (and
+ * readline's) in this executable. The project root is found from the executable's path. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int find_root(char *root, size_t size) {
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return -1;
+  exe[n] = 0;
+  snprintf(root, size, "%s", dirname(dirname(exe)));   /* <root>/bin/shard -> <root> */
+  return 0;
+}
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  luaL_traceback(L, L, msg ? msg : "(error object is not a string)", 1);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  char root[PATH_MAX];
+  const char *home = getenv("SHARD_HOME");
+  if (home) snprintf(root, sizeof root, "%s", home);
+  else if (find_root(root, sizeof root) == 0) setenv("SHARD_HOME", root, 1);
+  else { fprintf(stderr, "shard: cannot locate the project root; set SHARD_HOME\n"); return 2; }
+
+  lua_State *L = luaL_newstate();
+  if (!L) { fprintf(stderr, "shard: cannot create a Lua state\n"); return 2; }
+  luaL_openlibs(L);
+
+  char path[3 * PATH_MAX];
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  snprintf(path, sizeof path, "%s/lua/?.lua;%s/lua/?/init.lua;%s", root, root, lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_pushstring(L, path);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
+
+  lua_pushcfunction(L, traceback);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "shard.cli");
+  if (lua_pcall(L, 1, 1, 1) != 0) {
+    fprintf(stderr, "shard: %s\n", lua_tostring(L, -1));
+    lua_close(L);
+    return 2;
+  }
+  lua_getfield(L, -1, "main");
+  lua_newtable(L);
+  for (int i = 1; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i); }
+  int rc = 1;
+  if (lua_pcall(L, 1, 1, 1) != 0) fprintf(stderr, "%s\n", lua_tostring(L, -1));
+  else rc = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  fflush(stdout);
+  lua_close(L);
+  return rc;
+}

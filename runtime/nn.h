@@ -1,0 +1,63 @@
+/* nn.h: the fused forward and backward kernels behind shard's differentiable layers.
+ * Forward functions return their output (and what backward needs) through out-parameters;
+ * backward functions return input gradients through out-parameters (pass NULL for one that
+ * is not wanted) and ACCUMULATE parameter gradients into the given tensors (dw += ...), so
+ * gradient accumulation over micro-batches needs no extra copies. Rows are the last dim.
+ * f32 throughout on the CPU; bf16/f16 inputs are computed in f32. */
+#pragma once
+#include <stdint.h>
+
+/* y = x @ w^T + b; x [..., in], w [out, in], b [out] or NULL. */
+int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b);
+int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                       const sh_tensor *x, const sh_tensor *w);
+
+/* layernorm over the last dim; mean and rstd [rows] (f32) are saved for backward. */
+int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
+                         const sh_tensor *w, const sh_tensor *b, double eps);
+int sh_layernorm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                          const sh_tensor *rstd);
+int sh_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps);
+int sh_rmsnorm_backward(sh_tensor **dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
+                        const sh_tensor *w, const sh_tensor *rstd);
+
+/* activations: gelu is GPT-2's tanh form */
+int sh_gelu_forward(sh_tensor **y, const sh_tensor *x);
+int sh_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x);
+int sh_silu_forward(sh_tensor **y, const sh_tensor *x);
+int sh_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x);
+/* SwiGLU's gate: y = silu(a) * b */
+int sh_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b);
+int sh_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a, const sh_tensor *b);
+
+/* softmax over the last dim */
+int sh_softmax_forward(sh_tensor **y, const sh_tensor *x);
+int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y);
+
+/* Causal scaled-dot-product attention, q k v [B, H, T, D]: out [B, H, T, D] and the
+ * row log-sum-exp lse [B, H, T] (f32) for backward. Blocked like flash attention: at most one
+ * block of the T x T scores per head is ever held. scale <= 0 means 1/sqrt(D). */
+int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
+                         const sh_tensor *v, double scale);
+int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
+                          const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                          const sh_tensor *out, const sh_tensor *lse, double scale);
+
+/* embedding: idx (i64 or i32) [...], w [V, C] -> y [..., C]; backward scatter-adds into dw.
+ * An index outside [0, V) is an error naming it. */
+int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w);
+int sh_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx);
+
+/* Cross-entropy of logits [N, V] against targets [N] (i64/i32), mean over the targets that
+ * are not ignore_index. Forward saves the row log-sum-exp [N]; backward writes
+ * dlogits = (softmax - onehot) * dloss / count without materialising the softmax twice. */
+int sh_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor *logits,
+                             const sh_tensor *targets, int64_t ignore_index);
+int sh_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                              const sh_tensor *lse, double dloss, int64_t ignore_index);
+
+/* Dropout with the counter-based generator: the mask is recomputed in backward from
+ * (seed, offset), never stored. p in [0, 1). */
+int sh_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset);
+int sh_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset);

@@ -1,0 +1,50 @@
+/* ops.h: tensor math on the CPU (and, through the same entry points, on CUDA).
+ * Results are new contiguous tensors returned through `out`; names ending in _ write into
+ * their first argument. Binary ops broadcast (numpy rules) and promote dtypes: a float
+ * beats an integer, and the wider float wins (bf16 + f32 -> f32). bf16/f16 math runs in f32.
+ * Dims are 0-based here; Lua converts from its 1-based dims. */
+#pragma once
+#include <stdint.h>
+
+typedef enum sh_binop {
+  SH_OP_ADD = 0, SH_OP_SUB = 1, SH_OP_MUL = 2, SH_OP_DIV = 3, SH_OP_POW = 4,
+  SH_OP_MAXIMUM = 5, SH_OP_MINIMUM = 6, SH_OP_EQ = 7, SH_OP_LT = 8, SH_OP_GT = 9
+} sh_binop;
+
+typedef enum sh_unop {
+  SH_OP_NEG = 0, SH_OP_EXP = 1, SH_OP_LOG = 2, SH_OP_SQRT = 3, SH_OP_RSQRT = 4,
+  SH_OP_TANH = 5, SH_OP_ABS = 6, SH_OP_SQUARE = 7, SH_OP_RECIPROCAL = 8, SH_OP_SIGN = 9
+} sh_unop;
+
+typedef enum sh_reduceop { SH_OP_SUM = 0, SH_OP_MEAN = 1, SH_OP_MAX = 2, SH_OP_MIN = 3 } sh_reduceop;
+
+/* elementwise */
+int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b);
+int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first); /* a op s, or s op a */
+int sh_unary(sh_tensor **out, int op, const sh_tensor *a);
+int sh_binary_(sh_tensor *dst, int op, const sh_tensor *b);       /* dst = dst op b; b broadcasts to dst */
+int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x);   /* dst += alpha * x; x broadcasts to dst */
+int sh_scale_(sh_tensor *dst, double alpha);                      /* dst *= alpha */
+
+/* reductions: over one dim (keepdim 0/1), or over everything into a 0-dim tensor */
+int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim);
+int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a);
+int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim);  /* i64 indices */
+/* Sums a over the dims that were broadcast to reach its shape from `shape` (autograd of
+ * broadcasting ops): the result has exactly `shape`. */
+int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape);
+double sh_sumsq(const sh_tensor *a, int *status);                 /* sum of squares, in f64 */
+
+/* matrix products (OpenBLAS on the CPU; f32 math, bf16/f16 inputs converted) */
+int sh_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b);  /* 1-D..N-D, batch dims broadcast */
+/* c = alpha * op(a) @ op(b) + beta * c for 2-D a, b, c; op transposes when trans_* is 1.
+ * Views with a unit inner or outer stride need no copy. */
+int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+             double alpha, double beta);
+
+/* creation */
+int sh_arange(sh_tensor **out, double start, double end, double step, int dtype, int device);
+/* Fills t from the counter-based stream (seed, offset): element i uses counter offset + i,
+ * the same on every backend and rank. Callers advance their offset by numel. */
+int sh_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std);
+int sh_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high);

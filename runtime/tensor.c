@@ -1,0 +1,420 @@
+#include "tensor_internal.h"
+#include "alloc_internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- element access ---------------------------------------------------------------- */
+
+double sh_load(const void *base, int dtype, int64_t i) {
+  switch (dtype) {
+    case SH_F64: return ((const double *)base)[i];
+    case SH_F32: return ((const float *)base)[i];
+    case SH_BF16: return sh_bf16_to_f32(((const uint16_t *)base)[i]);
+    case SH_F16: return sh_f16_to_f32(((const uint16_t *)base)[i]);
+    case SH_I64: return (double)((const int64_t *)base)[i];
+    case SH_I32: return ((const int32_t *)base)[i];
+    case SH_U8: return ((const uint8_t *)base)[i];
+    case SH_BOOL: return ((const uint8_t *)base)[i] != 0;
+  }
+  return 0;
+}
+
+void sh_store(void *base, int dtype, int64_t i, double v) {
+  switch (dtype) {
+    case SH_F64: ((double *)base)[i] = v; break;
+    case SH_F32: ((float *)base)[i] = (float)v; break;
+    case SH_BF16: ((uint16_t *)base)[i] = sh_f32_to_bf16((float)v); break;
+    case SH_F16: ((uint16_t *)base)[i] = sh_f32_to_f16((float)v); break;
+    case SH_I64: ((int64_t *)base)[i] = (int64_t)v; break;
+    case SH_I32: ((int32_t *)base)[i] = (int32_t)v; break;
+    case SH_U8: ((uint8_t *)base)[i] = (uint8_t)v; break;
+    case SH_BOOL: ((uint8_t *)base)[i] = v != 0; break;
+  }
+}
+
+/* ---- descriptions ------------------------------------------------------------------ */
+
+const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size) {
+  int n = snprintf(buf, size, "[");
+  for (int d = 0; d < ndim && n < size; d++)
+    n += snprintf(buf + n, size - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+  if (n < size) snprintf(buf + n, size - n, "]");
+  return buf;
+}
+
+int sh_tensor_describe(const sh_tensor *t, char *buf, int size) {
+  char shape[160];
+  if (!t) return snprintf(buf, size, "nil");
+  sh_shape_str(t->ndim, t->shape, shape, sizeof shape);
+  if (t->device < 0)
+    return snprintf(buf, size, "%s%s cpu%s", sh_dtype_name(t->dtype), shape, t->storage ? "" : " (freed)");
+  return snprintf(buf, size, "%s%s cuda:%d%s", sh_dtype_name(t->dtype), shape, t->device,
+                  t->storage ? "" : " (freed)");
+}
+
+const char *sh_desc(const sh_tensor *t) {
+  static _Thread_local char bufs[4][200];
+  static _Thread_local int next;
+  char *b = bufs[next++ & 3];
+  sh_tensor_describe(t, b, sizeof bufs[0]);
+  return b;
+}
+
+/* ---- lifetime ---------------------------------------------------------------------- */
+
+static int64_t shape_numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) { stride[d] = s; s *= shape[d] > 0 ? shape[d] : 1; }
+}
+
+static int check_shape(const char *op, int ndim, const int64_t *shape) {
+  char buf[160];
+  if (ndim < 0 || ndim > SH_MAX_DIMS)
+    return sh_fail(SH_ERR_ARG, "%s: %d dims requested; tensors have 0 to 8", op, ndim);
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      return sh_fail(SH_ERR_ARG, "%s: negative size in shape %s", op, sh_shape_str(ndim, shape, buf, sizeof buf));
+  return SH_OK;
+}
+
+static sh_tensor *new_struct(void) { return calloc(1, sizeof(sh_tensor)); }
+
+int sh_tensor_empty(sh_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  *out = NULL;
+  SH_TRY(check_shape("empty", ndim, shape));
+  if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "empty: unknown dtype %d", dtype);
+  int64_t numel = shape_numel(ndim, shape);
+  if (numel > ((int64_t)1 << 46)) return sh_fail(SH_ERR_OOM, "empty: %lld elements is too many", (long long)numel);
+  int64_t nbytes = numel * sh_dtype_size(dtype);
+  int tag = sh_mem_current_tag();
+  sh_storage *s = calloc(1, sizeof *s);
+  sh_tensor *t = new_struct();
+  void *data = s && t ? sh_mem_alloc(device, (size_t)nbytes, tag) : NULL;
+  if (!data) {
+    free(s); free(t);
+    if (!s || !t) return sh_fail(SH_ERR_OOM, "empty: out of host memory for a tensor header");
+    char buf[160];
+    return sh_fail_context("empty %s%s: ", sh_dtype_name(dtype), sh_shape_str(ndim, shape, buf, sizeof buf));
+  }
+  *s = (sh_storage){.data = data, .nbytes = nbytes, .refcount = 1, .device = device, .tag = tag};
+  t->storage = s;
+  t->ndim = ndim;
+  t->dtype = dtype;
+  t->device = device;
+  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  contiguous_strides(ndim, shape, t->stride);
+  *out = t;
+  return SH_OK;
+}
+
+int sh_tensor_wrap_external(sh_tensor **out, void *data, int64_t nbytes, int ndim,
+                            const int64_t *shape, int dtype) {
+  *out = NULL;
+  SH_TRY(check_shape("wrap_external", ndim, shape));
+  if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "wrap_external: unknown dtype %d", dtype);
+  if (shape_numel(ndim, shape) * sh_dtype_size(dtype) > nbytes)
+    return sh_fail(SH_ERR_ARG, "wrap_external: %lld bytes cannot hold the requested %s tensor",
+                   (long long)nbytes, sh_dtype_name(dtype));
+  sh_storage *s = calloc(1, sizeof *s);
+  sh_tensor *t = new_struct();
+  if (!s || !t) { free(s); free(t); return sh_fail(SH_ERR_OOM, "wrap_external: out of host memory"); }
+  *s = (sh_storage){.data = data, .nbytes = nbytes, .refcount = 1, .device = -1, .external = 1};
+  *t = (sh_tensor){.storage = s, .ndim = ndim, .dtype = dtype, .device = -1};
+  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  contiguous_strides(ndim, shape, t->stride);
+  *out = t;
+  return SH_OK;
+}
+
+static void storage_unref(sh_storage *s) {
+  if (!s || --s->refcount > 0) return;
+  if (!s->external) sh_mem_free(s->device, s->data, (size_t)s->nbytes, s->tag);
+  free(s);
+}
+
+void sh_tensor_release(sh_tensor *t) {
+  if (!t) return;
+  storage_unref(t->storage);
+  t->storage = NULL;
+  if (t->grad) { sh_tensor_destroy(t->grad); t->grad = NULL; }
+}
+
+void sh_tensor_destroy(sh_tensor *t) {
+  if (!t) return;
+  sh_tensor_release(t);
+  free(t);
+}
+
+int sh_tensor_check(const sh_tensor *t, const char *op) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s: expected a tensor, got nil", op);
+  if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: tensor %s was used after :free()", op, sh_desc(t));
+  return SH_OK;
+}
+
+/* A new struct viewing t's storage; the caller then sets its shape, strides and offset. */
+static int new_view(sh_tensor **out, const sh_tensor *t, const char *op) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, op));
+  sh_tensor *v = new_struct();
+  if (!v) return sh_fail(SH_ERR_OOM, "%s: out of host memory for a view", op);
+  *v = *t;
+  v->grad = NULL;
+  v->requires_grad = 0;
+  v->storage->refcount++;
+  *out = v;
+  return SH_OK;
+}
+
+int sh_tensor_alias(sh_tensor **out, const sh_tensor *t) { return new_view(out, t, "alias"); }
+
+int sh_tensor_set_grad(sh_tensor *t, const sh_tensor *grad) {
+  SH_TRY(sh_tensor_check(t, "set_grad"));
+  sh_tensor *g = NULL;
+  if (grad) {
+    SH_TRY(new_view(&g, grad, "set_grad"));
+    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * t->ndim) != 0 || g->device != t->device) {
+      char a[200];
+      snprintf(a, sizeof a, "%s", sh_desc(grad));
+      sh_tensor_destroy(g);
+      return sh_fail(SH_ERR_ARG, "set_grad: grad %s does not match tensor %s", a, sh_desc(t));
+    }
+  }
+  if (t->grad) sh_tensor_destroy(t->grad);
+  t->grad = g;
+  return SH_OK;
+}
+
+/* ---- queries ----------------------------------------------------------------------- */
+
+int64_t sh_tensor_numel(const sh_tensor *t) { return shape_numel(t->ndim, t->shape); }
+
+int sh_tensor_is_contiguous(const sh_tensor *t) {
+  int64_t s = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->stride[d] != s) return 0;
+    s *= t->shape[d];
+  }
+  return 1;
+}
+
+void *sh_tensor_data(const sh_tensor *t) {
+  if (!t->storage) return NULL;
+  return (char *)t->storage->data + t->offset * sh_dtype_size(t->dtype);
+}
+
+/* ---- views ------------------------------------------------------------------------- */
+
+static int norm_dim(const char *op, const sh_tensor *t, int *dim, int extra) {
+  int n = t->ndim + extra;
+  int d = *dim < 0 ? *dim + n : *dim;
+  if (d < 0 || d >= n || n == 0)
+    return sh_fail(SH_ERR_ARG, "%s: dim %d out of range for %s", op, *dim, sh_desc(t));
+  *dim = d;
+  return SH_OK;
+}
+
+int sh_view_narrow(sh_tensor **out, const sh_tensor *t, int dim, int64_t start, int64_t length) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "narrow"));
+  SH_TRY(norm_dim("narrow", t, &dim, 0));
+  if (start < 0 || length < 0 || start + length > t->shape[dim])
+    return sh_fail(SH_ERR_ARG, "narrow: [%lld, %lld) is out of range for dim %d of size %lld in %s",
+                   (long long)start, (long long)(start + length), dim, (long long)t->shape[dim], sh_desc(t));
+  SH_TRY(new_view(out, t, "narrow"));
+  (*out)->offset += start * t->stride[dim];
+  (*out)->shape[dim] = length;
+  return SH_OK;
+}
+
+int sh_view_select(sh_tensor **out, const sh_tensor *t, int dim, int64_t index) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "select"));
+  SH_TRY(norm_dim("select", t, &dim, 0));
+  int64_t i = index < 0 ? index + t->shape[dim] : index;
+  if (i < 0 || i >= t->shape[dim])
+    return sh_fail(SH_ERR_ARG, "select: index %lld is out of range for dim %d of size %lld in %s",
+                   (long long)index, dim, (long long)t->shape[dim], sh_desc(t));
+  SH_TRY(new_view(out, t, "select"));
+  sh_tensor *v = *out;
+  v->offset += i * t->stride[dim];
+  for (int d = dim; d < t->ndim - 1; d++) { v->shape[d] = t->shape[d + 1]; v->stride[d] = t->stride[d + 1]; }
+  v->ndim--;
+  return SH_OK;
+}
+
+/* Resolves a -1 in a requested shape and checks the element count. */
+static int resolve_shape(const char *op, const sh_tensor *t, int ndim, const int64_t *shape, int64_t *resolved) {
+  char a[160];
+  if (ndim < 0 || ndim > SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "%s: %d dims requested; tensors have 0 to 8", op, ndim);
+  int infer = -1;
+  int64_t known = 1;
+  for (int d = 0; d < ndim; d++) {
+    resolved[d] = shape[d];
+    if (shape[d] == -1) {
+      if (infer >= 0) return sh_fail(SH_ERR_ARG, "%s: only one dim can be -1 in %s", op, sh_shape_str(ndim, shape, a, sizeof a));
+      infer = d;
+    } else if (shape[d] < 0) {
+      return sh_fail(SH_ERR_ARG, "%s: negative size in %s", op, sh_shape_str(ndim, shape, a, sizeof a));
+    } else {
+      known *= shape[d];
+    }
+  }
+  int64_t numel = sh_tensor_numel(t);
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return sh_fail(SH_ERR_ARG, "%s: cannot infer -1 in %s for %s", op, sh_shape_str(ndim, shape, a, sizeof a), sh_desc(t));
+    resolved[infer] = numel / known;
+    known *= resolved[infer];
+  }
+  if (known != numel)
+    return sh_fail(SH_ERR_ARG, "%s: shape %s has %lld elements but %s has %lld", op,
+                   sh_shape_str(ndim, shape, a, sizeof a), (long long)known, sh_desc(t), (long long)numel);
+  return SH_OK;
+}
+
+/* Strides for viewing t with a new shape without copying, when the memory allows it.
+ * The rule is torch's: walk old dims from the innermost, cut them into chunks that are
+ * contiguous among themselves, and require each chunk to be covered exactly by new dims. */
+static int view_strides(const sh_tensor *t, int ndim, const int64_t *shape, int64_t *stride) {
+  if (sh_tensor_numel(t) == 0 || t->ndim == 0) { contiguous_strides(ndim, shape, stride); return 1; }
+  int view_d = ndim - 1;
+  int64_t base = t->stride[t->ndim - 1], tensor_numel = 1, view_numel = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    tensor_numel *= t->shape[d];
+    if (d == 0 || (t->shape[d - 1] != 1 && t->stride[d - 1] != tensor_numel * base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        stride[view_d] = view_numel * base;
+        view_numel *= shape[view_d];
+        view_d--;
+      }
+      if (view_numel != tensor_numel) return 0;
+      if (d > 0) { base = t->stride[d - 1]; tensor_numel = 1; view_numel = 1; }
+    }
+  }
+  return view_d == -1;
+}
+
+int sh_view_reshape(sh_tensor **out, const sh_tensor *t, int ndim, const int64_t *shape) {
+  *out = NULL;
+  int64_t resolved[SH_MAX_DIMS], stride[SH_MAX_DIMS];
+  SH_TRY(sh_tensor_check(t, "view"));
+  SH_TRY(resolve_shape("view", t, ndim, shape, resolved));
+  if (!view_strides(t, ndim, resolved, stride)) {
+    char a[160];
+    return sh_fail(SH_ERR_ARG, "view: %s cannot be viewed as %s without a copy (non-contiguous); use reshape",
+                   sh_desc(t), sh_shape_str(ndim, resolved, a, sizeof a));
+  }
+  SH_TRY(new_view(out, t, "view"));
+  (*out)->ndim = ndim;
+  memcpy((*out)->shape, resolved, sizeof(int64_t) * ndim);
+  memcpy((*out)->stride, stride, sizeof(int64_t) * ndim);
+  return SH_OK;
+}
+
+int sh_view_transpose(sh_tensor **out, const sh_tensor *t, int dim0, int dim1) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "transpose"));
+  SH_TRY(norm_dim("transpose", t, &dim0, 0));
+  SH_TRY(norm_dim("transpose", t, &dim1, 0));
+  SH_TRY(new_view(out, t, "transpose"));
+  sh_tensor *v = *out;
+  v->shape[dim0] = t->shape[dim1]; v->shape[dim1] = t->shape[dim0];
+  v->stride[dim0] = t->stride[dim1]; v->stride[dim1] = t->stride[dim0];
+  return SH_OK;
+}
+
+int sh_view_permute(sh_tensor **out, const sh_tensor *t, const int *perm) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "permute"));
+  int seen[SH_MAX_DIMS] = {0};
+  for (int d = 0; d < t->ndim; d++) {
+    int p = perm[d] < 0 ? perm[d] + t->ndim : perm[d];
+    if (p < 0 || p >= t->ndim || seen[p]++)
+      return sh_fail(SH_ERR_ARG, "permute: the order is not a permutation of the %d dims of %s", t->ndim, sh_desc(t));
+  }
+  SH_TRY(new_view(out, t, "permute"));
+  for (int d = 0; d < t->ndim; d++) {
+    int p = perm[d] < 0 ? perm[d] + t->ndim : perm[d];
+    (*out)->shape[d] = t->shape[p];
+    (*out)->stride[d] = t->stride[p];
+  }
+  return SH_OK;
+}
+
+int sh_view_expand(sh_tensor **out, const sh_tensor *t, int ndim, const int64_t *shape) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "expand"));
+  char a[160];
+  if (ndim < t->ndim || ndim > SH_MAX_DIMS)
+    return sh_fail(SH_ERR_ARG, "expand: cannot expand %s to %s", sh_desc(t), sh_shape_str(ndim, shape, a, sizeof a));
+  int64_t stride[SH_MAX_DIMS], resolved[SH_MAX_DIMS];
+  int lead = ndim - t->ndim;
+  for (int d = 0; d < ndim; d++) {
+    int64_t size = d < lead ? 1 : t->shape[d - lead];
+    int64_t want = shape[d] == -1 && d >= lead ? size : shape[d];
+    if (want < 0 || (size != want && size != 1))
+      return sh_fail(SH_ERR_ARG, "expand: cannot expand %s to %s (dim %d: %lld vs %lld)", sh_desc(t),
+                     sh_shape_str(ndim, shape, a, sizeof a), d, (long long)size, (long long)want);
+    resolved[d] = want;
+    stride[d] = (d < lead || size != want) ? 0 : t->stride[d - lead];
+  }
+  SH_TRY(new_view(out, t, "expand"));
+  (*out)->ndim = ndim;
+  memcpy((*out)->shape, resolved, sizeof(int64_t) * ndim);
+  memcpy((*out)->stride, stride, sizeof(int64_t) * ndim);
+  return SH_OK;
+}
+
+int sh_view_unsqueeze(sh_tensor **out, const sh_tensor *t, int dim) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "unsqueeze"));
+  if (t->ndim >= SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "unsqueeze: %s already has 8 dims", sh_desc(t));
+  SH_TRY(norm_dim("unsqueeze", t, &dim, 1));
+  SH_TRY(new_view(out, t, "unsqueeze"));
+  sh_tensor *v = *out;
+  for (int d = t->ndim; d > dim; d--) { v->shape[d] = t->shape[d - 1]; v->stride[d] = t->stride[d - 1]; }
+  v->shape[dim] = 1;
+  v->stride[dim] = dim < t->ndim ? t->stride[dim] * t->shape[dim] : 1;
+  v->ndim++;
+  return SH_OK;
+}
+
+int sh_view_squeeze(sh_tensor **out, const sh_tensor *t, int dim) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "squeeze"));
+  SH_TRY(norm_dim("squeeze", t, &dim, 0));
+  if (t->shape[dim] != 1)
+    return sh_fail(SH_ERR_ARG, "squeeze: dim %d of %s has size %lld, not 1", dim, sh_desc(t), (long long)t->shape[dim]);
+  return sh_view_select(out, t, dim, 0);
+}
+
+int sh_view_strided(sh_tensor **out, const sh_tensor *t, int ndim, const int64_t *shape,
+                    const int64_t *stride, int64_t offset) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "as_strided"));
+  SH_TRY(check_shape("as_strided", ndim, shape));
+  int64_t lo = offset, hi = offset;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 0) { lo = hi = offset; break; }
+    int64_t span = (shape[d] - 1) * stride[d];
+    if (span < 0) lo += span; else hi += span;
+  }
+  int64_t cap = t->storage->nbytes / sh_dtype_size(t->dtype);
+  if (lo < 0 || hi >= cap)
+    return sh_fail(SH_ERR_ARG, "as_strided: elements [%lld, %lld] fall outside the storage of %lld elements of %s",
+                   (long long)lo, (long long)hi, (long long)cap, sh_desc(t));
+  SH_TRY(new_view(out, t, "as_strided"));
+  sh_tensor *v = *out;
+  v->ndim = ndim;
+  v->offset = offset;
+  memcpy(v->shape, shape, sizeof(int64_t) * ndim);
+  memcpy(v->stride, stride, sizeof(int64_t) * ndim);
+  return SH_OK;
+}

@@ -1,0 +1,240 @@
+/* tensor_copy.c: broadcasting, N-d iteration, and copies between dtypes and devices. */
+#include "tensor_internal.h"
+#include "alloc_internal.h"
+#include <string.h>
+
+int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                        int *nout, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int d = 0; d < n; d++) {
+    int64_t x = d < n - na ? 1 : a[d - (n - na)];
+    int64_t y = d < n - nb ? 1 : b[d - (n - nb)];
+    if (x != y && x != 1 && y != 1) {
+      char sa[160], sb[160];
+      return sh_fail(SH_ERR_ARG, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                     sh_shape_str(na, a, sa, sizeof sa), sh_shape_str(nb, b, sb, sizeof sb), d,
+                     (long long)x, (long long)y);
+    }
+    out[d] = x == 1 ? y : x;
+  }
+  *nout = n;
+  return SH_OK;
+}
+
+void sh_broadcast_strides(const sh_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
+  int lead = ndim - t->ndim;
+  for (int d = 0; d < ndim; d++)
+    strides[d] = (d < lead || (t->shape[d - lead] == 1 && shape[d] != 1)) ? 0 : t->stride[d - lead];
+}
+
+int sh_new_like_shape(sh_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  return sh_tensor_empty(out, ndim, shape, dtype, device);
+}
+
+int sh_check_same_device(const char *op, const sh_tensor *a, const sh_tensor *b) {
+  if (a->device == b->device) return SH_OK;
+  return sh_fail(SH_ERR_DEVICE, "%s: tensors on different devices: %s and %s", op, sh_desc(a), sh_desc(b));
+}
+
+void sh_nditer_init(sh_nditer *it, int ndim, const int64_t *shape, int nops,
+                    const int64_t *const *strides, const int64_t *offsets) {
+  it->ndim = ndim;
+  it->nops = nops;
+  for (int d = 0; d < ndim; d++) { it->shape[d] = shape[d]; it->idx[d] = 0; }
+  for (int k = 0; k < nops; k++) {
+    it->off[k] = offsets ? offsets[k] : 0;
+    for (int d = 0; d < ndim; d++) it->strides[k][d] = strides[k][d];
+  }
+}
+
+void sh_nditer_next(sh_nditer *it) {
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    for (int k = 0; k < it->nops; k++) it->off[k] += it->strides[k][d];
+    if (++it->idx[d] < it->shape[d]) return;
+    for (int k = 0; k < it->nops; k++) it->off[k] -= it->strides[k][d] * it->shape[d];
+    it->idx[d] = 0;
+  }
+}
+
+/* Contiguous same-device conversion loops for the common pairs, else element by element. */
+static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
+  if (dt == st) { memcpy(dst, src, (size_t)(n * sh_dtype_size(dt))); return; }
+  if (dt == SH_F32 && st == SH_BF16) {
+    for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = sh_bf16_to_f32(((const uint16_t *)src)[i]);
+  } else if (dt == SH_BF16 && st == SH_F32) {
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = sh_f32_to_bf16(((const float *)src)[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) sh_store(dst, dt, i, sh_load(src, st, i));
+  }
+}
+
+static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
+  int64_t n = sh_tensor_numel(dst);
+  int same_shape = dst->ndim == src->ndim && memcmp(dst->shape, src->shape, sizeof(int64_t) * dst->ndim) == 0;
+  if (same_shape && sh_tensor_is_contiguous(dst) && sh_tensor_is_contiguous(src)) {
+    convert_contiguous(sh_tensor_data(dst), dst->dtype, sh_tensor_data(src), src->dtype, n);
+    return SH_OK;
+  }
+  int64_t sstride[SH_MAX_DIMS];
+  sh_broadcast_strides(src, dst->ndim, dst->shape, sstride);
+  const int64_t *strides[2] = {dst->stride, sstride};
+  const int64_t offsets[2] = {dst->offset, src->offset};
+  sh_nditer it;
+  sh_nditer_init(&it, dst->ndim, dst->shape, 2, strides, offsets);
+  void *d = dst->storage->data;
+  const void *s = src->storage->data;
+  if (dst->dtype == src->dtype && sh_dtype_size(dst->dtype) == 4) {
+    for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) ((uint32_t *)d)[it.off[0]] = ((const uint32_t *)s)[it.off[1]];
+  } else {
+    for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(d, dst->dtype, it.off[0], sh_load(s, src->dtype, it.off[1]));
+  }
+  return SH_OK;
+}
+
+/* Copies a contiguous same-dtype block between devices through the registered backend. */
+static int copy_across(sh_tensor *dst, const sh_tensor *src) {
+  const sh_mem_backend *cuda = sh_mem_cuda();
+  if (!cuda) return sh_fail(SH_ERR_DEVICE, "copy: %s -> %s needs CUDA, which this build or machine lacks", sh_desc(src), sh_desc(dst));
+  return cuda->copy(dst->device, sh_tensor_data(dst), src->device, sh_tensor_data(src),
+                    (size_t)(sh_tensor_numel(dst) * sh_dtype_size(dst->dtype)));
+}
+
+int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
+  SH_TRY(sh_tensor_check(dst, "copy_"));
+  SH_TRY(sh_tensor_check(src, "copy_"));
+  int nout;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(sh_broadcast_shapes("copy_", dst->ndim, dst->shape, src->ndim, src->shape, &nout, shape));
+  if (nout != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * nout) != 0)
+    return sh_fail(SH_ERR_ARG, "copy_: source %s does not broadcast to destination %s", sh_desc(src), sh_desc(dst));
+  dst->version++;
+  if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
+  /* Across devices: stage through contiguous tensors of the same dtype and shape. */
+  if (dst->device == src->device) return sh_fail(SH_ERR_DEVICE, "copy_: device copies on cuda go through the CUDA ops (%s)", sh_desc(dst));
+  sh_tensor *s = NULL, *d = NULL;
+  int rc = SH_OK;
+  if (src->device < 0) {   /* host -> device: convert on the host, then transfer */
+    rc = sh_tensor_empty(&s, dst->ndim, dst->shape, dst->dtype, -1);
+    if (!rc) rc = copy_cpu(s, src);
+    if (!rc && sh_tensor_is_contiguous(dst)) rc = copy_across(dst, s);
+    else if (!rc) rc = sh_fail(SH_ERR_ARG, "copy_: host to device needs a contiguous destination, got %s", sh_desc(dst));
+  } else {                 /* device -> host: transfer a contiguous image, then convert */
+    const sh_tensor *img = src;
+    if (!sh_tensor_is_contiguous(src) || src->ndim != dst->ndim)
+      rc = sh_fail(SH_ERR_ARG, "copy_: device to host needs a contiguous source of the same shape, got %s", sh_desc(src));
+    if (!rc) rc = sh_tensor_empty(&d, src->ndim, src->shape, src->dtype, -1);
+    if (!rc) rc = copy_across(d, img);
+    if (!rc) rc = copy_cpu(dst, d);
+  }
+  sh_tensor_destroy(s);
+  sh_tensor_destroy(d);
+  return rc;
+}
+
+int sh_tensor_contiguous(sh_tensor **out, const sh_tensor *t) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "contiguous"));
+  if (sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
+  return sh_tensor_to(out, t, t->dtype, t->device);
+}
+
+int sh_tensor_to(sh_tensor **out, const sh_tensor *t, int dtype, int device) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "to"));
+  SH_TRY(sh_tensor_empty(out, t->ndim, t->shape, dtype, device));
+  int rc = sh_tensor_copy_(*out, t);
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+int sh_tensor_reshape(sh_tensor **out, const sh_tensor *t, int ndim, const int64_t *shape) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(t, "reshape"));
+  if (sh_view_reshape(out, t, ndim, shape) == SH_OK) return SH_OK;
+  if (sh_last_status() != SH_ERR_ARG || sh_tensor_is_contiguous(t)) return sh_last_status();
+  sh_tensor *c = NULL;
+  SH_TRY(sh_tensor_contiguous(&c, t));
+  int rc = sh_view_reshape(out, c, ndim, shape);
+  sh_tensor_destroy(c);
+  return rc;
+}
+
+static int require_cpu(const sh_tensor *t, const char *op) {
+  SH_TRY(sh_tensor_check(t, op));
+  if (t->device >= 0) return sh_fail(SH_ERR_DEVICE, "%s: needs a cpu tensor, got %s (use :to('cpu'))", op, sh_desc(t));
+  return SH_OK;
+}
+
+int sh_tensor_fill_(sh_tensor *t, double value) {
+  SH_TRY(require_cpu(t, "fill_"));
+  int64_t n = sh_tensor_numel(t);
+  t->version++;
+  if (sh_tensor_is_contiguous(t)) {
+    void *d = sh_tensor_data(t);
+    if (t->dtype == SH_F32) { float v = (float)value; for (int64_t i = 0; i < n; i++) ((float *)d)[i] = v; }
+    else for (int64_t i = 0; i < n; i++) sh_store(d, t->dtype, i, value);
+    return SH_OK;
+  }
+  const int64_t *strides[1] = {t->stride};
+  sh_nditer it;
+  sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
+  for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(t->storage->data, t->dtype, it.off[0], value);
+  return SH_OK;
+}
+
+int sh_tensor_item(const sh_tensor *t, double *out) {
+  SH_TRY(require_cpu(t, "item"));
+  if (sh_tensor_numel(t) != 1)
+    return sh_fail(SH_ERR_ARG, "item: needs a tensor with one element, got %s", sh_desc(t));
+  *out = sh_load(t->storage->data, t->dtype, t->offset);
+  return SH_OK;
+}
+
+static int element_offset(const sh_tensor *t, const int64_t *index, const char *op, int64_t *off) {
+  *off = t->offset;
+  for (int d = 0; d < t->ndim; d++) {
+    int64_t i = index[d] < 0 ? index[d] + t->shape[d] : index[d];
+    if (i < 0 || i >= t->shape[d])
+      return sh_fail(SH_ERR_ARG, "%s: index %lld out of range for dim %d of %s", op, (long long)index[d], d, sh_desc(t));
+    *off += i * t->stride[d];
+  }
+  return SH_OK;
+}
+
+int sh_tensor_get(const sh_tensor *t, const int64_t *index, double *out) {
+  int64_t off;
+  SH_TRY(require_cpu(t, "get"));
+  SH_TRY(element_offset(t, index, "get", &off));
+  *out = sh_load(t->storage->data, t->dtype, off);
+  return SH_OK;
+}
+
+int sh_tensor_set(sh_tensor *t, const int64_t *index, double value) {
+  int64_t off;
+  SH_TRY(require_cpu(t, "set"));
+  SH_TRY(element_offset(t, index, "set", &off));
+  sh_store(t->storage->data, t->dtype, off, value);
+  t->version++;
+  return SH_OK;
+}
+
+int sh_tensor_read_f64(const sh_tensor *t, double *out) {
+  SH_TRY(require_cpu(t, "read"));
+  const int64_t *strides[1] = {t->stride};
+  int64_t n = sh_tensor_numel(t);
+  sh_nditer it;
+  sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
+  for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) out[i] = sh_load(t->storage->data, t->dtype, it.off[0]);
+  return SH_OK;
+}
+
+int sh_tensor_write_f64(sh_tensor *t, const double *in) {
+  SH_TRY(require_cpu(t, "write"));
+  const int64_t *strides[1] = {t->stride};
+  int64_t n = sh_tensor_numel(t);
+  sh_nditer it;
+  sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
+  for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(t->storage->data, t->dtype, it.off[0], in[i]);
+  t->version++;
+  return SH_OK;
+}

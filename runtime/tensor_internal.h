@@ -1,0 +1,39 @@
+/* tensor_internal.h: element access, shape helpers and N-d iteration shared by the CPU ops
+ * (not in the FFI). */
+#pragma once
+#include "tensor.h"
+#include "dtype.h"
+#include "status_internal.h"
+
+enum { SH_MAX_DIMS = 8 };
+
+double sh_load(const void *base, int dtype, int64_t i);
+void sh_store(void *base, int dtype, int64_t i, double v);
+
+/* "[2,3,4]" into buf; returns buf. */
+const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size);
+/* Describes a tensor into a per-thread rotating buffer, for error messages. */
+const char *sh_desc(const sh_tensor *t);
+
+/* Broadcasts two shapes (numpy rules); fails naming op and both shapes. */
+int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                        int *nout, int64_t *out);
+/* Strides of t seen with shape (ndim, shape): 0 where t is broadcast. t must broadcast. */
+void sh_broadcast_strides(const sh_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
+
+/* Allocates a fresh contiguous tensor tagged with the current tag. */
+int sh_new_like_shape(sh_tensor **out, int ndim, const int64_t *shape, int dtype, int device);
+
+/* Walks an N-d index space in row-major order, tracking one element offset per operand. */
+typedef struct sh_nditer {
+  int ndim, nops;
+  int64_t shape[8], idx[8];
+  int64_t strides[4][8];
+  int64_t off[4];
+} sh_nditer;
+void sh_nditer_init(sh_nditer *it, int ndim, const int64_t *shape, int nops,
+                    const int64_t *const *strides, const int64_t *offsets);
+void sh_nditer_next(sh_nditer *it);
+
+/* Both operands on the same device, else an error naming op and devices. */
+int sh_check_same_device(const char *op, const sh_tensor *a, const sh_tensor *b);
