@@ -1,0 +1,94 @@
+/* comm.h: process groups and collectives.
+ * A communicator (sh_comm) is a group of ranks: the world, or a sub-group made by
+ * sh_comm_split (hybrid sharding's 2-D mesh: shard groups and replicate groups). Each
+ * collective is issued by every rank of the group in the same order. CPU tensors go through
+ * Open MPI (or plain copies in a group of one), CUDA tensors through NCCL.
+ *
+ * Every collective has an async form returning a work handle; the blocking form is the async
+ * one followed by sh_comm_wait. A wait gives up after the communicator's timeout (default
+ * 600 s, or SHARD_COMM_TIMEOUT seconds from the environment) with SH_ERR_COMM and a message
+ * naming the op, the group and the rank, instead of hanging. The op is still pending after a
+ * timeout: waiting again resumes it, and freeing the handle abandons it (the group is then
+ * unusable and the process should exit with the error).
+ *
+ * Reductions (SH_RED_*): bf16 and f16 are summed in f32 and rounded once at the end. With a
+ * reduce dtype (not -1) every input value is first rounded to that dtype, and the result is
+ * rounded to it, as if the collective ran in that dtype; -1 means the tensor's own dtype. AVG
+ * is the sum divided by the group size. Tensors must be contiguous; in and out have the same
+ * dtype and device. */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct sh_comm sh_comm;
+typedef struct sh_comm_work sh_comm_work;
+
+typedef enum sh_reduce_op { SH_RED_SUM = 0, SH_RED_AVG = 1, SH_RED_MAX = 2, SH_RED_MIN = 3 } sh_reduce_op;
+
+/* Collective kinds, for the counters. */
+typedef enum sh_coll_kind {
+  SH_COLL_ALL_GATHER = 0, SH_COLL_REDUCE_SCATTER = 1, SH_COLL_ALL_REDUCE = 2,
+  SH_COLL_BROADCAST = 3, SH_COLL_BARRIER = 4, SH_COLL_N = 5
+} sh_coll_kind;
+
+/* How this process was started, read from the environment without initialising anything. */
+typedef enum sh_launcher { SH_LAUNCH_NONE = 0, SH_LAUNCH_MPI = 1, SH_LAUNCH_TORCHRUN = 2, SH_LAUNCH_SLURM = 3 } sh_launcher;
+typedef struct sh_comm_env {
+  int32_t launcher;     /* sh_launcher */
+  int32_t rank;         /* 0 when not launched */
+  int32_t size;         /* 1 when not launched */
+  int32_t local_rank;   /* rank within this node */
+  int32_t local_size;   /* ranks on this node */
+} sh_comm_env;
+int sh_comm_read_env(sh_comm_env *out);
+
+/* The world group. The first call bootstraps: under mpirun (OMPI_COMM_WORLD_* or PMIX_RANK)
+ * or srun it initialises MPI; with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR, MASTER_PORT) and no MPI, CUDA tensors go through NCCL (TCP rendezvous) and CPU
+ * collectives fail with a message saying to launch through `shard launch` or mpirun; with
+ * nothing set it is a world of one. Later calls return the same group (counted references:
+ * each is ended with sh_comm_destroy). */
+int sh_comm_init_world(sh_comm **out);
+/* Collective over `comm`: ranks giving the same color form a group, ordered by (key, rank).
+ * color < 0 gives *out = NULL on that rank. The new group is named "<parent> color C" until
+ * sh_comm_set_name renames it. */
+int sh_comm_split(sh_comm **out, sh_comm *comm, int color, int key);
+void sh_comm_destroy(sh_comm *comm);
+/* Destroys the world and ends MPI (unless work is still pending after a timeout, where
+ * finalising could hang). Safe to call more than once. */
+int sh_comm_finalize(void);
+
+int sh_comm_rank(const sh_comm *comm);
+int sh_comm_size(const sh_comm *comm);
+int sh_comm_local_rank(const sh_comm *comm);   /* the process's rank within its node */
+int sh_comm_set_name(sh_comm *comm, const char *name);  /* used in error messages */
+const char *sh_comm_name(const sh_comm *comm);
+const char *sh_comm_backend_name(const sh_comm *comm);  /* CPU backend: "mpi", "local" or "none" */
+int sh_comm_set_timeout(sh_comm *comm, double seconds);
+double sh_comm_timeout(const sh_comm *comm);
+
+/* Collectives. out of all_gather_into is size * numel(in) elements (any shape with that
+ * numel), rank r's input landing at r * numel(in). in of reduce_scatter is size * numel(out);
+ * rank r receives the reduced slice r. all_reduce and broadcast work in place. */
+int sh_comm_all_gather_into(sh_comm *comm, sh_tensor *out, const sh_tensor *in);
+int sh_comm_reduce_scatter(sh_comm *comm, sh_tensor *out, const sh_tensor *in, int op, int reduce_dtype);
+int sh_comm_all_reduce(sh_comm *comm, sh_tensor *t, int op, int reduce_dtype);
+int sh_comm_broadcast(sh_comm *comm, sh_tensor *t, int root);
+int sh_comm_barrier(sh_comm *comm);
+
+/* Async forms. The handle keeps the tensors' storages alive until it is freed. */
+int sh_comm_all_gather_into_async(sh_comm_work **work, sh_comm *comm, sh_tensor *out, const sh_tensor *in);
+int sh_comm_reduce_scatter_async(sh_comm_work **work, sh_comm *comm, sh_tensor *out, const sh_tensor *in,
+                                 int op, int reduce_dtype);
+int sh_comm_all_reduce_async(sh_comm_work **work, sh_comm *comm, sh_tensor *t, int op, int reduce_dtype);
+int sh_comm_broadcast_async(sh_comm_work **work, sh_comm *comm, sh_tensor *t, int root);
+int sh_comm_barrier_async(sh_comm_work **work, sh_comm *comm);
+int sh_comm_wait(sh_comm_work *work);               /* SH_OK once complete (again: SH_OK) */
+int sh_comm_test(sh_comm_work *work, int *done);    /* never blocks */
+void sh_comm_work_free(sh_comm_work *work);         /* waits first if still pending */
+
+/* Collectives issued since the last reset, per kind, and the bytes each rank contributed.
+ * comm NULL: every group of this process together. */
+int64_t sh_comm_count(const sh_comm *comm, int kind);
+int64_t sh_comm_bytes(const sh_comm *comm, int kind);
+void sh_comm_reset_counts(sh_comm *comm);

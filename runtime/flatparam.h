@@ -1,0 +1,93 @@
+/* flatparam.h: the FlatParameter, a wrap unit's parameters sharded across a group.
+ * The parameters are laid end to end in registration order (a tensor given twice, a tied
+ * weight, is stored once), padded with zeros to a multiple of the group size N, and cut in
+ * N equal shards of ceil(numel / N) elements; rank r keeps shard r in the master dtype.
+ *
+ * Life cycle (the Lua schedule drives it):
+ *   create     copies each rank's slice into its shard and drops the parameters' storages:
+ *              the parameter structs stay (Lua holds them) but are "resharded"
+ *   unshard    all-gathers the shards (cast to the param dtype first, so bf16 halves the
+ *              traffic) into a full buffer and re-points every parameter struct in place as a
+ *              contiguous view of it (storage, offset, strides, dtype = param dtype)
+ *   reshard    drops the full buffer; the parameters have no storage again, and any use of
+ *              them is an SH_ERR_FREED error, never a crash
+ *   reduce_grad gathers each parameter's .grad into a flat buffer in the reduce dtype (zeros
+ *              for frozen parameters, for parameters without a grad and for the padding),
+ *              frees those grads, reduce-scatters it (all-reduce under no_shard), all-reduces
+ *              the result across `replicate` when given (hybrid sharding), and accumulates it
+ *              into the sharded grad (master dtype) or sets it after zero_grad
+ * The _start/_wait pairs split unshard and reduce_grad so the schedule can prefetch; the
+ * plain calls are start + wait, and waiting with nothing started is the plain call.
+ *
+ * Memory tags: the shard and the full gathered buffer are SH_TAG_PARAM (the full buffer is
+ * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD, and the cast
+ * copy of the shard sent to the all-gather SH_TAG_COMM.
+ *
+ * Parameters may come without storage (sh_tensor_release'd, shape only): their shard slice
+ * starts at zero, for sharded init through sh_flatparam_shard_view / sh_flatparam_init_param. */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct sh_flatparam sh_flatparam;
+
+typedef struct sh_flatparam_info {
+  int64_t numel;          /* elements of the unique parameters */
+  int64_t padded_numel;   /* numel rounded up to a multiple of the group size */
+  int64_t shard_numel;    /* padded_numel / group size (padded_numel under no_shard) */
+  int32_t n_params;       /* parameters given, repeats of a tied one included */
+  int32_t n_unique;
+  int32_t group_size;     /* the group the shards are spread over (1 under no_shard) */
+  int32_t rank;           /* this rank's shard index */
+  int32_t master_dtype, param_dtype, reduce_dtype;
+  int32_t no_shard;
+  int32_t unsharded;      /* 1 while the full buffer exists */
+  int32_t has_grad;       /* 1 when the sharded grad holds a value */
+  int32_t device;
+} sh_flatparam_info;
+
+/* Where parameter i (0-based, in the order given) lives, and the part of it rank `rank`
+ * (-1: this rank) owns: elements [own_start, own_start + own_numel) of the flattened
+ * parameter, at shard_offset in that rank's shard. */
+typedef struct sh_flatparam_slot {
+  int64_t offset;         /* in the flat buffer */
+  int64_t numel;
+  int64_t own_start, own_numel, shard_offset;
+  int32_t tied_to;        /* index of the first occurrence of this tensor, or -1 */
+  int32_t frozen;         /* requires_grad was 0 */
+} sh_flatparam_slot;
+
+/* params: n tensors in registration order, all on one device, floating point. group: the
+ * shard group (all-reduce group under no_shard); NULL is a group of one. dtypes -1: master =
+ * first parameter's dtype, param = master, reduce = param. A parameter already held by
+ * another live FlatParameter is an error (a tied weight split across units). */
+int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
+                        int master_dtype, int param_dtype, int reduce_dtype, int no_shard);
+/* Frees the shard, grads and buffers; the parameters keep no storage. */
+void sh_flatparam_destroy(sh_flatparam *fp);
+
+int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out);
+int sh_flatparam_get_slot(const sh_flatparam *fp, int i, int rank, sh_flatparam_slot *out);
+
+int sh_flatparam_unshard(sh_flatparam *fp);
+int sh_flatparam_unshard_start(sh_flatparam *fp);
+int sh_flatparam_unshard_wait(sh_flatparam *fp);
+int sh_flatparam_reshard(sh_flatparam *fp);
+
+/* op: SH_RED_SUM or SH_RED_AVG; replicate may be NULL. */
+int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate);
+int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *replicate);
+int sh_flatparam_reduce_grad_wait(sh_flatparam *fp);
+/* Forgets the sharded grad (the next reduce_grad sets it instead of adding); with free_it
+ * the buffer is released too. */
+int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it);
+
+/* Aliases of the local shards for the optimizer (in-place updates reach the FlatParameter):
+ * the parameter shard (master dtype, 1-D, shard_numel) and the sharded grad (*out = NULL
+ * when there is none). Ask again after zero_grad with free_it. */
+int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp);
+int sh_flatparam_grad_shard(sh_tensor **out, const sh_flatparam *fp);
+/* A 1-D view of the part of parameter i this rank owns (own_numel elements of the shard). */
+int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i);
+/* Copies this rank's part of a full-size value of parameter i (same numel) into the shard. */
+int sh_flatparam_init_param(sh_flatparam *fp, int i, const sh_tensor *value);
