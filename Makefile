@@ -56,10 +56,11 @@ lib/libshard.a: $(RUNTIME_OBJ) $(CUDA_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 # The host links the runtime statically and exports every symbol (-Wl,-E) so that LuaJIT's
-# FFI finds them in the executable itself.
+# FFI finds them in the executable itself. Only Lua calls readline, so it is kept linked
+# past the toolchain's default --as-needed.
 $(HOST): runtime/host.c $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -lreadline $(LIBS) -ldl
+	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -Wl,--push-state,--no-as-needed -lreadline -Wl,--pop-state $(LIBS) -ldl
 
 $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)

@@ -12,7 +12,7 @@ local shard = {
 }
 
 -- Modules load on first use, so `require "shard"` stays cheap.
-local lazy = { memory = "shard.memory" }
+local lazy = { memory = "shard.memory", config = "shard.config" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

@@ -1,0 +1,104 @@
+-- shard.cli: the command line of bin/shard. runtime/host.c calls main(argv) and exits with
+-- the number it returns: 0 success, 1 the recipe (or command) raised an error, 2 the command
+-- line itself was wrong (unknown command, missing file).
+local M = {}
+
+local USAGE = [[
+usage: shard <command> [args]
+
+  run FILE [--key=value ...] [args]   run a recipe; --key=value overrides reach shard.config
+  repl                                 interactive Lua with shard loaded (reads stdin when piped)
+  launch --nproc N FILE [...]          run a recipe on N local ranks
+  bench ...                            benchmarks
+  estimate ...                         memory estimate for a recipe
+  --version                            print the version
+  help                                 this text
+
+SHARD_TRACEBACK=1 prints a traceback with a recipe's error.]]
+
+local function usage_error(msg)
+  io.stderr:write("shard: ", msg, "\n")
+  return 2
+end
+
+-- Message only by default: a recipe's author wants the line that failed, not the stack of
+-- shard's own frames; SHARD_TRACEBACK=1 asks for the whole story.
+local function error_handler(err)
+  local msg = err == nil and "(error object is nil)" or tostring(err)
+  if os.getenv("SHARD_TRACEBACK") == "1" then return debug.traceback(msg, 2) end
+  return msg
+end
+
+-- Calls fn(...); on an error prints the message on stderr and returns false.
+local function protected(fn, ...)
+  local args, n = { ... }, select("#", ...)
+  local ok, result = xpcall(function() return fn(unpack(args, 1, n)) end, error_handler)
+  if not ok then
+    io.stdout:flush()
+    io.stderr:write(result, "\n")
+  end
+  return ok, result
+end
+
+-- A command module's main returns its exit code (nil means success).
+local function call_main(mod, args)
+  local ok, rc = protected(function() return require(mod).main(args) end)
+  if not ok then return 1 end
+  return type(rc) == "number" and rc or 0
+end
+
+local function run(args)
+  local file = args[1]
+  if not file then return usage_error("run: missing FILE (usage: shard run FILE [--key=value ...])") end
+  local f = io.open(file, "r")
+  if not f then return usage_error("run: cannot open " .. file) end
+  f:close()
+  local chunk, err = loadfile(file)
+  if not chunk then io.stderr:write(err, "\n"); return 1 end
+  -- The script sees its arguments as plain lua would give them: arg[0] the file, arg[1..]
+  -- everything after it (overrides included), and the same list as `...`.
+  local script_args = { [0] = file, [-1] = "shard" }
+  for i = 2, #args do script_args[i - 1] = args[i] end
+  _G.arg = script_args
+  local config = require "shard.config"
+  config.set_overrides(config.parse_args(script_args))
+  return protected(chunk, unpack(script_args)) and 0 or 1
+end
+
+-- Commands that live in their own modules; a missing module is reported, not a crash.
+local function delegate(name, args)
+  local mod = "shard." .. name
+  if not package.searchpath(mod, package.path) then
+    return usage_error(name .. " is not available yet (lua/" .. mod:gsub("%.", "/") .. ".lua is missing)")
+  end
+  return call_main(mod, args)
+end
+
+local COMMANDS = {
+  run = run,
+  repl = function(args) return call_main("shard.repl", args) end,
+  launch = function(args) return delegate("launch", args) end,
+  bench = function(args) return delegate("bench", args) end,
+  estimate = function(args) return delegate("estimate", args) end,
+}
+
+function M.main(argv)
+  local cmd = argv[1]
+  local rest = {}
+  for i = 2, #argv do rest[i - 1] = argv[i] end
+  if cmd == "--version" or cmd == "version" then
+    print("shard " .. require("shard").version)
+    return 0
+  elseif cmd == "help" or cmd == "--help" or cmd == "-h" then
+    print(USAGE)
+    return 0
+  elseif cmd == nil then
+    io.stderr:write(USAGE, "\n")
+    return 2
+  end
+  local command = COMMANDS[cmd]
+  if not command then return usage_error("unknown command '" .. cmd .. "' (try: shard help)") end
+  return command(rest)
+end
+
+return M
