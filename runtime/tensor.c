@@ -114,6 +114,19 @@ int sh_tensor_empty(sh_tensor **out, int ndim, const int64_t *shape, int dtype, 
   return SH_OK;
 }
 
+int sh_tensor_meta(sh_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  *out = NULL;
+  SH_TRY(check_shape("meta", ndim, shape));
+  if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "meta: unknown dtype %d", dtype);
+  sh_tensor *t = new_struct();
+  if (!t) return sh_fail(SH_ERR_OOM, "meta: out of host memory for a tensor header");
+  *t = (sh_tensor){.ndim = ndim, .dtype = dtype, .device = device};
+  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  contiguous_strides(ndim, shape, t->stride);
+  *out = t;
+  return SH_OK;
+}
+
 int sh_tensor_wrap_external(sh_tensor **out, void *data, int64_t nbytes, int ndim,
                             const int64_t *shape, int dtype) {
   *out = NULL;

@@ -35,6 +35,8 @@ int sh_tensor_empty(sh_tensor **out, int ndim, const int64_t *shape, int dtype, 
 int sh_tensor_wrap_external(sh_tensor **out, void *data, int64_t nbytes, int ndim,
                             const int64_t *shape, int dtype);   /* CPU memory owned elsewhere */
 int sh_tensor_alias(sh_tensor **out, const sh_tensor *t);      /* a new struct, same view */
+/* A tensor with a shape and no storage yet (deferred init: FSDP fills only its shard). */
+int sh_tensor_meta(sh_tensor **out, int ndim, const int64_t *shape, int dtype, int device);
 void sh_tensor_release(sh_tensor *t);   /* drop the storage and the grad now */
 void sh_tensor_destroy(sh_tensor *t);   /* release, then free the struct itself */
 int sh_tensor_set_grad(sh_tensor *t, const sh_tensor *grad); /* grad may be NULL to clear */

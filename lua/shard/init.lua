@@ -11,8 +11,20 @@ local shard = {
   is_tensor = tensor.is_tensor,
 }
 
+-- Differentiable versions replace the raw tensor methods (after shard.ops defines those).
+pcall(require, "shard.ops")
+local autograd = require "shard.autograd"
+shard.F = require "shard.functional"
+shard.autograd = autograd
+shard.no_grad = autograd.no_grad
+shard.scope = autograd.scope
+shard.random = require "shard.random"
+shard.manual_seed = shard.random.manual_seed
+shard.log = require "shard.log"
+
 -- Modules load on first use, so `require "shard"` stays cheap.
-local lazy = { memory = "shard.memory", config = "shard.config" }
+local lazy = { memory = "shard.memory", config = "shard.config",
+               nn = "shard.nn", optim = "shard.optim", data = "shard.data" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

@@ -41,6 +41,11 @@ local function wrap(p)
 end
 M.wrap = wrap
 
+-- A handle to a tensor owned by someone else (a .grad owned by its tensor): no finalizer.
+function M.borrow(p)
+  return ffi.gc(Handle(p), nil)
+end
+
 -- Calls a C function whose first argument is an sh_tensor** out-parameter.
 local function new_from(fn, ...)
   box[0] = nil

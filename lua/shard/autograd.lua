@@ -1,0 +1,195 @@
+-- shard.autograd: reverse-mode differentiation on a tape (a Wengert list).
+-- Each differentiable op appends a node {out, inputs, saved, backward}; loss:backward() walks
+-- the tape in reverse, hands each node the gradient of its output, accumulates the input
+-- gradients (leaves into their C-side .grad, intermediates in a table), and right after a
+-- node's backward releases the node's output and everything it saved. So activations are
+-- freed explicitly, in order, and never wait for the Lua GC.
+--
+-- Ownership: the tape owns every tensor an op produced while recording. Tensors the user
+-- keeps past backward (besides the loss) must be kept with t:retain().
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local C, check = rt.C, rt.check
+local Tensor = tensor.Tensor
+
+local A = {}
+local tape = {}
+A.tape = tape
+A.grad_enabled = true
+
+local produced = setmetatable({}, { __mode = "k" })  -- non-leaf tensors (made by a node)
+local retained = setmetatable({}, { __mode = "k" })
+
+local function requires(t) return tensor.is_tensor(t) and t.p.requires_grad ~= 0 end
+A.requires = requires
+
+-- True when an op on these inputs must be recorded.
+function A.needs_grad(a, b, c, d)
+  return A.grad_enabled and (requires(a) or requires(b) or requires(c) or requires(d))
+end
+
+-- Appends a node whose output is `out`; `inputs` are the tensors gradients flow to (nil
+-- entries allowed), `saved` extra tensors the node owns, `backward(node, gout)` returns the
+-- input gradients in input order (nil where none is needed).
+function A.record(out, inputs, backward, saved, name)
+  out.p.requires_grad = 1
+  produced[out] = true
+  tape[#tape + 1] = { out = out, inputs = inputs, backward = backward, saved = saved, name = name }
+  return out
+end
+
+-- A marker node runs fn() at its place in the backward pass (FSDP's pre/post-backward hooks).
+function A.marker(fn, name)
+  tape[#tape + 1] = { marker = fn, name = name }
+end
+
+function A.is_leaf(t) return not produced[t] end
+function Tensor:retain() retained[self] = true; return self end
+
+-- Outside recording, op outputs are tracked by the innermost scope, which releases them at
+-- its end unless they are among its results.
+local arena = nil
+function A.track(t)
+  if arena then arena[#arena + 1] = t end
+  return t
+end
+
+local function close_scope(list, ok, a, b, c)
+  for _, t in ipairs(list) do
+    if t ~= a and t ~= b and t ~= c and not retained[t] then C.sh_tensor_release(t.p) end
+  end
+  if not ok then error(a, 0) end
+  if arena then for _, r in ipairs({ a, b, c }) do if tensor.is_tensor(r) then arena[#arena + 1] = r end end end
+  return a, b, c
+end
+
+-- Runs fn; op outputs created inside are released when it returns, except its results.
+function A.scope(fn, ...)
+  local outer = arena
+  arena = {}
+  local list = arena
+  local ok, a, b, c = pcall(fn, ...)
+  arena = outer
+  return close_scope(list, ok, a, b, c)
+end
+
+-- Runs fn with recording off, as a scope.
+function A.no_grad(fn, ...)
+  local was = A.grad_enabled
+  A.grad_enabled = false
+  local ok, a, b, c = pcall(A.scope, fn, ...)
+  A.grad_enabled = was
+  if not ok then error(a, 0) end
+  return a, b, c
+end
+
+---------------------------------------------------------------------------------------------
+-- gradient accumulation
+
+local grads = {}   -- gradient of each non-leaf output, during backward
+
+-- The tensor into which t's gradient accumulates: a leaf's .grad (created as zeros on first
+-- use), or the running gradient of a non-leaf. Fused backward kernels add into it directly.
+function A.grad_buffer(t)
+  if produced[t] then
+    local g = grads[t]
+    if not g then g = tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() }); grads[t] = g end
+    return g
+  end
+  if t.p.grad == nil then
+    local g = tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
+    check(C.sh_tensor_set_grad(t.p, g.p))
+    g:free()
+  end
+  return tensor.borrow(t.p.grad)
+end
+
+-- Adds g (which the caller gives up) into t's gradient.
+local function accumulate(t, g)
+  if t.p.requires_grad == 0 then g:free(); return end
+  if produced[t] then
+    local have = grads[t]
+    if have then have:add_(g); g:free() else grads[t] = g end
+    return
+  end
+  if t.p.grad == nil then
+    if g:dtype() ~= t:dtype() then local c = g:to(t:dtype()); g:free(); g = c end
+    check(C.sh_tensor_set_grad(t.p, g.p))
+  else
+    tensor.borrow(t.p.grad):add_(g)
+  end
+  g:free()
+end
+A.accumulate = accumulate
+
+local function release(t)
+  if t and not retained[t] then C.sh_tensor_release(t.p) end
+end
+
+local function release_node(node)
+  if node.out then release(node.out) end
+  if node.saved then for _, s in pairs(node.saved) do if tensor.is_tensor(s) then release(s) end end end
+end
+
+-- Runs the tape backward from `root` (a scalar unless `gradient` is given), then empties it.
+function A.backward(root, gradient)
+  if not produced[root] then error("backward: the tensor was not produced by a recorded op (does anything require grad?)", 2) end
+  retained[root] = true
+  grads[root] = gradient and gradient:clone() or tensor.ones(root:shape(), { dtype = root:dtype(), device = root:device() })
+  local was = A.grad_enabled
+  A.grad_enabled = false
+  local ok, err = pcall(function()
+    for i = #tape, 1, -1 do
+      local node = tape[i]
+      tape[i] = nil
+      if node.marker then
+        node.marker()
+      else
+        local gout = grads[node.out]
+        if gout then
+          grads[node.out] = nil
+          local gins = node.backward(node, gout)
+          gout:free()
+          if gins then
+            for j, inp in pairs(node.inputs) do
+              local g = gins[j]
+              if g then
+                if tensor.is_tensor(inp) then accumulate(inp, g) else g:free() end
+              end
+            end
+          end
+        end
+        release_node(node)
+      end
+    end
+  end)
+  A.grad_enabled = was
+  for t, g in pairs(grads) do g:free(); grads[t] = nil end
+  if not ok then A.clear(); error(err, 0) end
+end
+
+-- Drops the tape without running it (a forward whose backward will not come).
+function A.clear()
+  for i = #tape, 1, -1 do
+    local node = tape[i]
+    tape[i] = nil
+    if not node.marker then release_node(node) end
+  end
+end
+
+function Tensor:backward(gradient) return A.backward(self, gradient) end
+
+function Tensor:requires_grad_(flag)
+  self.p.requires_grad = (flag == nil or flag) and 1 or 0
+  return self
+end
+
+function Tensor:zero_grad(set_to_none)
+  if self.p.grad == nil then return end
+  if set_to_none == false then check(C.sh_tensor_fill_(self.p.grad, 0)) else check(C.sh_tensor_set_grad(self.p, nil)) end
+end
+
+function Tensor:detach() local a = self:alias(); a.p.requires_grad = 0; return a end
+
+return A

@@ -1,0 +1,145 @@
+-- shard.data: token files and batches.
+-- Token files are nanoGPT's format: raw little-endian uint16 token ids (train.bin, val.bin),
+-- with meta.lua holding the vocabulary. Batches draw random windows whose offsets come from
+-- the counter-based generator keyed by (seed, rank, step), so a run is reproducible and
+-- every rank draws different windows.
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local C, check = rt.C, rt.check
+
+local D = {}
+
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("data: cannot open " .. path .. ": " .. tostring(err), 3) end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function write_file(path, s)
+  local tmp = path .. ".tmp"
+  local f = assert(io.open(tmp, "wb"), "data: cannot write " .. tmp)
+  f:write(s)
+  f:close()
+  assert(os.rename(tmp, path))
+end
+
+-- Character-level tokenizer over the sorted unique bytes of a text (nanoGPT's shakespeare_char).
+function D.char_tokenizer(text)
+  local seen, chars = {}, {}
+  for i = 1, #text do
+    local c = text:sub(i, i)
+    if not seen[c] then seen[c] = true; chars[#chars + 1] = c end
+  end
+  table.sort(chars)
+  local stoi = {}
+  for i, c in ipairs(chars) do stoi[c] = i - 1 end
+  return {
+    vocab_size = #chars, itos = chars, stoi = stoi,
+    encode = function(s)
+      local out = {}
+      for i = 1, #s do
+        local id = stoi[s:sub(i, i)]
+        if not id then error(("tokenizer: character %q is not in the vocabulary"):format(s:sub(i, i)), 2) end
+        out[i] = id
+      end
+      return out
+    end,
+    decode = function(ids)
+      local out = {}
+      for i, id in ipairs(ids) do out[i] = chars[id + 1] or "?" end
+      return table.concat(out)
+    end,
+  }
+end
+
+-- Writes train.bin, val.bin (first 90% / last 10%) and meta.lua for a text file into dir.
+-- Returns the tokenizer and the token counts. Skips the work when the files are up to date.
+function D.prepare_char(text_path, dir)
+  os.execute('mkdir -p "' .. dir .. '"')
+  local text = read_file(text_path)
+  local tok = D.char_tokenizer(text)
+  local n = #text
+  local split = math.floor(n * 0.9)
+  local buf = ffi.new("uint16_t[?]", n)
+  for i = 1, n do buf[i - 1] = tok.stoi[text:sub(i, i)] end
+  write_file(dir .. "/train.bin", ffi.string(buf, split * 2))
+  write_file(dir .. "/val.bin", ffi.string(buf + split, (n - split) * 2))
+  local q = {}
+  for i, c in ipairs(tok.itos) do q[i] = ("%q"):format(c) end
+  write_file(dir .. "/meta.lua", ("return { vocab_size = %d, source = %q, itos = { %s } }\n")
+    :format(tok.vocab_size, text_path, table.concat(q, ", ")))
+  return tok, split, n - split
+end
+
+-- The tokenizer described by a meta.lua.
+function D.load_meta(path)
+  local meta = dofile(path)
+  local text = table.concat(meta.itos)
+  local tok = D.char_tokenizer(text)
+  assert(tok.vocab_size == meta.vocab_size, "data: meta vocabulary is not sorted unique characters")
+  return tok
+end
+
+-- A uint16 token file in memory (owned by the returned table).
+function D.load_tokens(path)
+  local bytes = read_file(path)
+  if #bytes % 2 ~= 0 then error("data: " .. path .. " has an odd number of bytes; expected uint16 tokens", 2) end
+  local n = #bytes / 2
+  local buf = ffi.new("uint16_t[?]", n)
+  ffi.copy(buf, bytes, #bytes)
+  return { buf = buf, n = n, path = path }
+end
+
+-- Random windows of `block` tokens: x = tokens[o, o+block), y = tokens[o+1, o+block+1).
+-- opts: path or tokens, block, batch, seed, rank (default 0), device.
+function D.tokens(opts)
+  local toks = opts.tokens or D.load_tokens(opts.path)
+  local block, batch = opts.block, opts.batch
+  if toks.n <= block + 1 then
+    error(("data: %s has %d tokens, too few for block %d"):format(toks.path or "tokens", toks.n, block), 2)
+  end
+  local self = { tokens = toks, block = block, batch = batch, seed = opts.seed or 1337,
+                 rank = opts.rank or 0, step = 0, device = opts.device }
+  local u = tensor.empty({ batch }, { dtype = "f64" })
+  local ubuf = ffi.cast("double*", C.sh_tensor_data(u.p))
+  -- x and y are built in one host buffer; the caller owns the returned tensors.
+  function self:offsets(step)
+    -- key: seed and rank; counter: the step, so (seed, rank, step) fixes the batch
+    local key = self.seed * 1000003 + self.rank
+    check(C.sh_random_uniform_(u.p, key, step * math.ceil(batch / 4) * 4, 0, 1))
+    local out = {}
+    for b = 1, batch do out[b] = math.floor(ubuf[b - 1] * (toks.n - block - 1)) end
+    return out
+  end
+  function self:batch_at(step)
+    local offs = self:offsets(step)
+    local x = tensor.empty({ batch, block }, { dtype = "i64" })
+    local y = tensor.empty({ batch, block }, { dtype = "i64" })
+    local xp = ffi.cast("int64_t*", C.sh_tensor_data(x.p))
+    local yp = ffi.cast("int64_t*", C.sh_tensor_data(y.p))
+    local src = toks.buf
+    for b = 0, batch - 1 do
+      local o, row = offs[b + 1], b * block
+      for t = 0, block - 1 do
+        xp[row + t] = src[o + t]
+        yp[row + t] = src[o + t + 1]
+      end
+    end
+    if self.device and self.device ~= "cpu" then
+      local xd, yd = x:to(self.device), y:to(self.device)
+      x:free(); y:free()
+      return xd, yd
+    end
+    return x, y
+  end
+  function self:next()
+    self.step = self.step + 1
+    return self:batch_at(self.step)
+  end
+  return self
+end
+
+return D

@@ -1,0 +1,366 @@
+-- shard.fsdp: fully sharded data parallel training over FlatParameters.
+--   local model = fsdp.wrap(nn.GPT(cfg), { policy = fsdp.policy.transformer{ nn.Block },
+--                                         strategy = "full_shard" })
+-- wrap() turns the modules the policy picks into units (each one FlatParameter over its
+-- parameters) and the root into a unit over what no child holds. Units hook forward and push
+-- marker nodes on the autograd tape, which drive the step as DESIGN.md lays it out:
+--   forward   pre: unshard (wait a prefetch), prefetch the next unit; post: reshard
+--   backward  pre: unshard, prefetch the previous unit; post: reduce-scatter grads, reshard
+-- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
+-- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
+-- groups of hybrid_group ranks, all-reduce across the groups).
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local A = require "shard.autograd"
+local Module = require "shard.nn.module"
+local optim = require "shard.optim"
+local C, check = rt.C, rt.check
+
+local fsdp = { policy = require "shard.fsdp.policy" }
+
+local STRATEGIES = {
+  full_shard = { shard = true, reshard_after_forward = true },
+  shard_grad_op = { shard = true, reshard_after_forward = false },
+  no_shard = { shard = false, reshard_after_forward = false },
+  hybrid_shard = { shard = true, reshard_after_forward = true, hybrid = true },
+  hybrid_shard_zero2 = { shard = true, reshard_after_forward = false, hybrid = true },
+}
+fsdp.STRATEGIES = STRATEGIES
+
+---------------------------------------------------------------------------------------------
+-- process groups
+
+local world_box = ffi.new("sh_comm*[1]")
+local world = nil
+function fsdp.world()
+  if world == nil then
+    check(C.sh_comm_init_world(world_box))
+    world = world_box[0]
+  end
+  return world
+end
+
+local mesh_cache = {}
+-- Shard and replicate groups for hybrid sharding with groups of G consecutive ranks.
+local function hybrid_mesh(G)
+  if mesh_cache[G] then return mesh_cache[G] end
+  local w = fsdp.world()
+  local rank, size = C.sh_comm_rank(w), C.sh_comm_size(w)
+  if G < 1 or size % G ~= 0 then
+    error(("fsdp: world size %d is not a multiple of the hybrid group size %d (rank %d)"):format(size, G, rank), 0)
+  end
+  local box = ffi.new("sh_comm*[1]")
+  check(C.sh_comm_split(box, w, math.floor(rank / G), rank % G))
+  local shard_group = box[0]
+  C.sh_comm_set_name(shard_group, ("shard group %d"):format(math.floor(rank / G)))
+  check(C.sh_comm_split(box, w, rank % G, math.floor(rank / G)))
+  local replicate = box[0]
+  C.sh_comm_set_name(replicate, ("replicate group %d"):format(rank % G))
+  mesh_cache[G] = { shard = shard_group, replicate = replicate }
+  return mesh_cache[G]
+end
+
+---------------------------------------------------------------------------------------------
+-- the unit
+
+local Unit = Module:extend("FSDPUnit")
+fsdp.Unit = Unit
+
+-- Parameters the module holds outside any unit below it, in registration order (tied ones
+-- appear once per holder; the FlatParameter stores a repeated tensor once).
+local function own_params(module, out, seen)
+  out, seen = out or {}, seen or {}
+  for _, p in ipairs(module._params) do
+    out[#out + 1] = p.tensor
+  end
+  for _, c in ipairs(module._children) do
+    if getmetatable(c.module) ~= Unit then own_params(c.module, out, seen) end
+  end
+  return out
+end
+
+local function param_names(module, prefix, out)
+  out = out or {}
+  for _, p in ipairs(module._params) do
+    if not out[p.tensor] then out[p.tensor] = prefix == "" and p.name or (prefix .. "." .. p.name) end
+  end
+  for _, c in ipairs(module._children) do
+    local inner = getmetatable(c.module) == Unit and c.module.module or c.module
+    param_names(inner, prefix == "" and c.name or (prefix .. "." .. c.name), out)
+  end
+  return out
+end
+
+local function dtype_or(name) return name and tensor.dtype_id(name) or -1 end
+
+function Unit:init(module, name, opts, root)
+  self:child("module", module)
+  self.name, self.opts, self.root = name, opts, root or self
+  local strategy = opts.strategy_for and opts.strategy_for(module, name) or opts.strategy or "full_shard"
+  self.strategy = strategy
+  self.mode = STRATEGIES[strategy]
+  if not self.mode then
+    local known = {}
+    for k in pairs(STRATEGIES) do known[#known + 1] = k end
+    table.sort(known)
+    error(("fsdp: unknown strategy '%s' for unit %s (known: %s)"):format(tostring(strategy), name, table.concat(known, ", ")), 0)
+  end
+  local group, replicate = fsdp.world(), nil
+  if self.mode.hybrid then
+    local mesh = hybrid_mesh(opts.hybrid_group or C.sh_comm_size(fsdp.world()))
+    group, replicate = mesh.shard, mesh.replicate
+  end
+  self.group, self.replicate = group, replicate
+  self.params = own_params(module)
+  local mp = opts.mixed_precision or {}
+  local arr = ffi.new("sh_tensor*[?]", math.max(#self.params, 1))
+  for i, t in ipairs(self.params) do arr[i - 1] = t.p end
+  local box = ffi.new("sh_flatparam*[1]")
+  local rc = C.sh_flatparam_create(box, arr, #self.params, group, -1, dtype_or(mp.param),
+                                   dtype_or(mp.reduce), self.mode.shard and 0 or 1)
+  if rc ~= 0 then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, ffi.string(C.sh_last_error())), 0) end
+  self.fp = ffi.gc(box[0], C.sh_flatparam_destroy)
+  self.info = ffi.new("sh_flatparam_info")
+  check(C.sh_flatparam_get_info(self.fp, self.info))
+end
+
+function Unit:numel() return tonumber(self.info.numel) end
+
+function Unit:unshard()
+  if self.state == "full" then return end
+  if self.state == "gathering" then check(C.sh_flatparam_unshard_wait(self.fp))
+  else check(C.sh_flatparam_unshard(self.fp)) end
+  self.state = "full"
+end
+
+function Unit:prefetch()
+  if self.state == "full" or self.state == "gathering" then return end
+  check(C.sh_flatparam_unshard_start(self.fp))
+  self.state = "gathering"
+end
+
+function Unit:reshard()
+  if not self.mode.shard or self.state ~= "full" then return end
+  check(C.sh_flatparam_reshard(self.fp))
+  self.state = nil
+end
+
+function Unit:forward(...)
+  local root = self.root
+  if self == root then root.recording_order = root.order == nil; root.order = root.order or {} end
+  local order = root.order
+  if root.recording_order then order[#order + 1] = self; self.index = #order end
+  self:unshard()
+  local nxt = not root.recording_order and order[(self.index or 0) + 1]
+  if nxt and nxt.mode.reshard_after_forward then nxt:prefetch() end
+  local recording = A.grad_enabled
+  if recording then A.marker(function() self:post_backward() end, "fsdp post-backward " .. self.name) end
+  local out = self.module(...)
+  if self ~= root and self.mode.reshard_after_forward then self:reshard() end
+  if recording then A.marker(function() self:pre_backward() end, "fsdp pre-backward " .. self.name) end
+  if self == root then
+    root.recording_order = false
+    if not recording then for _, u in ipairs(order) do u:reshard() end end
+  end
+  return out
+end
+
+function Unit:pre_backward()
+  self:unshard()
+  if self.root.opts.backward_prefetch ~= false then
+    local prev = self.root.order[(self.index or 1) - 1]
+    if prev then prev:prefetch() end
+  end
+end
+
+function Unit:post_backward()
+  local op = C.SH_RED_AVG
+  check(C.sh_flatparam_reduce_grad(self.fp, op, self.replicate))
+  self:reshard()
+end
+
+function Unit:named_parameters(prefix, out, seen) return self.module:named_parameters(prefix, out, seen) end
+
+---------------------------------------------------------------------------------------------
+-- wrap
+
+-- Post-order walk: children first, so a policy sees how many parameters are still unwrapped.
+local function apply_policy(module, name, policy, opts, root_box, units)
+  local unwrapped = 0
+  for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
+  for _, c in ipairs(module._children) do
+    local child_name = name == "" and c.name or (name .. "." .. c.name)
+    if getmetatable(c.module) == Unit then
+      units[#units + 1] = c.module
+    else
+      local n, wrapped = apply_policy(c.module, child_name, policy, opts, root_box, units)
+      if wrapped then
+        module:replace_child(c.name, wrapped)
+      else
+        unwrapped = unwrapped + n
+      end
+    end
+  end
+  if name ~= "" and policy and policy(module, name, unwrapped) then
+    local u = Unit(module, name, opts, nil)
+    units[#units + 1] = u
+    return 0, u
+  end
+  return unwrapped, nil
+end
+
+-- Wraps model; returns the root unit, which forwards any other method to the model.
+-- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
+-- the full parameters, and each fills its shard with the values an eager init would give.
+function fsdp.wrap(model, opts)
+  opts = opts or {}
+  if type(model) == "function" then
+    Module.deferred_inits = setmetatable({}, { __mode = "k" })
+    local ok, m = pcall(model)
+    if not ok then Module.deferred_inits = nil; error(m, 0) end
+    model = m
+  end
+  if opts.sync_module_states then fsdp.sync_module_states(model) end
+  local units = {}
+  apply_policy(model, "", opts.policy, opts, nil, units)
+  local root = Unit(model, "", opts, nil)
+  root.units = units
+  for _, u in ipairs(units) do u.root = root end
+  root.is_root = true
+  local mt = {}
+  for k, v in pairs(getmetatable(root)) do mt[k] = v end
+  mt.__index = function(_, k) local v = Unit[k]; if v ~= nil then return v end; return model[k] end
+  setmetatable(root, mt)
+  root.all_units = { root }
+  for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
+  root.names = param_names(model, "")
+  fsdp.init_shards(root)
+  Module.deferred_inits = nil
+  return root
+end
+
+-- Broadcasts rank 0's parameters to every rank (before wrapping).
+function fsdp.sync_module_states(model)
+  local w = fsdp.world()
+  for _, t in ipairs(model:parameters()) do check(C.sh_comm_broadcast(w, t.p, 0)) end
+end
+
+---------------------------------------------------------------------------------------------
+-- sharded init: parameters created under nn's deferred init hold no storage, only a recipe
+-- (normal with its generator counters, or a constant); each rank draws just its own slice,
+-- which gives the same values as drawing the whole tensor.
+
+function fsdp.init_shards(root)
+  local init = Module.deferred_inits
+  if not init then return end
+  local slot = ffi.new("sh_flatparam_slot")
+  for _, u in ipairs(root.all_units) do
+    for i, t in ipairs(u.params) do
+      local recipe = init[t]
+      if recipe then
+        check(C.sh_flatparam_get_slot(u.fp, i - 1, -1, slot))
+        if slot.tied_to < 0 and slot.own_numel > 0 then
+          local view = tensor.new_from(C.sh_flatparam_shard_view, u.fp, i - 1)
+          recipe(view, tonumber(slot.own_start))
+          view:free()
+        end
+      end
+    end
+  end
+end
+
+---------------------------------------------------------------------------------------------
+-- the step's other half: optimizer entries, zero_grad, clipping, summary
+
+-- One optimizer entry per parameter slice this rank owns: the shard view (updated in place),
+-- its grad (the matching slice of the sharded grad) and nanoGPT's decay rule (dims >= 2).
+function Unit:optim_groups()
+  local entries = {}
+  local slot = ffi.new("sh_flatparam_slot")
+  for _, u in ipairs(self.all_units or { self }) do
+    for i, t in ipairs(u.params) do
+      check(C.sh_flatparam_get_slot(u.fp, i - 1, -1, slot))
+      if slot.tied_to < 0 and slot.frozen == 0 and slot.own_numel > 0 then
+        local off, n = tonumber(slot.shard_offset), tonumber(slot.own_numel)
+        local fp = u.fp
+        entries[#entries + 1] = {
+          tensor = tensor.new_from(C.sh_flatparam_shard_view, fp, i - 1),
+          decay = t.p.ndim >= 2,
+          name = self.names and self.names[t],
+          grad = function()
+            local box = ffi.new("sh_tensor*[1]")
+            check(C.sh_flatparam_grad_shard(box, fp))
+            if box[0] == nil then return nil end
+            local g = tensor.wrap(box[0])
+            local v = g:narrow(1, off + 1, n)
+            g:free()
+            return v
+          end,
+        }
+      end
+    end
+  end
+  return entries
+end
+
+function Unit:zero_grad(set_to_none)
+  for _, u in ipairs(self.all_units or { self }) do
+    check(C.sh_flatparam_zero_grad(u.fp, set_to_none == false and 0 or 1))
+  end
+end
+
+-- Norm of every sharded gradient with one all-reduce over the world; each unit's part is
+-- weighted by 1/(number of replicas of its shards) so replicated shards count once.
+function Unit:grad_norm(norm_type)
+  norm_type = norm_type or 2
+  local w = fsdp.world()
+  local world_size = C.sh_comm_size(w)
+  local part = 0
+  for _, u in ipairs(self.all_units) do
+    local entries = Unit.optim_groups(u)
+    local grads = {}
+    for _, e in ipairs(entries) do local g = e.grad(); if g then grads[#grads + 1] = g end end
+    local p = optim.local_norm_part(grads, norm_type)
+    for _, g in ipairs(grads) do g:free() end
+    for _, e in ipairs(entries) do e.tensor:free() end
+    local replicas = world_size / (u.mode.shard and C.sh_comm_size(u.group) or 1)
+    if norm_type == math.huge then part = math.max(part, p) else part = part + p / replicas end
+  end
+  local t = tensor.tensor({ part }, { dtype = "f64" })
+  check(C.sh_comm_all_reduce(w, t.p, norm_type == math.huge and C.SH_RED_MAX or C.SH_RED_SUM, -1))
+  part = t:get({ 1 })
+  t:free()
+  return norm_type == 2 and math.sqrt(part) or part
+end
+
+function Unit:clip_grad_norm(max_norm, norm_type)
+  local total = self:grad_norm(norm_type)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 then
+    for _, u in ipairs(self.all_units) do
+      local box = ffi.new("sh_tensor*[1]")
+      check(C.sh_flatparam_grad_shard(box, u.fp))
+      if box[0] ~= nil then local g = tensor.wrap(box[0]); check(C.sh_scale_(g.p, coef)); g:free() end
+    end
+  end
+  return total
+end
+
+function fsdp.clip_grad_norm(model, max_norm, norm_type)
+  if model.clip_grad_norm then return model:clip_grad_norm(max_norm, norm_type) end
+  return optim.clip_grad_norm(model, max_norm, norm_type)
+end
+
+-- A table of units: name, parameters, shard numel, padding, strategy.
+function fsdp.summary(root)
+  local lines = { ("%-28s %12s %12s %8s  %s"):format("unit", "params", "shard", "padding", "strategy") }
+  for _, u in ipairs(root.all_units) do
+    local i = u.info
+    lines[#lines + 1] = ("%-28s %12d %12d %8d  %s"):format(u.name == "" and "(root)" or u.name,
+      tonumber(i.numel), tonumber(i.shard_numel), tonumber(i.padded_numel - i.numel), u.strategy)
+  end
+  return table.concat(lines, "\n")
+end
+
+return fsdp

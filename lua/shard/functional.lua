@@ -1,0 +1,377 @@
+-- shard.functional: the differentiable ops. Each runs its C kernel, then, when an input
+-- requires grad, records a tape node whose backward calls the matching backward kernel.
+-- Inputs are captured by the node's closure (their producers release them); tensors the
+-- node creates for backward alone go in `saved`, released right after the node runs.
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local A = require "shard.autograd"
+local C, check = rt.C, rt.check
+local Tensor, new_from, wrap = tensor.Tensor, tensor.new_from, tensor.wrap
+local needs, requires, record, track = A.needs_grad, A.requires, A.record, A.track
+
+local F = {}
+
+local function ptr(t) return t and t.p or nil end
+local function slots(n) return ffi.new("sh_tensor*[?]", n) end
+local function take(box, i) local p = box[i]; return p ~= nil and wrap(p) or nil end
+
+-- out is recorded with a backward when the inputs need it, else tracked by the scope.
+local function result(out, inputs, backward, saved, name)
+  if backward and A.needs_grad(inputs[1], inputs[2], inputs[3], inputs[4]) then
+    return record(out, inputs, backward, saved, name)
+  end
+  if saved then for _, s in pairs(saved) do s:free() end end
+  return track(out)
+end
+
+---------------------------------------------------------------------------------------------
+-- raw math used by the backward passes (no recording: backward runs with grad disabled)
+
+local OP = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6, eq = 7, lt = 8, gt = 9 }
+local UN = { neg = 0, exp = 1, log = 2, sqrt = 3, rsqrt = 4, tanh = 5, abs = 6, square = 7, reciprocal = 8, sign = 9 }
+local RED = { sum = 0, mean = 1, max = 2, min = 3 }
+F.OP, F.UN, F.RED = OP, UN, RED
+
+local function bin(op, a, b) return new_from(C.sh_binary, op, a.p, b.p) end
+local function bins(op, a, s, first) return new_from(C.sh_binary_scalar, op, a.p, s, first and 1 or 0) end
+local function un(op, a) return new_from(C.sh_unary, op, a.p) end
+local shape_args = tensor.shape_args
+
+-- Sums g down to `shape` (undoing broadcasting); gives back g itself when nothing to do.
+local function sum_to(g, t)
+  local gs, ts = g.p, t.p
+  if gs.ndim == ts.ndim then
+    local same = true
+    for d = 0, gs.ndim - 1 do if gs.shape[d] ~= ts.shape[d] then same = false; break end end
+    if same then return g:alias() end
+  end
+  return new_from(C.sh_sum_to_shape, g.p, ts.ndim, ts.shape)
+end
+
+-- g broadcast (copied) to the shape of t.
+local function expand_to(g, t)
+  local out = tensor.empty(t:shape(), { dtype = g:dtype(), device = g:device() })
+  check(C.sh_tensor_copy_(out.p, g.p))
+  return out
+end
+
+---------------------------------------------------------------------------------------------
+-- elementwise
+
+local function binary_backward(op)
+  return function(node, g)
+    local a, b = node.inputs[1], node.inputs[2]
+    local ga, gb
+    if op == OP.add then
+      ga = requires(a) and sum_to(g, a); gb = requires(b) and sum_to(g, b)
+    elseif op == OP.sub then
+      ga = requires(a) and sum_to(g, a)
+      if requires(b) then local n = un(UN.neg, g); gb = sum_to(n, b); n:free() end
+    elseif op == OP.mul then
+      if requires(a) then local t = bin(OP.mul, g, b); ga = sum_to(t, a); t:free() end
+      if requires(b) then local t = bin(OP.mul, g, a); gb = sum_to(t, b); t:free() end
+    elseif op == OP.div then
+      if requires(a) then local t = bin(OP.div, g, b); ga = sum_to(t, a); t:free() end
+      if requires(b) then   -- -g * a / b^2 = -(g * out) / b
+        local t = bin(OP.mul, g, node.out); local u = bin(OP.div, t, b); t:free()
+        local n = un(UN.neg, u); u:free(); gb = sum_to(n, b); n:free()
+      end
+    else
+      error("no gradient for binary op " .. op)
+    end
+    return { ga or nil, gb or nil }
+  end
+end
+local binary_backwards = { [OP.add] = binary_backward(OP.add), [OP.sub] = binary_backward(OP.sub),
+                           [OP.mul] = binary_backward(OP.mul), [OP.div] = binary_backward(OP.div) }
+
+local function scalar_backward(op, s, first)
+  return function(node, g)
+    local a = node.inputs[1]
+    if op == OP.add then return { g:alias() } end
+    if op == OP.sub then return { first and un(UN.neg, g) or g:alias() } end
+    if op == OP.mul then return { bins(OP.mul, g, s) } end
+    if op == OP.div then
+      if not first then return { bins(OP.mul, g, 1 / s) } end
+      local t = bin(OP.div, node.out, a); local u = bin(OP.mul, g, t); t:free()   -- d(s/a) = -s/a^2 = -out/a
+      local n = un(UN.neg, u); u:free(); return { n }
+    end
+    if op == OP.pow and not first then        -- d(a^s) = s * a^(s-1)
+      local t = bins(OP.pow, a, s - 1); local u = bins(OP.mul, t, s); t:free()
+      local r = bin(OP.mul, g, u); u:free(); return { r }
+    end
+    if op == OP.pow and first then            -- d(s^a) = out * ln s
+      local t = bin(OP.mul, g, node.out); local r = bins(OP.mul, t, math.log(s)); t:free(); return { r }
+    end
+    error("no gradient for scalar op " .. op)
+  end
+end
+
+local function binary(opname)
+  local op = OP[opname]
+  return function(a, b)
+    if type(b) == "number" then
+      return result(bins(op, a, b, false), { a }, scalar_backward(op, b, false), nil, opname)
+    end
+    return result(bin(op, a, b), { a, b }, binary_backwards[op], nil, opname)
+  end
+end
+for _, name in ipairs { "add", "sub", "mul", "div" } do F[name] = binary(name) end
+function F.pow(a, b)
+  if type(b) ~= "number" then error("pow: the exponent must be a number", 2) end
+  return result(bins(OP.pow, a, b, false), { a }, scalar_backward(OP.pow, b, false), nil, "pow")
+end
+for _, name in ipairs { "maximum", "minimum", "eq", "lt", "gt" } do
+  local op = OP[name]
+  F[name] = function(a, b)
+    if type(b) == "number" then return track(bins(op, a, b, false)) end
+    return track(bin(op, a, b))
+  end
+end
+-- number OP tensor
+for _, name in ipairs { "add", "sub", "mul", "div", "pow" } do
+  local op = OP[name]
+  F["r" .. name] = function(a, s)
+    return result(bins(op, a, s, true), { a }, scalar_backward(op, s, true), nil, "r" .. name)
+  end
+end
+
+local unary_grad = {
+  [UN.neg] = function(a, out, g) return un(UN.neg, g) end,
+  [UN.exp] = function(a, out, g) return bin(OP.mul, g, out) end,
+  [UN.log] = function(a, out, g) return bin(OP.div, g, a) end,
+  [UN.sqrt] = function(a, out, g) local t = bin(OP.div, g, out); local r = bins(OP.mul, t, 0.5); t:free(); return r end,
+  [UN.tanh] = function(a, out, g)
+    local sq = un(UN.square, out); local one = bins(OP.sub, sq, 1, true); sq:free()
+    local r = bin(OP.mul, g, one); one:free(); return r
+  end,
+  [UN.square] = function(a, out, g) local t = bin(OP.mul, g, a); local r = bins(OP.mul, t, 2); t:free(); return r end,
+  [UN.abs] = function(a, out, g) local s = un(UN.sign, a); local r = bin(OP.mul, g, s); s:free(); return r end,
+}
+for name, op in pairs(UN) do
+  local grad = unary_grad[op]
+  F[name] = function(a)
+    return result(un(op, a), { a }, grad and function(node, g) return { grad(a, node.out, g) } end, nil, name)
+  end
+end
+
+---------------------------------------------------------------------------------------------
+-- reductions
+
+local function cdim(t, dim)
+  if dim == nil then return nil end
+  if dim < 0 then return dim + t.p.ndim end
+  return dim - 1
+end
+
+local function reduce(opname)
+  local op = RED[opname]
+  return function(a, dim, keepdim)
+    local out
+    if dim == nil then out = new_from(C.sh_reduce_all, op, a.p)
+    else out = new_from(C.sh_reduce, op, a.p, cdim(a, dim), keepdim and 1 or 0) end
+    local backward
+    if op == RED.sum or op == RED.mean then
+      backward = function(node, g)
+        local gk = g
+        if dim ~= nil and not keepdim then gk = g:unsqueeze(dim < 0 and dim + a.p.ndim + 1 or dim) end
+        local r = expand_to(gk, a)
+        if gk ~= g then gk:free() end
+        if op == RED.mean then
+          local n = dim == nil and a:numel() or a:size(dim)
+          check(C.sh_scale_(r.p, 1 / n))
+        end
+        return { r }
+      end
+    end
+    return result(out, { a }, backward, nil, opname)
+  end
+end
+for name in pairs(RED) do F[name] = reduce(name) end
+function F.argmax(a, dim, keepdim) return track(new_from(C.sh_argmax, a.p, cdim(a, dim or -1), keepdim and 1 or 0)) end
+
+---------------------------------------------------------------------------------------------
+-- matmul
+
+local function mT(t) return t:transpose(-1, -2) end
+
+function F.matmul(a, b)
+  local out = new_from(C.sh_matmul, a.p, b.p)
+  return result(out, { a, b }, function(node, g)
+    if a.p.ndim < 2 or b.p.ndim < 2 then error("matmul backward: 1-D operands are not differentiable yet; unsqueeze them") end
+    local ga, gb
+    if requires(a) then local bt = mT(b); local t = new_from(C.sh_matmul, g.p, bt.p); bt:free(); ga = sum_to(t, a); t:free() end
+    if requires(b) then local at = mT(a); local t = new_from(C.sh_matmul, at.p, g.p); at:free(); gb = sum_to(t, b); t:free() end
+    return { ga, gb }
+  end, nil, "matmul")
+end
+
+---------------------------------------------------------------------------------------------
+-- views
+
+local function viewlike(name, make, grad)
+  F[name] = function(a, ...)
+    local out = make(a, ...)
+    local args = { ... }
+    return result(out, { a }, function(node, g) return { grad(a, g, unpack(args)) } end, nil, name)
+  end
+end
+local raw_view, raw_reshape, raw_transpose = Tensor.view, Tensor.reshape, Tensor.transpose
+local raw_permute, raw_narrow, raw_unsqueeze = Tensor.permute, Tensor.narrow, Tensor.unsqueeze
+local raw_squeeze, raw_contiguous, raw_expand, raw_select = Tensor.squeeze, Tensor.contiguous, Tensor.expand, Tensor.select
+
+local function reshape_back(a, g) return raw_reshape(g, a:shape()) end
+viewlike("view", raw_view, reshape_back)
+viewlike("reshape", raw_reshape, reshape_back)
+viewlike("flatten", function(a) return raw_reshape(a, a:numel()) end, reshape_back)
+viewlike("unsqueeze", raw_unsqueeze, reshape_back)
+viewlike("squeeze", raw_squeeze, reshape_back)
+viewlike("contiguous", raw_contiguous, function(a, g) return g:alias() end)
+viewlike("transpose", raw_transpose, function(a, g, d0, d1) return raw_transpose(g, d0, d1) end)
+viewlike("t", function(a) return raw_transpose(a, 1, 2) end, function(a, g) return raw_transpose(g, 1, 2) end)
+viewlike("permute", raw_permute, function(a, g, ...)
+  local order = type((...)) == "table" and (...) or { ... }
+  local inv = {}
+  for i, d in ipairs(order) do inv[d < 0 and d + #order + 1 or d] = i end
+  return raw_permute(g, inv)
+end)
+viewlike("narrow", raw_narrow, function(a, g, dim, start, length)
+  local full = tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() })
+  local v = raw_narrow(full, dim, start, length); v:copy_(g); v:free()
+  return full
+end)
+viewlike("select", raw_select, function(a, g, dim, index)
+  local full = tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() })
+  local v = raw_select(full, dim, index); v:copy_(g); v:free()
+  return full
+end)
+viewlike("expand", raw_expand, function(a, g) return sum_to(g, a) end)
+
+-- dtype conversion keeps the graph (bf16 compute copies of f32 parameters)
+function F.to(a, what)
+  local out = Tensor.to_raw(a, what)
+  if out:dtype() == a:dtype() then return result(out, { a }, function(node, g) return { g:alias() } end, nil, "to") end
+  return result(out, { a }, function(node, g) return { g:to(a:dtype()) } end, nil, "to")
+end
+
+---------------------------------------------------------------------------------------------
+-- layers
+
+function F.linear(x, w, b)
+  local y = new_from(C.sh_linear_forward, x.p, w.p, ptr(b))
+  return result(y, { x, w, b }, function(node, dy)
+    local box = slots(1)
+    check(C.sh_linear_backward(requires(x) and box or nil,
+      requires(w) and A.grad_buffer(w).p or nil, (b and requires(b)) and A.grad_buffer(b).p or nil,
+      dy.p, x.p, w.p))
+    return { take(box, 0) }
+  end, nil, "linear")
+end
+
+function F.layernorm(x, w, b, eps)
+  local box = slots(3)
+  check(C.sh_layernorm_forward(box, box + 1, box + 2, x.p, w.p, ptr(b), eps or 1e-5))
+  local y, mean, rstd = take(box, 0), take(box, 1), take(box, 2)
+  return result(y, { x, w, b }, function(node, dy)
+    local dx = slots(1)
+    check(C.sh_layernorm_backward(requires(x) and dx or nil,
+      requires(w) and A.grad_buffer(w).p or nil, (b and requires(b)) and A.grad_buffer(b).p or nil,
+      dy.p, x.p, w.p, mean.p, rstd.p))
+    return { take(dx, 0) }
+  end, { mean, rstd }, "layernorm")
+end
+
+function F.rmsnorm(x, w, eps)
+  local box = slots(2)
+  check(C.sh_rmsnorm_forward(box, box + 1, x.p, w.p, eps or 1e-6))
+  local y, rstd = take(box, 0), take(box, 1)
+  return result(y, { x, w }, function(node, dy)
+    local dx = slots(1)
+    check(C.sh_rmsnorm_backward(requires(x) and dx or nil, requires(w) and A.grad_buffer(w).p or nil,
+      dy.p, x.p, w.p, rstd.p))
+    return { take(dx, 0) }
+  end, { rstd }, "rmsnorm")
+end
+
+local function activation(name, fwd, bwd)
+  F[name] = function(x)
+    return result(new_from(fwd, x.p), { x }, function(node, dy) return { new_from(bwd, dy.p, x.p) } end, nil, name)
+  end
+end
+activation("gelu", C.sh_gelu_forward, C.sh_gelu_backward)
+activation("silu", C.sh_silu_forward, C.sh_silu_backward)
+
+function F.swiglu(a, b)
+  return result(new_from(C.sh_swiglu_forward, a.p, b.p), { a, b }, function(node, dy)
+    local box = slots(2)
+    check(C.sh_swiglu_backward(requires(a) and box or nil, requires(b) and box + 1 or nil, dy.p, a.p, b.p))
+    return { take(box, 0), take(box, 1) }
+  end, nil, "swiglu")
+end
+
+function F.softmax(x)
+  local y = new_from(C.sh_softmax_forward, x.p)
+  return result(y, { x }, function(node, dy) return { new_from(C.sh_softmax_backward, dy.p, node.out.p) } end, nil, "softmax")
+end
+
+-- Causal attention over q, k, v [B, H, T, D].
+function F.attention(q, k, v, scale)
+  scale = scale or 0
+  local box = slots(2)
+  check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
+  local out, lse = take(box, 0), take(box, 1)
+  return result(out, { q, k, v }, function(node, dout)
+    local g = slots(3)
+    check(C.sh_attention_backward(requires(q) and g or nil, requires(k) and g + 1 or nil,
+      requires(v) and g + 2 or nil, dout.p, q.p, k.p, v.p, node.out.p, lse.p, scale))
+    return { take(g, 0), take(g, 1), take(g, 2) }
+  end, { lse }, "attention")
+end
+
+function F.embedding(idx, w)
+  local y = new_from(C.sh_embedding_forward, idx.p, w.p)
+  return result(y, { w }, function(node, dy)
+    check(C.sh_embedding_backward(A.grad_buffer(w).p, dy.p, idx.p))
+    return {}
+  end, nil, "embedding")
+end
+
+-- Mean cross-entropy of logits [N, V] against targets [N]; a 0-dim f32 loss.
+function F.cross_entropy(logits, targets, ignore_index)
+  ignore_index = ignore_index or -1
+  local box = slots(2)
+  check(C.sh_cross_entropy_forward(box, box + 1, logits.p, targets.p, ignore_index))
+  local loss, lse = take(box, 0), take(box, 1)
+  return result(loss, { logits }, function(node, dloss)
+    return { new_from(C.sh_cross_entropy_backward, logits.p, targets.p, lse.p, dloss:item(), ignore_index) }
+  end, { lse }, "cross_entropy")
+end
+
+-- Dropout draws its mask from the shard generator; backward regenerates it.
+function F.dropout(x, p, training)
+  if not training or p == 0 then return x end
+  local gen = require("shard.random")
+  local seed, offset = gen.reserve(x:numel())
+  local y = new_from(C.sh_dropout_forward, x.p, p, seed, offset)
+  return result(y, { x }, function(node, dy)
+    return { new_from(C.sh_dropout_backward, dy.p, p, seed, offset) }
+  end, nil, "dropout")
+end
+
+---------------------------------------------------------------------------------------------
+-- Tensor methods become differentiable.
+
+Tensor.to_raw = Tensor.to
+for _, name in ipairs { "add", "sub", "mul", "div", "pow", "radd", "rsub", "rmul", "rdiv", "rpow",
+                        "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign",
+                        "sum", "mean", "max", "min", "argmax", "maximum", "minimum", "eq", "lt", "gt",
+                        "matmul", "view", "reshape", "flatten", "unsqueeze", "squeeze", "contiguous",
+                        "transpose", "t", "permute", "narrow", "select", "expand",
+                        "softmax", "gelu", "silu" } do
+  Tensor[name] = F[name]
+end
+Tensor.mm = F.matmul
+Tensor.bmm = F.matmul
+
+return F

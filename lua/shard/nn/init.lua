@@ -1,0 +1,11 @@
+-- shard.nn: modules.
+local L = require "shard.nn.layers"
+local G = require "shard.nn.gpt"
+
+local nn = {
+  Module = require "shard.nn.module",
+  F = require "shard.functional",
+}
+for k, v in pairs(L) do nn[k] = v end
+for k, v in pairs(G) do nn[k] = v end
+return nn

@@ -1,0 +1,112 @@
+-- shard.nn layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, MLP, SwiGLU.
+-- Each is a Module over the differentiable ops of shard.functional.
+local Module = require "shard.nn.module"
+local F = require "shard.functional"
+local R = require "shard.random"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+
+local L = {}
+
+-- Under deferred init (fsdp.wrap given a constructor) parameters get a shape and a recipe
+-- instead of values; recipe(view, start) fills elements [start, start + numel(view)) of the
+-- flattened parameter, drawing the same generator counters an eager init would.
+local function param_with(shape, recipe)
+  if Module.deferred_inits then
+    local n, s = tensor.shape_args(shape)
+    local t = tensor.new_from(rt.C.sh_tensor_meta, n, s, rt.C.SH_F32, -1)
+    Module.deferred_inits[t] = recipe
+    return t
+  end
+  local t = Module.new_param(shape)
+  recipe(t, 0)
+  return t
+end
+
+local function random_param(shape, fill, a, b)
+  local numel = 1
+  for _, d in ipairs(shape) do numel = numel * d end
+  local seed, offset = R.reserve(numel)
+  return param_with(shape, function(t, start) rt.check(fill(t.p, seed, offset + start, a, b)) end)
+end
+local function normal_param(shape, std) return random_param(shape, rt.C.sh_random_normal_, 0, std) end
+local function uniform_param(shape, low, high) return random_param(shape, rt.C.sh_random_uniform_, low, high) end
+local function const_param(shape, v)
+  return param_with(shape, function(t) rt.check(rt.C.sh_tensor_fill_(t.p, v)) end)
+end
+L.normal_param, L.const_param = normal_param, const_param
+
+-- Linear: y = x W^T + b, W [out, in]. opts.bias (default true), opts.std (default 0.02, the
+-- GPT-2 init; nil std_uniform gives torch's U(-1/sqrt(in), 1/sqrt(in)) when opts.std == false).
+L.Linear = Module:extend("Linear")
+function L.Linear:init(n_in, n_out, opts)
+  opts = opts or {}
+  self.n_in, self.n_out = n_in, n_out
+  if opts.std == false then
+    local bound = 1 / math.sqrt(n_in)
+    self:param("weight", uniform_param({ n_out, n_in }, -bound, bound))
+  else
+    self:param("weight", normal_param({ n_out, n_in }, opts.std or 0.02))
+  end
+  if opts.bias ~= false then self:param("bias", const_param({ n_out }, 0)) end
+end
+function L.Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+function L.Linear:extra_repr() return ("%d -> %d%s"):format(self.n_in, self.n_out, self.bias and "" or ", no bias") end
+
+L.Embedding = Module:extend("Embedding")
+function L.Embedding:init(n, dim, opts)
+  self.n, self.dim = n, dim
+  self:param("weight", normal_param({ n, dim }, (opts and opts.std) or 0.02))
+end
+function L.Embedding:forward(idx) return F.embedding(idx, self.weight) end
+function L.Embedding:extra_repr() return ("%d x %d"):format(self.n, self.dim) end
+
+L.LayerNorm = Module:extend("LayerNorm")
+function L.LayerNorm:init(dim, opts)
+  opts = opts or {}
+  self.dim, self.eps = dim, opts.eps or 1e-5
+  self:param("weight", const_param({ dim }, 1))
+  if opts.bias ~= false then self:param("bias", const_param({ dim }, 0)) end
+end
+function L.LayerNorm:forward(x) return F.layernorm(x, self.weight, self.bias, self.eps) end
+function L.LayerNorm:extra_repr() return tostring(self.dim) end
+
+L.RMSNorm = Module:extend("RMSNorm")
+function L.RMSNorm:init(dim, opts)
+  self.dim, self.eps = dim, (opts and opts.eps) or 1e-6
+  self:param("weight", const_param({ dim }, 1))
+end
+function L.RMSNorm:forward(x) return F.rmsnorm(x, self.weight, self.eps) end
+function L.RMSNorm:extra_repr() return tostring(self.dim) end
+
+L.Dropout = Module:extend("Dropout")
+function L.Dropout:init(p) self.p = p or 0 end
+function L.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function L.Dropout:extra_repr() return tostring(self.p) end
+
+-- GPT-2's MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout.
+L.MLP = Module:extend("MLP")
+function L.MLP:init(dim, opts)
+  opts = opts or {}
+  local hidden = opts.hidden or 4 * dim
+  self:child("c_fc", L.Linear(dim, hidden, { bias = opts.bias }))
+  self:child("c_proj", L.Linear(hidden, dim, { bias = opts.bias, std = opts.proj_std }))
+  self:child("dropout", L.Dropout(opts.dropout))
+end
+function L.MLP:forward(x)
+  return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+end
+
+-- Llama's MLP: w2(silu(w1 x) * w3 x).
+L.SwiGLU = Module:extend("SwiGLU")
+function L.SwiGLU:init(dim, hidden, opts)
+  opts = opts or {}
+  self:child("w1", L.Linear(dim, hidden, { bias = false }))
+  self:child("w3", L.Linear(dim, hidden, { bias = false }))
+  self:child("w2", L.Linear(hidden, dim, { bias = false, std = opts.proj_std }))
+end
+function L.SwiGLU:forward(x)
+  return self.w2(F.swiglu(self.w1(x), self.w3(x)))
+end
+
+return L

@@ -1,0 +1,130 @@
+-- shard.nn.Module: the module protocol. A module registers parameters and children in
+-- order; named_parameters() walks them depth-first with dotted names, counting a tied
+-- parameter once (under its first name). Calling a module calls its forward.
+local tensor = require "shard.tensor"
+local C = require("shard.ffi").C
+
+local Module = {}
+Module.__index = Module
+Module.__name = "Module"
+Module.__call = function(self, ...) return self:forward(...) end
+Module.__tostring = function(self) return self:repr() end
+
+-- Subclass: local Linear = Module:extend("Linear"); Linear(...) runs Linear.init(self, ...).
+function Module:extend(name)
+  local cls = {}
+  for k, v in pairs(self) do if k:match("^__") then cls[k] = v end end
+  cls.__index = cls
+  cls.__name = name
+  cls.super = self
+  return setmetatable(cls, {
+    __index = self,
+    __call = function(c, ...)
+      local obj = setmetatable({ _params = {}, _children = {}, training = true }, c)
+      obj:init(...)
+      return obj
+    end,
+  })
+end
+
+function Module:init() end
+
+-- Registers t as parameter `name` (trainable unless opts.frozen).
+function Module:param(name, t, frozen)
+  t.p.requires_grad = frozen and 0 or 1
+  self._params[#self._params + 1] = { name = name, tensor = t }
+  self[name] = t
+  return t
+end
+
+function Module:child(name, m)
+  self._children[#self._children + 1] = { name = name, module = m }
+  self[name] = m
+  return m
+end
+
+-- Replaces a registered child (used by wrappers such as fsdp and checkpointing).
+function Module:replace_child(name, m)
+  for _, c in ipairs(self._children) do if c.name == name then c.module = m end end
+  self[name] = m
+end
+
+function Module:children()
+  local out = {}
+  for i, c in ipairs(self._children) do out[i] = c.module end
+  return out
+end
+function Module:named_children() return self._children end
+
+function Module:named_modules(prefix, out, seen)
+  out, seen, prefix = out or {}, seen or {}, prefix or ""
+  if seen[self] then return out end
+  seen[self] = true
+  out[#out + 1] = { name = prefix, module = self }
+  for _, c in ipairs(self._children) do
+    c.module:named_modules(prefix == "" and c.name or (prefix .. "." .. c.name), out, seen)
+  end
+  return out
+end
+
+function Module:named_parameters(prefix, out, seen)
+  out, seen, prefix = out or {}, seen or {}, prefix or ""
+  for _, p in ipairs(self._params) do
+    if not seen[p.tensor] then
+      seen[p.tensor] = true
+      out[#out + 1] = { name = prefix == "" and p.name or (prefix .. "." .. p.name), tensor = p.tensor }
+    end
+  end
+  for _, c in ipairs(self._children) do
+    c.module:named_parameters(prefix == "" and c.name or (prefix .. "." .. c.name), out, seen)
+  end
+  return out
+end
+
+function Module:parameters()
+  local out = {}
+  for i, np in ipairs(self:named_parameters()) do out[i] = np.tensor end
+  return out
+end
+
+function Module:num_params()
+  local n = 0
+  for _, t in ipairs(self:parameters()) do n = n + t:numel() end
+  return n
+end
+
+function Module:apply(fn)
+  for _, c in ipairs(self._children) do c.module:apply(fn) end
+  fn(self)
+  return self
+end
+
+function Module:train(flag)
+  flag = flag == nil or flag
+  return self:apply(function(m) m.training = flag end)
+end
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad(set_to_none)
+  for _, t in ipairs(self:parameters()) do t:zero_grad(set_to_none) end
+end
+
+function Module:repr(indent)
+  indent = indent or ""
+  local lines = { (getmetatable(self).__name or "Module") .. (self.extra_repr and ("(" .. self:extra_repr() .. ")") or "") }
+  for _, c in ipairs(self._children) do
+    lines[#lines + 1] = indent .. "  (" .. c.name .. "): " .. c.module:repr(indent .. "  ")
+  end
+  return table.concat(lines, "\n")
+end
+
+-- Creates a parameter-tagged tensor (memory stats count it under "param").
+function Module.new_param(shape, opts)
+  local old = C.sh_mem_set_tag(C.SH_TAG_PARAM)
+  local ok, t = pcall(tensor.empty, shape, opts)
+  C.sh_mem_set_tag(old)
+  if not ok then error(t, 2) end
+  return t
+end
+
+return Module

@@ -1,0 +1,107 @@
+-- Character-level GPT on Shakespeare: nanoGPT's shakespeare_char CPU configuration
+-- (nanoGPT reports val loss 1.88 for it). Any text works with --data=PATH.
+--   shard run recipes/gpt_shakespeare_char.lua [--max_iters=2000 ...]
+--   shard launch --nproc 4 recipes/gpt_shakespeare_char.lua --strategy=full_shard
+local shard = require "shard"
+local nn, optim, data = shard.nn, shard.optim, shard.data
+
+local function default_text()
+  local here = (os.getenv("SHARD_HOME") or ".")
+  for _, p in ipairs { here .. "/../shared/data/tinyshakespeare.txt", "/usr/share/common-licenses/GPL-3" } do
+    local f = io.open(p, "rb")
+    if f then f:close(); return p end
+  end
+  return "input.txt"
+end
+
+local cfg = shard.config{
+  data = default_text(), out_dir = "out/shakespeare_char",
+  n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12, dropout = 0.0, bias = false,
+  lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
+  weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
+  seed = 1337, sample_tokens = 300, strategy = "none", device = "cpu",
+}
+
+local env = shard.init and shard.init() or { rank = 0, world = 1 }
+shard.manual_seed(cfg.seed)
+
+-- data: characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
+local dir = cfg.out_dir .. "/data"
+if env.rank == 0 then
+  local _, ntrain, nval = data.prepare_char(cfg.data, dir)
+  print(("data: %s -> %d train / %d val tokens"):format(cfg.data, ntrain, nval))
+end
+if env.barrier then env.barrier() end
+local tok = data.load_meta(dir .. "/meta.lua")
+
+local model = nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
+                      block_size = cfg.block_size, vocab_size = tok.vocab_size,
+                      dropout = cfg.dropout, bias = cfg.bias }
+if cfg.strategy ~= "none" then
+  model = shard.fsdp.wrap(model, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = cfg.strategy })
+  if env.rank == 0 then print(shard.fsdp.summary(model)) end
+end
+if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end
+
+local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay })
+local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
+-- Every rank draws its own share of the global batch (batch_size is per rank).
+local train = data.tokens{ path = dir .. "/train.bin", block = cfg.block_size, batch = cfg.batch_size,
+                           seed = cfg.seed, rank = env.rank }
+local splits = {
+  train = data.tokens{ tokens = train.tokens, block = cfg.block_size, batch = cfg.batch_size, seed = cfg.seed + 1, rank = env.rank },
+  val = data.tokens{ path = dir .. "/val.bin", block = cfg.block_size, batch = cfg.batch_size, seed = cfg.seed + 2, rank = env.rank },
+}
+
+local function estimate_loss()
+  model:eval()
+  local out = {}
+  for name, split in pairs(splits) do
+    local total = 0
+    for i = 1, cfg.eval_iters do
+      local x, y = split:batch_at(i)
+      total = total + shard.no_grad(function() return model(x, y):item() end)
+      x:free(); y:free()
+    end
+    out[name] = total / cfg.eval_iters
+    if env.all_reduce_mean then out[name] = env.all_reduce_mean(out[name]) end
+  end
+  model:train()
+  return out
+end
+
+local tokens_per_iter = cfg.batch_size * cfg.block_size * (env.world or 1)
+local timer = require("shard.timer")
+local window_start, window_iters = timer.now(), 0
+for it = 0, cfg.max_iters do
+  if it % cfg.eval_interval == 0 or it == cfg.max_iters then
+    local l = estimate_loss()
+    shard.log(it, { train_loss = l.train, val_loss = l.val }, { "train_loss", "val_loss" })
+    window_start, window_iters = timer.now(), 0
+  end
+  if it == cfg.max_iters then break end
+  opt:set_lr(lr_at(it))
+  local x, y = train:next()
+  local loss = model(x, y)
+  loss:backward()
+  if cfg.grad_clip > 0 then
+    if shard.fsdp and model.clip_grad_norm then model:clip_grad_norm(cfg.grad_clip) else optim.clip_grad_norm(model, cfg.grad_clip) end
+  end
+  opt:step()
+  opt:zero_grad(true)
+  window_iters = window_iters + 1
+  if it % cfg.log_interval == 0 then
+    local dt = (timer.now() - window_start) / window_iters
+    shard.log(it, { loss = loss, ms_per_iter = dt * 1000, tokens_per_s = tokens_per_iter / dt, lr = opt.lr },
+              { "loss", "ms_per_iter", "tokens_per_s", "lr" })
+    window_start, window_iters = timer.now(), 0
+  end
+  loss:free(); x:free(); y:free()
+end
+
+if env.rank == 0 and cfg.sample_tokens > 0 then
+  local start = shard.tensor({ { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
+  local out = model:generate(start, cfg.sample_tokens, 0.8, 200)
+  print("---- sample ----")
+  print(tok.decode(out:tolist()[1]))
+end
