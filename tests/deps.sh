@@ -1,0 +1,18 @@
+#!/bin/sh
+# make deps: installs the Debian packages that building and testing shard need, only those
+# missing; silent when everything is there. pkg-config finds LuaJIT's flags for the Makefile.
+PACKAGES="luajit libluajit-5.1-dev lua-busted libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config"
+
+missing=""
+for p in $PACKAGES; do
+  dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo=sudo
+echo "deps: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+# The package lists may be stale or absent on a fresh machine: refresh only if needed.
+$sudo apt-get install -y --no-install-recommends $missing ||
+  { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends $missing; }

@@ -1,0 +1,115 @@
+#!/bin/sh
+# tests/run.sh BUILD_DIR SHARD_BIN: every test of shard, one summary.
+#   BUILD_DIR/tests/test_*       C unit tests (each prints "C name: N passed, N failed")
+#   BUILD_DIR/tests/test_mpi_*   the same under mpirun at world sizes 1..4
+#   tests/spec/*_spec.lua        busted specs, one process per file, run through SHARD_BIN
+#   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
+# A passing runner prints one line; a failing one prints its output. A runner that crashes
+# or times out counts as one failure. The last line is exactly "N passed, N failed", and the
+# exit status is non-zero if anything failed.
+BUILD=${1:-build}
+SHARD=${2:-bin/shard}
+TIMEOUT=${SHARD_TEST_TIMEOUT:-600}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
+
+cd "$(dirname "$0")/.." || exit 2
+passed=0
+failed=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# Runs "$@" under a timeout with its output in $out; sets rc.
+run_captured() {
+  timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>&1
+  rc=$?
+}
+
+# The status of the last run, as a word for the report.
+why() {
+  case $rc in
+    124|137) echo "timed out after ${TIMEOUT}s" ;;
+    *) echo "exit $rc" ;;
+  esac
+}
+
+report_fail() {   # name, reason
+  echo "FAIL $1 ($2)"
+  sed 's/^/    /' "$out"
+}
+
+# Adds the "C name: N passed, N failed" lines of $out to the totals; returns 1 if none.
+count_c() {
+  sums=$(sed -n 's/^C .*: \([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p' "$out" |
+         awk '{p += $1; f += $2} END {if (NR) print p, f}')
+  [ -n "$sums" ] || return 1
+  set -- $sums
+  c_pass=$1 c_fail=$2
+  passed=$((passed + c_pass))
+  failed=$((failed + c_fail))
+}
+
+c_test() {   # name, command...
+  name=$1; shift
+  run_captured "$@"
+  if ! count_c; then
+    failed=$((failed + 1))
+    report_fail "$name" "$(why), no summary line"
+  elif [ "$rc" -ne 0 ] || [ "$c_fail" -ne 0 ]; then
+    [ "$c_fail" -ne 0 ] || failed=$((failed + 1))   # crashed after its summary
+    report_fail "$name" "$c_fail failed, $(why)"
+  else
+    echo "ok   $name ($c_pass passed)"
+  fi
+}
+
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  case $(basename "$t") in test_mpi_*) continue ;; esac
+  c_test "$(basename "$t")" "$t"
+done
+
+for t in "$BUILD"/tests/test_mpi_*; do
+  [ -x "$t" ] || continue
+  for n in 1 2 3 4; do
+    c_test "$(basename "$t") -np $n" $MPIRUN -np "$n" "$t"
+  done
+done
+
+# busted's TAP output: "ok N - name", "not ok N - name" (then "# ..." details), and
+# "ok N - # SKIP ..." for pending tests, which count as neither.
+for spec in tests/spec/*_spec.lua; do
+  [ -f "$spec" ] || continue
+  run_captured "$SHARD" run tests/busted.lua -o TAP "$spec"
+  ok=$(grep -c '^ok ' "$out")
+  skip=$(grep -c '^ok [0-9]* - # SKIP' "$out")
+  bad=$(grep -c '^not ok ' "$out")
+  ok=$((ok - skip))
+  passed=$((passed + ok))
+  failed=$((failed + bad))
+  if [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ]; }; then
+    failed=$((failed + 1))
+    report_fail "$spec" "$(why), $ok passed, no test failed: the runner itself broke"
+  elif [ "$bad" -ne 0 ]; then
+    report_fail "$spec" "$bad failed, $ok passed"
+  else
+    extra=""; [ "$skip" -eq 0 ] || extra=", $skip pending"
+    echo "ok   $spec ($ok passed$extra)"
+  fi
+done
+
+for script in tests/mpi/*.lua; do
+  [ -f "$script" ] || continue
+  for n in 1 2 3 4; do
+    run_captured $MPIRUN -np "$n" "$SHARD" run "$script"
+    if [ "$rc" -eq 0 ]; then
+      passed=$((passed + 1))
+      echo "ok   $script -np $n"
+    else
+      failed=$((failed + 1))
+      report_fail "$script -np $n" "$(why)"
+    fi
+  done
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
