@@ -46,7 +46,7 @@ static int size_class(size_t n, size_t *class_bytes) {
     return (int)(b / ALIGN) - 1;                       /* 0..15 */
   }
   int p = 63 - __builtin_clzll((unsigned long long)(n - 1));   /* 2^p < n <= 2^(p+1) */
-  size_t quarter = (size_t)1 << (p - 1);
+  size_t quarter = (size_t)1 << (p - 2);
   size_t k = (n - ((size_t)1 << p) + quarter - 1) / quarter;   /* 1..4 */
   *class_bytes = ((size_t)1 << p) + k * quarter;
   int cls = 16 + (p - 10) * 4 + (int)k - 1;
