@@ -1,0 +1,476 @@
+/* ops_elementwise.c: binary and unary elementwise ops with broadcasting, on the CPU.
+ *
+ * Every op runs through one engine. The operands are seen in the output's shape (strides 0
+ * where broadcast), size-1 dims are dropped and adjacent dims that are contiguous for every
+ * operand are merged, so the common cases become one long row (same-shape contiguous) or
+ * rows of the last dim ([B,T,C] + [C]). Rows are cut into blocks of at most BLOCK elements
+ * that OpenMP spreads over the cores once the tensor is large. Within a block, an operand
+ * already in the compute dtype with stride 1 (or 0: a broadcast scalar) is used in place;
+ * anything else (bf16, a transposed view, an integer input to a float result) is gathered
+ * into a small buffer first, so the typed kernels only ever see dense arrays and vectorize.
+ *
+ * Result dtypes (the contract's promotion, plus):
+ *  - EQ, LT, GT return the promoted dtype holding 0 or 1 (f32 masks multiply straight into
+ *    f32 math; there is no bool result);
+ *  - DIV of integers and the transcendental unary ops of integers give f32 (true division);
+ *  - arithmetic (add, sub, mul, div, pow) and unary math on bool are errors; maximum,
+ *    minimum and comparisons of bools are allowed;
+ *  - a scalar operand does not widen a float tensor (f32 + 0.1 stays f32, computed in f32);
+ *    a non-integral scalar with an integer tensor gives f32.
+ * Integers compute in i64, so i64 add/sub/mul are exact. Comparisons and maximum/minimum
+ * propagate NaN as torch does (maximum(NaN, 1) = NaN; NaN == NaN is 0). */
+#include "ops_internal.h"
+#include "ops.h"
+#include <math.h>
+#include <string.h>
+
+enum { BLOCK = 4096, PAR_MIN = 32768 };
+enum { OP_AXPY = 100 };   /* internal binary op: a + alpha * b */
+
+/* ---- dtype rules ------------------------------------------------------------------- */
+
+static int float_rank(int d) { return d == SH_F64 ? 3 : d == SH_F32 ? 2 : (d == SH_BF16 || d == SH_F16) ? 1 : 0; }
+static int int_rank(int d) { return d == SH_I64 ? 4 : d == SH_I32 ? 3 : d == SH_U8 ? 2 : 1; }
+
+int sh_promote(int a, int b) {
+  int fa = float_rank(a), fb = float_rank(b);
+  if (fa || fb) {
+    if (fa == fb && a != b) return SH_F32;     /* bf16 with f16 */
+    return fa >= fb ? a : b;
+  }
+  return int_rank(a) >= int_rank(b) ? a : b;
+}
+
+int sh_compute_dtype(int dtype) {
+  if (dtype == SH_F64) return SH_F64;
+  return sh_dtype_is_float(dtype) ? SH_F32 : SH_I64;
+}
+
+int sh_require_cpu(const sh_tensor *t, const char *op) {
+  SH_TRY(sh_tensor_check(t, op));
+  if (t->device >= 0) return sh_fail(SH_ERR_DEVICE, "%s: needs a cpu tensor, got %s", op, sh_desc(t));
+  return SH_OK;
+}
+
+int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
+  if (t->dtype == dtype && sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
+  return sh_tensor_to(out, t, dtype, t->device);
+}
+
+static const char *binop_name(int op) {
+  static const char *names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "lt", "gt"};
+  if (op == OP_AXPY) return "axpy_";
+  return op >= 0 && op <= SH_OP_GT ? names[op] : "binary";
+}
+
+static const char *unop_name(int op) {
+  static const char *names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign"};
+  return op >= 0 && op <= SH_OP_SIGN ? names[op] : "unary";
+}
+
+static int is_arith(int op) { return op <= SH_OP_POW || op == OP_AXPY; }
+
+/* Result dtype of `a op b` where a and b have the given dtypes (already promoted for a
+ * scalar); fails for bool arithmetic. */
+static int binary_result(int op, int da, int db, int *out) {
+  if (is_arith(op) && (da == SH_BOOL || db == SH_BOOL))
+    return sh_fail(SH_ERR_ARG, "%s: arithmetic on bool tensors is not supported (%s, %s); convert with :to()",
+                   binop_name(op), sh_dtype_name(da), sh_dtype_name(db));
+  int r = sh_promote(da, db);
+  if (op == SH_OP_DIV && !sh_dtype_is_float(r)) r = SH_F32;
+  *out = r;
+  return SH_OK;
+}
+
+static int unary_result(int op, int da, int *out) {
+  if (da == SH_BOOL) return sh_fail(SH_ERR_ARG, "%s: not defined for bool tensors; convert with :to()", unop_name(op));
+  int keeps = op == SH_OP_NEG || op == SH_OP_ABS || op == SH_OP_SQUARE || op == SH_OP_SIGN;
+  *out = (keeps || sh_dtype_is_float(da)) ? da : SH_F32;
+  return SH_OK;
+}
+
+/* ---- typed kernels: dense arrays, sa/sb = 1 (array) or 0 (one broadcast value) -------- */
+
+/* x if it wins or is NaN, else y (which is then NaN if either is): NaN propagates. */
+#define NAN_MAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define NAN_MIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+
+/* o[i] = EXPR(x, y) with x = a[i] or a[0], y = b[i] or b[0]. */
+#define BIN_LOOP(T, EXPR) do {                                                            \
+    if (sa && sb) { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (EXPR); } } \
+    else if (sa) { T y = b[0]; _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { T x = a[i]; o[i] = (EXPR); } } \
+    else { T x = a[0]; _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { T y = b[i]; o[i] = (EXPR); } } \
+  } while (0)
+
+#define DEFINE_FLOAT_BINARY(NAME, T, POW)                                                 \
+  static void NAME(int op, T alpha, T *o, const T *a, int sa, const T *b, int sb, int64_t n) { \
+    switch (op) {                                                                         \
+      case SH_OP_ADD: BIN_LOOP(T, x + y); break;                                          \
+      case SH_OP_SUB: BIN_LOOP(T, x - y); break;                                          \
+      case SH_OP_MUL: BIN_LOOP(T, x * y); break;                                          \
+      case SH_OP_DIV: BIN_LOOP(T, x / y); break;                                          \
+      case SH_OP_POW:                                                                     \
+        if (!sb && b[0] == 2) { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i]; } \
+        else BIN_LOOP(T, POW(x, y));                                                      \
+        break;                                                                            \
+      case SH_OP_MAXIMUM: BIN_LOOP(T, NAN_MAX(x, y)); break;                              \
+      case SH_OP_MINIMUM: BIN_LOOP(T, NAN_MIN(x, y)); break;                              \
+      case SH_OP_EQ: BIN_LOOP(T, (T)(x == y)); break;                                     \
+      case SH_OP_LT: BIN_LOOP(T, (T)(x < y)); break;                                      \
+      case SH_OP_GT: BIN_LOOP(T, (T)(x > y)); break;                                      \
+      case OP_AXPY: BIN_LOOP(T, x + alpha * y); break;                                    \
+    }                                                                                     \
+  }
+
+DEFINE_FLOAT_BINARY(binary_f32, float, powf)
+DEFINE_FLOAT_BINARY(binary_f64, double, pow)
+
+/* Integer pow by squaring, wrapping on overflow (unsigned math) like torch. */
+static int64_t ipow(int64_t x, int64_t y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? (y & 1 ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)x;
+  for (; y; y >>= 1) {
+    if (y & 1) r *= b;
+    b *= b;
+  }
+  return (int64_t)r;
+}
+
+static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int sa, const int64_t *b, int sb, int64_t n) {
+  switch (op) {
+    case SH_OP_ADD: BIN_LOOP(int64_t, x + y); break;
+    case SH_OP_SUB: BIN_LOOP(int64_t, x - y); break;
+    case SH_OP_MUL: BIN_LOOP(int64_t, x * y); break;
+    case SH_OP_POW: for (int64_t i = 0; i < n; i++) o[i] = ipow(a[sa * i], b[sb * i]); break;
+    case SH_OP_MAXIMUM: BIN_LOOP(int64_t, x > y ? x : y); break;
+    case SH_OP_MINIMUM: BIN_LOOP(int64_t, x < y ? x : y); break;
+    case SH_OP_EQ: BIN_LOOP(int64_t, x == y); break;
+    case SH_OP_LT: BIN_LOOP(int64_t, x < y); break;
+    case SH_OP_GT: BIN_LOOP(int64_t, x > y); break;
+    case OP_AXPY: BIN_LOOP(int64_t, x + alpha * y); break;
+  }
+}
+
+#define UN_LOOP(EXPR) do { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { __typeof__(a[0]) x = a[i]; o[i] = (EXPR); } } while (0)
+
+static void unary_f32(int op, float *o, const float *a, int64_t n) {
+  switch (op) {
+    case SH_OP_NEG: UN_LOOP(-x); break;
+    case SH_OP_EXP: UN_LOOP(expf(x)); break;
+    case SH_OP_LOG: UN_LOOP(logf(x)); break;
+    case SH_OP_SQRT: UN_LOOP(sqrtf(x)); break;
+    case SH_OP_RSQRT: UN_LOOP(1.0f / sqrtf(x)); break;
+    case SH_OP_TANH: UN_LOOP(tanhf(x)); break;
+    case SH_OP_ABS: UN_LOOP(fabsf(x)); break;
+    case SH_OP_SQUARE: UN_LOOP(x * x); break;
+    case SH_OP_RECIPROCAL: UN_LOOP(1.0f / x); break;
+    case SH_OP_SIGN: UN_LOOP((float)((x > 0) - (x < 0))); break;
+  }
+}
+
+static void unary_f64(int op, double *o, const double *a, int64_t n) {
+  switch (op) {
+    case SH_OP_NEG: UN_LOOP(-x); break;
+    case SH_OP_EXP: UN_LOOP(exp(x)); break;
+    case SH_OP_LOG: UN_LOOP(log(x)); break;
+    case SH_OP_SQRT: UN_LOOP(sqrt(x)); break;
+    case SH_OP_RSQRT: UN_LOOP(1.0 / sqrt(x)); break;
+    case SH_OP_TANH: UN_LOOP(tanh(x)); break;
+    case SH_OP_ABS: UN_LOOP(fabs(x)); break;
+    case SH_OP_SQUARE: UN_LOOP(x * x); break;
+    case SH_OP_RECIPROCAL: UN_LOOP(1.0 / x); break;
+    case SH_OP_SIGN: UN_LOOP((double)((x > 0) - (x < 0))); break;
+  }
+}
+
+/* Integer results only come from neg, abs, square and sign (unary_result). */
+static void unary_i64(int op, int64_t *o, const int64_t *a, int64_t n) {
+  switch (op) {
+    case SH_OP_NEG: UN_LOOP(-x); break;
+    case SH_OP_ABS: UN_LOOP(x < 0 ? -x : x); break;
+    case SH_OP_SQUARE: UN_LOOP(x * x); break;
+    case SH_OP_SIGN: UN_LOOP((x > 0) - (x < 0)); break;
+  }
+}
+
+/* ---- conversions between storage dtypes and the compute dtype ------------------------ */
+
+static int64_t load_i64(const void *base, int dtype, int64_t i) {
+  switch (dtype) {
+    case SH_I64: return ((const int64_t *)base)[i];
+    case SH_I32: return ((const int32_t *)base)[i];
+    case SH_U8: return ((const uint8_t *)base)[i];
+    case SH_BOOL: return ((const uint8_t *)base)[i] != 0;
+    default: return (int64_t)sh_load(base, dtype, i);
+  }
+}
+
+static void store_i64(void *base, int dtype, int64_t i, int64_t v) {
+  switch (dtype) {
+    case SH_I64: ((int64_t *)base)[i] = v; break;
+    case SH_I32: ((int32_t *)base)[i] = (int32_t)v; break;
+    case SH_U8: ((uint8_t *)base)[i] = (uint8_t)v; break;
+    case SH_BOOL: ((uint8_t *)base)[i] = v != 0; break;
+    default: sh_store(base, dtype, i, (double)v);
+  }
+}
+
+/* buf[i] = element (off + i * stride) of base, converted to the compute dtype ct. */
+static void gather(void *buf, int ct, const void *base, int dt, int64_t off, int64_t stride, int64_t n) {
+  if (ct == SH_F32 && dt == SH_F32) {
+    for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = ((const float *)base)[off + i * stride];
+  } else if (ct == SH_F32 && dt == SH_BF16) {
+    const uint16_t *s = (const uint16_t *)base + off;
+    for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = sh_bf16_to_f32(s[i * stride]);
+  } else if (ct == SH_F32) {
+    for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = (float)sh_load(base, dt, off + i * stride);
+  } else if (ct == SH_F64) {
+    for (int64_t i = 0; i < n; i++) ((double *)buf)[i] = sh_load(base, dt, off + i * stride);
+  } else {
+    for (int64_t i = 0; i < n; i++) ((int64_t *)buf)[i] = load_i64(base, dt, off + i * stride);
+  }
+}
+
+/* The reverse: element (off + i * stride) of base = buf[i], converted to dt. */
+static void scatter(void *base, int dt, int64_t off, int64_t stride, const void *buf, int ct, int64_t n) {
+  if (ct == SH_F32 && dt == SH_BF16) {
+    uint16_t *d = (uint16_t *)base + off;
+    for (int64_t i = 0; i < n; i++) d[i * stride] = sh_f32_to_bf16(((const float *)buf)[i]);
+  } else if (ct == SH_F32) {
+    for (int64_t i = 0; i < n; i++) sh_store(base, dt, off + i * stride, ((const float *)buf)[i]);
+  } else if (ct == SH_F64) {
+    for (int64_t i = 0; i < n; i++) sh_store(base, dt, off + i * stride, ((const double *)buf)[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) store_i64(base, dt, off + i * stride, ((const int64_t *)buf)[i]);
+  }
+}
+
+/* ---- the engine ---------------------------------------------------------------------- */
+
+typedef struct ew_arg {
+  char *base;           /* storage data */
+  int dtype;
+  int64_t offset;
+  int64_t stride[SH_MAX_DIMS];
+} ew_arg;
+
+typedef struct ew_plan {
+  int ndim;
+  int64_t shape[SH_MAX_DIMS];
+  int nin;              /* 1 (unary) or 2 (binary) */
+  ew_arg arg[3];        /* [0] output, [1] a, [2] b */
+  int ct;               /* compute dtype: SH_F32, SH_F64 or SH_I64 */
+  int op, unary;
+  double alpha;
+} ew_plan;
+
+static void arg_from(ew_arg *g, const sh_tensor *t, int ndim, const int64_t *shape) {
+  g->base = t->storage->data;
+  g->dtype = t->dtype;
+  g->offset = t->offset;
+  sh_broadcast_strides(t, ndim, shape, g->stride);
+}
+
+/* A scalar seen as a tensor whose strides are all 0. */
+static void arg_scalar(ew_arg *g, const double *s) {
+  memset(g, 0, sizeof *g);
+  g->base = (char *)s;
+  g->dtype = SH_F64;
+}
+
+/* Drops size-1 dims and merges dims that are contiguous for every operand. */
+static void collapse(ew_plan *p) {
+  int nargs = p->nin + 1, n = 0;
+  for (int d = 0; d < p->ndim; d++) {
+    if (p->shape[d] == 1) continue;
+    int merge = n > 0;
+    for (int k = 0; k < nargs && merge; k++)
+      merge = p->arg[k].stride[n - 1] == p->arg[k].stride[d] * p->shape[d];
+    if (merge) {
+      p->shape[n - 1] *= p->shape[d];
+      for (int k = 0; k < nargs; k++) p->arg[k].stride[n - 1] = p->arg[k].stride[d];
+    } else {
+      p->shape[n] = p->shape[d];
+      for (int k = 0; k < nargs; k++) p->arg[k].stride[n] = p->arg[k].stride[d];
+      n++;
+    }
+  }
+  if (n == 0) {            /* one element */
+    p->shape[0] = 1;
+    for (int k = 0; k < nargs; k++) p->arg[k].stride[0] = 0;
+    n = 1;
+  }
+  p->ndim = n;
+}
+
+static void run_kernel(const ew_plan *p, void *o, const void *a, int sa, const void *b, int sb, int64_t n) {
+  if (p->unary) {
+    if (p->ct == SH_F32) unary_f32(p->op, o, a, n);
+    else if (p->ct == SH_F64) unary_f64(p->op, o, a, n);
+    else unary_i64(p->op, o, a, n);
+  } else {
+    if (p->ct == SH_F32) binary_f32(p->op, (float)p->alpha, o, a, sa, b, sb, n);
+    else if (p->ct == SH_F64) binary_f64(p->op, p->alpha, o, a, sa, b, sb, n);
+    else binary_i64(p->op, (int64_t)p->alpha, o, a, sa, b, sb, n);
+  }
+}
+
+/* Runs elements [c0, c0 + n) of row `row` (the row is the last collapsed dim). */
+static void run_block(const ew_plan *p, int64_t row, int64_t c0, int64_t n) {
+  _Alignas(64) char bufs[3][BLOCK * 8];
+  int nargs = p->nin + 1, last = p->ndim - 1, csize = sh_dtype_size(p->ct);
+  int64_t off[3];
+  for (int k = 0; k < nargs; k++) off[k] = p->arg[k].offset + c0 * p->arg[k].stride[last];
+  for (int d = last - 1; d >= 0; d--) {
+    int64_t i = row % p->shape[d];
+    row /= p->shape[d];
+    for (int k = 0; k < nargs; k++) off[k] += i * p->arg[k].stride[d];
+  }
+  const void *in[2] = {NULL, NULL};
+  int unit[2] = {1, 1};
+  for (int k = 1; k < nargs; k++) {
+    const ew_arg *g = &p->arg[k];
+    int64_t s = g->stride[last];
+    int other_dense = nargs == 3 && p->arg[3 - k].stride[last] != 0;
+    if (s == 0 && other_dense) {                       /* one value broadcast along the row */
+      gather(bufs[k], p->ct, g->base, g->dtype, off[k], 0, 1);
+      in[k - 1] = bufs[k];
+      unit[k - 1] = 0;
+    } else if (s == 1 && g->dtype == p->ct) {
+      in[k - 1] = g->base + off[k] * csize;
+    } else {
+      gather(bufs[k], p->ct, g->base, g->dtype, off[k], s, n);
+      in[k - 1] = bufs[k];
+    }
+  }
+  const ew_arg *o = &p->arg[0];
+  int direct = o->stride[last] == 1 && o->dtype == p->ct;
+  void *out = direct ? (void *)(o->base + off[0] * csize) : bufs[0];
+  run_kernel(p, out, in[0], unit[0], in[1], unit[1], n);
+  if (!direct) scatter(o->base, o->dtype, off[0], o->stride[last], bufs[0], p->ct, n);
+}
+
+static void run_plan(ew_plan *p) {
+  collapse(p);
+  int64_t len = p->shape[p->ndim - 1], rows = 1;
+  for (int d = 0; d < p->ndim - 1; d++) rows *= p->shape[d];
+  if (len == 0 || rows == 0) return;
+  int64_t per_row = (len + BLOCK - 1) / BLOCK, nblocks = rows * per_row;
+  #pragma omp parallel for schedule(static) if (rows * len > PAR_MIN && nblocks > 1)
+  for (int64_t k = 0; k < nblocks; k++) {
+    int64_t c0 = (k % per_row) * BLOCK;
+    run_block(p, k / per_row, c0, len - c0 < BLOCK ? len - c0 : BLOCK);
+  }
+}
+
+/* ---- entry points -------------------------------------------------------------------- */
+
+static int check_op(int op, int lo, int hi, const char *what) {
+  if (op < lo || op > hi) return sh_fail(SH_ERR_ARG, "%s: unknown op code %d", what, op);
+  return SH_OK;
+}
+
+int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
+  *out = NULL;
+  SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary"));
+  const char *name = binop_name(op);
+  SH_TRY(sh_require_cpu(a, name));
+  SH_TRY(sh_require_cpu(b, name));
+  int rdt = 0, ndim;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(binary_result(op, a->dtype, b->dtype, &rdt));
+  SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
+  SH_TRY(sh_new_like_shape(out, ndim, shape, rdt, -1));
+  ew_plan p = {.ndim = ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
+  memcpy(p.shape, shape, sizeof shape);
+  arg_from(&p.arg[0], *out, ndim, shape);
+  arg_from(&p.arg[1], a, ndim, shape);
+  arg_from(&p.arg[2], b, ndim, shape);
+  run_plan(&p);
+  return SH_OK;
+}
+
+/* The dtype a scalar takes next to a tensor of dtype dt: it never widens the tensor's
+ * kind, but a fraction turns an integer computation into f32. */
+static int scalar_dtype(int dt, double s) {
+  if (sh_dtype_is_float(dt)) return dt;
+  return s == floor(s) ? dt : SH_F32;
+}
+
+int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
+  *out = NULL;
+  SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_scalar"));
+  const char *name = binop_name(op);
+  SH_TRY(sh_require_cpu(a, name));
+  int rdt = 0;
+  SH_TRY(binary_result(op, a->dtype, scalar_dtype(a->dtype, s), &rdt));
+  SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
+  ew_plan p = {.ndim = a->ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
+  memcpy(p.shape, a->shape, sizeof p.shape);
+  arg_from(&p.arg[0], *out, a->ndim, a->shape);
+  arg_from(&p.arg[scalar_first ? 2 : 1], a, a->ndim, a->shape);
+  arg_scalar(&p.arg[scalar_first ? 1 : 2], &s);
+  run_plan(&p);
+  return SH_OK;
+}
+
+int sh_unary(sh_tensor **out, int op, const sh_tensor *a) {
+  *out = NULL;
+  SH_TRY(check_op(op, SH_OP_NEG, SH_OP_SIGN, "unary"));
+  SH_TRY(sh_require_cpu(a, unop_name(op)));
+  int rdt = 0;
+  SH_TRY(unary_result(op, a->dtype, &rdt));
+  SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
+  ew_plan p = {.ndim = a->ndim, .nin = 1, .ct = sh_compute_dtype(rdt), .op = op, .unary = 1};
+  memcpy(p.shape, a->shape, sizeof p.shape);
+  arg_from(&p.arg[0], *out, a->ndim, a->shape);
+  arg_from(&p.arg[1], a, a->ndim, a->shape);
+  run_plan(&p);
+  return SH_OK;
+}
+
+/* dst = dst op b in place: b must broadcast to dst, and the result must fit dst's dtype
+ * (no float result into an integer tensor), as in torch. */
+static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
+  const char *name = op == OP_AXPY ? "axpy_" : binop_name(op);
+  SH_TRY(sh_require_cpu(dst, name));
+  SH_TRY(sh_require_cpu(b, name));
+  int rdt = 0, ndim;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(binary_result(op, dst->dtype, b->dtype, &rdt));
+  if (sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
+    return sh_fail(SH_ERR_ARG, "%s: result %s cannot be stored in place into %s", name, sh_dtype_name(rdt), sh_desc(dst));
+  SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
+  if (ndim != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * ndim) != 0)
+    return sh_fail(SH_ERR_ARG, "%s: %s does not broadcast to the in-place destination %s", name, sh_desc(b), sh_desc(dst));
+  ew_plan p = {.ndim = ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op, .alpha = alpha};
+  memcpy(p.shape, shape, sizeof shape);
+  arg_from(&p.arg[0], dst, ndim, shape);
+  arg_from(&p.arg[1], dst, ndim, shape);
+  arg_from(&p.arg[2], b, ndim, shape);
+  dst->version++;
+  run_plan(&p);
+  return SH_OK;
+}
+
+int sh_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
+  SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_"));
+  return inplace(dst, op, b, 0);
+}
+
+int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, OP_AXPY, x, alpha); }
+
+int sh_scale_(sh_tensor *dst, double alpha) {
+  SH_TRY(sh_require_cpu(dst, "scale_"));
+  if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
+  if (!sh_dtype_is_float(dst->dtype) && alpha != floor(alpha))
+    return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s by the fraction %g in place", sh_desc(dst), alpha);
+  ew_plan p = {.ndim = dst->ndim, .nin = 2, .ct = sh_compute_dtype(dst->dtype), .op = SH_OP_MUL};
+  memcpy(p.shape, dst->shape, sizeof p.shape);
+  arg_from(&p.arg[0], dst, dst->ndim, dst->shape);
+  arg_from(&p.arg[1], dst, dst->ndim, dst->shape);
+  arg_scalar(&p.arg[2], &alpha);
+  dst->version++;
+  run_plan(&p);
+  return SH_OK;
+}

@@ -1,0 +1,18 @@
+/* ops_internal.h: dtype rules and helpers shared by the CPU op files (not in the FFI). */
+#pragma once
+#include "tensor_internal.h"
+
+/* The dtype a binary op's operands promote to (ops.h): a float beats an integer, the wider
+ * float wins, bf16 with f16 gives f32; among integers the wider wins and bool is the lowest. */
+int sh_promote(int a, int b);
+
+/* The dtype the CPU computes in for results of `dtype`: f64 for f64, f32 for every other
+ * float (bf16/f16 math runs in f32), i64 for integers and bool. */
+int sh_compute_dtype(int dtype);
+
+/* Checks t (not NULL, not freed) and that it lives on the CPU. */
+int sh_require_cpu(const sh_tensor *t, const char *op);
+
+/* Copies t into a new contiguous tensor of dtype unless it already is one (then an alias),
+ * so kernels can assume a dense row-major array of a known type. */
+int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);

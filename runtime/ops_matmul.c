@@ -1,0 +1,283 @@
+/* ops_matmul.c: matrix products through OpenBLAS (sgemm for f32, bf16 and f16; dgemm for f64).
+ *
+ * A matrix operand is (pointer, rows, cols, row stride, col stride). BLAS reads it in place
+ * when one stride is 1: row-major as is, column-major (a transposed view, x:t()) with the
+ * transpose flag, so transposes cost no copy; only other layouts (both strides > 1, a
+ * broadcast dim) and other dtypes are copied into a dense f32/f64 tensor first. A product
+ * into a column-major C is computed as C^T = B^T A^T, again without a copy.
+ * Batched products whose right operand is shared ([B,T,C] @ [C,N], a Linear) fold the
+ * batch into the rows and make one large gemm. Other batches loop over gemms, each threaded
+ * by OpenBLAS; when each product is too small for OpenBLAS to thread (it runs those on the
+ * calling thread), OpenMP spreads the batch over the cores instead. */
+#include "ops_internal.h"
+#include "ops.h"
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+/* OpenBLAS runs gemms with m*n*k at or below this single-threaded (GEMM_MULTITHREAD_THRESHOLD
+ * 4 times 65536 in 0.3.x); batches of such small products are worth OpenMP. */
+enum { SMALL_GEMM = 65536 * 4, PAR_MIN = 32768 };
+
+typedef struct mat {
+  char *p;              /* element [0, 0] */
+  int64_t rows, cols, rs, cs;
+} mat;
+
+static mat mat_of(const sh_tensor *t, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  int esz = sh_dtype_size(t->dtype);
+  return (mat){(char *)t->storage->data + t->offset * esz, rows, cols, rs, cs};
+}
+
+static mat transposed(mat m) { return (mat){m.p, m.cols, m.rows, m.cs, m.rs}; }
+
+static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+/* How BLAS reads m in place: row-major (trans 0, ld = rs) or column-major (trans 1,
+ * ld = cs). 0 when it needs a copy. A single row or column takes any stride on its unit
+ * axis. */
+static int blas_layout(mat m, int *trans, int64_t *ld) {
+  int64_t r1 = m.rows > 1 ? m.rows : 1, c1 = m.cols > 1 ? m.cols : 1;
+  if ((m.cs == 1 || m.cols <= 1) && (m.rows <= 1 || m.rs >= c1)) {
+    *trans = 0;
+    *ld = m.rows <= 1 ? c1 : m.rs;
+  } else if ((m.rs == 1 || m.rows <= 1) && (m.cols <= 1 || m.cs >= r1)) {
+    *trans = 1;
+    *ld = m.cols <= 1 ? r1 : m.cs;
+  } else {
+    return 0;
+  }
+  return fits_int(*ld);
+}
+
+static int readable(mat m) { int t; int64_t ld; return blas_layout(m, &t, &ld); }
+
+/* c = alpha a @ b + beta c for dense-typed matrices that BLAS can read (readable()). */
+static void gemm(int dt, mat c, mat a, mat b, double alpha, double beta) {
+  if (!(c.cs == 1 || c.cols <= 1)) {          /* column-major c: c^T = b^T a^T */
+    mat at = transposed(a);
+    a = transposed(b);
+    b = at;
+    c = transposed(c);
+  }
+  int64_t m = c.rows, n = c.cols, k = a.cols;
+  if (m == 0 || n == 0) return;
+  int ta, tb;
+  int64_t lda, ldb, ldc = c.rows <= 1 ? (n > 1 ? n : 1) : c.rs;
+  blas_layout(a, &ta, &lda);
+  blas_layout(b, &tb, &ldb);
+  if (k == 0) {                               /* BLAS may skip c entirely; define it */
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        char *e = c.p + (i * c.rs + j * c.cs) * sh_dtype_size(dt);
+        if (dt == SH_F32) *(float *)e = beta == 0 ? 0.0f : (float)(beta * *(float *)e);
+        else *(double *)e = beta == 0 ? 0.0 : beta * *(double *)e;
+      }
+    return;
+  }
+  CBLAS_TRANSPOSE tra = ta ? CblasTrans : CblasNoTrans, trb = tb ? CblasTrans : CblasNoTrans;
+  if (dt == SH_F32)
+    cblas_sgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, (float)alpha, (const float *)a.p, (int)lda,
+                (const float *)b.p, (int)ldb, (float)beta, (float *)c.p, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, alpha, (const double *)a.p, (int)lda,
+                (const double *)b.p, (int)ldb, beta, (double *)c.p, (int)ldc);
+}
+
+/* The dtype BLAS computes in: f64 for f64, else f32. */
+static int blas_dtype(int dtype) { return dtype == SH_F64 ? SH_F64 : SH_F32; }
+
+/* ---- matmul -------------------------------------------------------------------------- */
+
+/* One operand of matmul seen as a batch of matrices. */
+typedef struct operand {
+  const sh_tensor *t;   /* the tensor read (possibly a converted copy) */
+  int64_t rows, cols, rs, cs;
+} operand;
+
+/* a as [..., M, K] (1-D: one row) or b as [..., K, N] (1-D: one column). */
+static operand operand_of(const sh_tensor *t, int is_b) {
+  int n = t->ndim;
+  if (n == 1)
+    return is_b ? (operand){t, t->shape[0], 1, t->stride[0], 1} : (operand){t, 1, t->shape[0], t->shape[0] * t->stride[0], t->stride[0]};
+  return (operand){t, t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1]};
+}
+
+/* Every matrix of the batch readable in place by BLAS (they share strides). */
+static int operand_readable(const operand *o) { return readable((mat){NULL, o->rows, o->cols, o->rs, o->cs}); }
+
+/* Makes *own a dense copy of t in dtype dt when t is another dtype or BLAS cannot read it. */
+static int prepare(operand *o, sh_tensor **own, int dt, int is_b) {
+  if (o->t->dtype == dt && operand_readable(o)) return SH_OK;
+  SH_TRY(sh_tensor_to(own, o->t, dt, -1));
+  *o = operand_of(*own, is_b);
+  return SH_OK;
+}
+
+static int batch_dims(const sh_tensor *t) { return t->ndim > 2 ? t->ndim - 2 : 0; }
+
+typedef struct batch_plan {
+  int nb;                      /* batch dims */
+  int64_t shape[SH_MAX_DIMS], sa[SH_MAX_DIMS], sb[SH_MAX_DIMS];
+  int64_t count;
+} batch_plan;
+
+/* Broadcasts the batch dims of a and b (numpy rules); strides 0 where broadcast. */
+static int plan_batch(batch_plan *bp, const sh_tensor *a, const sh_tensor *b) {
+  int na = batch_dims(a), nb = batch_dims(b);
+  SH_TRY(sh_broadcast_shapes("matmul", na, a->shape, nb, b->shape, &bp->nb, bp->shape));
+  bp->count = 1;
+  for (int d = 0; d < bp->nb; d++) {
+    int da = d - (bp->nb - na), db = d - (bp->nb - nb);
+    bp->sa[d] = da >= 0 && a->shape[da] != 1 ? a->stride[da] : 0;
+    bp->sb[d] = db >= 0 && b->shape[db] != 1 ? b->stride[db] : 0;
+    bp->count *= bp->shape[d];
+  }
+  return SH_OK;
+}
+
+static int check_matmul(const sh_tensor *a, const sh_tensor *b, int *dt) {
+  SH_TRY(sh_require_cpu(a, "matmul"));
+  SH_TRY(sh_require_cpu(b, "matmul"));
+  *dt = sh_promote(a->dtype, b->dtype);
+  if (!sh_dtype_is_float(*dt))
+    return sh_fail(SH_ERR_ARG, "matmul: needs float tensors, got %s @ %s", sh_desc(a), sh_desc(b));
+  if (a->ndim == 0 || b->ndim == 0)
+    return sh_fail(SH_ERR_ARG, "matmul: needs at least 1-D tensors, got %s @ %s", sh_desc(a), sh_desc(b));
+  operand oa = operand_of(a, 0), ob = operand_of(b, 1);
+  if (oa.cols != ob.rows)
+    return sh_fail(SH_ERR_ARG, "matmul: inner dims differ (%lld vs %lld) in %s @ %s", (long long)oa.cols,
+                   (long long)ob.rows, sh_desc(a), sh_desc(b));
+  if (!fits_int(oa.rows) || !fits_int(oa.cols) || !fits_int(ob.cols))
+    return sh_fail(SH_ERR_ARG, "matmul: dims beyond 2^31 are not supported (%s @ %s)", sh_desc(a), sh_desc(b));
+  return SH_OK;
+}
+
+/* Runs the batch of products into the dense tensor c (dtype dt). */
+static void run_batches(sh_tensor *c, const operand *a, const operand *b, const batch_plan *bp, int dt) {
+  int64_t m = a->rows, n = b->cols, k = a->cols, esz = sh_dtype_size(dt);
+  mat ma = mat_of(a->t, m, k, a->rs, a->cs), mb = mat_of(b->t, k, n, b->rs, b->cs);
+  mat mc = mat_of(c, m, n, n, 1);
+  int b_shared = 1;
+  for (int d = 0; d < bp->nb; d++) b_shared &= bp->sb[d] == 0 || bp->shape[d] == 1;
+  /* [batch..., M, K] @ shared [K, N]: one gemm over batch*M rows when batch i's matrix
+   * starts where row i*M would, i.e. each batch dim's stride spans the dims inside it */
+  if (b_shared && bp->count > 1) {
+    int64_t expect = m * a->rs;
+    int line = 1;
+    for (int d = bp->nb - 1; d >= 0 && line; d--) {
+      if (bp->shape[d] == 1) continue;
+      line = bp->sa[d] == expect;
+      expect *= bp->shape[d];
+    }
+    mat fa = ma, fc = mc;
+    fa.rows = fc.rows = bp->count * m;
+    if (line && fits_int(fa.rows) && (a->cs == 1 || k <= 1) && readable(fa)) {
+      gemm(dt, fc, fa, mb, 1.0, 0.0);
+      return;
+    }
+  }
+  int par = bp->count > 1 && m * n * k <= SMALL_GEMM && bp->count * m * n * k > PAR_MIN;
+  #pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < bp->count; i++) {
+    int64_t oa = 0, ob = 0, rest = i;
+    for (int d = bp->nb - 1; d >= 0; d--) {
+      int64_t j = rest % bp->shape[d];
+      rest /= bp->shape[d];
+      oa += j * bp->sa[d];
+      ob += j * bp->sb[d];
+    }
+    mat xa = ma, xb = mb, xc = mc;
+    xa.p += oa * esz;
+    xb.p += ob * esz;
+    xc.p += i * m * n * esz;
+    gemm(dt, xc, xa, xb, 1.0, 0.0);
+  }
+}
+
+int sh_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+  *out = NULL;
+  int rdt, bdt;
+  SH_TRY(check_matmul(a, b, &rdt));
+  bdt = blas_dtype(rdt);
+  batch_plan bp;
+  SH_TRY(plan_batch(&bp, a, b));
+  operand oa = operand_of(a, 0), ob = operand_of(b, 1);
+  int64_t shape[SH_MAX_DIMS];
+  int n = bp.nb;
+  memcpy(shape, bp.shape, sizeof(int64_t) * n);
+  if (a->ndim > 1) shape[n++] = oa.rows;
+  if (b->ndim > 1) shape[n++] = ob.cols;
+  sh_tensor *ca = NULL, *cb = NULL, *c = NULL;
+  int rc = prepare(&oa, &ca, bdt, 0);
+  if (!rc) rc = prepare(&ob, &cb, bdt, 1);
+  if (!rc) rc = sh_new_like_shape(&c, n, shape, bdt, -1);
+  if (!rc) {
+    /* strides of the (possibly copied) operands' batch dims */
+    if (ca || cb) rc = plan_batch(&bp, oa.t, ob.t);
+    if (!rc) run_batches(c, &oa, &ob, &bp, bdt);
+  }
+  if (!rc && rdt != bdt) {                    /* bf16/f16 result */
+    rc = sh_tensor_to(out, c, rdt, -1);
+    sh_tensor_destroy(c);
+  } else if (!rc) {
+    *out = c;
+  } else {
+    sh_tensor_destroy(c);
+  }
+  sh_tensor_destroy(ca);
+  sh_tensor_destroy(cb);
+  return rc;
+}
+
+/* ---- gemm_ ----------------------------------------------------------------------------- */
+
+static mat mat_2d(const sh_tensor *t, int trans) {
+  mat m = mat_of(t, t->shape[0], t->shape[1], t->stride[0], t->stride[1]);
+  return trans ? transposed(m) : m;
+}
+
+/* A dense copy of t in dtype dt when BLAS cannot use t as it is. */
+static int blas_input(const sh_tensor *t, int dt, sh_tensor **own, const sh_tensor **use) {
+  *use = t;
+  if (t->dtype == dt && readable(mat_2d(t, 0))) return SH_OK;
+  SH_TRY(sh_tensor_to(own, t, dt, -1));
+  *use = *own;
+  return SH_OK;
+}
+
+int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+             double alpha, double beta) {
+  SH_TRY(sh_require_cpu(c, "gemm_"));
+  SH_TRY(sh_require_cpu(a, "gemm_"));
+  SH_TRY(sh_require_cpu(b, "gemm_"));
+  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
+    return sh_fail(SH_ERR_ARG, "gemm_: needs 2-D tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
+  if (!sh_dtype_is_float(a->dtype) || !sh_dtype_is_float(b->dtype) || !sh_dtype_is_float(c->dtype))
+    return sh_fail(SH_ERR_ARG, "gemm_: needs float tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
+  mat la = mat_2d(a, trans_a), lb = mat_2d(b, trans_b);
+  if (la.cols != lb.rows || la.rows != c->shape[0] || lb.cols != c->shape[1])
+    return sh_fail(SH_ERR_ARG, "gemm_: op(a) [%lld,%lld] @ op(b) [%lld,%lld] does not give c %s (a %s%s, b %s%s)",
+                   (long long)la.rows, (long long)la.cols, (long long)lb.rows, (long long)lb.cols, sh_desc(c),
+                   sh_desc(a), trans_a ? " transposed" : "", sh_desc(b), trans_b ? " transposed" : "");
+  if (!fits_int(la.rows) || !fits_int(la.cols) || !fits_int(lb.cols))
+    return sh_fail(SH_ERR_ARG, "gemm_: dims beyond 2^31 are not supported (c %s)", sh_desc(c));
+  int dt = blas_dtype(c->dtype);
+  sh_tensor *ca = NULL, *cb = NULL, *cc = NULL;
+  const sh_tensor *ua, *ub;
+  int rc = blas_input(a, dt, &ca, &ua);
+  if (!rc) rc = blas_input(b, dt, &cb, &ub);
+  /* c itself must be f32/f64 with a unit stride; else compute into a dense copy */
+  int direct = c->dtype == dt && (c->stride[1] == 1 || c->shape[1] <= 1 || c->stride[0] == 1 || c->shape[0] <= 1) &&
+               readable(mat_2d(c, 0));
+  if (!rc && !direct) rc = beta != 0 ? sh_tensor_to(&cc, c, dt, -1) : sh_tensor_empty(&cc, 2, c->shape, dt, -1);
+  if (!rc) {
+    gemm(dt, mat_2d(direct ? c : cc, 0), mat_2d(ua, trans_a), mat_2d(ub, trans_b), alpha, beta);
+    c->version++;
+    if (!direct) rc = sh_tensor_copy_(c, cc);
+  }
+  sh_tensor_destroy(ca);
+  sh_tensor_destroy(cb);
+  sh_tensor_destroy(cc);
+  return rc;
+}

@@ -1,0 +1,351 @@
+/* ops_reduce.c: sum, mean, max, min, argmax, sum_to_shape and sumsq on the CPU.
+ *
+ * Every reduction is seen as a dense array [outer, R, inner] reduced over R: a row
+ * reduction (inner == 1, the last dim) or a column reduction (inner > 1, vectorized across
+ * inner). Non-contiguous, bf16/f16 and integer inputs are first made dense f32 or f64 (ints
+ * as f64: exact to 2^53). Sums accumulate in double, so an f32 sum matches an f64 reference
+ * to the final rounding whatever the length. The work is cut into tasks of (outer index,
+ * inner chunk, slice of R); R is sliced only when there are too few of the others to keep
+ * every core busy (a reduce over everything, or [B*T, C] -> [C]), and the slices' partial
+ * results are combined at the end.
+ *
+ * Result dtypes: sum keeps a float dtype and gives i64 for integers and bool (as torch);
+ * mean keeps a float dtype and gives f32 for integers; max and min keep the dtype. NaN
+ * propagates through every reduction; argmax points at the first NaN, else the first max. */
+#include "ops_internal.h"
+#include "ops.h"
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ICHUNK = 1024, PAR_MIN = 32768 };
+enum { RED_SUMSQ = 100 };  /* internal: sum of squares */
+
+static const char *reduce_name(int op) {
+  static const char *names[] = {"sum", "mean", "max", "min"};
+  if (op == RED_SUMSQ) return "sumsq";
+  return op >= 0 && op <= SH_OP_MIN ? names[op] : "reduce";
+}
+
+/* ---- kernels: x dense [outer, R, inner] of float or double, acc in double ------------- */
+
+#define NAN_MAX(a, x) (((x) > (a) || (x) != (x)) ? (x) : (a))
+#define NAN_MIN(a, x) (((x) < (a) || (x) != (x)) ? (x) : (a))
+
+static double init_of(int op) { return op == SH_OP_MAX ? -INFINITY : op == SH_OP_MIN ? INFINITY : 0.0; }
+
+/* acc op= x[0..n) for one contiguous run. */
+#define DEFINE_ROW(NAME, T)                                                                \
+  static double NAME(int op, double acc, const T *x, int64_t n) {                          \
+    double s = 0, m = init_of(op);                                                          \
+    int nan = 0;                                                                            \
+    switch (op) {                                                                           \
+      case SH_OP_SUM: case SH_OP_MEAN:                                                      \
+        _Pragma("omp simd reduction(+:s)") for (int64_t i = 0; i < n; i++) s += x[i];      \
+        return acc + s;                                                                     \
+      case RED_SUMSQ:                                                                       \
+        _Pragma("omp simd reduction(+:s)") for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i]; \
+        return acc + s;                                                                     \
+      case SH_OP_MAX:                                                                       \
+        _Pragma("omp simd reduction(max:m) reduction(|:nan)")                              \
+        for (int64_t i = 0; i < n; i++) { m = x[i] > m ? x[i] : m; nan |= x[i] != x[i]; }  \
+        return nan ? NAN : NAN_MAX(acc, m);                                                 \
+      default:                                                                              \
+        _Pragma("omp simd reduction(min:m) reduction(|:nan)")                              \
+        for (int64_t i = 0; i < n; i++) { m = x[i] < m ? x[i] : m; nan |= x[i] != x[i]; }  \
+        return nan ? NAN : NAN_MIN(acc, m);                                                 \
+    }                                                                                       \
+  }
+
+/* acc[0..n) op= x[r * stride + 0..n) for r in [0, rows). */
+#define DEFINE_COLS(NAME, T)                                                               \
+  static void NAME(int op, double *acc, const T *x, int64_t rows, int64_t stride, int64_t n) { \
+    for (int64_t r = 0; r < rows; r++) {                                                    \
+      const T *xr = x + r * stride;                                                         \
+      switch (op) {                                                                         \
+        case SH_OP_SUM: case SH_OP_MEAN:                                                    \
+          _Pragma("omp simd") for (int64_t i = 0; i < n; i++) acc[i] += xr[i];             \
+          break;                                                                            \
+        case RED_SUMSQ:                                                                     \
+          _Pragma("omp simd") for (int64_t i = 0; i < n; i++) acc[i] += (double)xr[i] * xr[i]; \
+          break;                                                                            \
+        case SH_OP_MAX:                                                                     \
+          _Pragma("omp simd") for (int64_t i = 0; i < n; i++) acc[i] = NAN_MAX(acc[i], (double)xr[i]); \
+          break;                                                                            \
+        default:                                                                            \
+          _Pragma("omp simd") for (int64_t i = 0; i < n; i++) acc[i] = NAN_MIN(acc[i], (double)xr[i]); \
+      }                                                                                     \
+    }                                                                                       \
+  }
+
+DEFINE_ROW(row_f32, float)
+DEFINE_ROW(row_f64, double)
+DEFINE_COLS(cols_f32, float)
+DEFINE_COLS(cols_f64, double)
+
+static double combine(int op, double a, double b) {
+  if (op == SH_OP_MAX) return NAN_MAX(a, b);
+  if (op == SH_OP_MIN) return NAN_MIN(a, b);
+  return a + b;
+}
+
+/* A dense [outer, R, inner] problem. */
+typedef struct red_plan {
+  const void *x;
+  int dt;                /* SH_F32 or SH_F64 */
+  int64_t outer, R, inner;
+  int op;
+} red_plan;
+
+/* Reduces rows [r0, r1) for outer index o and inner columns [i0, i0 + n) into acc[0..n). */
+static void reduce_task(const red_plan *p, int64_t o, int64_t r0, int64_t r1, int64_t i0, int64_t n, double *acc) {
+  for (int64_t i = 0; i < n; i++) acc[i] = init_of(p->op);
+  int64_t start = (o * p->R + r0) * p->inner + i0;
+  if (p->inner == 1) {
+    acc[0] = p->dt == SH_F32 ? row_f32(p->op, acc[0], (const float *)p->x + start, r1 - r0)
+                             : row_f64(p->op, acc[0], (const double *)p->x + start, r1 - r0);
+  } else if (p->dt == SH_F32) {
+    cols_f32(p->op, acc, (const float *)p->x + start, r1 - r0, p->inner, n);
+  } else {
+    cols_f64(p->op, acc, (const double *)p->x + start, r1 - r0, p->inner, n);
+  }
+}
+
+/* res[outer * inner] = the reduction over R (sums, not yet divided for a mean). */
+static int reduce_core(const red_plan *p, double *res) {
+  int64_t chunk = p->inner < ICHUNK ? p->inner : ICHUNK;
+  int64_t nchunks = (p->inner + chunk - 1) / chunk, base = p->outer * nchunks;
+  int64_t numel = p->outer * p->R * p->inner, nout = p->outer * p->inner;
+  if (nout == 0) return SH_OK;
+  int threads = omp_get_max_threads();
+  int64_t splits = 1;
+  if (numel > PAR_MIN && base < threads) {   /* too few tasks: slice R as well */
+    splits = (threads + base - 1) / base;
+    if (splits > p->R / 256) splits = p->R / 256 > 1 ? p->R / 256 : 1;
+  }
+  double *part = splits > 1 ? malloc(sizeof(double) * (size_t)(splits * nout)) : res;
+  if (!part) return sh_fail(SH_ERR_OOM, "%s: out of host memory for %lld partial results",
+                            reduce_name(p->op), (long long)(splits * nout));
+  int64_t ntasks = base * splits;
+  #pragma omp parallel for schedule(static) if (numel > PAR_MIN && ntasks > 1)
+  for (int64_t t = 0; t < ntasks; t++) {
+    int64_t s = t / base, o = (t % base) / nchunks, c = t % nchunks;
+    int64_t r0 = p->R * s / splits, r1 = p->R * (s + 1) / splits, i0 = c * chunk;
+    int64_t n = p->inner - i0 < chunk ? p->inner - i0 : chunk;
+    reduce_task(p, o, r0, r1, i0, n, part + s * nout + o * p->inner + i0);
+  }
+  if (splits > 1) {
+    for (int64_t j = 0; j < nout; j++) {
+      double v = part[j];
+      for (int64_t s = 1; s < splits; s++) v = combine(p->op, v, part[s * nout + j]);
+      res[j] = v;
+    }
+    free(part);
+  }
+  return SH_OK;
+}
+
+/* ---- shapes and dtypes --------------------------------------------------------------- */
+
+static int dense_dtype(int dtype) { return dtype == SH_F32 || dtype == SH_BF16 || dtype == SH_F16 ? SH_F32 : SH_F64; }
+
+static int result_dtype(int op, int dtype) {
+  if (sh_dtype_is_float(dtype) || op == SH_OP_MAX || op == SH_OP_MIN) return dtype;
+  return op == SH_OP_MEAN ? SH_F32 : SH_I64;
+}
+
+static int norm_dim(const char *op, const sh_tensor *a, int *dim) {
+  int d = *dim < 0 ? *dim + a->ndim : *dim;
+  if (d < 0 || d >= a->ndim)
+    return sh_fail(SH_ERR_ARG, "%s: dim %d out of range for %s", op, *dim, sh_desc(a));
+  *dim = d;
+  return SH_OK;
+}
+
+/* The output shape of reducing dim of a (kept as 1 or dropped). */
+static int reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape) {
+  int n = 0;
+  for (int d = 0; d < a->ndim; d++) {
+    if (d != dim) shape[n++] = a->shape[d];
+    else if (keepdim) shape[n++] = 1;
+  }
+  return n;
+}
+
+/* Stores res (double) into the contiguous tensor out, dividing by div (a mean's count). */
+static void store_result(sh_tensor *out, const double *res, double div) {
+  int64_t n = sh_tensor_numel(out);
+  void *d = sh_tensor_data(out);
+  if (out->dtype == SH_F32) {
+    for (int64_t i = 0; i < n; i++) ((float *)d)[i] = (float)(res[i] / div);
+  } else {
+    for (int64_t i = 0; i < n; i++) sh_store(d, out->dtype, i, res[i] / div);
+  }
+}
+
+/* Reduces the dense version of a as [outer, R, inner] into out (already allocated). */
+static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer, int64_t R, int64_t inner) {
+  sh_tensor *x = NULL;
+  SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
+  double *res = malloc(sizeof(double) * (size_t)(outer * inner > 0 ? outer * inner : 1));
+  int rc = res ? SH_OK : sh_fail(SH_ERR_OOM, "%s: out of host memory for the result of %s", reduce_name(op), sh_desc(a));
+  red_plan p = {.x = sh_tensor_data(x), .dt = x->dtype, .outer = outer, .R = R, .inner = inner, .op = op};
+  if (!rc) rc = reduce_core(&p, res);
+  if (!rc) store_result(out, res, op == SH_OP_MEAN ? (double)R : 1.0);
+  free(res);
+  sh_tensor_destroy(x);
+  return rc;
+}
+
+static int check_reduce(int op, const sh_tensor *a, int64_t R) {
+  if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
+  SH_TRY(sh_require_cpu(a, reduce_name(op)));
+  if (R == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
+    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", reduce_name(op), sh_desc(a));
+  return SH_OK;
+}
+
+/* ---- entry points -------------------------------------------------------------------- */
+
+int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
+  *out = NULL;
+  SH_TRY(check_reduce(op, a, 1));
+  SH_TRY(norm_dim(reduce_name(op), a, &dim));
+  SH_TRY(check_reduce(op, a, a->shape[dim]));
+  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1;
+  for (int d = 0; d < dim; d++) outer *= a->shape[d];
+  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
+  int n = reduced_shape(a, dim, keepdim, shape);
+  SH_TRY(sh_new_like_shape(out, n, shape, result_dtype(op, a->dtype), -1));
+  int rc = reduce_into(*out, op, a, outer, a->shape[dim], inner);
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
+  *out = NULL;
+  SH_TRY(check_reduce(op, a, 1));
+  SH_TRY(check_reduce(op, a, sh_tensor_numel(a)));
+  SH_TRY(sh_new_like_shape(out, 0, NULL, result_dtype(op, a->dtype), -1));
+  int rc = reduce_into(*out, op, a, 1, sh_tensor_numel(a), 1);
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+/* First index of the max over R for each (o, i), NaN counting as the max. */
+#define DEFINE_ARGMAX(NAME, T)                                                             \
+  static void NAME(const T *x, int64_t R, int64_t inner, int64_t i0, int64_t n, int64_t *idx) { \
+    T best[ICHUNK];                                                                         \
+    for (int64_t i = 0; i < n; i++) { best[i] = x[i0 + i]; idx[i] = 0; }                   \
+    for (int64_t r = 1; r < R; r++) {                                                       \
+      const T *xr = x + r * inner + i0;                                                     \
+      for (int64_t i = 0; i < n; i++)                                                       \
+        if (best[i] == best[i] && (xr[i] > best[i] || xr[i] != xr[i])) { best[i] = xr[i]; idx[i] = r; } \
+    }                                                                                       \
+  }
+DEFINE_ARGMAX(argmax_f32, float)
+DEFINE_ARGMAX(argmax_f64, double)
+
+int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
+  *out = NULL;
+  SH_TRY(sh_require_cpu(a, "argmax"));
+  SH_TRY(norm_dim("argmax", a, &dim));
+  if (a->shape[dim] == 0) return sh_fail(SH_ERR_ARG, "argmax: the reduced dim of %s is empty", sh_desc(a));
+  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1, R = a->shape[dim];
+  for (int d = 0; d < dim; d++) outer *= a->shape[d];
+  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
+  int n = reduced_shape(a, dim, keepdim, shape);
+  sh_tensor *x = NULL;
+  SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
+  int rc = sh_new_like_shape(out, n, shape, SH_I64, -1);
+  if (rc) { sh_tensor_destroy(x); return rc; }
+  int64_t *idx = sh_tensor_data(*out), nchunks = (inner + ICHUNK - 1) / ICHUNK;
+  const void *data = sh_tensor_data(x);
+  int f32 = x->dtype == SH_F32;
+  #pragma omp parallel for schedule(static) if (outer * R * inner > PAR_MIN)
+  for (int64_t t = 0; t < outer * nchunks; t++) {
+    int64_t o = t / nchunks, i0 = (t % nchunks) * ICHUNK;
+    int64_t cnt = inner - i0 < ICHUNK ? inner - i0 : ICHUNK;
+    if (f32) argmax_f32((const float *)data + o * R * inner, R, inner, i0, cnt, idx + o * inner + i0);
+    else argmax_f64((const double *)data + o * R * inner, R, inner, i0, cnt, idx + o * inner + i0);
+  }
+  sh_tensor_destroy(x);
+  return SH_OK;
+}
+
+/* sum_to_shape: the dims of a that `shape` lacks or has as 1 are summed. a is made dense,
+ * its dims are grouped into runs of kept and summed dims (so [B,T,C] -> [C] is one column
+ * reduction of [B*T, C]), and each summed run is reduced in turn, in double. */
+static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, int64_t *size, const int *summed) {
+  sh_tensor *x = NULL;
+  SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
+  double *buf[2] = {NULL, NULL};
+  const void *src = sh_tensor_data(x);
+  int dt = x->dtype, cur = 0, rc = SH_OK;
+  for (int r = 0; r < nruns && !rc; r++) {
+    if (!summed[r]) continue;
+    int64_t outer = 1, inner = 1;
+    for (int q = 0; q < r; q++) outer *= size[q];
+    for (int q = r + 1; q < nruns; q++) inner *= size[q];
+    if (!buf[cur]) buf[cur] = malloc(sizeof(double) * (size_t)(outer * inner > 0 ? outer * inner : 1));
+    if (!buf[cur]) { rc = sh_fail(SH_ERR_OOM, "sum_to_shape: out of host memory for %s", sh_desc(a)); break; }
+    red_plan p = {.x = src, .dt = dt, .outer = outer, .R = size[r], .inner = inner, .op = SH_OP_SUM};
+    rc = reduce_core(&p, buf[cur]);
+    src = buf[cur];
+    dt = SH_F64;
+    cur ^= 1;
+    size[r] = 1;               /* later runs see this one as gone */
+  }
+  if (!rc) store_result(out, src, 1.0);
+  free(buf[0]);
+  free(buf[1]);
+  sh_tensor_destroy(x);
+  return rc;
+}
+
+int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape) {
+  *out = NULL;
+  SH_TRY(sh_require_cpu(a, "sum_to_shape"));
+  int lead = a->ndim - ndim, nb;
+  int64_t bshape[SH_MAX_DIMS];
+  char want[160];
+  if (ndim < 0 || lead < 0 || sh_broadcast_shapes("sum_to_shape", a->ndim, a->shape, ndim, shape, &nb, bshape) ||
+      memcmp(bshape, a->shape, sizeof(int64_t) * a->ndim) != 0)
+    return sh_fail(SH_ERR_ARG, "sum_to_shape: %s does not broadcast from shape %s", sh_desc(a),
+                   sh_shape_str(ndim < 0 ? 0 : ndim, shape, want, sizeof want));
+  int64_t size[SH_MAX_DIMS];
+  int summed[SH_MAX_DIMS], nruns = 0, any = 0;
+  for (int d = 0; d < a->ndim; d++) {
+    if (a->shape[d] == 1) continue;
+    int s = d < lead || shape[d - lead] == 1;
+    any |= s;
+    if (nruns && summed[nruns - 1] == s) size[nruns - 1] *= a->shape[d];
+    else { size[nruns] = a->shape[d]; summed[nruns++] = s; }
+  }
+  SH_TRY(sh_new_like_shape(out, ndim, shape, a->dtype, -1));
+  int rc;
+  if (any) {
+    rc = sum_runs(*out, a, nruns, size, summed);
+  } else {                     /* nothing to sum: only size-1 dims differ */
+    sh_tensor *v = NULL;
+    rc = sh_tensor_reshape(&v, a, ndim, shape);
+    if (!rc) rc = sh_tensor_copy_(*out, v);
+    sh_tensor_destroy(v);
+  }
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+double sh_sumsq(const sh_tensor *a, int *status) {
+  int rc = sh_require_cpu(a, "sumsq");
+  sh_tensor *x = NULL;
+  double res = 0;
+  if (!rc) rc = sh_contiguous_as(&x, a, dense_dtype(a->dtype));
+  red_plan p = {.x = x ? sh_tensor_data(x) : NULL, .dt = x ? x->dtype : SH_F64, .outer = 1,
+                .R = x ? sh_tensor_numel(x) : 0, .inner = 1, .op = RED_SUMSQ};
+  if (!rc) rc = reduce_core(&p, &res);
+  sh_tensor_destroy(x);
+  if (status) *status = rc;
+  return rc ? NAN : res;
+}
