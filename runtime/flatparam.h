@@ -6,9 +6,11 @@
  * Life cycle (the Lua schedule drives it):
  *   create     copies each rank's slice into its shard and drops the parameters' storages:
  *              the parameter structs stay (Lua holds them) but are "resharded"
- *   unshard    all-gathers the shards (cast to the param dtype first, so bf16 halves the
- *              traffic) into a full buffer and re-points every parameter struct in place as a
- *              contiguous view of it (storage, offset, strides, dtype = param dtype)
+ *   unshard    casts the shard to the param dtype into this rank's slot of a full buffer
+ *              and all-gathers in place (so bf16 halves the traffic), then re-points every
+ *              parameter struct in place as a contiguous view of it (storage, offset,
+ *              strides, dtype = param dtype); under no_shard the full buffer is the shard
+ *              itself (same dtype) or a cast copy, and no collective runs
  *   reshard    drops the full buffer; the parameters have no storage again, and any use of
  *              them is an SH_ERR_FREED error, never a crash
  *   reduce_grad gathers each parameter's .grad into a flat buffer in the reduce dtype (zeros
@@ -17,11 +19,15 @@
  *              the result across `replicate` when given (hybrid sharding), and accumulates it
  *              into the sharded grad (master dtype) or sets it after zero_grad
  * The _start/_wait pairs split unshard and reduce_grad so the schedule can prefetch; the
- * plain calls are start + wait, and waiting with nothing started is the plain call.
+ * plain calls are start + wait. unshard_wait with nothing started is the plain unshard;
+ * reduce_grad_wait with nothing started does nothing. With `replicate`, the all-reduce
+ * across it runs inside reduce_grad_wait.
  *
  * Memory tags: the shard and the full gathered buffer are SH_TAG_PARAM (the full buffer is
- * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD, and the cast
- * copy of the shard sent to the all-gather SH_TAG_COMM.
+ * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD (MPI's staging
+ * for bf16 reductions is SH_TAG_COMM).
+ *
+ * The parameter structs must outlive the FlatParameter (shard.flatparam keeps them).
  *
  * Parameters may come without storage (sh_tensor_release'd, shape only): their shard slice
  * starts at zero, for sharded init through sh_flatparam_shard_view / sh_flatparam_init_param. */

@@ -1,0 +1,458 @@
+/* comm.c: the front of the collectives: bootstrap from the environment, validation with
+ * messages naming op, group, rank, shapes and dtypes, dispatch to a backend (local, MPI,
+ * NCCL), counters, and the timeout that turns a hang into an error. */
+#define _POSIX_C_SOURCE 200809L
+#include "comm_internal.h"
+#include "tensor_internal.h"
+#include "alloc_internal.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef SHARD_CUDA
+/* Weak, so a CUDA build links before kernels/comm_nccl.cu exists: the address is then NULL
+ * and CUDA tensors get a clean "built without NCCL" error. */
+extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
+extern void sh_comm_nccl_finalize(void) __attribute__((weak));
+#endif
+
+static sh_comm *g_world;
+static sh_comm *g_live;                     /* every live group, for counters and finalize */
+static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
+
+static const char *KIND_NAME[SH_COLL_N] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
+static const char *OP_NAME[4] = { "sum", "avg", "max", "min" };
+
+double sh_comm_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double sh_comm_round(double x, int dtype) {
+  switch (dtype) {
+    case SH_F32: return (float)x;
+    case SH_BF16: return sh_bf16_to_f32(sh_f32_to_bf16((float)x));
+    case SH_F16: return sh_f16_to_f32(sh_f32_to_f16((float)x));
+    default: return x;
+  }
+}
+
+int sh_comm_acc_dtype(int dtype, int rd) {
+  if (!sh_dtype_is_float(dtype)) return dtype;
+  return dtype == SH_F64 || rd == SH_F64 ? SH_F64 : SH_F32;
+}
+
+/* ---- environment --------------------------------------------------------------------- */
+
+static int env_int(const char *name, int *out) {
+  const char *v = getenv(name);
+  if (!v || !*v) return 0;
+  char *end;
+  long x = strtol(v, &end, 10);
+  if (*end) return 0;
+  *out = (int)x;
+  return 1;
+}
+
+int sh_comm_read_env(sh_comm_env *out) {
+  sh_comm_env e = { .launcher = SH_LAUNCH_NONE, .rank = 0, .size = 1, .local_rank = 0, .local_size = 1 };
+  int r, s;
+  if (env_int("OMPI_COMM_WORLD_RANK", &r) && env_int("OMPI_COMM_WORLD_SIZE", &s)) {
+    e = (sh_comm_env){ SH_LAUNCH_MPI, r, s, 0, 1 };
+    env_int("OMPI_COMM_WORLD_LOCAL_RANK", &e.local_rank);
+    env_int("OMPI_COMM_WORLD_LOCAL_SIZE", &e.local_size);
+  } else if (env_int("RANK", &r) && env_int("WORLD_SIZE", &s)) {
+    e = (sh_comm_env){ SH_LAUNCH_TORCHRUN, r, s, 0, 1 };
+    if (!env_int("LOCAL_RANK", &e.local_rank)) e.local_rank = r;
+    if (!env_int("LOCAL_WORLD_SIZE", &e.local_size)) e.local_size = s;
+  } else if (env_int("SLURM_PROCID", &r) && env_int("SLURM_NTASKS", &s)) {
+    e = (sh_comm_env){ SH_LAUNCH_SLURM, r, s, 0, 1 };
+    env_int("SLURM_LOCALID", &e.local_rank);
+    if (!env_int("SLURM_NTASKS_PER_NODE", &e.local_size)) e.local_size = s;
+  } else if (env_int("PMIX_RANK", &r)) {
+    e.launcher = SH_LAUNCH_MPI;   /* size comes from MPI itself */
+    e.rank = r;
+  }
+  if (e.size < 1 || e.rank < 0 || e.rank >= e.size)
+    return sh_fail(SH_ERR_ARG, "comm: the environment gives rank %d of a world of %d", e.rank, e.size);
+  *out = e;
+  return SH_OK;
+}
+
+/* ---- the "none" backend: CPU collectives across ranks without MPI ----------------------- */
+
+static int none_start(sh_comm_work *w) {
+  return sh_fail(SH_ERR_COMM,
+                 "CPU collectives across processes need MPI, and this process was started from "
+                 "torchrun-style variables (RANK, WORLD_SIZE) without mpirun; start it with "
+                 "`shard launch --nproc N` or mpirun, or use CUDA tensors (NCCL)");
+}
+static int none_test(sh_comm_work *w, int *done) { *done = 1; return SH_OK; }
+static void none_abandon(sh_comm_work *w) {}
+static void none_destroy(sh_comm *c) {}
+static const sh_comm_backend none_backend = { "none", none_start, none_test, none_abandon, NULL, none_destroy };
+
+/* ---- groups ---------------------------------------------------------------------------- */
+
+static double default_timeout(void) {
+  const char *v = getenv("SHARD_COMM_TIMEOUT");
+  double t = v ? atof(v) : 0;
+  return t > 0 ? t : 600.0;
+}
+
+static sh_comm *new_comm(const char *name) {
+  sh_comm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  snprintf(c->name, sizeof c->name, "%s", name);
+  c->timeout = default_timeout();
+  c->refs = 1;
+#ifdef SHARD_CUDA
+  c->gpu = &sh_comm_nccl_backend;     /* NULL when comm_nccl.cu is not linked */
+#endif
+  return c;
+}
+
+static void link_comm(sh_comm *c) { c->next = g_live; g_live = c; }
+
+static void unlink_comm(sh_comm *c) {
+  for (sh_comm **p = &g_live; *p; p = &(*p)->next)
+    if (*p == c) { *p = c->next; return; }
+}
+
+int sh_comm_init_world(sh_comm **out) {
+  *out = NULL;
+  if (g_world) { g_world->refs++; *out = g_world; return SH_OK; }
+  sh_comm_env env;
+  SH_TRY(sh_comm_read_env(&env));
+  sh_comm *w = new_comm("world");
+  if (!w) return sh_fail(SH_ERR_OOM, "comm: out of host memory for the world group");
+  w->is_world = 1;
+  w->rank = env.rank;
+  w->size = env.size;
+  w->local_rank = env.local_rank;
+  if (env.launcher == SH_LAUNCH_MPI || env.launcher == SH_LAUNCH_SLURM) {
+    int rc = sh_comm_mpi_init_world(w);
+    if (rc) { free(w); return rc; }
+    if (env.launcher == SH_LAUNCH_SLURM && w->size != env.size) {
+      int size = w->size;
+      sh_comm_mpi_backend.destroy(w);
+      free(w);
+      return sh_fail(SH_ERR_COMM, "comm: SLURM_NTASKS is %d but MPI sees a world of %d; "
+                     "start the ranks with srun --mpi=pmix (or mpirun)", env.size, size);
+    }
+    if (w->size == 1) { sh_comm_mpi_backend.destroy(w); w->cpu = &sh_comm_local_backend; }
+  } else {
+    w->cpu = env.size > 1 ? &none_backend : &sh_comm_local_backend;
+  }
+  link_comm(w);
+  g_world = w;
+  *out = w;
+  return SH_OK;
+}
+
+static void free_comm(sh_comm *c) {
+  if (c->gpu && c->gpu_state) c->gpu->destroy(c);
+  if (c->cpu) c->cpu->destroy(c);
+  unlink_comm(c);
+  free(c);
+}
+
+void sh_comm_destroy(sh_comm *c) {
+  if (!c || --c->refs > 0) return;
+  if (c == g_world) { c->refs = 1; return; }   /* the world lives until sh_comm_finalize */
+  free_comm(c);
+}
+
+int sh_comm_finalize(void) {
+  int stuck = 0;
+  for (sh_comm *c = g_live; c; c = c->next) stuck |= c->abandoned;
+  while (g_live) free_comm(g_live);
+  g_world = NULL;
+#ifdef SHARD_CUDA
+  if (sh_comm_nccl_finalize) sh_comm_nccl_finalize();
+#endif
+  /* MPI_Finalize would wait for an abandoned op forever; exiting without it lets mpirun end
+   * the job with this rank's error. */
+  if (!stuck) sh_comm_mpi_finalize();
+  return SH_OK;
+}
+
+int sh_comm_split(sh_comm **out, sh_comm *parent, int color, int key) {
+  *out = NULL;
+  if (!parent) return sh_fail(SH_ERR_ARG, "comm split: expected a group, got nil");
+  char name[96];
+  snprintf(name, sizeof name, "%.60s color %d", parent->name, color);
+  sh_comm *c = new_comm(name);
+  if (!c) return sh_fail(SH_ERR_OOM, "comm split: out of host memory");
+  c->local_rank = parent->local_rank;
+  c->timeout = parent->timeout;
+  c->parent = parent;
+  c->color = color;
+  c->key = key;
+  /* The CPU side decides membership; without MPI across ranks, NCCL does. */
+  const sh_comm_backend *b = parent->cpu != &none_backend ? parent->cpu : parent->gpu;
+  int rc = b && b->split ? b->split(parent, color, key, c)
+                         : sh_fail(SH_ERR_COMM, "comm split of %s: no backend can split this group "
+                                   "(launch through mpirun or `shard launch` for CPU ranks)", parent->name);
+  if (rc) { free(c); return sh_fail_context("comm split of %s (color %d, rank %d): ", parent->name, color, parent->rank); }
+  if (c->size == 0) { free(c); return SH_OK; }
+  if (b == parent->cpu) {
+    if (c->size == 1 && c->cpu == &sh_comm_mpi_backend) { sh_comm_mpi_backend.destroy(c); c->cpu = NULL; }
+    if (!c->cpu) c->cpu = &sh_comm_local_backend;
+  } else {
+    c->cpu = c->size > 1 ? &none_backend : &sh_comm_local_backend;
+  }
+  link_comm(c);
+  *out = c;
+  return SH_OK;
+}
+
+int sh_comm_rank(const sh_comm *c) { return c ? c->rank : 0; }
+int sh_comm_size(const sh_comm *c) { return c ? c->size : 1; }
+int sh_comm_local_rank(const sh_comm *c) { return c ? c->local_rank : 0; }
+const char *sh_comm_name(const sh_comm *c) { return c ? c->name : "nil"; }
+const char *sh_comm_backend_name(const sh_comm *c) { return c && c->cpu ? c->cpu->name : "none"; }
+
+int sh_comm_set_name(sh_comm *c, const char *name) {
+  if (!c || !name) return sh_fail(SH_ERR_ARG, "comm set_name: expected a group and a name");
+  snprintf(c->name, sizeof c->name, "%s", name);
+  return SH_OK;
+}
+
+int sh_comm_set_timeout(sh_comm *c, double seconds) {
+  if (!c) return sh_fail(SH_ERR_ARG, "comm set_timeout: expected a group, got nil");
+  if (!(seconds > 0) || !isfinite(seconds))
+    return sh_fail(SH_ERR_ARG, "comm set_timeout: %g s for %s; expected a positive number of seconds", seconds, c->name);
+  c->timeout = seconds;
+  return SH_OK;
+}
+double sh_comm_timeout(const sh_comm *c) { return c ? c->timeout : default_timeout(); }
+
+int64_t sh_comm_count(const sh_comm *c, int kind) {
+  if (kind < 0 || kind >= SH_COLL_N) return 0;
+  return c ? c->count[kind] : g_count[kind];
+}
+int64_t sh_comm_bytes(const sh_comm *c, int kind) {
+  if (kind < 0 || kind >= SH_COLL_N) return 0;
+  return c ? c->bytes[kind] : g_bytes[kind];
+}
+void sh_comm_reset_counts(sh_comm *c) {
+  if (c) { memset(c->count, 0, sizeof c->count); memset(c->bytes, 0, sizeof c->bytes); return; }
+  memset(g_count, 0, sizeof g_count);
+  memset(g_bytes, 0, sizeof g_bytes);
+  for (sh_comm *p = g_live; p; p = p->next) sh_comm_reset_counts(p);
+}
+
+/* ---- validation ------------------------------------------------------------------------ */
+
+static int check_tensor(const char *op, const sh_comm *c, const sh_tensor *t, const char *role) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): %s tensor is nil", op, c->name, c->rank, role);
+  if (!t->storage)
+    return sh_fail(SH_ERR_FREED, "%s on %s (rank %d): %s tensor %s was used after :free() or reshard",
+                   op, c->name, c->rank, role, sh_desc(t));
+  if (!sh_tensor_is_contiguous(t))
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): %s tensor %s must be contiguous (call :contiguous())",
+                   op, c->name, c->rank, role, sh_desc(t));
+  return SH_OK;
+}
+
+static int check_pair(const char *op, const sh_comm *c, const sh_tensor *out, const sh_tensor *in) {
+  SH_TRY(check_tensor(op, c, out, "output"));
+  SH_TRY(check_tensor(op, c, in, "input"));
+  if (out->dtype != in->dtype || out->device != in->device)
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): input %s and output %s must have the same dtype and device",
+                   op, c->name, c->rank, sh_desc(in), sh_desc(out));
+  return SH_OK;
+}
+
+static int check_reduce(const char *op, const sh_comm *c, const sh_tensor *t, int rop, int rd) {
+  if (rop < SH_RED_SUM || rop > SH_RED_MIN)
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): unknown reduce op %d (sum 0, avg 1, max 2, min 3)", op, c->name, c->rank, rop);
+  if (rd != -1 && !sh_dtype_is_float(rd))
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): reduce dtype %s is not a float dtype", op, c->name, c->rank, sh_dtype_name(rd));
+  if (rd != -1 && !sh_dtype_is_float(t->dtype))
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): a reduce dtype only applies to float tensors, got %s", op, c->name, c->rank, sh_desc(t));
+  if (rop == SH_RED_AVG && !sh_dtype_is_float(t->dtype))
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): avg needs a float tensor, got %s", op, c->name, c->rank, sh_desc(t));
+  if (t->dtype == SH_BOOL && rop == SH_RED_SUM)
+    return sh_fail(SH_ERR_ARG, "%s on %s (rank %d): sum of a bool tensor; use max (or) or min (and)", op, c->name, c->rank);
+  return SH_OK;
+}
+
+/* ---- issuing and waiting --------------------------------------------------------------- */
+
+static int alias_or_null(sh_tensor **out, const sh_tensor *t) {
+  *out = NULL;
+  return t ? sh_tensor_alias(out, t) : SH_OK;
+}
+
+static void work_release(sh_comm_work *w) {
+  sh_tensor_destroy(w->in);
+  if (w->out != w->in) sh_tensor_destroy(w->out);
+  free(w);
+}
+
+static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const sh_tensor *src,
+                 int op, int rd, int root) {
+  *out = NULL;
+  const sh_tensor *any = dst ? dst : src;
+  const sh_comm_backend *b = any && any->device >= 0 ? c->gpu : c->cpu;
+  if (!b)
+    return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a CUDA tensor but shard was built without NCCL",
+                   KIND_NAME[kind], c->name, c->rank, sh_desc(any));
+  if (c->abandoned)
+    return sh_fail(SH_ERR_COMM, "%s on %s (rank %d): the group is unusable since an earlier collective "
+                   "timed out and was abandoned", KIND_NAME[kind], c->name, c->rank);
+  sh_comm_work *w = calloc(1, sizeof *w);
+  if (!w) return sh_fail(SH_ERR_OOM, "%s: out of host memory for a work handle", KIND_NAME[kind]);
+  *w = (sh_comm_work){ .comm = c, .backend = b, .kind = kind, .op = op, .reduce_dtype = rd, .root = root };
+  if (alias_or_null(&w->in, src) || (dst == src ? (w->out = w->in, 0) : alias_or_null(&w->out, dst))) {
+    work_release(w);
+    return sh_fail_context("%s on %s: ", KIND_NAME[kind], c->name);
+  }
+  if (kind == SH_COLL_BARRIER) snprintf(w->what, sizeof w->what, "barrier");
+  else if (kind == SH_COLL_ALL_GATHER || kind == SH_COLL_BROADCAST) snprintf(w->what, sizeof w->what, "%s of %s", KIND_NAME[kind], sh_desc(src));
+  else snprintf(w->what, sizeof w->what, "%s of %s (%s%s%s)", KIND_NAME[kind], sh_desc(src), OP_NAME[op],
+                rd >= 0 ? " in " : "", rd >= 0 ? sh_dtype_name(rd) : "");
+  int64_t bytes = src ? sh_tensor_numel(src) * sh_dtype_size(src->dtype) : 0;
+  c->count[kind]++; g_count[kind]++;
+  c->bytes[kind] += bytes; g_bytes[kind] += bytes;
+  int rc = b->start(w);
+  if (rc) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s", w->what);
+    work_release(w);
+    return sh_fail_context("%s on %s (rank %d of %d): ", msg, c->name, c->rank, c->size);
+  }
+  *out = w;
+  return SH_OK;
+}
+
+int sh_comm_test(sh_comm_work *w, int *done) {
+  *done = 0;
+  if (!w) return sh_fail(SH_ERR_ARG, "comm test: expected a work handle, got nil");
+  if (!w->done) {
+    int rc = w->backend->test(w, &w->done);
+    if (rc) { w->done = 1; w->status = rc; }
+  }
+  *done = w->done;
+  if (w->done && w->status) return sh_fail(w->status, "%s on %s (rank %d of %d) failed", w->what, w->comm->name, w->comm->rank, w->comm->size);
+  return SH_OK;
+}
+
+/* Polls with a growing pause: MPI progresses only inside its calls, and the ranks share
+ * few cores, so spinning would starve the peers we wait for. */
+int sh_comm_wait(sh_comm_work *w) {
+  if (!w) return sh_fail(SH_ERR_ARG, "comm wait: expected a work handle, got nil");
+  double t0 = sh_comm_now();
+  long pause_ns = 0;
+  for (int polls = 0;; polls++) {
+    int done = 0;
+    int rc = sh_comm_test(w, &done);
+    if (rc || done) return rc;
+    double waited = sh_comm_now() - t0;
+    if (waited > w->comm->timeout)
+      return sh_fail(SH_ERR_COMM, "comm: %s on %s timed out after %.3g s on rank %d of %d "
+                     "(another rank did not join: it failed, skipped the collective, or is stuck)",
+                     w->what, w->comm->name, waited, w->comm->rank, w->comm->size);
+    if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
+    struct timespec ts = { 0, pause_ns };
+    if (pause_ns) nanosleep(&ts, NULL);
+  }
+}
+
+/* Gives up an op still pending after its timeout: the peers never came. The buffers it would
+ * write stay referenced (leaked) so that a late completion cannot touch freed memory. */
+static void abandon(sh_comm_work *w) {
+  w->backend->abandon(w);
+  w->comm->abandoned = 1;
+  free(w);
+}
+
+void sh_comm_work_free(sh_comm_work *w) {
+  if (!w) return;
+  if (!w->done && sh_comm_wait(w) != SH_OK && !w->done) { abandon(w); return; }
+  work_release(w);
+}
+
+static int run(sh_comm_work *w, int rc) {
+  if (rc) return rc;
+  rc = sh_comm_wait(w);
+  if (w->done) work_release(w); else abandon(w);
+  return rc;
+}
+
+/* ---- the collectives ------------------------------------------------------------------- */
+
+int sh_comm_all_gather_into_async(sh_comm_work **work, sh_comm *c, sh_tensor *out, const sh_tensor *in) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "all_gather: expected a group, got nil");
+  SH_TRY(check_pair("all_gather", c, out, in));
+  if (sh_tensor_numel(out) != sh_tensor_numel(in) * c->size)
+    return sh_fail(SH_ERR_ARG, "all_gather on %s (rank %d of %d): output %s must have %d x %lld elements for input %s",
+                   c->name, c->rank, c->size, sh_desc(out), c->size, (long long)sh_tensor_numel(in), sh_desc(in));
+  return issue(work, c, SH_COLL_ALL_GATHER, out, in, SH_RED_SUM, -1, 0);
+}
+
+int sh_comm_reduce_scatter_async(sh_comm_work **work, sh_comm *c, sh_tensor *out, const sh_tensor *in, int op, int rd) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "reduce_scatter: expected a group, got nil");
+  SH_TRY(check_pair("reduce_scatter", c, out, in));
+  SH_TRY(check_reduce("reduce_scatter", c, in, op, rd));
+  if (sh_tensor_numel(in) != sh_tensor_numel(out) * c->size)
+    return sh_fail(SH_ERR_ARG, "reduce_scatter on %s (rank %d of %d): input %s must have %d x %lld elements for output %s",
+                   c->name, c->rank, c->size, sh_desc(in), c->size, (long long)sh_tensor_numel(out), sh_desc(out));
+  return issue(work, c, SH_COLL_REDUCE_SCATTER, out, in, op, rd, 0);
+}
+
+int sh_comm_all_reduce_async(sh_comm_work **work, sh_comm *c, sh_tensor *t, int op, int rd) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "all_reduce: expected a group, got nil");
+  SH_TRY(check_tensor("all_reduce", c, t, "the"));
+  SH_TRY(check_reduce("all_reduce", c, t, op, rd));
+  return issue(work, c, SH_COLL_ALL_REDUCE, t, t, op, rd, 0);
+}
+
+int sh_comm_broadcast_async(sh_comm_work **work, sh_comm *c, sh_tensor *t, int root) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "broadcast: expected a group, got nil");
+  SH_TRY(check_tensor("broadcast", c, t, "the"));
+  if (root < 0 || root >= c->size)
+    return sh_fail(SH_ERR_ARG, "broadcast on %s (rank %d of %d): root %d is not a rank of the group", c->name, c->rank, c->size, root);
+  return issue(work, c, SH_COLL_BROADCAST, t, t, SH_RED_SUM, -1, root);
+}
+
+int sh_comm_barrier_async(sh_comm_work **work, sh_comm *c) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "barrier: expected a group, got nil");
+  return issue(work, c, SH_COLL_BARRIER, NULL, NULL, SH_RED_SUM, -1, 0);
+}
+
+int sh_comm_all_gather_into(sh_comm *c, sh_tensor *out, const sh_tensor *in) {
+  sh_comm_work *w;
+  int rc = sh_comm_all_gather_into_async(&w, c, out, in);
+  return run(w, rc);
+}
+int sh_comm_reduce_scatter(sh_comm *c, sh_tensor *out, const sh_tensor *in, int op, int rd) {
+  sh_comm_work *w;
+  int rc = sh_comm_reduce_scatter_async(&w, c, out, in, op, rd);
+  return run(w, rc);
+}
+int sh_comm_all_reduce(sh_comm *c, sh_tensor *t, int op, int rd) {
+  sh_comm_work *w;
+  int rc = sh_comm_all_reduce_async(&w, c, t, op, rd);
+  return run(w, rc);
+}
+int sh_comm_broadcast(sh_comm *c, sh_tensor *t, int root) {
+  sh_comm_work *w;
+  int rc = sh_comm_broadcast_async(&w, c, t, root);
+  return run(w, rc);
+}
+int sh_comm_barrier(sh_comm *c) {
+  sh_comm_work *w;
+  int rc = sh_comm_barrier_async(&w, c);
+  return run(w, rc);
+}

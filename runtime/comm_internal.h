@@ -1,0 +1,83 @@
+/* comm_internal.h: the communicator and work structs and the backend interface behind
+ * comm.h (not in the FFI). comm.c validates, counts and times; a backend only posts an op,
+ * tests it for completion and finishes it. Included from kernels/comm_nccl.cu as well. */
+#pragma once
+#include "tensor.h"
+#include "comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sh_comm_backend sh_comm_backend;
+
+struct sh_comm {
+  char name[96];
+  int rank, size, local_rank;
+  double timeout;                 /* seconds */
+  int refs;                       /* references held by sh_comm_init_world / split callers */
+  int is_world;
+  const sh_comm_backend *cpu;     /* mpi, local or none */
+  void *cpu_state;
+  const sh_comm_backend *gpu;     /* nccl when compiled in; its state is made on first use */
+  void *gpu_state;
+  sh_comm *parent;                /* for the lazy NCCL sub-communicator */
+  int color, key;
+  int64_t count[SH_COLL_N], bytes[SH_COLL_N];
+  int abandoned;                  /* work freed while pending: the group is unusable */
+  sh_comm *next;                  /* the list of live groups */
+};
+
+struct sh_comm_work {
+  sh_comm *comm;
+  const sh_comm_backend *backend;
+  int kind;                       /* sh_coll_kind */
+  int op, reduce_dtype, root;
+  sh_tensor *in, *out;            /* aliases: they keep the storages alive until freed */
+  void *state;                    /* the backend's (requests, staging buffers) */
+  int done;
+  int status;                     /* the completed op's status */
+  char what[200];                 /* "all_reduce of f32[10] cpu (sum)" for messages */
+};
+
+struct sh_comm_backend {
+  const char *name;
+  /* Posts w (validated: contiguous tensors, matching sizes). May complete it at once by
+   * setting w->done. Returns a status. */
+  int (*start)(sh_comm_work *w);
+  /* Never blocks. On completion finishes the op (unstaging), frees w->state, sets *done. */
+  int (*test)(sh_comm_work *w, int *done);
+  /* Frees w->state of an op that will never be finished (after a timeout). */
+  void (*abandon)(sh_comm_work *w);
+  /* Collective over parent: fills child's rank, size and this backend's state; sets
+   * child->size to 0 when color < 0. NULL: the backend cannot split. */
+  int (*split)(sh_comm *parent, int color, int key, sh_comm *child);
+  void (*destroy)(sh_comm *c);    /* frees this backend's state of c */
+};
+
+extern const sh_comm_backend sh_comm_local_backend;
+extern const sh_comm_backend sh_comm_mpi_backend;
+/* Initialises MPI once (MPI_Init_thread), and gives the world's state, rank and size. */
+int sh_comm_mpi_init_world(sh_comm *world);
+void sh_comm_mpi_finalize(void);
+int sh_comm_mpi_active(void);
+/* Broadcast of raw bytes over c's MPI state (the NCCL unique id); blocking, with c's timeout. */
+int sh_comm_mpi_bcast_bytes(sh_comm *c, void *buf, int nbytes, int root);
+
+#ifdef SHARD_CUDA
+/* kernels/comm_nccl.cu */
+extern const sh_comm_backend sh_comm_nccl_backend;
+void sh_comm_nccl_finalize(void);
+#endif
+
+/* Rounds x to dtype (bf16/f16/f32) and back, as a value of the accumulation type. */
+double sh_comm_round(double x, int dtype);
+/* The accumulation dtype for a reduction of `dtype` values with reduce dtype rd (f64 or f32,
+ * or the integer dtype itself). */
+int sh_comm_acc_dtype(int dtype, int rd);
+/* Monotonic seconds. */
+double sh_comm_now(void);
+
+#ifdef __cplusplus
+}
+#endif
