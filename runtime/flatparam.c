@@ -1,0 +1,410 @@
+/* flatparam.c: the FlatParameter (see flatparam.h). The parameter structs belong to Lua;
+ * this file only swaps what they point at: a view of the full buffer while unsharded, no
+ * storage while sharded. Their .grad is kept across those swaps until reduce_grad takes it. */
+#include "tensor_internal.h"
+#include "alloc_internal.h"
+#include "comm.h"
+#include "flatparam.h"
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fp_slot {
+  sh_tensor *p;                 /* Lua's parameter struct (not owned) */
+  int64_t offset, numel;        /* in the flat buffer */
+  int tied_to;                  /* first occurrence of the same tensor, or -1 */
+  int frozen;
+} fp_slot;
+
+struct sh_flatparam {
+  int n, n_unique;
+  fp_slot *slots;
+  int64_t numel, padded, shard_numel;
+  sh_comm *group;               /* shard group (all-reduce group under no_shard); may be NULL */
+  int group_size, rank, no_shard;
+  int master, pdt, rdt, device;
+  sh_tensor *shard;             /* master dtype, shard_numel (PARAM) */
+  sh_tensor *grad;              /* master dtype, shard_numel (GRAD); valid when has_grad */
+  int has_grad;
+  sh_tensor *full;              /* param dtype, padded (PARAM) while unsharding or unsharded */
+  sh_comm_work *gather;         /* the all-gather in flight */
+  int unsharded;
+  sh_tensor *flat_grad;         /* reduce dtype, padded (GRAD) while a reduce is in flight */
+  sh_tensor *red_out;           /* its reduced shard (or flat_grad itself) */
+  sh_comm_work *reduce;
+  sh_comm *replicate;
+  int red_op;
+  sh_flatparam *next;           /* the list of live FlatParameters */
+};
+
+static sh_flatparam *g_live;    /* live FlatParameters: a parameter may belong to one only */
+
+/* ---- small tensor helpers ---------------------------------------------------------------- */
+
+static int new_tagged(sh_tensor **out, int64_t numel, int dtype, int device, int tag) {
+  int old = sh_mem_set_tag(tag);
+  int rc = sh_tensor_empty(out, 1, &numel, dtype, device);
+  sh_mem_set_tag(old);
+  return rc;
+}
+
+/* Drops a parameter's storage but keeps its grad (sh_tensor_release drops both). */
+static void drop_storage(sh_tensor *p) {
+  sh_tensor *g = p->grad;
+  p->grad = NULL;
+  sh_tensor_release(p);
+  p->grad = g;
+}
+
+/* Makes p a contiguous view of `buf` at element offset `at`, in buf's dtype. */
+static void point_into(sh_tensor *p, const sh_tensor *buf, int64_t at) {
+  drop_storage(p);
+  p->storage = buf->storage;
+  p->storage->refcount++;
+  p->offset = buf->offset + at;
+  p->dtype = buf->dtype;
+  p->device = buf->device;
+  int64_t s = 1;
+  for (int d = p->ndim - 1; d >= 0; d--) { p->stride[d] = s; s *= p->shape[d] > 0 ? p->shape[d] : 1; }
+  p->version++;
+}
+
+/* dst (1-D view) = elements [start, start + n) of t flattened in row-major order. */
+static int copy_flat_range(sh_tensor *dst, const sh_tensor *t, int64_t start, int64_t n) {
+  if (n == 0) return SH_OK;
+  sh_tensor *c = NULL, *flat = NULL, *part = NULL;
+  int64_t numel = sh_tensor_numel(t);
+  int rc = sh_tensor_contiguous(&c, t);
+  if (!rc) rc = sh_view_reshape(&flat, c, 1, &numel);
+  if (!rc) rc = sh_view_narrow(&part, flat, 0, start, n);
+  if (!rc) rc = sh_tensor_copy_(dst, part);
+  sh_tensor_destroy(part);
+  sh_tensor_destroy(flat);
+  sh_tensor_destroy(c);
+  return rc;
+}
+
+/* dst += src elementwise (same numel, contiguous), accumulating in f64. */
+static int accumulate(sh_tensor *dst, const sh_tensor *src) {
+  if (dst->device >= 0 || src->device >= 0)
+    return sh_fail(SH_ERR_DEVICE, "flatparam: accumulating grads on %s needs the CUDA backend", sh_desc(dst));
+  int64_t n = sh_tensor_numel(dst);
+  void *d = sh_tensor_data(dst);
+  const void *s = sh_tensor_data(src);
+  if (dst->dtype == SH_F32 && src->dtype == SH_F32) {
+    float *df = d;
+    const float *sf = s;
+    #pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i++) df[i] += sf[i];
+    return SH_OK;
+  }
+  for (int64_t i = 0; i < n; i++) sh_store(d, dst->dtype, i, sh_load(d, dst->dtype, i) + sh_load(s, src->dtype, i));
+  return SH_OK;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+static int owner_of(const sh_tensor *p) {
+  for (sh_flatparam *f = g_live; f; f = f->next)
+    for (int i = 0; i < f->n; i++)
+      if (f->slots[i].p == p) return 1;
+  return 0;
+}
+
+static int check_params(sh_tensor *const *params, int n, int master) {
+  if (!params || n <= 0) return sh_fail(SH_ERR_ARG, "flatparam: expected at least one parameter, got %d", n);
+  for (int i = 0; i < n; i++) {
+    const sh_tensor *p = params[i];
+    if (!p) return sh_fail(SH_ERR_ARG, "flatparam: parameter %d is nil", i + 1);
+    if (!sh_dtype_is_float(p->dtype))
+      return sh_fail(SH_ERR_ARG, "flatparam: parameter %d is %s; parameters must be floating point", i + 1, sh_desc(p));
+    if (p->device != params[0]->device)
+      return sh_fail(SH_ERR_ARG, "flatparam: parameter %d is %s but parameter 1 is %s; one unit lives on one device",
+                     i + 1, sh_desc(p), sh_desc(params[0]));
+    if (owner_of(p))
+      return sh_fail(SH_ERR_ARG, "flatparam: parameter %d (%s) already belongs to another FlatParameter; a tied "
+                     "parameter must be wrapped in one unit with every module that uses it", i + 1, sh_desc(p));
+    for (int j = 0; j < i; j++)
+      if (params[j] != p && p->storage && params[j]->storage == p->storage)
+        return sh_fail(SH_ERR_ARG, "flatparam: parameters %d and %d are different tensors sharing one storage; "
+                       "tie parameters by passing the same tensor", j + 1, i + 1);
+  }
+  if (master != -1 && !sh_dtype_is_float(master))
+    return sh_fail(SH_ERR_ARG, "flatparam: master dtype %s is not a float dtype", sh_dtype_name(master));
+  return SH_OK;
+}
+
+static int fill_shard(sh_flatparam *fp) {
+  SH_TRY(sh_tensor_fill_(fp->shard, 0));
+  for (int i = 0; i < fp->n; i++) {
+    if (fp->slots[i].tied_to >= 0 || !fp->slots[i].p->storage) continue;
+    sh_tensor *view = NULL;
+    SH_TRY(sh_flatparam_shard_view(&view, fp, i));
+    sh_flatparam_slot s;
+    sh_flatparam_get_slot(fp, i, -1, &s);
+    int rc = copy_flat_range(view, fp->slots[i].p, s.own_start, s.own_numel);
+    sh_tensor_destroy(view);
+    if (rc) return sh_fail_context("flatparam: parameter %d: ", i + 1);
+  }
+  return SH_OK;
+}
+
+int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
+                        int master, int pdt, int rdt, int no_shard) {
+  *out = NULL;
+  SH_TRY(check_params(params, n, master));
+  if (master == -1) master = params[0]->dtype;
+  if (pdt == -1) pdt = master;
+  if (rdt == -1) rdt = pdt;
+  if (!sh_dtype_is_float(pdt) || !sh_dtype_is_float(rdt))
+    return sh_fail(SH_ERR_ARG, "flatparam: param dtype %s and reduce dtype %s must be float dtypes",
+                   sh_dtype_name(pdt), sh_dtype_name(rdt));
+  sh_flatparam *fp = calloc(1, sizeof *fp);
+  fp_slot *slots = calloc((size_t)n, sizeof *slots);
+  if (!fp || !slots) { free(fp); free(slots); return sh_fail(SH_ERR_OOM, "flatparam: out of host memory"); }
+  *fp = (sh_flatparam){ .n = n, .slots = slots, .group = group, .no_shard = no_shard != 0,
+                        .master = master, .pdt = pdt, .rdt = rdt, .device = params[0]->device };
+  fp->group_size = no_shard ? 1 : sh_comm_size(group);
+  fp->rank = no_shard ? 0 : sh_comm_rank(group);
+  for (int i = 0; i < n; i++) {
+    fp_slot *s = &slots[i];
+    s->p = params[i];
+    s->tied_to = -1;
+    for (int j = 0; j < i && s->tied_to < 0; j++)
+      if (slots[j].p == s->p) s->tied_to = j;
+    s->numel = sh_tensor_numel(s->p);
+    s->frozen = !s->p->requires_grad;
+    if (s->tied_to >= 0) { s->offset = slots[s->tied_to].offset; continue; }
+    s->offset = fp->numel;
+    fp->numel += s->numel;
+    fp->n_unique++;
+  }
+  if (fp->numel == 0) { free(slots); free(fp); return sh_fail(SH_ERR_ARG, "flatparam: the %d parameters have no elements", n); }
+  int64_t g = fp->group_size;
+  fp->padded = (fp->numel + g - 1) / g * g;
+  fp->shard_numel = fp->padded / g;
+  int rc = new_tagged(&fp->shard, fp->shard_numel, master, fp->device, SH_TAG_PARAM);
+  if (!rc) rc = fill_shard(fp);
+  if (rc) { sh_tensor_destroy(fp->shard); free(slots); free(fp); return rc; }
+  /* The full values now live in the shards; the parameters keep only their shapes. */
+  for (int i = 0; i < n; i++) if (slots[i].tied_to < 0) sh_tensor_release(slots[i].p);
+  fp->next = g_live;
+  g_live = fp;
+  *out = fp;
+  return SH_OK;
+}
+
+/* ---- queries ----------------------------------------------------------------------------- */
+
+int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam info: expected a FlatParameter, got nil");
+  *out = (sh_flatparam_info){ .numel = fp->numel, .padded_numel = fp->padded, .shard_numel = fp->shard_numel,
+                              .n_params = fp->n, .n_unique = fp->n_unique, .group_size = fp->group_size,
+                              .rank = fp->rank, .master_dtype = fp->master, .param_dtype = fp->pdt,
+                              .reduce_dtype = fp->rdt, .no_shard = fp->no_shard, .unsharded = fp->unsharded,
+                              .has_grad = fp->has_grad, .device = fp->device };
+  return SH_OK;
+}
+
+int sh_flatparam_get_slot(const sh_flatparam *fp, int i, int rank, sh_flatparam_slot *out) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam slot: expected a FlatParameter, got nil");
+  if (i < 0 || i >= fp->n) return sh_fail(SH_ERR_ARG, "flatparam slot: index %d out of range for %d parameters", i, fp->n);
+  if (rank == -1) rank = fp->rank;
+  if (rank < 0 || rank >= fp->group_size)
+    return sh_fail(SH_ERR_ARG, "flatparam slot: rank %d out of range for a group of %d", rank, fp->group_size);
+  const fp_slot *s = &fp->slots[i];
+  int64_t lo0 = rank * fp->shard_numel, hi0 = lo0 + fp->shard_numel;
+  int64_t lo = s->offset > lo0 ? s->offset : lo0;
+  int64_t hi = s->offset + s->numel < hi0 ? s->offset + s->numel : hi0;
+  *out = (sh_flatparam_slot){ .offset = s->offset, .numel = s->numel, .tied_to = s->tied_to, .frozen = s->frozen };
+  if (hi > lo) { out->own_start = lo - s->offset; out->own_numel = hi - lo; out->shard_offset = lo - lo0; }
+  return SH_OK;
+}
+
+int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp) {
+  *out = NULL;
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam shard: expected a FlatParameter, got nil");
+  return sh_tensor_alias(out, fp->shard);
+}
+
+int sh_flatparam_grad_shard(sh_tensor **out, const sh_flatparam *fp) {
+  *out = NULL;
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam grad_shard: expected a FlatParameter, got nil");
+  return fp->has_grad ? sh_tensor_alias(out, fp->grad) : SH_OK;
+}
+
+int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i) {
+  *out = NULL;
+  sh_flatparam_slot s;
+  SH_TRY(sh_flatparam_get_slot(fp, i, -1, &s));
+  return sh_view_narrow(out, fp->shard, 0, s.shard_offset, s.own_numel);
+}
+
+int sh_flatparam_init_param(sh_flatparam *fp, int i, const sh_tensor *value) {
+  sh_flatparam_slot s;
+  SH_TRY(sh_flatparam_get_slot(fp, i, -1, &s));
+  SH_TRY(sh_tensor_check(value, "flatparam init_param"));
+  if (sh_tensor_numel(value) != s.numel)
+    return sh_fail(SH_ERR_ARG, "flatparam init_param: parameter %d has %lld elements, the value %s has %lld",
+                   i + 1, (long long)s.numel, sh_desc(value), (long long)sh_tensor_numel(value));
+  sh_tensor *view = NULL;
+  SH_TRY(sh_flatparam_shard_view(&view, fp, i));
+  int rc = copy_flat_range(view, value, s.own_start, s.own_numel);
+  sh_tensor_destroy(view);
+  return rc;
+}
+
+/* ---- unshard / reshard ------------------------------------------------------------------- */
+
+static void point_params(sh_flatparam *fp) {
+  for (int i = 0; i < fp->n; i++)
+    if (fp->slots[i].tied_to < 0) point_into(fp->slots[i].p, fp->full, fp->slots[i].offset);
+  fp->unsharded = 1;
+}
+
+int sh_flatparam_unshard_start(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
+  if (fp->unsharded || fp->gather) return SH_OK;
+  if (fp->no_shard && fp->pdt == fp->master) return sh_tensor_alias(&fp->full, fp->shard);
+  SH_TRY(new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM));
+  sh_tensor *slot = NULL;
+  int rc = sh_view_narrow(&slot, fp->full, 0, fp->rank * fp->shard_numel, fp->shard_numel);
+  if (!rc) rc = sh_tensor_copy_(slot, fp->shard);
+  if (!rc && !fp->no_shard && fp->group) rc = sh_comm_all_gather_into_async(&fp->gather, fp->group, fp->full, slot);
+  sh_tensor_destroy(slot);
+  if (rc) { sh_tensor_destroy(fp->full); fp->full = NULL; return sh_fail_context("flatparam unshard: "); }
+  return SH_OK;
+}
+
+int sh_flatparam_unshard_wait(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
+  if (fp->unsharded) return SH_OK;
+  if (!fp->full) SH_TRY(sh_flatparam_unshard_start(fp));
+  if (fp->gather) {
+    int rc = sh_comm_wait(fp->gather);
+    if (rc) return sh_fail_context("flatparam unshard: ");
+    sh_comm_work_free(fp->gather);
+    fp->gather = NULL;
+  }
+  point_params(fp);
+  return SH_OK;
+}
+
+int sh_flatparam_unshard(sh_flatparam *fp) {
+  SH_TRY(sh_flatparam_unshard_start(fp));
+  return sh_flatparam_unshard_wait(fp);
+}
+
+int sh_flatparam_reshard(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reshard: expected a FlatParameter, got nil");
+  if (fp->gather) {                 /* a prefetch nobody used: finish it before freeing its buffer */
+    int rc = sh_comm_wait(fp->gather);
+    sh_comm_work_free(fp->gather);
+    fp->gather = NULL;
+    if (rc) return sh_fail_context("flatparam reshard: ");
+  }
+  for (int i = 0; i < fp->n; i++) if (fp->slots[i].tied_to < 0) drop_storage(fp->slots[i].p);
+  sh_tensor_destroy(fp->full);
+  fp->full = NULL;
+  fp->unsharded = 0;
+  return SH_OK;
+}
+
+/* ---- gradients --------------------------------------------------------------------------- */
+
+/* Lays every trainable parameter's .grad into a zeroed flat buffer and frees those grads. */
+static int flatten_grads(sh_flatparam *fp) {
+  SH_TRY(new_tagged(&fp->flat_grad, fp->padded, fp->rdt, fp->device, SH_TAG_GRAD));
+  SH_TRY(sh_tensor_fill_(fp->flat_grad, 0));
+  for (int i = 0; i < fp->n; i++) {
+    fp_slot *s = &fp->slots[i];
+    sh_tensor *g = s->p->grad;
+    if (s->tied_to >= 0 || !g) continue;
+    if (!s->frozen) {
+      if (sh_tensor_numel(g) != s->numel)
+        return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: parameter %d has %lld elements but its grad is %s",
+                       i + 1, (long long)s->numel, sh_desc(g));
+      SH_TRY(sh_tensor_check(g, "flatparam reduce_grad"));
+      sh_tensor *seg = NULL;
+      SH_TRY(sh_view_narrow(&seg, fp->flat_grad, 0, s->offset, s->numel));
+      int rc = copy_flat_range(seg, g, 0, s->numel);
+      sh_tensor_destroy(seg);
+      if (rc) return sh_fail_context("flatparam reduce_grad: parameter %d: ", i + 1);
+    }
+    sh_tensor_destroy(g);
+    s->p->grad = NULL;
+  }
+  return SH_OK;
+}
+
+static void drop_reduce_buffers(sh_flatparam *fp) {
+  if (fp->red_out != fp->flat_grad) sh_tensor_destroy(fp->red_out);
+  sh_tensor_destroy(fp->flat_grad);
+  fp->red_out = fp->flat_grad = NULL;
+}
+
+int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *replicate) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
+  if (op != SH_RED_SUM && op != SH_RED_AVG)
+    return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: op %d; grads are reduced with sum (0) or avg (1)", op);
+  if (fp->flat_grad) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: the previous reduce_grad is still in flight; wait for it first");
+  int rc = flatten_grads(fp);
+  if (!rc) {
+    if (fp->no_shard || !fp->group || fp->group_size == 1) fp->red_out = fp->flat_grad;
+    else rc = new_tagged(&fp->red_out, fp->shard_numel, fp->rdt, fp->device, SH_TAG_GRAD);
+  }
+  if (!rc && fp->group) {
+    if (fp->no_shard) rc = sh_comm_all_reduce_async(&fp->reduce, fp->group, fp->flat_grad, op, -1);
+    else rc = sh_comm_reduce_scatter_async(&fp->reduce, fp->group, fp->red_out, fp->flat_grad, op, -1);
+  }
+  if (rc) { drop_reduce_buffers(fp); return sh_fail_context("flatparam reduce_grad: "); }
+  fp->replicate = replicate;
+  fp->red_op = op;
+  return SH_OK;
+}
+
+int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
+  if (!fp->flat_grad) return SH_OK;
+  int rc = SH_OK;
+  if (fp->reduce) {
+    rc = sh_comm_wait(fp->reduce);
+    if (rc) return sh_fail_context("flatparam reduce_grad: ");
+    sh_comm_work_free(fp->reduce);
+    fp->reduce = NULL;
+  }
+  if (fp->replicate) rc = sh_comm_all_reduce(fp->replicate, fp->red_out, fp->red_op, -1);
+  if (!rc && !fp->grad) rc = new_tagged(&fp->grad, fp->shard_numel, fp->master, fp->device, SH_TAG_GRAD);
+  if (!rc) rc = fp->has_grad ? accumulate(fp->grad, fp->red_out) : sh_tensor_copy_(fp->grad, fp->red_out);
+  drop_reduce_buffers(fp);
+  if (rc) return sh_fail_context("flatparam reduce_grad: ");
+  fp->has_grad = 1;
+  return SH_OK;
+}
+
+int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate) {
+  SH_TRY(sh_flatparam_reduce_grad_start(fp, op, replicate));
+  return sh_flatparam_reduce_grad_wait(fp);
+}
+
+int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam zero_grad: expected a FlatParameter, got nil");
+  fp->has_grad = 0;
+  if (free_it) { sh_tensor_destroy(fp->grad); fp->grad = NULL; }
+  return SH_OK;
+}
+
+/* ---- lifetime ---------------------------------------------------------------------------- */
+
+void sh_flatparam_destroy(sh_flatparam *fp) {
+  if (!fp) return;
+  if (fp->gather) { sh_comm_work_free(fp->gather); fp->gather = NULL; }
+  if (fp->reduce) { sh_comm_work_free(fp->reduce); fp->reduce = NULL; }
+  drop_reduce_buffers(fp);
+  sh_flatparam_reshard(fp);
+  for (sh_flatparam **p = &g_live; *p; p = &(*p)->next)
+    if (*p == fp) { *p = fp->next; break; }
+  sh_tensor_destroy(fp->shard);
+  sh_tensor_destroy(fp->grad);
+  free(fp->slots);
+  free(fp);
+}
