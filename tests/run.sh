@@ -13,6 +13,7 @@ TIMEOUT=${SHARD_TEST_TIMEOUT:-600}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 
 cd "$(dirname "$0")/.." || exit 2
+export SHARD_BIN="$SHARD"   # specs that drive the CLI run the same binary
 passed=0
 failed=0
 out=$(mktemp)

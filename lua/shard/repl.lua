@@ -66,7 +66,9 @@ local function compile(src)
   local err
   fn, err = loadstring(src, "=stdin")
   if fn then return function() fn(); return 0, {} end end
-  if err:match("'<eof>'$") then return nil, "incomplete" end
+  -- Unfinished when the text ends too early as statements or as an expression ("1 +").
+  local _, as_expr = loadstring("return " .. src, "=stdin")
+  if err:match("'<eof>'$") or as_expr:match("'<eof>'$") then return nil, "incomplete" end
   return nil, err
 end
 

@@ -427,13 +427,18 @@ static void test_allocator(void) {
   CHECK_OK(sh_mem_stats_get(-1, &s0));
   const int64_t sizes[4] = {1, 100, 2500, 100000};   /* f32 elements */
   sh_tensor *ts[4];
-  int64_t expect = s0.allocated;
+  /* allocated counts the bytes asked for (64-byte aligned); reserved the size-class blocks,
+   * each fresh from the system since the cache was just emptied */
+  int64_t expect = s0.allocated, expect_reserved = s0.reserved;
   for (int k = 0; k < 4; k++) {
     ts[k] = make(1, &sizes[k], SH_F32);
-    expect += class_bytes(sizes[k] * 4);
+    expect += (sizes[k] * 4 + 63) / 64 * 64;
+    expect_reserved += class_bytes(sizes[k] * 4);
     CHECK_OK(sh_mem_stats_get(-1, &s));
     CHECK(s.allocated == expect, "after %lld floats: allocated %lld, expected %lld", (long long)sizes[k],
           (long long)s.allocated, (long long)expect);
+    CHECK(s.reserved == expect_reserved, "after %lld floats: reserved %lld, expected %lld", (long long)sizes[k],
+          (long long)s.reserved, (long long)expect_reserved);
   }
   CHECK(s.peak >= s.allocated && s.reserved >= s.allocated, "peak and reserved cover allocated");
   int64_t high = s.allocated, n_sys = s.n_system_alloc;

@@ -1,0 +1,165 @@
+-- bin/shard from the outside: exit codes, run with overrides, and the REPL through a pipe.
+-- tests/run.sh exports SHARD_BIN (bin/shard, or bin/shard-asan under make test-asan).
+local shard = require "shard"
+
+local ROOT = os.getenv("SHARD_HOME") or "."
+local BIN = os.getenv("SHARD_BIN") or (ROOT .. "/bin/shard")
+if not BIN:match("^/") then BIN = ROOT .. "/" .. BIN end
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- Runs a shell command line; returns exit code, stdout, stderr.
+local function sh(cmd, input)
+  local out, err = os.tmpname(), os.tmpname()
+  local full = cmd .. " >" .. out .. " 2>" .. err
+  if input then
+    local inp = os.tmpname()
+    local f = assert(io.open(inp, "w")); f:write(input); f:close()
+    full = full .. " <" .. inp
+  end
+  local p = assert(io.popen(full .. "; echo $?"))
+  local code = tonumber(p:read("*a"):match("(%d+)%s*$"))
+  p:close()
+  local function slurp(path)
+    local f = assert(io.open(path)); local s = f:read("*a"); f:close(); os.remove(path); return s
+  end
+  return code, slurp(out), slurp(err)
+end
+
+local function shard_cmd(args, input, env)
+  return sh((env or "") .. " " .. quote(BIN) .. " " .. args, input)
+end
+
+local function script(text)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w")); f:write(text); f:close()
+  return path
+end
+
+describe("bin/shard", function()
+  it("prints its version", function()
+    local code, out = shard_cmd("--version")
+    assert.equal(0, code)
+    assert.equal("shard " .. shard.version .. "\n", out)
+  end)
+
+  it("prints help listing the commands", function()
+    for _, h in ipairs { "help", "--help" } do
+      local code, out = shard_cmd(h)
+      assert.equal(0, code)
+      for _, cmd in ipairs { "run", "repl", "launch", "bench", "estimate" } do assert.matches(cmd, out) end
+    end
+  end)
+
+  it("rejects an unknown command with one line and exit code 2", function()
+    local code, out, err = shard_cmd("frobnicate")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.matches("^shard: unknown command 'frobnicate'", err)
+    assert.equal(1, select(2, err:gsub("\n", "")))
+  end)
+
+  it("rejects a missing recipe file with exit code 2", function()
+    local code, _, err = shard_cmd("run /nonexistent/recipe.lua")
+    assert.equal(2, code)
+    assert.matches("cannot open /nonexistent/recipe.lua", err, 1, true)
+    code = shard_cmd("run")
+    assert.equal(2, code)
+  end)
+
+  it("runs a recipe with --key=value overrides reaching shard.config, and lua's arg", function()
+    local path = script [[
+      local shard = require "shard"
+      local cfg = shard.config{ lr = 1e-3, n_layer = 6, name = "base", compile = false }
+      print(cfg.lr, cfg.n_layer, cfg.name, cfg.compile, math.type and "" or type(cfg.lr))
+      print(arg[0] ~= nil, arg[1], select("#", ...))
+    ]]
+    local code, out, err = shard_cmd("run " .. path .. " --lr=3e-4 --name=tiny --compile")
+    assert.equal(0, code, err)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("0.0003\t6\ttiny\ttrue\tnumber", lines[1])
+    assert.equal("true\t--lr=3e-4\t3", lines[2])
+    os.remove(path)
+  end)
+
+  it("refuses an override that names no option, listing the known ones", function()
+    local path = script [[ require("shard").config{ lr = 1, steps = 2 } ]]
+    local code, _, err = shard_cmd("run " .. path .. " --lrr=3")
+    assert.equal(1, code)
+    assert.matches("unknown option --lrr; known options: lr, steps", err, 1, true)
+    code, _, err = shard_cmd("run " .. path .. " --steps=many")
+    assert.equal(1, code)
+    assert.matches("--steps expects a number, got 'many'", err, 1, true)
+    os.remove(path)
+  end)
+
+  it("exits 1 with the message when a recipe fails; a traceback only on request", function()
+    local path = script "local x = 1\nerror('recipe broke')\n"
+    local code, _, err = shard_cmd("run " .. path)
+    assert.equal(1, code)
+    assert.matches(":2: recipe broke\n$", err)
+    assert.is_nil(err:find("traceback"))
+    code, _, err = shard_cmd("run " .. path, nil, "SHARD_TRACEBACK=1")
+    assert.equal(1, code)
+    assert.matches("stack traceback", err)
+    os.remove(path)
+    path = script "this is not lua"
+    code, _, err = shard_cmd("run " .. path)
+    assert.equal(1, code)
+    assert.matches(":1: '=' expected near 'is'", err, 1, true)
+    os.remove(path)
+  end)
+
+  it("says which delegated commands are not available yet", function()
+    for _, cmd in ipairs { "launch", "bench", "estimate" } do
+      if not package.searchpath("shard." .. cmd, package.path) then
+        local code, _, err = shard_cmd(cmd)
+        assert.equal(2, code)
+        assert.matches(cmd .. " is not available yet", err)
+      end
+    end
+  end)
+end)
+
+describe("shard repl through a pipe", function()
+  it("prints expression values, with no prompt or banner", function()
+    local code, out, err = shard_cmd("repl", "1 + 1\nx = 5\nx * 2\n'a', nil, true\n")
+    assert.equal(0, code, err)
+    assert.equal("2\n10\na\tnil\ttrue\n", out)
+    assert.equal("", err)
+  end)
+
+  it("continues unfinished chunks over several lines", function()
+    local code, out = shard_cmd("repl", "function f(a)\n  return a * 3\nend\nf(14)\nprint(\n'x')\n")
+    assert.equal(0, code)
+    assert.equal("42\nx\n", out)
+  end)
+
+  it("prints an error and goes on; the exit code then reports it", function()
+    local code, out, err = shard_cmd("repl", "error('boom')\n1 + \n 2\nfoo(\n")
+    assert.equal(1, code)
+    assert.equal("3\n", out)
+    assert.matches("^stdin:1: boom\n", err)
+    assert.matches("unfinished", err)
+    code, out, err = shard_cmd("repl", "local = 1\n7\n")
+    assert.equal(1, code)
+    assert.equal("7\n", out)
+    assert.matches("stdin:1: '<name>' expected near '='", err, 1, true)
+  end)
+
+  it("pretty-prints tensors", function()
+    local make = shard.randn and "shard.randn{2,3}" or "shard.zeros{2,3}"
+    local code, out, err = shard_cmd("repl", "print(" .. make .. ")\n")
+    assert.equal(0, code, err)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal(3, #lines, out)
+    assert.matches("^%[%[", lines[1])
+    assert.matches("^ %[", lines[2])
+    assert.equal("[f32 2x3, cpu]", lines[3])
+    -- a bare expression prints the same way
+    local _, out2 = shard_cmd("repl", "shard.ones{2}\n")
+    assert.equal("[1., 1.]\n[f32 2, cpu]\n", out2)
+  end)
+end)
