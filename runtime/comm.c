@@ -1,7 +1,7 @@
 /* comm.c: the front of the collectives: bootstrap from the environment, validation with
  * messages naming op, group, rank, shapes and dtypes, dispatch to a backend (local, MPI,
  * NCCL), counters, and the timeout that turns a hang into an error. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include "comm_internal.h"
 #include "tensor_internal.h"
 #include "alloc_internal.h"
@@ -122,6 +122,12 @@ static void unlink_comm(sh_comm *c) {
     if (*p == c) { *p = c->next; return; }
 }
 
+/* MPI_Finalize waits for every rank, so a rank that exits with an error must skip it: its
+ * exit then makes mpirun stop the others at once, instead of it waiting for their timeouts. */
+static void finalize_at_exit(int status, void *arg) {
+  if (status == 0) sh_comm_finalize();
+}
+
 int sh_comm_init_world(sh_comm **out) {
   *out = NULL;
   if (g_world) { g_world->refs++; *out = g_world; return SH_OK; }
@@ -147,6 +153,7 @@ int sh_comm_init_world(sh_comm **out) {
   } else {
     w->cpu = env.size > 1 ? &none_backend : &sh_comm_local_backend;
   }
+  if (sh_comm_mpi_active()) on_exit(finalize_at_exit, NULL);
   link_comm(w);
   g_world = w;
   *out = w;

@@ -55,7 +55,9 @@ int sh_comm_init_world(sh_comm **out);
 int sh_comm_split(sh_comm **out, sh_comm *comm, int color, int key);
 void sh_comm_destroy(sh_comm *comm);
 /* Destroys the world and ends MPI (unless work is still pending after a timeout, where
- * finalising could hang). Safe to call more than once. */
+ * finalising could hang). Safe to call more than once. It runs by itself when the process
+ * exits with status 0; an exit with an error skips it, because MPI_Finalize waits for every
+ * rank, and mpirun then stops the other ranks at once. */
 int sh_comm_finalize(void);
 
 int sh_comm_rank(const sh_comm *comm);

@@ -72,8 +72,10 @@ int sh_comm_mpi_active(void) {
 }
 
 int sh_comm_mpi_init_world(sh_comm *w) {
-  int inited = 0;
+  int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized) return sh_fail(SH_ERR_COMM, "comm: MPI was already finalized in this process");
   if (!inited) {
     int provided = 0;
     MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");

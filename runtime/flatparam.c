@@ -400,7 +400,9 @@ void sh_flatparam_destroy(sh_flatparam *fp) {
   if (fp->gather) { sh_comm_work_free(fp->gather); fp->gather = NULL; }
   if (fp->reduce) { sh_comm_work_free(fp->reduce); fp->reduce = NULL; }
   drop_reduce_buffers(fp);
-  sh_flatparam_reshard(fp);
+  /* The parameter structs are not touched: Lua's finalizers may have freed them already. A
+   * parameter still viewing the full buffer keeps that storage alive until it goes. */
+  sh_tensor_destroy(fp->full);
   for (sh_flatparam **p = &g_live; *p; p = &(*p)->next)
     if (*p == fp) { *p = fp->next; break; }
   sh_tensor_destroy(fp->shard);

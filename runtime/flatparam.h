@@ -69,7 +69,8 @@ typedef struct sh_flatparam_slot {
  * another live FlatParameter is an error (a tied weight split across units). */
 int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
                         int master_dtype, int param_dtype, int reduce_dtype, int no_shard);
-/* Frees the shard, grads and buffers; the parameters keep no storage. */
+/* Frees the shard, grads and buffers without touching the parameter structs (reshard
+ * first to leave them without storage). */
 void sh_flatparam_destroy(sh_flatparam *fp);
 
 int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out);
