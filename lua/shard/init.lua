@@ -24,7 +24,8 @@ shard.log = require "shard.log"
 
 -- Modules load on first use, so `require "shard"` stays cheap.
 local lazy = { memory = "shard.memory", config = "shard.config",
-               nn = "shard.nn", optim = "shard.optim", data = "shard.data" }
+               nn = "shard.nn", optim = "shard.optim", data = "shard.data",
+               comm = "shard.comm", flatparam = "shard.flatparam" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

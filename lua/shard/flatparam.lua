@@ -1,0 +1,108 @@
+-- shard.flatparam: the FlatParameter (runtime/flatparam.h) seen from Lua. It keeps the
+-- parameter tensors it was built from alive (the C side re-points their structs in place),
+-- and hands the optimizer aliases of the local shards.
+--
+--   local fp = flatparam.new(params, { group = shard_group, param = "bf16", reduce = "f32" })
+--   fp:unshard()  ...forward/backward...  fp:reduce_grad("avg"); fp:reshard()
+--   opt_step(fp:shard(), fp:grad_shard())
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local C, check = rt.C, rt.check
+
+local M = {}
+local FlatParam = {}
+FlatParam.__index = FlatParam
+M.FlatParam = FlatParam
+
+local OPS = { sum = 0, avg = 1 }
+
+local function dtype_or_default(d) return d and tensor.dtype_id(d) or -1 end
+
+-- params: a list of Tensors in registration order (the same Tensor twice = tied).
+-- opts: group (a shard.comm Group or nil for a group of one), master, param, reduce (dtype
+-- names; default: the first parameter's dtype, then master, then param), no_shard.
+function M.new(params, opts)
+  opts = opts or {}
+  local n = #params
+  local arr = ffi.new("sh_tensor*[?]", math.max(n, 1))
+  for i = 1, n do
+    if not tensor.is_tensor(params[i]) then error(("flatparam: parameter %d is not a tensor"):format(i), 2) end
+    arr[i - 1] = params[i].p
+  end
+  local box = ffi.new("sh_flatparam*[1]")
+  check(C.sh_flatparam_create(box, arr, n, opts.group and opts.group.p or nil,
+                              dtype_or_default(opts.master), dtype_or_default(opts.param),
+                              dtype_or_default(opts.reduce), opts.no_shard and 1 or 0), 2)
+  local params_copy = {}
+  for i = 1, n do params_copy[i] = params[i] end
+  return setmetatable({ p = ffi.gc(box[0], C.sh_flatparam_destroy), params = params_copy, group = opts.group }, FlatParam)
+end
+
+function FlatParam:info()
+  local i = ffi.new("sh_flatparam_info")
+  check(C.sh_flatparam_get_info(self.p, i), 2)
+  return { numel = tonumber(i.numel), padded_numel = tonumber(i.padded_numel), shard_numel = tonumber(i.shard_numel),
+           padding = tonumber(i.padded_numel - i.numel), n_params = i.n_params, n_unique = i.n_unique,
+           group_size = i.group_size, rank = i.rank, master_dtype = tensor.dtype_name(i.master_dtype),
+           param_dtype = tensor.dtype_name(i.param_dtype), reduce_dtype = tensor.dtype_name(i.reduce_dtype),
+           no_shard = i.no_shard ~= 0, unsharded = i.unsharded ~= 0, has_grad = i.has_grad ~= 0,
+           device = tensor.device_name(i.device) }
+end
+
+-- Parameter i (1-based): its place in the flat buffer and the part `rank` (0-based; default
+-- this rank) owns: elements own_start+1 .. own_start+own_numel of the flattened parameter.
+function FlatParam:slot(i, rank)
+  local s = ffi.new("sh_flatparam_slot")
+  check(C.sh_flatparam_get_slot(self.p, i - 1, rank or -1, s), 2)
+  return { offset = tonumber(s.offset), numel = tonumber(s.numel), own_start = tonumber(s.own_start),
+           own_numel = tonumber(s.own_numel), shard_offset = tonumber(s.shard_offset),
+           tied_to = s.tied_to >= 0 and s.tied_to + 1 or nil, frozen = s.frozen ~= 0 }
+end
+
+function FlatParam:unshard() check(C.sh_flatparam_unshard(self.p), 2); return self end
+function FlatParam:unshard_start() check(C.sh_flatparam_unshard_start(self.p), 2); return self end
+function FlatParam:unshard_wait() check(C.sh_flatparam_unshard_wait(self.p), 2); return self end
+function FlatParam:reshard() check(C.sh_flatparam_reshard(self.p), 2); return self end
+
+local function op_id(op)
+  local id = OPS[op or "avg"]
+  if not id then error("flatparam: grads reduce with 'sum' or 'avg', got '" .. tostring(op) .. "'", 3) end
+  return id
+end
+
+-- op "avg" (default) or "sum"; replicate: the group to all-reduce the shard across (hybrid).
+function FlatParam:reduce_grad(op, replicate)
+  check(C.sh_flatparam_reduce_grad(self.p, op_id(op), replicate and replicate.p or nil), 2)
+  return self
+end
+function FlatParam:reduce_grad_start(op, replicate)
+  check(C.sh_flatparam_reduce_grad_start(self.p, op_id(op), replicate and replicate.p or nil), 2)
+  return self
+end
+function FlatParam:reduce_grad_wait() check(C.sh_flatparam_reduce_grad_wait(self.p), 2); return self end
+function FlatParam:zero_grad(free_it) check(C.sh_flatparam_zero_grad(self.p, free_it and 1 or 0), 2); return self end
+
+-- Aliases of the local shards (in-place updates reach the FlatParameter).
+function FlatParam:shard() return tensor.new_from(C.sh_flatparam_shard, self.p) end
+function FlatParam:grad_shard()
+  local box = ffi.new("sh_tensor*[1]")
+  check(C.sh_flatparam_grad_shard(box, self.p), 2)
+  if box[0] == nil then return nil end
+  return tensor.wrap(box[0])
+end
+
+-- Sharded init: a 1-D view of the part of parameter i this rank owns, and a copy of this
+-- rank's part from a full-size value.
+function FlatParam:shard_view(i) return tensor.new_from(C.sh_flatparam_shard_view, self.p, i - 1) end
+function FlatParam:init_param(i, value) check(C.sh_flatparam_init_param(self.p, i - 1, value.p), 2); return self end
+
+-- Reshards (the parameters are left without storage) and frees every buffer now.
+function FlatParam:free()
+  if self.p == nil then return end
+  check(C.sh_flatparam_reshard(self.p), 2)
+  C.sh_flatparam_destroy(ffi.gc(self.p, nil))
+  self.p = nil
+end
+
+return M
