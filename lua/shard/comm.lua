@@ -174,6 +174,8 @@ function M.init()
   local box = ffi.new("sh_comm*[1]")
   check(C.sh_comm_init_world(box), 2)
   world = wrap_group(box[0])
+  -- A launched rank's stdout is a pipe: line buffering keeps its progress lines flowing.
+  if M.env().launcher ~= "none" then io.stdout:setvbuf("line") end
   return world
 end
 M.world = M.init

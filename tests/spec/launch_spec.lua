@@ -1,0 +1,83 @@
+-- `shard launch` from the outside: rank 0's output, --all prefixes, and a failing rank ending
+-- the job within seconds with its error shown (the others sit in a collective with the
+-- default 600 s timeout, so only launch/mpirun can stop them that fast).
+local ROOT = os.getenv("SHARD_HOME") or "."
+local BIN = os.getenv("SHARD_BIN") or (ROOT .. "/bin/shard")
+if not BIN:match("^/") then BIN = ROOT .. "/" .. BIN end
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function sh(cmd)
+  local out, err = os.tmpname(), os.tmpname()
+  local p = assert(io.popen(cmd .. " >" .. out .. " 2>" .. err .. "; echo $?"))
+  local code = tonumber(p:read("*a"):match("(%d+)%s*$"))
+  p:close()
+  local function slurp(path)
+    local f = assert(io.open(path)); local s = f:read("*a"); f:close(); os.remove(path); return s
+  end
+  return code, slurp(out), slurp(err)
+end
+
+local function script(text)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w")); f:write(text); f:close()
+  return path
+end
+
+local function launch(args) return sh(quote(BIN) .. " launch " .. args) end
+
+local HELLO = script [[
+local shard = require "shard"
+local info = shard.comm.info()
+local t = shard.tensor { info.rank + 1 }
+info.group:all_reduce(t, "sum")
+print(("hello from rank %d of %d, sum %g, lr %s"):format(info.rank, info.world, t[1], tostring(shard.config{ lr = 1 }.lr)))
+]]
+
+local FAIL = script [[
+local shard = require "shard"
+local info = shard.comm.info()
+if info.rank == 1 then error("rank one exploded on purpose") end
+local t = shard.tensor { 1 }
+info.group:all_reduce(t, "sum")
+print("unreachable on rank " .. info.rank)
+]]
+
+describe("shard launch", function()
+  it("runs N ranks and prints rank 0's output, passing overrides", function()
+    local code, out, err = launch("--nproc 2 " .. quote(HELLO) .. " --lr=0.5")
+    assert.are.equal(0, code, err)
+    assert.are.equal("hello from rank 0 of 2, sum 3, lr 0.5\n", out)
+  end)
+
+  it("prefixes every rank's output with --all", function()
+    local code, out, err = launch("--nproc 3 --all " .. quote(HELLO))
+    assert.are.equal(0, code, err)
+    for r = 0, 2 do
+      assert.truthy(out:find(("[rank %d] hello from rank %d of 3, sum 6"):format(r, r), 1, true), out)
+    end
+  end)
+
+  it("stops every rank within seconds when one fails, and shows its error", function()
+    local t0 = os.time()
+    local code, out, err = launch("--nproc 3 " .. quote(FAIL))
+    local elapsed = os.time() - t0
+    assert.are_not.equal(0, code)
+    assert.truthy(elapsed <= 20, "took " .. elapsed .. " s")
+    assert.truthy(err:find("rank 1 failed", 1, true), err)
+    assert.truthy(err:find("rank one exploded on purpose", 1, true), err)
+    assert.falsy(out:find("unreachable", 1, true), out)
+  end)
+
+  it("rejects a bad command line with exit code 2", function()
+    local code, _, err = launch(quote(HELLO))
+    assert.are.equal(2, code)
+    assert.truthy(err:find("--nproc", 1, true), err)
+    code, _, err = launch("--nproc 2 /nonexistent/recipe.lua")
+    assert.are.equal(2, code)
+    assert.truthy(err:find("cannot open", 1, true), err)
+    code, _, err = launch("--nproc 2 --bogus " .. quote(HELLO))
+    assert.are.equal(2, code)
+    assert.truthy(err:find("unknown option", 1, true), err)
+  end)
+end)
