@@ -227,7 +227,7 @@ int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
   *out = NULL;
   SH_TRY(check_reduce(op, a, 1));
   SH_TRY(check_reduce(op, a, sh_tensor_numel(a)));
-  SH_TRY(sh_new_like_shape(out, 0, NULL, result_dtype(op, a->dtype), -1));
+  SH_TRY(sh_new_like_shape(out, 0, a->shape, result_dtype(op, a->dtype), -1));
   int rc = reduce_into(*out, op, a, 1, sh_tensor_numel(a), 1);
   if (rc) { sh_tensor_destroy(*out); *out = NULL; }
   return rc;
