@@ -1,0 +1,109 @@
+/* nn_internal.h: what the CPU kernels of nn.h and optim.h share (not in the FFI).
+ * - Staging: the kernels compute on f32 buffers whose rows are contiguous. An input that is
+ *   already such a buffer is used in place (an alias); anything else (bf16, f16, f64, other
+ *   strides) is converted once into a fresh f32 copy. Outputs are allocated in f32 and
+ *   converted at the end when the caller's tensors are in another float dtype.
+ * - Accumulation: parameter gradients are summed into the caller's tensor (dw += ...). An f32
+ *   contiguous dw is written in place; any other dw goes through an f32 copy written back.
+ * - Vector math: exp-based functions written so that gcc vectorizes loops calling them (the
+ *   libm ones are opaque calls), and SH_NN_SIMD, which compiles a hot kernel twice (AVX-512
+ *   and baseline x86-64) and picks one at load time from the CPU's features. */
+#pragma once
+#include <stdint.h>
+#include <string.h>
+#include "tensor_internal.h"
+
+/* Hot kernels get an x86-64-v4 (AVX-512) clone chosen at run time through the CPU's
+ * feature bits (gcc's target_clones resolves with __builtin_cpu_supports), and a baseline
+ * clone for every other CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define SH_NN_SIMD __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define SH_NN_SIMD
+#endif
+
+/* Elementwise loops below this many elements stay on one thread: waking the team costs
+ * more than the work. */
+enum { SH_NN_PAR_MIN = 1 << 15 };
+
+/* Calls fn(arg, i0, i1) over [0, n) split into one contiguous range per thread; one call
+ * on the calling thread when work (elements touched) is below SH_NN_PAR_MIN. Kernels are
+ * written as such range functions so that the SH_NN_SIMD clone is what runs on each thread
+ * (gcc outlines an omp region into a function of its own, which target_clones would miss). */
+typedef void (*sh_nn_range_fn)(const void *arg, int64_t i0, int64_t i1);
+void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg);
+
+/* Fails unless t is a live cpu tensor of a float dtype; `name` says which argument. */
+int sh_nn_check_float(const sh_tensor *t, const char *op, const char *name);
+/* Fails unless t has exactly `ndim` dims with these sizes (-1 = any size). */
+int sh_nn_check_shape(const sh_tensor *t, const char *op, const char *name, int ndim, const int64_t *shape);
+/* Fails unless a and b have the same shape. */
+int sh_nn_check_same_shape(const sh_tensor *a, const sh_tensor *b, const char *op, const char *an, const char *bn);
+
+/* *out = t as a contiguous f32 tensor: an alias when it already is one, else a converted copy. */
+int sh_nn_f32(sh_tensor **out, const sh_tensor *t, const char *op, const char *name);
+/* Like sh_nn_f32 but only the last dim must be unit-stride (rows may be strided views). */
+int sh_nn_f32_rows(sh_tensor **out, const sh_tensor *t, const char *op, const char *name);
+/* A new contiguous f32 tensor of the given shape. */
+int sh_nn_new_f32(sh_tensor **out, int ndim, const int64_t *shape);
+/* A new contiguous f32 tensor of the given shape, zero-filled. */
+int sh_nn_zeros_f32(sh_tensor **out, int ndim, const int64_t *shape);
+/* Hands the f32 result *t to the caller in `dtype`: kept when dtype is f32, else converted
+ * (and the f32 buffer freed). On failure *t is freed and NULL. */
+int sh_nn_finish(sh_tensor **t, int dtype);
+
+/* Accumulator for a parameter gradient: buf is f32 contiguous and holds dst's current
+ * values; after the kernel added into buf, sh_nn_accum_end writes it back (when buf is a
+ * copy) and bumps dst's version. */
+typedef struct sh_nn_accum { sh_tensor *dst, *buf; } sh_nn_accum;
+int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char *name);
+int sh_nn_accum_end(sh_nn_accum *a);
+void sh_nn_accum_drop(sh_nn_accum *a);   /* on an error path: forget without writing back */
+
+/* Number of rows of t seen as [rows, last dim]. */
+static inline int64_t sh_nn_rows(const sh_tensor *t) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+static inline float *sh_nn_ptr(const sh_tensor *t) { return (float *)sh_tensor_data(t); }
+
+/* exp(x) in f32 to within about 2 ulp, branch-free so loops over it vectorize
+ * (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, 2^n by
+ * exponent bits). Below -87.3 it returns 0, above 88.3 it saturates at e^88.3. */
+static inline float sh_expf(float x) {
+  float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  /* round to nearest through the 1.5 * 2^23 trick: floorf would be a call without SSE4.1 */
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } s = { .i = ((int32_t)n + 127) << 23 };
+  float y = p * s.f;
+  return x < -87.3f ? 0.0f : y;
+}
+
+/* tanh through exp: 1 - 2 / (e^{2u} + 1). Its absolute error is a few f32 ulps of 1, which
+ * is what gelu's 0.5 x (1 + tanh) can resolve anyway. */
+static inline float sh_tanhf(float u) { return 1.0f - 2.0f / (sh_expf(2.0f * u) + 1.0f); }
+
+static inline float sh_sigmoidf(float x) { return 1.0f / (1.0f + sh_expf(-x)); }
+
+/* bf16 <-> f32 inline (the dtype.c versions are calls, which stop vectorization).
+ * Round to nearest even; a NaN stays a (quiet) NaN. */
+static inline float sh_nn_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+  return v.f;
+}
+static inline uint16_t sh_nn_f32_to_bf16(float x) {
+  union { float f; uint32_t u; } v = { .f = x };
+  uint32_t rounded = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16;
+  uint32_t nan = (v.u >> 16) | 0x40u;
+  return (uint16_t)(x != x ? nan : rounded);
+}

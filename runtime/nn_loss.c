@@ -1,0 +1,156 @@
+/* nn_loss.c: cross-entropy of logits [..., V] against integer targets [...], fused with
+ * the log-softmax so the probabilities are never stored: forward keeps only the row
+ * log-sum-exp lse (f32, targets' shape), and backward rebuilds softmax = exp(x - lse) while
+ * writing dlogits = (softmax - onehot(target)) * dloss / count.
+ *
+ * The loss is the mean over the rows whose target is not ignore_index. When every target
+ * is ignored (count = 0) the loss is defined here as 0 and the gradient as all zeros;
+ * PyTorch returns NaN (0/0) there, but a micro-batch that happens to be fully masked should
+ * add nothing to the accumulated gradients rather than poison them with NaN.
+ * Row losses are summed in f64 in row order, so the loss does not depend on threads. */
+#include <math.h>
+#include <stdlib.h>
+#include "nn_internal.h"
+#include "nn.h"
+
+typedef struct ce_args {
+  const float *x;
+  const void *t;       /* targets, contiguous i64 or i32 */
+  int t64;
+  int64_t V, ignore;
+  float *lse, *dx;
+  double *row_loss;
+  float g;             /* dloss / count */
+} ce_args;
+
+static inline int64_t target_at(const ce_args *a, int64_t r) {
+  return a->t64 ? ((const int64_t *)a->t)[r] : ((const int32_t *)a->t)[r];
+}
+
+SH_NN_SIMD static void ce_fwd(const void *arg, int64_t r0, int64_t r1) {
+  const ce_args *a = arg;
+  int64_t V = a->V;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *x = a->x + r * V;
+    float m = -INFINITY, s = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < V; j++) m = x[j] > m ? x[j] : m;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < V; j++) s += sh_expf(x[j] - m);
+    float lse = m + logf(s);
+    a->lse[r] = lse;
+    int64_t t = target_at(a, r);
+    a->row_loss[r] = t == a->ignore ? 0.0 : (double)lse - (double)x[t];
+  }
+}
+
+SH_NN_SIMD static void ce_bwd(const void *arg, int64_t r0, int64_t r1) {
+  const ce_args *a = arg;
+  int64_t V = a->V;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *x = a->x + r * V;
+    float *dx = a->dx + r * V;
+    int64_t t = target_at(a, r);
+    if (t == a->ignore) {
+      memset(dx, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    float lse = a->lse[r], g = a->g;
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) dx[j] = sh_expf(x[j] - lse) * g;
+    dx[t] -= g;
+  }
+}
+
+/* Checks logits [..., V] and targets [...] and stages both; counts the rows that are not
+ * ignored and checks their targets lie in [0, V). */
+static int stage_ce(sh_tensor **xc, sh_tensor **tc, ce_args *a, int64_t *count, const char *op,
+                    const sh_tensor *logits, const sh_tensor *targets, int64_t ignore) {
+  SH_TRY(sh_nn_check_float(logits, op, "logits"));
+  SH_TRY(sh_tensor_check(targets, op));
+  if (logits->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: logits must be [N, V], got %s", op, sh_desc(logits));
+  if (targets->dtype != SH_I64 && targets->dtype != SH_I32)
+    return sh_fail(SH_ERR_ARG, "%s: targets must be i64 or i32, got %s", op, sh_desc(targets));
+  if (targets->device >= 0)
+    return sh_fail(SH_ERR_DEVICE, "%s: targets is %s; this build runs it on cpu tensors only", op, sh_desc(targets));
+  int ok = targets->ndim == logits->ndim - 1;
+  for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
+  if (!ok)
+    return sh_fail(SH_ERR_ARG, "%s: targets must have the shape of logits without its last dim; got logits %s and targets %s",
+                   op, sh_desc(logits), sh_desc(targets));
+  a->V = logits->shape[logits->ndim - 1];
+  a->ignore = ignore;
+  a->t64 = targets->dtype == SH_I64;
+  SH_TRY(sh_tensor_contiguous(tc, targets));
+  a->t = sh_tensor_data(*tc);
+  int64_t n = sh_tensor_numel(targets);
+  *count = 0;
+  for (int64_t r = 0; r < n; r++) {
+    int64_t t = target_at(a, r);
+    if (t == ignore) continue;
+    if (t < 0 || t >= a->V)
+      return sh_fail(SH_ERR_ARG, "%s: target %lld (row %lld) is outside [0, %lld) for V = %lld and is not ignore_index %lld",
+                     op, (long long)t, (long long)r, (long long)a->V, (long long)a->V, (long long)ignore);
+    (*count)++;
+  }
+  if (a->V == 0 && n > 0)
+    return sh_fail(SH_ERR_ARG, "%s: logits %s has no classes", op, sh_desc(logits));
+  SH_TRY(sh_nn_f32(xc, logits, op, "logits"));
+  a->x = sh_nn_ptr(*xc);
+  return SH_OK;
+}
+
+int sh_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor *logits,
+                             const sh_tensor *targets, int64_t ignore_index) {
+  const char *op = "cross_entropy";
+  *loss = NULL;
+  *lse = NULL;
+  sh_tensor *xc = NULL, *tc = NULL, *lo = NULL, *lseo = NULL;
+  ce_args a = {0};
+  int64_t count = 0;
+  int rc = stage_ce(&xc, &tc, &a, &count, op, logits, targets, ignore_index);
+  if (!rc) rc = sh_nn_new_f32(&lo, 0, targets->shape);   /* 0-dim: the shape is not read */
+  if (!rc) rc = sh_nn_new_f32(&lseo, targets->ndim, targets->shape);
+  int64_t n = rc ? 0 : sh_tensor_numel(targets);
+  if (!rc && !(a.row_loss = malloc(sizeof(double) * (size_t)(n + 1))))
+    rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for %lld row losses", op, (long long)n);
+  if (!rc) {
+    a.lse = sh_nn_ptr(lseo);
+    sh_nn_parallel_for(n, n * a.V * 4, ce_fwd, &a);
+    double sum = 0.0;
+    for (int64_t r = 0; r < n; r++) sum += a.row_loss[r];
+    *sh_nn_ptr(lo) = count ? (float)(sum / (double)count) : 0.0f;
+  }
+  free(a.row_loss);
+  sh_tensor_destroy(xc); sh_tensor_destroy(tc);
+  if (rc) { sh_tensor_destroy(lo); sh_tensor_destroy(lseo); return rc; }
+  *loss = lo;
+  *lse = lseo;
+  return SH_OK;
+}
+
+int sh_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                              const sh_tensor *lse, double dloss, int64_t ignore_index) {
+  const char *op = "cross_entropy_backward";
+  *dlogits = NULL;
+  sh_tensor *xc = NULL, *tc = NULL, *lc = NULL, *dx = NULL;
+  ce_args a = {0};
+  int64_t count = 0;
+  int rc = stage_ce(&xc, &tc, &a, &count, op, logits, targets, ignore_index);
+  if (!rc) rc = sh_nn_check_float(lse, op, "lse");
+  if (!rc) rc = sh_nn_check_shape(lse, op, "lse", targets->ndim, targets->shape);
+  if (!rc) rc = sh_nn_f32(&lc, lse, op, "lse");
+  if (!rc) rc = sh_nn_new_f32(&dx, logits->ndim, logits->shape);
+  if (!rc) {
+    int64_t n = sh_tensor_numel(targets);
+    a.lse = sh_nn_ptr(lc);
+    a.dx = sh_nn_ptr(dx);
+    a.g = count ? (float)(dloss / (double)count) : 0.0f;
+    sh_nn_parallel_for(n, n * a.V * 4, ce_bwd, &a);
+    rc = sh_nn_finish(&dx, logits->dtype);
+  }
+  sh_tensor_destroy(xc); sh_tensor_destroy(tc); sh_tensor_destroy(lc);
+  if (rc) sh_tensor_destroy(dx);
+  else *dlogits = dx;
+  return rc;
+}

@@ -1,0 +1,864 @@
+/* test_nn.c: the CPU kernels of nn.h and optim.h against straightforward f64 code.
+ * For each op: the kernel's forward against an f64 reference forward; the kernel's backward
+ * (with dy = r, r random) against an f64 analytic backward; and that analytic backward
+ * against central finite differences of L = sum(reference_forward(inputs) * r), so the
+ * reference itself is checked and is not just the kernel written twice. Shapes include
+ * sizes that are not multiples of the kernels' blocks or vector widths, and sizes large
+ * enough to take the multi-threaded paths. Optimizers: several steps against an f64 loop of
+ * PyTorch's formulas.
+ *
+ * Tolerance: f32 kernels against f64 references, max abs error <= 1e-5 of the reference's
+ * max abs value (TOL), unless a check says why it needs more. */
+#include "check.h"
+#include "dtype.h"
+#include "status.h"
+#include "tensor.h"
+#include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
+#include "optim.h"
+#include "philox_internal.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL 1e-5
+#define FD_TOL 1e-6   /* f64 central differences with h = 1e-4: truncation ~h^2 */
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {          /* xorshift64*, uniform in [0, 1) */
+  rng ^= rng >> 12; rng ^= rng << 25; rng ^= rng >> 27;
+  return (double)((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+static double *rvec(int64_t n, double lo, double hi) {
+  double *v = malloc(sizeof(double) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * urand();
+  return v;
+}
+static int64_t numel_of(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+/* A tensor with the given values (zeros when vals is NULL). */
+static sh_tensor *mk(int ndim, const int64_t *shape, int dtype, const double *vals) {
+  sh_tensor *t = NULL;
+  CHECK_OK(sh_tensor_empty(&t, ndim, shape, dtype, -1));
+  int64_t n = numel_of(ndim, shape);
+  double *z = vals ? NULL : calloc((size_t)n + 1, sizeof(double));
+  CHECK_OK(sh_tensor_write_f64(t, vals ? vals : z));
+  free(z);
+  return t;
+}
+static sh_tensor *mkf(int ndim, const int64_t *shape, const double *vals) { return mk(ndim, shape, SH_F32, vals); }
+/* Values rounded to f32, as the kernels will see them; the references use these. */
+static void round_f32(double *v, int64_t n) { for (int64_t i = 0; i < n; i++) v[i] = (float)v[i]; }
+static double *rd(const sh_tensor *t) {
+  int64_t n = sh_tensor_numel(t);
+  double *v = malloc(sizeof(double) * (size_t)(n + 1));
+  CHECK_OK(sh_tensor_read_f64(t, v));
+  return v;
+}
+/* max |a - ref| / max |ref|; absolute when ref is all zeros (there an FMA may leave a
+ * rounding residue where the f64 reference cancels exactly) */
+static double rel_err(const double *a, const double *ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs(a[i] - ref[i]);
+    if (!(e <= num)) num = e;          /* NaN propagates as a failure */
+    if (fabs(ref[i]) > den) den = fabs(ref[i]);
+  }
+  return num == 0 ? 0 : (den == 0 ? num : num / den);
+}
+/* Compares t (shape and values) with ref, then destroys t. */
+static void check_tensor(const char *what, sh_tensor *t, const double *ref, int ndim, const int64_t *shape, double tol) {
+  CHECK(t != NULL, "%s: no tensor", what);
+  if (!t) return;
+  int same = t->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+  CHECK(same, "%s: wrong shape %d dims", what, t->ndim);
+  if (same) {
+    double *v = rd(t), e = rel_err(v, ref, numel_of(ndim, shape));
+    CHECK(e <= tol, "%s: relative error %.3g > %g", what, e, tol);
+    free(v);
+  }
+  sh_tensor_destroy(t);
+}
+static void check_vals(const char *what, const sh_tensor *t, const double *ref, double tol) {
+  double *v = rd(t), e = rel_err(v, ref, sh_tensor_numel(t));
+  CHECK(e <= tol, "%s: relative error %.3g > %g", what, e, tol);
+  free(v);
+}
+
+/* ---- finite differences of the f64 references ---------------------------------------- */
+
+typedef void (*ref_fwd_fn)(const void *ctx, double *const *in, double *out);
+typedef struct fd_spec {
+  const void *ctx;
+  ref_fwd_fn fwd;
+  int nin;
+  int64_t n_in[4], nout;
+  double *in[4];
+} fd_spec;
+
+static double ref_loss(const fd_spec *s, const double *r) {
+  double *out = malloc(sizeof(double) * (size_t)(s->nout + 1)), L = 0;
+  s->fwd(s->ctx, (double *const *)s->in, out);
+  for (int64_t i = 0; i < s->nout; i++) L += out[i] * r[i];
+  free(out);
+  return L;
+}
+
+/* The analytic gradients g[k] of L = sum(fwd(in) r) against central differences, on every
+ * coordinate of small inputs and 40 random ones of large inputs. g[k] NULL skips input k. */
+static void fd_check(const char *what, const fd_spec *s, const double *r, double *const *g) {
+  const double h = 1e-4;
+  for (int k = 0; k < s->nin; k++) {
+    if (!g[k]) continue;
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < s->n_in[k]; i++) if (fabs(g[k][i]) > scale) scale = fabs(g[k][i]);
+    int64_t m = s->n_in[k] <= 80 ? s->n_in[k] : 40;
+    for (int64_t c = 0; c < m; c++) {
+      int64_t i = s->n_in[k] <= 80 ? c : (int64_t)(urand() * s->n_in[k]);
+      double keep = s->in[k][i];
+      s->in[k][i] = keep + h;
+      double lp = ref_loss(s, r);
+      s->in[k][i] = keep - h;
+      double lm = ref_loss(s, r);
+      s->in[k][i] = keep;
+      double e = fabs((lp - lm) / (2 * h) - g[k][i]);
+      if (!(e <= worst)) worst = e;
+    }
+    CHECK(worst <= FD_TOL * (scale > 1 ? scale : 1), "%s: input %d: analytic vs finite differences %.3g (scale %.3g)",
+          what, k, worst, scale);
+  }
+}
+
+/* ---- linear --------------------------------------------------------------------------- */
+
+typedef struct lin_ctx { int64_t M, K, N; int has_b; } lin_ctx;
+
+static void lin_ref(const void *c_, double *const *in, double *y) {
+  const lin_ctx *c = c_;
+  for (int64_t m = 0; m < c->M; m++)
+    for (int64_t n = 0; n < c->N; n++) {
+      double s = c->has_b ? in[2][n] : 0;
+      for (int64_t k = 0; k < c->K; k++) s += in[0][m * c->K + k] * in[1][n * c->K + k];
+      y[m * c->N + n] = s;
+    }
+}
+
+static void lin_ref_bwd(const lin_ctx *c, double *const *in, const double *dy, double *dx, double *dw, double *db) {
+  memset(dx, 0, sizeof(double) * (size_t)(c->M * c->K));
+  memset(dw, 0, sizeof(double) * (size_t)(c->N * c->K));
+  memset(db, 0, sizeof(double) * (size_t)c->N);
+  for (int64_t m = 0; m < c->M; m++)
+    for (int64_t n = 0; n < c->N; n++) {
+      double g = dy[m * c->N + n];
+      db[n] += g;
+      for (int64_t k = 0; k < c->K; k++) {
+        dx[m * c->K + k] += g * in[1][n * c->K + k];
+        dw[n * c->K + k] += g * in[0][m * c->K + k];
+      }
+    }
+}
+
+/* x [A, M/A, K] (two leading dims), w [N, K], b [N] or none; dw is accumulated into a
+ * strided (transposed) view when strided_dw, so the copy-back path runs too. */
+static void test_linear_case(int64_t A, int64_t M, int64_t K, int64_t N, int has_b, int strided_dw, int xdtype) {
+  lin_ctx c = {M, K, N, has_b};
+  double *x = rvec(M * K, -1, 1), *w = rvec(N * K, -1, 1), *b = rvec(N, -1, 1), *r = rvec(M * N, -1, 1);
+  if (xdtype == SH_BF16) for (int64_t i = 0; i < M * K; i++) x[i] = sh_bf16_to_f32(sh_f32_to_bf16((float)x[i]));
+  round_f32(x, M * K); round_f32(w, N * K); round_f32(b, N); round_f32(r, M * N);
+  int64_t xs[3] = {A, M / A, K}, ws[2] = {N, K}, bs[1] = {N}, ys[3] = {A, M / A, N};
+  sh_tensor *tx = mk(3, xs, xdtype, x), *tw = mkf(2, ws, w), *tb = mkf(1, bs, b), *tr = mkf(3, ys, r);
+  double *yref = malloc(sizeof(double) * (size_t)(M * N));
+  double *in[3] = {x, w, b};
+  lin_ref(&c, in, yref);
+  char what[120];
+  snprintf(what, sizeof what, "linear M=%lld K=%lld N=%lld b=%d", (long long)M, (long long)K, (long long)N, has_b);
+  sh_tensor *y = NULL;
+  CHECK_OK(sh_linear_forward(&y, tx, tw, has_b ? tb : NULL));
+  CHECK(!y || y->dtype == xdtype, "%s: y dtype %d", what, y ? y->dtype : -1);
+  /* bf16 output: rounding to 8 bits of mantissa */
+  check_tensor(what, y, yref, 3, ys, xdtype == SH_BF16 ? 8e-3 : TOL);
+
+  double *dx = malloc(sizeof(double) * (size_t)(M * K)), *dw = malloc(sizeof(double) * (size_t)(N * K)), *db = malloc(sizeof(double) * (size_t)N);
+  lin_ref_bwd(&c, in, r, dx, dw, db);
+  fd_spec s = {&c, lin_ref, has_b ? 3 : 2, {M * K, N * K, N}, M * N, {x, w, b}};
+  fd_check(what, &s, r, (double *[]){dx, dw, db});
+
+  /* dw and db start at 0 and the backward runs twice: they must hold twice the gradient */
+  sh_tensor *dwbuf = mkf(2, (int64_t[]){K, N}, NULL), *dwt = NULL, *tdw = NULL;
+  CHECK_OK(sh_view_transpose(&dwt, dwbuf, 0, 1));
+  tdw = strided_dw ? dwt : mkf(2, ws, NULL);
+  sh_tensor *tdb = mkf(1, bs, NULL), *tdx = NULL;
+  for (int rep = 0; rep < 2; rep++) {
+    CHECK_OK(sh_linear_backward(&tdx, tdw, has_b ? tdb : NULL, tr, tx, tw));
+    if (rep == 0) check_tensor(what, tdx, dx, 3, xs, xdtype == SH_BF16 ? 8e-3 : TOL);
+    else sh_tensor_destroy(tdx);
+  }
+  for (int64_t i = 0; i < N * K; i++) dw[i] *= 2;
+  for (int64_t i = 0; i < N; i++) db[i] *= 2;
+  check_vals("linear dw accumulated twice", tdw, dw, TOL);
+  if (has_b) check_vals("linear db accumulated twice", tdb, db, TOL);
+  /* only dx wanted */
+  CHECK_OK(sh_linear_backward(&tdx, NULL, NULL, tr, tx, tw));
+  sh_tensor_destroy(tdx);
+
+  sh_tensor_destroy(dwbuf); sh_tensor_destroy(dwt);
+  if (!strided_dw) sh_tensor_destroy(tdw);
+  sh_tensor_destroy(tdb); sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tb); sh_tensor_destroy(tr);
+  free(x); free(w); free(b); free(r); free(yref); free(dx); free(dw); free(db);
+}
+
+static void test_linear(void) {
+  test_linear_case(2, 6, 5, 4, 1, 0, SH_F32);
+  test_linear_case(1, 7, 3, 9, 0, 1, SH_F32);
+  test_linear_case(3, 3 * 65, 33, 17, 1, 1, SH_F32);
+  test_linear_case(2, 8, 16, 12, 1, 0, SH_BF16);
+
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(2, (int64_t[]){4, 6}, NULL), *y = (sh_tensor *)1;
+  CHECK_FAILS(sh_linear_forward(&y, x, w, NULL), SH_ERR_ARG, "f32[4,6]");
+  CHECK(y == NULL, "linear: *y must be NULL after an error");
+  sh_tensor *xi = mk(2, (int64_t[]){3, 5}, SH_I64, NULL), *w2 = mkf(2, (int64_t[]){4, 5}, NULL), *b3 = mkf(1, (int64_t[]){3}, NULL);
+  CHECK_FAILS(sh_linear_forward(&y, xi, w2, NULL), SH_ERR_ARG, "must be a float tensor");
+  CHECK_FAILS(sh_linear_forward(&y, x, w2, b3), SH_ERR_ARG, "b must have shape [4]");
+  sh_tensor *dy = mkf(2, (int64_t[]){3, 3}, NULL), *dx = NULL;
+  CHECK_FAILS(sh_linear_backward(&dx, NULL, NULL, dy, x, w2), SH_ERR_ARG, "dy must have shape [3,4]");
+  sh_tensor_destroy(x); sh_tensor_destroy(w); sh_tensor_destroy(xi); sh_tensor_destroy(w2);
+  sh_tensor_destroy(b3); sh_tensor_destroy(dy);
+}
+
+/* ---- layernorm / rmsnorm -------------------------------------------------------------- */
+
+typedef struct norm_ctx { int64_t rows, C; int centered, has_w, has_b; double eps; } norm_ctx;
+
+static void norm_stats(const norm_ctx *c, const double *x, int64_t r, double *mean, double *rstd) {
+  double m = 0, v = 0;
+  if (c->centered) { for (int64_t i = 0; i < c->C; i++) m += x[r * c->C + i]; m /= c->C; }
+  for (int64_t i = 0; i < c->C; i++) v += (x[r * c->C + i] - m) * (x[r * c->C + i] - m);
+  *mean = m;
+  *rstd = 1 / sqrt(v / c->C + c->eps);
+}
+
+static void norm_ref(const void *c_, double *const *in, double *y) {
+  const norm_ctx *c = c_;
+  for (int64_t r = 0; r < c->rows; r++) {
+    double m, rs;
+    norm_stats(c, in[0], r, &m, &rs);
+    for (int64_t i = 0; i < c->C; i++)
+      y[r * c->C + i] = (in[0][r * c->C + i] - m) * rs * (c->has_w ? in[1][i] : 1) + (c->has_b ? in[2][i] : 0);
+  }
+}
+
+static void norm_ref_bwd(const norm_ctx *c, double *const *in, const double *dy, double *dx, double *dw, double *db) {
+  memset(dw, 0, sizeof(double) * (size_t)c->C);
+  memset(db, 0, sizeof(double) * (size_t)c->C);
+  for (int64_t r = 0; r < c->rows; r++) {
+    double m, rs, sg = 0, sgx = 0;
+    norm_stats(c, in[0], r, &m, &rs);
+    const double *x = in[0] + r * c->C, *g = dy + r * c->C;
+    for (int64_t i = 0; i < c->C; i++) {
+      double gi = g[i] * (c->has_w ? in[1][i] : 1), xh = (x[i] - m) * rs;
+      sg += gi; sgx += gi * xh;
+      dw[i] += g[i] * xh;
+      db[i] += g[i];
+    }
+    for (int64_t i = 0; i < c->C; i++) {
+      double gi = g[i] * (c->has_w ? in[1][i] : 1), xh = (x[i] - m) * rs;
+      dx[r * c->C + i] = rs * (gi - (c->centered ? sg / c->C : 0) - xh * sgx / c->C);
+    }
+  }
+}
+
+static void test_norm_case(int64_t A, int64_t rows, int64_t C, int centered, int has_w, int has_b) {
+  norm_ctx c = {rows, C, centered, has_w, has_b && centered, 1e-5};
+  double *x = rvec(rows * C, -2, 3), *w = rvec(C, 0.5, 1.5), *b = rvec(C, -1, 1), *r = rvec(rows * C, -1, 1);
+  round_f32(x, rows * C); round_f32(w, C); round_f32(b, C); round_f32(r, rows * C);
+  int64_t xs[3] = {A, rows / A, C}, cs[1] = {C};
+  sh_tensor *tx = mkf(3, xs, x), *tw = mkf(1, cs, w), *tb = mkf(1, cs, b), *tr = mkf(3, xs, r);
+  double *in[3] = {x, w, b}, *yref = malloc(sizeof(double) * (size_t)(rows * C));
+  double *mref = malloc(sizeof(double) * (size_t)rows), *rref = malloc(sizeof(double) * (size_t)rows);
+  norm_ref(&c, in, yref);
+  for (int64_t i = 0; i < rows; i++) norm_stats(&c, x, i, &mref[i], &rref[i]);
+  char what[120];
+  snprintf(what, sizeof what, "%s rows=%lld C=%lld w=%d b=%d", centered ? "layernorm" : "rmsnorm",
+           (long long)rows, (long long)C, has_w, c.has_b);
+  sh_tensor *y = NULL, *mean = NULL, *rstd = NULL;
+  if (centered) CHECK_OK(sh_layernorm_forward(&y, &mean, &rstd, tx, has_w ? tw : NULL, c.has_b ? tb : NULL, c.eps));
+  else CHECK_OK(sh_rmsnorm_forward(&y, &rstd, tx, has_w ? tw : NULL, c.eps));
+  check_tensor(what, y, yref, 3, xs, TOL);
+  if (centered) check_vals("layernorm mean", mean, mref, TOL);
+  check_vals("norm rstd", rstd, rref, TOL);
+
+  double *dx = malloc(sizeof(double) * (size_t)(rows * C)), *dw = malloc(sizeof(double) * (size_t)C), *db = malloc(sizeof(double) * (size_t)C);
+  norm_ref_bwd(&c, in, r, dx, dw, db);
+  fd_spec s = {&c, norm_ref, 3, {rows * C, C, C}, rows * C, {x, w, b}};
+  fd_check(what, &s, r, (double *[]){dx, has_w ? dw : NULL, c.has_b ? db : NULL});
+
+  sh_tensor *tdw = mkf(1, cs, NULL), *tdb = mkf(1, cs, NULL), *tdx = NULL;
+  for (int rep = 0; rep < 2; rep++) {
+    if (centered)
+      CHECK_OK(sh_layernorm_backward(&tdx, has_w ? tdw : NULL, c.has_b ? tdb : NULL, tr, tx, has_w ? tw : NULL, mean, rstd));
+    else CHECK_OK(sh_rmsnorm_backward(&tdx, has_w ? tdw : NULL, tr, tx, has_w ? tw : NULL, rstd));
+    if (rep == 0) check_tensor(what, tdx, dx, 3, xs, TOL);
+    else sh_tensor_destroy(tdx);
+  }
+  for (int64_t i = 0; i < C; i++) { dw[i] *= 2; db[i] *= 2; }
+  if (has_w) check_vals("norm dw accumulated twice", tdw, dw, TOL);
+  if (c.has_b) check_vals("norm db accumulated twice", tdb, db, TOL);
+  sh_tensor_destroy(mean); sh_tensor_destroy(rstd);
+  sh_tensor_destroy(tdw); sh_tensor_destroy(tdb);
+  sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tb); sh_tensor_destroy(tr);
+  free(x); free(w); free(b); free(r); free(yref); free(mref); free(rref); free(dx); free(dw); free(db);
+}
+
+static void test_norms(void) {
+  for (int centered = 0; centered < 2; centered++) {
+    test_norm_case(2, 6, 7, centered, 1, 1);
+    /* three channels, the fewest that are well conditioned: with one or two, the output is
+     * +-1 whatever x is (up to eps), so the true dx is ~0 and the computed one is rounding
+     * residue magnified by rstd, in any precision */
+    test_norm_case(1, 5, 3, centered, 1, 1);
+    test_norm_case(3, 9, 33, centered, 0, 0);
+    test_norm_case(1, 4, 16, centered, 1, 0);
+    test_norm_case(12, 768, 128, centered, 1, 1);   /* the benchmark's shape: threaded */
+  }
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(1, (int64_t[]){4}, NULL), *y = NULL, *m = NULL, *r = NULL;
+  CHECK_FAILS(sh_layernorm_forward(&y, &m, &r, x, w, NULL, 1e-5), SH_ERR_ARG, "w must have shape [5], got f32[4]");
+  CHECK(y == NULL && m == NULL && r == NULL, "layernorm: outputs must be NULL after an error");
+  CHECK_FAILS(sh_rmsnorm_forward(&y, &r, x, NULL, -1), SH_ERR_ARG, "eps");
+  sh_tensor_destroy(x); sh_tensor_destroy(w);
+}
+
+/* ---- elementwise activations and softmax ------------------------------------------------ */
+
+typedef struct ew_ctx { int kind; int64_t n, C; } ew_ctx;
+enum { GELU, SILU, SWIGLU, SOFTMAX };
+
+static double gelu64(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+static double silu64(double x) { return x / (1 + exp(-x)); }
+
+static void ew_ref(const void *c_, double *const *in, double *y) {
+  const ew_ctx *c = c_;
+  if (c->kind == SOFTMAX) {
+    for (int64_t r = 0; r < c->n / c->C; r++) {
+      const double *x = in[0] + r * c->C;
+      double m = -INFINITY, s = 0;
+      for (int64_t i = 0; i < c->C; i++) m = fmax(m, x[i]);
+      for (int64_t i = 0; i < c->C; i++) s += exp(x[i] - m);
+      for (int64_t i = 0; i < c->C; i++) y[r * c->C + i] = exp(x[i] - m) / s;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < c->n; i++) {
+    double x = in[0][i];
+    y[i] = c->kind == GELU ? gelu64(x) : c->kind == SILU ? silu64(x) : silu64(x) * in[1][i];
+  }
+}
+
+static void ew_ref_bwd(const ew_ctx *c, double *const *in, const double *dy, double *dx, double *db) {
+  if (c->kind == SOFTMAX) {
+    double *y = malloc(sizeof(double) * (size_t)c->n);
+    ew_ref(c, in, y);
+    for (int64_t r = 0; r < c->n / c->C; r++) {
+      double s = 0;
+      for (int64_t i = 0; i < c->C; i++) s += dy[r * c->C + i] * y[r * c->C + i];
+      for (int64_t i = 0; i < c->C; i++) dx[r * c->C + i] = y[r * c->C + i] * (dy[r * c->C + i] - s);
+    }
+    free(y);
+    return;
+  }
+  for (int64_t i = 0; i < c->n; i++) {
+    double x = in[0][i], d;
+    if (c->kind == GELU) {
+      double k = sqrt(2 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+      d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+    } else {
+      double s = 1 / (1 + exp(-x));
+      d = s * (1 + x * (1 - s));
+    }
+    dx[i] = dy[i] * d * (c->kind == SWIGLU ? in[1][i] : 1);
+    if (c->kind == SWIGLU) db[i] = dy[i] * silu64(x);
+  }
+}
+
+static void test_ew_case(int kind, int64_t rows, int64_t C, double lo, double hi) {
+  static const char *names[] = {"gelu", "silu", "swiglu", "softmax"};
+  int64_t n = rows * C, shape[2] = {rows, C};
+  ew_ctx c = {kind, n, C};
+  double *x = rvec(n, lo, hi), *b = rvec(n, -2, 2), *r = rvec(n, -1, 1);
+  round_f32(x, n); round_f32(b, n); round_f32(r, n);
+  sh_tensor *tx = mkf(2, shape, x), *tb = mkf(2, shape, b), *tr = mkf(2, shape, r), *y = NULL, *dx = NULL, *db = NULL;
+  double *in[2] = {x, b}, *yref = malloc(sizeof(double) * (size_t)n);
+  double *dxr = malloc(sizeof(double) * (size_t)n), *dbr = malloc(sizeof(double) * (size_t)n);
+  ew_ref(&c, in, yref);
+  ew_ref_bwd(&c, in, r, dxr, dbr);
+  char what[120];
+  snprintf(what, sizeof what, "%s [%lld,%lld] in [%g,%g]", names[kind], (long long)rows, (long long)C, lo, hi);
+  if (kind == GELU) CHECK_OK(sh_gelu_forward(&y, tx));
+  if (kind == SILU) CHECK_OK(sh_silu_forward(&y, tx));
+  if (kind == SWIGLU) CHECK_OK(sh_swiglu_forward(&y, tx, tb));
+  if (kind == SOFTMAX) CHECK_OK(sh_softmax_forward(&y, tx));
+  sh_tensor *ty = NULL;
+  if (kind == SOFTMAX) CHECK_OK(sh_tensor_alias(&ty, y));
+  check_tensor(what, y, yref, 2, shape, TOL);
+  if (kind == GELU) CHECK_OK(sh_gelu_backward(&dx, tr, tx));
+  if (kind == SILU) CHECK_OK(sh_silu_backward(&dx, tr, tx));
+  if (kind == SWIGLU) CHECK_OK(sh_swiglu_backward(&dx, &db, tr, tx, tb));
+  if (kind == SOFTMAX) CHECK_OK(sh_softmax_backward(&dx, tr, ty));
+  check_tensor(what, dx, dxr, 2, shape, TOL);
+  if (kind == SWIGLU) check_tensor("swiglu db", db, dbr, 2, shape, TOL);
+  fd_spec s = {&c, ew_ref, kind == SWIGLU ? 2 : 1, {n, n}, n, {x, b}};
+  fd_check(what, &s, r, (double *[]){dxr, dbr});
+  sh_tensor_destroy(ty); sh_tensor_destroy(tx); sh_tensor_destroy(tb); sh_tensor_destroy(tr);
+  free(x); free(b); free(r); free(yref); free(dxr); free(dbr);
+}
+
+static void test_activations(void) {
+  for (int kind = GELU; kind <= SOFTMAX; kind++) {
+    test_ew_case(kind, 3, 7, -4, 4);
+    test_ew_case(kind, 1, 1, -1, 1);
+    test_ew_case(kind, 65, 130, -3, 3);          /* threaded, ragged vector tails */
+    test_ew_case(kind, 2, 17, -30, 30);          /* saturated tails of tanh and exp */
+  }
+  test_ew_case(GELU, 768, 512, -5, 5);           /* the benchmark's MLP activation */
+  test_ew_case(SOFTMAX, 4, 65, -100, 100);       /* one large logit dominates each row */
+
+  sh_tensor *a = mkf(2, (int64_t[]){2, 3}, NULL), *b = mkf(2, (int64_t[]){3, 2}, NULL), *y = NULL, *da = NULL;
+  CHECK_FAILS(sh_swiglu_forward(&y, a, b), SH_ERR_ARG, "f32[3,2]");
+  CHECK_FAILS(sh_gelu_backward(&da, b, a), SH_ERR_ARG, "same shape");
+  sh_tensor *i = mk(1, (int64_t[]){3}, SH_I32, NULL);
+  CHECK_FAILS(sh_silu_forward(&y, i), SH_ERR_ARG, "i32[3]");
+  sh_tensor_destroy(a); sh_tensor_destroy(b); sh_tensor_destroy(i);
+}
+
+/* ---- dropout --------------------------------------------------------------------------- */
+
+static void test_dropout_case(int64_t n, double p, uint64_t seed, uint64_t offset) {
+  double *x = rvec(n, -1, 1), *yref = malloc(sizeof(double) * (size_t)n);
+  round_f32(x, n);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int keep = sh_philox_uniform(seed, offset, (uint64_t)i) > (float)p;
+    kept += keep;
+    yref[i] = keep ? x[i] * (float)(1 / (1 - p)) : 0;
+  }
+  sh_tensor *tx = mkf(1, &n, x), *y = NULL, *dx = NULL;
+  char what[100];
+  snprintf(what, sizeof what, "dropout n=%lld p=%g offset=%llu", (long long)n, p, (unsigned long long)offset);
+  CHECK_OK(sh_dropout_forward(&y, tx, p, seed, offset));
+  check_tensor(what, y, yref, 1, &n, 1e-7);
+  /* backward of y = mask * x / (1-p) is the same map applied to dy */
+  CHECK_OK(sh_dropout_backward(&dx, tx, p, seed, offset));
+  check_tensor(what, dx, yref, 1, &n, 1e-7);
+  if (n >= 100000) {
+    double frac = (double)kept / n;
+    CHECK(fabs(frac - (1 - p)) < 0.01, "%s: kept fraction %.4f, expected %.4f", what, frac, 1 - p);
+  }
+  sh_tensor_destroy(tx);
+  free(x); free(yref);
+}
+
+static void test_dropout(void) {
+  test_dropout_case(1, 0.5, 1, 0);
+  test_dropout_case(13, 0.3, 7, 3);                 /* offset inside a Philox block */
+  test_dropout_case(200003, 0.1, 42, 5);            /* threaded, split mid-block */
+  test_dropout_case(100000, 0.0, 42, 0);
+  test_dropout_case(100001, 0.9, 3, 1);
+  sh_tensor *x = mkf(1, (int64_t[]){4}, NULL), *y = NULL;
+  CHECK_FAILS(sh_dropout_forward(&y, x, 1.0, 1, 0), SH_ERR_ARG, "p must be in [0, 1)");
+  CHECK_FAILS(sh_dropout_forward(&y, x, -0.1, 1, 0), SH_ERR_ARG, "p must be in [0, 1)");
+  CHECK_FAILS(sh_dropout_backward(&y, x, NAN, 1, 0), SH_ERR_ARG, "p must be in [0, 1)");
+  sh_tensor_destroy(x);
+}
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+typedef struct attn_ctx { int64_t B, H, T, D; double scale; } attn_ctx;
+
+/* Naive causal attention over the full score rows; lse optional. */
+static void attn_ref_full(const attn_ctx *c, double *const *in, double *out, double *lse) {
+  int64_t T = c->T, D = c->D;
+  double *s = malloc(sizeof(double) * (size_t)T);
+  for (int64_t bh = 0; bh < c->B * c->H; bh++)
+    for (int64_t i = 0; i < T; i++) {
+      const double *q = in[0] + (bh * T + i) * D;
+      double m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j <= i; j++) {
+        const double *k = in[1] + (bh * T + j) * D;
+        double d = 0;
+        for (int64_t e = 0; e < D; e++) d += q[e] * k[e];
+        s[j] = d * c->scale;
+        m = fmax(m, s[j]);
+      }
+      for (int64_t j = 0; j <= i; j++) sum += exp(s[j] - m);
+      double *o = out + (bh * T + i) * D;
+      for (int64_t e = 0; e < D; e++) o[e] = 0;
+      for (int64_t j = 0; j <= i; j++) {
+        double p = exp(s[j] - m) / sum;
+        for (int64_t e = 0; e < D; e++) o[e] += p * in[2][(bh * T + j) * D + e];
+      }
+      if (lse) lse[bh * T + i] = m + log(sum);
+    }
+  free(s);
+}
+static void attn_ref(const void *c, double *const *in, double *out) { attn_ref_full(c, in, out, NULL); }
+
+static void attn_ref_bwd(const attn_ctx *c, double *const *in, const double *dout, double *dq, double *dk, double *dv) {
+  int64_t T = c->T, D = c->D, n = c->B * c->H * T * D;
+  memset(dq, 0, sizeof(double) * (size_t)n);
+  memset(dk, 0, sizeof(double) * (size_t)n);
+  memset(dv, 0, sizeof(double) * (size_t)n);
+  double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
+  for (int64_t bh = 0; bh < c->B * c->H; bh++)
+    for (int64_t i = 0; i < T; i++) {
+      const double *q = in[0] + (bh * T + i) * D, *go = dout + (bh * T + i) * D;
+      double m = -INFINITY, sum = 0, pdp = 0;
+      for (int64_t j = 0; j <= i; j++) {
+        double d = 0;
+        for (int64_t e = 0; e < D; e++) d += q[e] * in[1][(bh * T + j) * D + e];
+        p[j] = d * c->scale;
+        m = fmax(m, p[j]);
+      }
+      for (int64_t j = 0; j <= i; j++) sum += exp(p[j] - m);
+      for (int64_t j = 0; j <= i; j++) {
+        p[j] = exp(p[j] - m) / sum;
+        double d = 0;
+        for (int64_t e = 0; e < D; e++) d += go[e] * in[2][(bh * T + j) * D + e];
+        dp[j] = d;
+        pdp += p[j] * d;
+      }
+      for (int64_t j = 0; j <= i; j++) {
+        double ds = p[j] * (dp[j] - pdp) * c->scale;
+        for (int64_t e = 0; e < D; e++) {
+          dv[(bh * T + j) * D + e] += p[j] * go[e];
+          dq[(bh * T + i) * D + e] += ds * in[1][(bh * T + j) * D + e];
+          dk[(bh * T + j) * D + e] += ds * q[e];
+        }
+      }
+    }
+  free(p); free(dp);
+}
+
+/* q, k, v as contiguous tensors, or as views into one fused [B, T, 3, H, D] buffer (the
+ * layout of a qkv projection), permuted to [B, H, T, D]. */
+static void attn_inputs(sh_tensor **t, double *const *vals, const attn_ctx *c, int fused, sh_tensor **fused_buf) {
+  int64_t B = c->B, H = c->H, T = c->T, D = c->D, shape[4] = {B, H, T, D};
+  if (!fused) {
+    for (int k = 0; k < 3; k++) t[k] = mkf(4, shape, vals[k]);
+    *fused_buf = NULL;
+    return;
+  }
+  int64_t fs[5] = {B, T, 3, H, D};
+  double *f = malloc(sizeof(double) * (size_t)(B * T * 3 * H * D));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < T; i++)
+        for (int64_t e = 0; e < D; e++)
+          for (int k = 0; k < 3; k++)
+            f[(((b * T + i) * 3 + k) * H + h) * D + e] = vals[k][((b * H + h) * T + i) * D + e];
+  *fused_buf = mkf(5, fs, f);
+  free(f);
+  for (int k = 0; k < 3; k++) {
+    sh_tensor *sel = NULL;
+    CHECK_OK(sh_view_select(&sel, *fused_buf, 2, k));                  /* [B, T, H, D] */
+    CHECK_OK(sh_view_transpose(&t[k], sel, 1, 2));                     /* [B, H, T, D] */
+    sh_tensor_destroy(sel);
+  }
+}
+
+static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, double scale, int fused) {
+  attn_ctx c = {B, H, T, D, scale > 0 ? scale : 1 / sqrt((double)D)};
+  int64_t n = B * H * T * D, shape[4] = {B, H, T, D};
+  double *q = rvec(n, -1.5, 1.5), *k = rvec(n, -1.5, 1.5), *v = rvec(n, -1, 1), *r = rvec(n, -1, 1);
+  round_f32(q, n); round_f32(k, n); round_f32(v, n); round_f32(r, n);
+  double *in[3] = {q, k, v};
+  double *oref = malloc(sizeof(double) * (size_t)n), *lref = malloc(sizeof(double) * (size_t)(B * H * T));
+  attn_ref_full(&c, in, oref, lref);
+  sh_tensor *t[3], *fb = NULL, *tr = mkf(4, shape, r), *out = NULL, *lse = NULL;
+  attn_inputs(t, in, &c, fused, &fb);
+  char what[120];
+  snprintf(what, sizeof what, "attention B=%lld H=%lld T=%lld D=%lld fused=%d", (long long)B, (long long)H,
+           (long long)T, (long long)D, fused);
+  CHECK_OK(sh_attention_forward(&out, &lse, t[0], t[1], t[2], scale));
+  check_vals(what, out, oref, TOL);
+  check_vals("attention lse", lse, lref, TOL);
+
+  double *dq = malloc(sizeof(double) * (size_t)n), *dk = malloc(sizeof(double) * (size_t)n), *dv = malloc(sizeof(double) * (size_t)n);
+  attn_ref_bwd(&c, in, r, dq, dk, dv);
+  if (n <= 20000) {                   /* finite differences cost 2 forwards per coordinate */
+    fd_spec s = {&c, attn_ref, 3, {n, n, n}, n, {q, k, v}};
+    fd_check(what, &s, r, (double *[]){dq, dk, dv});
+  }
+  sh_tensor *g[3] = {0};
+  CHECK_OK(sh_attention_backward(&g[0], &g[1], &g[2], tr, t[0], t[1], t[2], out, lse, scale));
+  check_tensor("attention dq", g[0], dq, 4, shape, TOL);
+  check_tensor("attention dk", g[1], dk, 4, shape, TOL);
+  check_tensor("attention dv", g[2], dv, 4, shape, TOL);
+  sh_tensor *only_dv = NULL;
+  CHECK_OK(sh_attention_backward(NULL, NULL, &only_dv, tr, t[0], t[1], t[2], out, lse, scale));
+  check_tensor("attention dv alone", only_dv, dv, 4, shape, TOL);
+
+  for (int i = 0; i < 3; i++) sh_tensor_destroy(t[i]);
+  sh_tensor_destroy(fb); sh_tensor_destroy(tr); sh_tensor_destroy(out); sh_tensor_destroy(lse);
+  free(q); free(k); free(v); free(r); free(oref); free(lref); free(dq); free(dk); free(dv);
+}
+
+static void test_attention(void) {
+  test_attention_case(1, 1, 1, 4, 0, 0);
+  test_attention_case(2, 3, 7, 5, 0, 1);
+  test_attention_case(1, 2, 65, 8, 0.3, 0);
+  test_attention_case(1, 1, 130, 16, 0, 1);
+  test_attention_case(2, 2, 130, 32, 0, 0);
+  test_attention_case(12, 4, 64, 32, 0, 1);     /* the benchmark's shape */
+  test_attention_case(1, 2, 257, 64, 0, 0);
+
+  sh_tensor *q = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *k = mkf(4, (int64_t[]){1, 2, 4, 4}, NULL);
+  sh_tensor *q3 = mkf(3, (int64_t[]){2, 3, 4}, NULL), *o = NULL, *l = NULL;
+  CHECK_FAILS(sh_attention_forward(&o, &l, q, k, q, 0), SH_ERR_ARG, "f32[1,2,4,4]");
+  CHECK(o == NULL && l == NULL, "attention: outputs must be NULL after an error");
+  CHECK_FAILS(sh_attention_forward(&o, &l, q3, q3, q3, 0), SH_ERR_ARG, "[B, H, T, D]");
+  sh_tensor_destroy(q); sh_tensor_destroy(k); sh_tensor_destroy(q3);
+}
+
+/* ---- embedding ------------------------------------------------------------------------- */
+
+static void test_embedding_case(int64_t A, int64_t n, int64_t V, int64_t C, int dtype) {
+  int64_t is[2] = {A, n / A}, ws[2] = {V, C}, ys[3] = {A, n / A, C};
+  double *idx = malloc(sizeof(double) * (size_t)n), *w = rvec(V * C, -1, 1), *r = rvec(n * C, -1, 1);
+  for (int64_t i = 0; i < n; i++) idx[i] = (double)(int64_t)(urand() * V);   /* repeats when n > V */
+  round_f32(w, V * C); round_f32(r, n * C);
+  double *yref = malloc(sizeof(double) * (size_t)(n * C)), *dwref = calloc((size_t)(V * C), sizeof(double));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t c = 0; c < C; c++) {
+      yref[i * C + c] = w[(int64_t)idx[i] * C + c];
+      dwref[(int64_t)idx[i] * C + c] += 2 * r[i * C + c];     /* two backward calls */
+    }
+  sh_tensor *ti = mk(2, is, dtype, idx), *tw = mkf(2, ws, w), *tr = mkf(3, ys, r), *y = NULL, *dw = mkf(2, ws, NULL);
+  CHECK_OK(sh_embedding_forward(&y, ti, tw));
+  check_tensor("embedding forward", y, yref, 3, ys, 0);
+  CHECK_OK(sh_embedding_backward(dw, tr, ti));
+  CHECK_OK(sh_embedding_backward(dw, tr, ti));
+  check_vals("embedding dw after two backwards", dw, dwref, TOL);
+  sh_tensor_destroy(ti); sh_tensor_destroy(tw); sh_tensor_destroy(tr); sh_tensor_destroy(dw);
+  free(idx); free(w); free(r); free(yref); free(dwref);
+}
+
+static void test_embedding(void) {
+  test_embedding_case(2, 10, 7, 6, SH_I64);
+  test_embedding_case(1, 3, 5, 1, SH_I32);
+  test_embedding_case(12, 768, 65, 128, SH_I64);   /* the benchmark's token embedding: threaded */
+  test_embedding_case(4, 64, 1000, 48, SH_I32);
+
+  double bad[3] = {1, 7, 2};
+  sh_tensor *idx = mk(1, (int64_t[]){3}, SH_I64, bad), *w = mkf(2, (int64_t[]){7, 4}, NULL), *y = NULL;
+  sh_tensor *dy = mkf(2, (int64_t[]){3, 4}, NULL), *dw = mkf(2, (int64_t[]){7, 4}, NULL);
+  CHECK_FAILS(sh_embedding_forward(&y, idx, w), SH_ERR_ARG, "index 7");
+  CHECK_FAILS(sh_embedding_forward(&y, idx, w), SH_ERR_ARG, "V = 7");
+  CHECK(y == NULL, "embedding: *y must be NULL after an error");
+  CHECK_FAILS(sh_embedding_backward(dw, dy, idx), SH_ERR_ARG, "index 7");
+  double neg[3] = {0, -1, 2};
+  sh_tensor *idxn = mk(1, (int64_t[]){3}, SH_I32, neg), *idxf = mkf(1, (int64_t[]){3}, neg);
+  CHECK_FAILS(sh_embedding_forward(&y, idxn, w), SH_ERR_ARG, "index -1");
+  CHECK_FAILS(sh_embedding_forward(&y, idxf, w), SH_ERR_ARG, "i64 or i32");
+  sh_tensor *dy5 = mkf(2, (int64_t[]){3, 5}, NULL);
+  CHECK_FAILS(sh_embedding_backward(dw, dy5, idxn), SH_ERR_ARG, "f32[3,5]");
+  sh_tensor_destroy(idx); sh_tensor_destroy(w); sh_tensor_destroy(dy); sh_tensor_destroy(dw);
+  sh_tensor_destroy(idxn); sh_tensor_destroy(idxf); sh_tensor_destroy(dy5);
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+typedef struct ce_ctx { int64_t N, V, ignore; const double *t; } ce_ctx;
+
+static void ce_ref(const void *c_, double *const *in, double *loss) {
+  const ce_ctx *c = c_;
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < c->N; r++) {
+    if ((int64_t)c->t[r] == c->ignore) continue;
+    const double *x = in[0] + r * c->V;
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < c->V; j++) m = fmax(m, x[j]);
+    for (int64_t j = 0; j < c->V; j++) s += exp(x[j] - m);
+    sum += m + log(s) - x[(int64_t)c->t[r]];
+    count++;
+  }
+  loss[0] = count ? sum / count : 0;
+}
+
+static void ce_ref_bwd(const ce_ctx *c, const double *x, double dloss, double *dx) {
+  int64_t count = 0;
+  for (int64_t r = 0; r < c->N; r++) count += (int64_t)c->t[r] != c->ignore;
+  for (int64_t r = 0; r < c->N; r++) {
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < c->V; j++) m = fmax(m, x[r * c->V + j]);
+    for (int64_t j = 0; j < c->V; j++) s += exp(x[r * c->V + j] - m);
+    for (int64_t j = 0; j < c->V; j++) {
+      int ign = (int64_t)c->t[r] == c->ignore;
+      double p = exp(x[r * c->V + j] - m) / s - (j == (int64_t)c->t[r]);
+      dx[r * c->V + j] = ign ? 0 : p * dloss / count;
+    }
+  }
+}
+
+static void test_ce_case(int64_t A, int64_t N, int64_t V, double ignored_frac, int dtype) {
+  int64_t xs[3] = {A, N / A, V}, ts[2] = {A, N / A};
+  double *x = rvec(N * V, -4, 4), *t = malloc(sizeof(double) * (size_t)N), dloss = 0.7;
+  round_f32(x, N * V);
+  for (int64_t r = 0; r < N; r++) t[r] = urand() < ignored_frac ? -100 : (double)(int64_t)(urand() * V);
+  ce_ctx c = {N, V, -100, t};
+  double loss_ref, *dxr = malloc(sizeof(double) * (size_t)(N * V)), *lref = malloc(sizeof(double) * (size_t)N);
+  ce_ref(&c, (double *[]){x}, &loss_ref);
+  ce_ref_bwd(&c, x, dloss, dxr);
+  for (int64_t r = 0; r < N; r++) {
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; j++) m = fmax(m, x[r * V + j]);
+    for (int64_t j = 0; j < V; j++) s += exp(x[r * V + j] - m);
+    lref[r] = m + log(s);
+  }
+  fd_spec s = {&c, ce_ref, 1, {N * V}, 1, {x}};
+  fd_check("cross_entropy", &s, &dloss, (double *[]){dxr});
+
+  sh_tensor *tx = mkf(3, xs, x), *tt = mk(2, ts, dtype, t), *loss = NULL, *lse = NULL, *dx = NULL;
+  char what[100];
+  snprintf(what, sizeof what, "cross_entropy N=%lld V=%lld ignored=%g", (long long)N, (long long)V, ignored_frac);
+  CHECK_OK(sh_cross_entropy_forward(&loss, &lse, tx, tt, -100));
+  CHECK(loss && loss->ndim == 0, "%s: loss must be 0-dim", what);
+  check_vals(what, loss, &loss_ref, TOL);
+  check_tensor("cross_entropy lse", lse, lref, 2, ts, TOL);
+  sh_tensor_destroy(loss);
+  CHECK_OK(sh_cross_entropy_forward(&loss, &lse, tx, tt, -100));
+  CHECK_OK(sh_cross_entropy_backward(&dx, tx, tt, lse, dloss, -100));
+  check_tensor(what, dx, dxr, 3, xs, TOL);
+  sh_tensor_destroy(loss); sh_tensor_destroy(lse); sh_tensor_destroy(tx); sh_tensor_destroy(tt);
+  free(x); free(t); free(dxr); free(lref);
+}
+
+static void test_cross_entropy(void) {
+  test_ce_case(1, 5, 3, 0.0, SH_I64);
+  test_ce_case(2, 14, 65, 0.3, SH_I32);
+  test_ce_case(12, 768, 65, 0.05, SH_I64);   /* the benchmark's loss: threaded */
+  test_ce_case(1, 9, 1000, 0.2, SH_I64);
+  test_ce_case(1, 4, 7, 1.0, SH_I64);        /* every target ignored: loss 0, dlogits 0 */
+
+  double t[2] = {1, 5};
+  sh_tensor *x = mkf(2, (int64_t[]){2, 5}, NULL), *tt = mk(1, (int64_t[]){2}, SH_I64, t), *loss = NULL, *lse = NULL;
+  CHECK_FAILS(sh_cross_entropy_forward(&loss, &lse, x, tt, -100), SH_ERR_ARG, "target 5");
+  CHECK(loss == NULL && lse == NULL, "cross_entropy: outputs must be NULL after an error");
+  CHECK_OK(sh_cross_entropy_forward(&loss, &lse, x, tt, 5));          /* 5 is now ignored */
+  sh_tensor_destroy(loss); sh_tensor_destroy(lse);
+  sh_tensor *t3 = mk(1, (int64_t[]){3}, SH_I64, NULL), *dx = NULL;
+  CHECK_FAILS(sh_cross_entropy_forward(&loss, &lse, x, t3, -100), SH_ERR_ARG, "i64[3]");
+  CHECK_FAILS(sh_cross_entropy_backward(&dx, x, tt, x, 1.0, 5), SH_ERR_ARG, "lse must have shape [2]");
+  sh_tensor_destroy(x); sh_tensor_destroy(tt); sh_tensor_destroy(t3);
+}
+
+/* ---- optimizers ------------------------------------------------------------------------ */
+
+static void test_adamw_case(int64_t n, int grad_dtype, int shadow_dtype) {
+  double lr = 1e-2, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1, gs = 0.5;
+  double *p = rvec(n, -1, 1), *m = calloc((size_t)n, sizeof(double)), *v = calloc((size_t)n, sizeof(double));
+  round_f32(p, n);
+  sh_tensor *tp = mkf(1, &n, p), *tm = mkf(1, &n, NULL), *tv = mkf(1, &n, NULL);
+  sh_tensor *sh = shadow_dtype >= 0 ? mk(1, &n, shadow_dtype, NULL) : NULL;
+  for (int64_t step = 1; step <= 5; step++) {
+    double *g = rvec(n, -1, 1);
+    sh_tensor *tg = mk(1, &n, grad_dtype, g);
+    double *gq = rd(tg);                              /* the grad as stored (bf16-rounded) */
+    CHECK_OK(sh_adamw_step_(tp, tg, tm, tv, sh, lr, b1, b2, eps, wd, step, gs));
+    for (int64_t i = 0; i < n; i++) {                 /* torch.optim.AdamW, in f64 */
+      double gi = gq[i] * gs;
+      p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+      p[i] -= lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + eps);
+    }
+    sh_tensor_destroy(tg);
+    free(g); free(gq);
+  }
+  check_vals("adamw param", tp, p, TOL);
+  check_vals("adamw m", tm, m, TOL);
+  check_vals("adamw v", tv, v, TOL);
+  if (sh) {
+    double *pf = rd(tp), *sv = rd(sh);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+      float f = (float)pf[i];
+      double want = shadow_dtype == SH_BF16 ? sh_bf16_to_f32(sh_f32_to_bf16(f))
+                  : shadow_dtype == SH_F16 ? sh_f16_to_f32(sh_f32_to_f16(f)) : f;
+      bad += sv[i] != want;
+    }
+    CHECK(bad == 0, "adamw shadow: %lld elements differ from the rounded param", (long long)bad);
+    free(pf); free(sv);
+  }
+  sh_tensor_destroy(tp); sh_tensor_destroy(tm); sh_tensor_destroy(tv); sh_tensor_destroy(sh);
+  free(p); free(m); free(v);
+}
+
+static void test_sgd_case(int64_t n, double momentum, double dampening, double wd, int nesterov, int grad_dtype) {
+  double lr = 0.05, gs = 2.0;
+  double *p = rvec(n, -1, 1), *buf = calloc((size_t)n, sizeof(double));
+  round_f32(p, n);
+  sh_tensor *tp = mkf(1, &n, p), *tb = momentum != 0 ? mkf(1, &n, NULL) : NULL;
+  for (int step = 1; step <= 4; step++) {
+    double *g = rvec(n, -1, 1);
+    sh_tensor *tg = mk(1, &n, grad_dtype, g);
+    double *gq = rd(tg);
+    CHECK_OK(sh_sgd_step_(tp, tg, tb, lr, momentum, dampening, wd, nesterov, step == 1, gs));
+    for (int64_t i = 0; i < n; i++) {                 /* torch.optim.SGD, in f64 */
+      double d = gq[i] * gs + wd * p[i];
+      if (momentum != 0) {
+        buf[i] = step == 1 ? d : momentum * buf[i] + (1 - dampening) * d;
+        d = nesterov ? d + momentum * buf[i] : buf[i];
+      }
+      p[i] -= lr * d;
+    }
+    sh_tensor_destroy(tg);
+    free(g); free(gq);
+  }
+  check_vals("sgd param", tp, p, TOL);
+  if (tb) check_vals("sgd momentum", tb, buf, TOL);
+  sh_tensor_destroy(tp); sh_tensor_destroy(tb);
+  free(p); free(buf);
+}
+
+static void test_optim(void) {
+  test_adamw_case(1, SH_F32, -1);
+  test_adamw_case(37, SH_BF16, SH_BF16);
+  test_adamw_case(100003, SH_F32, SH_BF16);       /* threaded */
+  test_adamw_case(1000, SH_BF16, SH_F16);
+  test_adamw_case(999, SH_F32, SH_F32);
+  test_sgd_case(17, 0, 0, 0, 0, SH_F32);
+  test_sgd_case(100003, 0.9, 0.1, 0.01, 0, SH_F32);
+  test_sgd_case(33, 0.9, 0, 0.01, 1, SH_BF16);
+
+  int64_t n = 4, n5 = 5;
+  sh_tensor *p = mkf(1, &n, NULL), *g = mkf(1, &n, NULL), *g5 = mkf(1, &n5, NULL), *gi = mk(1, &n, SH_I32, NULL);
+  sh_tensor *pd = mk(1, &n, SH_F64, NULL), *m = mkf(1, &n, NULL), *v = mkf(1, &n, NULL);
+  CHECK_FAILS(sh_adamw_step_(p, g5, m, v, NULL, 1e-3, 0.9, 0.99, 1e-8, 0, 1, 1), SH_ERR_ARG, "grad has 5 elements");
+  CHECK_FAILS(sh_adamw_step_(p, gi, m, v, NULL, 1e-3, 0.9, 0.99, 1e-8, 0, 1, 1), SH_ERR_ARG, "i32[4]");
+  CHECK_FAILS(sh_adamw_step_(pd, g, m, v, NULL, 1e-3, 0.9, 0.99, 1e-8, 0, 1, 1), SH_ERR_ARG, "param must be f32");
+  CHECK_FAILS(sh_adamw_step_(p, g, m, v, NULL, 1e-3, 0.9, 0.99, 1e-8, 0, 0, 1), SH_ERR_ARG, "1-based");
+  CHECK_FAILS(sh_adamw_step_(p, g, m, v, NULL, 1e-3, 1.0, 0.99, 1e-8, 0, 1, 1), SH_ERR_ARG, "betas");
+  CHECK_FAILS(sh_sgd_step_(p, g, NULL, 0.1, 0.9, 0, 0, 0, 1, 1), SH_ERR_ARG, "momentum_buf");
+  CHECK_FAILS(sh_sgd_step_(p, g, m, 0.1, 0.9, 0.1, 0, 1, 1, 1), SH_ERR_ARG, "nesterov");
+  sh_tensor_destroy(p); sh_tensor_destroy(g); sh_tensor_destroy(g5); sh_tensor_destroy(gi);
+  sh_tensor_destroy(pd); sh_tensor_destroy(m); sh_tensor_destroy(v);
+}
+
+int main(void) {
+  test_linear();
+  test_norms();
+  test_activations();
+  test_dropout();
+  test_attention();
+  test_embedding();
+  test_cross_entropy();
+  test_optim();
+  return check_summary("test_nn");
+}
