@@ -108,7 +108,7 @@ int sh_tensor_empty(sh_tensor **out, int ndim, const int64_t *shape, int dtype, 
   t->ndim = ndim;
   t->dtype = dtype;
   t->device = device;
-  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  if (ndim > 0) memcpy(t->shape, shape, sizeof(int64_t) * ndim);   /* shape may be NULL for 0-dim */
   contiguous_strides(ndim, shape, t->stride);
   *out = t;
   return SH_OK;
@@ -121,7 +121,7 @@ int sh_tensor_meta(sh_tensor **out, int ndim, const int64_t *shape, int dtype, i
   sh_tensor *t = new_struct();
   if (!t) return sh_fail(SH_ERR_OOM, "meta: out of host memory for a tensor header");
   *t = (sh_tensor){.ndim = ndim, .dtype = dtype, .device = device};
-  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  if (ndim > 0) memcpy(t->shape, shape, sizeof(int64_t) * ndim);   /* shape may be NULL for 0-dim */
   contiguous_strides(ndim, shape, t->stride);
   *out = t;
   return SH_OK;
@@ -140,7 +140,7 @@ int sh_tensor_wrap_external(sh_tensor **out, void *data, int64_t nbytes, int ndi
   if (!s || !t) { free(s); free(t); return sh_fail(SH_ERR_OOM, "wrap_external: out of host memory"); }
   *s = (sh_storage){.data = data, .nbytes = nbytes, .refcount = 1, .device = -1, .external = 1};
   *t = (sh_tensor){.storage = s, .ndim = ndim, .dtype = dtype, .device = -1};
-  memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+  if (ndim > 0) memcpy(t->shape, shape, sizeof(int64_t) * ndim);   /* shape may be NULL for 0-dim */
   contiguous_strides(ndim, shape, t->stride);
   *out = t;
   return SH_OK;
