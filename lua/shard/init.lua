@@ -12,7 +12,9 @@ local shard = {
 }
 
 -- Differentiable versions replace the raw tensor methods (after shard.ops defines those).
-pcall(require, "shard.ops")
+local ops = require "shard.ops"
+shard.randn, shard.rand, shard.arange = ops.randn, ops.rand, ops.arange
+shard.normal_, shard.uniform_ = ops.normal_, ops.uniform_
 local autograd = require "shard.autograd"
 shard.F = require "shard.functional"
 shard.autograd = autograd
