@@ -13,7 +13,7 @@ typedef enum sh_mem_tag {
 } sh_mem_tag;
 
 typedef struct sh_mem_stats {
-  int64_t allocated;            /* bytes in live blocks (rounded to their size class) */
+  int64_t allocated;            /* bytes asked for by live blocks (rounded up to 64) */
   int64_t peak;                 /* highest `allocated` since the last reset_peak */
   int64_t reserved;             /* allocated + cached free blocks */
   int64_t by_tag[6];            /* allocated, split by sh_mem_tag */

@@ -288,6 +288,7 @@ function Unit:optim_groups()
           tensor = tensor.new_from(C.sh_flatparam_shard_view, fp, i - 1),
           decay = t.p.ndim >= 2,
           name = self.names and self.names[t],
+          start = tonumber(slot.own_start),   -- first element of the parameter owned here
           grad = function()
             local box = ffi.new("sh_tensor*[1]")
             check(C.sh_flatparam_grad_shard(box, fp))

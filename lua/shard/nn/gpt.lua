@@ -96,13 +96,24 @@ function G.GPT:forward(idx, targets)
   return out
 end
 
-function G.GPT:forward_tagged(idx, targets, B, T)
+-- The final hidden states [B, T, C].
+function G.GPT:hidden(idx)
   local tr = self.transformer
-  local pos = A.track(tensor.new_from(C.sh_arange, 0, T, 1, C.SH_I64, idx.p.device))
+  local pos = A.track(tensor.new_from(C.sh_arange, 0, idx:size(2), 1, C.SH_I64, idx.p.device))
   local x = tr.wte(idx) + tr.wpe(pos)
   x = tr.drop(x)
   for _, blk in ipairs(tr.h._children) do x = blk.module(x) end
-  x = tr.ln_f(x)
+  return tr.ln_f(x)
+end
+
+-- Logits of every position [B, T, V].
+function G.GPT:logits(idx)
+  local B, T = idx:size(1), idx:size(2)
+  return F.linear(self:hidden(idx), self.lm_head.weight)
+end
+
+function G.GPT:forward_tagged(idx, targets, B, T)
+  local x = self:hidden(idx)
   if targets then
     local logits = F.linear(x:view(B * T, -1), self.lm_head.weight)
     return F.cross_entropy(logits, targets:view(B * T), -1)
