@@ -87,7 +87,8 @@ for spec in tests/spec/*_spec.lua; do
   ok=$((ok - skip))
   passed=$((passed + ok))
   failed=$((failed + bad))
-  if [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ]; }; then
+  # No plan line ("1..N") means busted never finished the file (an os.exit, a crash).
+  if [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ] || ! grep -q '^1\.\.[0-9]' "$out"; }; then
     failed=$((failed + 1))
     report_fail "$spec" "$(why), $ok passed, no test failed: the runner itself broke"
   elif [ "$bad" -ne 0 ]; then
