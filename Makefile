@@ -43,6 +43,9 @@ $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
+# The optimizer's sqrt must not set errno, or gcc will not vectorize its loop.
+$(BUILD)/runtime/optim.o: CFLAGS += -fno-math-errno
+
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@

@@ -15,13 +15,19 @@
  *
  * q, k, v, out and dout may be strided views (e.g. heads split out of a fused qkv
  * projection) as long as their last dim is unit-stride; anything else is copied once.
- * Inner loops run over keys (the transposed key/value block) or over the head dim, both
- * unit-stride, so they vectorize for D = 32..128 without small-sgemm call overhead. */
+ * The block products (S = Q K^T, O += P V, and the five of backward) are small sgemm
+ * calls; for D <= 64 each stays under OpenBLAS's threading threshold, so it runs on the
+ * calling OpenMP thread. Measured on the benchmark's [12, 4, 64, 32], this is ~5x faster
+ * than the per-row vectorized loops it replaced (whose short, ragged rows left most of the
+ * work in scalar remainders). */
 #include <math.h>
+#include <cblas.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include "nn_internal.h"
 #include "nn.h"
 
+/* BK = 64 is also the row width the hsum/hmax trees below are written for. */
 enum { BQ = 64, BK = 64 };
 
 /* [B, H, T, D] with a unit last stride: row (b, h, t) starts at p + b s0 + h s1 + t s2. */
@@ -43,72 +49,87 @@ typedef struct attn_args {
   int failed;      /* set by a thread whose scratch allocation failed */
 } attn_args;
 
-/* kt[d * BK + jj] = k row (j0 + jj), element d: the key block transposed, so that the
- * scores of one query against the block are BK-wide axpys over d. */
-static inline void transpose_block(float *kt, const attn_args *a, const view4 *k, int64_t b, int64_t h,
-                                   int64_t j0, int64_t nk) {
-  for (int64_t jj = 0; jj < nk; jj++) {
-    const float *kr = row_at(k, b, h, j0 + jj);
-    for (int64_t d = 0; d < a->D; d++) kt[d * BK + jj] = kr[d];
-  }
-}
-
-/* s[0:nk] = sum_d x[d] kt[d, 0:nk] */
-static inline void row_scores(float *restrict s, const float *restrict x, const float *restrict kt,
-                              int64_t D, int64_t nk) {
-  for (int64_t jj = 0; jj < nk; jj++) s[jj] = 0.0f;
-  for (int64_t d = 0; d < D; d++) {
-    float xd = x[d];
-    const float *kd = kt + d * BK;
-#pragma omp simd
-    for (int64_t jj = 0; jj < nk; jj++) s[jj] += xd * kd[jj];
-  }
-}
-
 static void set_failed(attn_args *a) {
 #pragma omp atomic write
   a->failed = 1;
+}
+
+/* c[m, n] = alpha * a[m, :] . b[n, :] + beta * c (both operands row-major with row
+ * strides lda, ldb): S = Q K^T and dP = dO V^T. */
+static inline void gemm_nt(int m, int n, int k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+/* c = a b + c (a [m, k], b [k, n]): O += P V, dQ += dS K. */
+static inline void gemm_nn(int m, int n, int k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
+}
+/* c = a^T b + c (a [k, m], b [k, n]): dV += P^T dO, dK += dS^T Q. */
+static inline void gemm_tn(int m, int n, int k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
+}
+
+/* Causal mask of the score block of queries i0.. against keys j0..: key j is visible to
+ * query i when j <= i. Returns how many leading columns of row ii can be visible. */
+static inline int64_t visible(int64_t i0, int64_t ii, int64_t j0, int64_t nk) {
+  int64_t v = i0 + ii + 1 - j0;
+  return v < 0 ? 0 : v < nk ? v : nk;
+}
+
+/* Sum and max of a BK-wide row as a tree over 16-wide halves: gcc's own finish of an
+ * `omp simd reduction` is a serial chain of scalar adds that cost as much as the row. */
+static inline float hsum_bk(const float *x) {
+  float t[16];
+  for (int k = 0; k < 16; k++) t[k] = (x[k] + x[k + 16]) + (x[k + 32] + x[k + 48]);
+  for (int k = 0; k < 8; k++) t[k] += t[k + 8];
+  for (int k = 0; k < 4; k++) t[k] += t[k + 4];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+static inline float hmax_bk(const float *x) {
+  float t[16];
+  for (int k = 0; k < 16; k++) {
+    float a = x[k] > x[k + 16] ? x[k] : x[k + 16], b = x[k + 32] > x[k + 48] ? x[k + 32] : x[k + 48];
+    t[k] = a > b ? a : b;
+  }
+  for (int k = 0; k < 8; k++) t[k] = t[k] > t[k + 8] ? t[k] : t[k + 8];
+  for (int k = 0; k < 4; k++) t[k] = t[k] > t[k + 4] ? t[k] : t[k + 4];
+  float a = t[0] > t[2] ? t[0] : t[2], b = t[1] > t[3] ? t[1] : t[3];
+  return a > b ? a : b;
 }
 
 /* Tasks are (b, h, query block), numbered with the query block fastest. */
 SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
   attn_args *a = (attn_args *)arg;
   int64_t D = a->D, T = a->T, nqb = (T + BQ - 1) / BQ;
-  float *scratch = malloc(sizeof(float) * (size_t)(D * BK + BK + BQ * D + 2 * BQ) + 64);
+  float *scratch = calloc((size_t)(BQ * BK + BQ * D + 2 * BQ) + 16, sizeof(float));
   if (!scratch) { set_failed(a); return; }
-  float *kt = scratch, *s = kt + D * BK, *acc = s + BK, *m = acc + BQ * D, *l = m + BQ;
+  float *S = scratch, *acc = S + BQ * BK, *m = acc + BQ * D, *l = m + BQ;
   for (int64_t task = t0; task < t1; task++) {
     int64_t bh = task / nqb, b = bh / a->H, h = bh % a->H;
     int64_t i0 = (task % nqb) * BQ, i1 = i0 + BQ < T ? i0 + BQ : T, nq = i1 - i0;
-    for (int64_t x = 0; x < nq * D; x++) acc[x] = 0.0f;
+    memset(acc, 0, sizeof(float) * (size_t)(nq * D));
     for (int64_t ii = 0; ii < nq; ii++) { m[ii] = -INFINITY; l[ii] = 0.0f; }
     for (int64_t j0 = 0; j0 < i1; j0 += BK) {
       int64_t nk = j0 + BK < i1 ? BK : i1 - j0;
-      transpose_block(kt, a, &a->k, b, h, j0, nk);
+      gemm_nt((int)nq, (int)nk, (int)D, a->scale, row_at(&a->q, b, h, i0), a->q.s2,
+              row_at(&a->k, b, h, j0), a->k.s2, 0.0f, S, BK);
       for (int64_t ii = 0; ii < nq; ii++) {
-        int64_t i = i0 + ii, nvis = i + 1 - j0 < nk ? i + 1 - j0 : nk;   /* causal */
-        if (nvis <= 0) continue;
-        row_scores(s, row_at(&a->q, b, h, i), kt, D, nvis);
-        float mx = m[ii];
-        for (int64_t jj = 0; jj < nvis; jj++) {
-          s[jj] *= a->scale;
-          mx = s[jj] > mx ? s[jj] : mx;
-        }
-        float alpha = sh_expf(m[ii] - mx), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t jj = 0; jj < nvis; jj++) { s[jj] = sh_expf(s[jj] - mx); sum += s[jj]; }
-        l[ii] = l[ii] * alpha + sum;
+        float *s = S + ii * BK, t[BK];
+        int64_t nv = visible(i0, ii, j0, nk);    /* >= 1: key blocks start at or before i0 */
+        /* full BK-wide rows (columns past nk masked) so every loop is whole vectors */
+        for (int64_t jj = 0; jj < BK; jj++) t[jj] = jj < nv ? s[jj] : -INFINITY;
+        float bm = hmax_bk(t), mx = m[ii] > bm ? m[ii] : bm;
+        for (int64_t jj = 0; jj < BK; jj++) s[jj] = jj < nv ? sh_expf(s[jj] - mx) : 0.0f;
+        float alpha = sh_expf(m[ii] - mx);   /* 0 on the first block: m was -inf */
+        l[ii] = l[ii] * alpha + hsum_bk(s);
         m[ii] = mx;
         float *ar = acc + ii * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; d++) ar[d] *= alpha;
-        for (int64_t jj = 0; jj < nvis; jj++) {
-          const float *vr = row_at(&a->v, b, h, j0 + jj);
-          float p = s[jj];
-#pragma omp simd
-          for (int64_t d = 0; d < D; d++) ar[d] += p * vr[d];
-        }
       }
+      gemm_nn((int)nq, (int)D, (int)nk, S, BK, row_at(&a->v, b, h, j0), a->v.s2, acc, D);
     }
     for (int64_t ii = 0; ii < nq; ii++) {
       float *o = row_at(&a->out, b, h, i0 + ii), inv = 1.0f / l[ii];
@@ -121,13 +142,14 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
   free(scratch);
 }
 
-/* Tasks are (b, h). dq, dk, dv are contiguous and zeroed by the caller. */
+/* Tasks are (b, h): key blocks outside, query blocks inside, so dk/dv of a key block are
+ * finished before the next; dq, dk, dv are contiguous and zeroed by the caller. */
 SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
   attn_args *a = (attn_args *)arg;
   int64_t D = a->D, T = a->T;
-  float *scratch = malloc(sizeof(float) * (size_t)(2 * D * BK + 3 * BK + T) + 64);
+  float *scratch = calloc((size_t)(2 * BQ * BK + T) + 16, sizeof(float));
   if (!scratch) { set_failed(a); return; }
-  float *kt = scratch, *vt = kt + D * BK, *p = vt + D * BK, *dp = p + BK, *ds = dp + BK, *Di = ds + BK;
+  float *P = scratch, *dP = P + BQ * BK, *Di = dP + BQ * BK;
   for (int64_t bh = t0; bh < t1; bh++) {
     int64_t b = bh / a->H, h = bh % a->H;
     const float *lse = a->lse + bh * T;
@@ -140,35 +162,41 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
       int64_t nk = j0 + BK < T ? BK : T - j0;
-      transpose_block(kt, a, &a->k, b, h, j0, nk);
-      transpose_block(vt, a, &a->v, b, h, j0, nk);
-      for (int64_t i = j0; i < T; i++) {       /* queries before j0 see none of this block */
-        int64_t nvis = i + 1 - j0 < nk ? i + 1 - j0 : nk;
-        const float *qi = row_at(&a->q, b, h, i), *goi = row_at(&a->dout, b, h, i);
-        row_scores(p, qi, kt, D, nvis);
-        row_scores(dp, goi, vt, D, nvis);
-        float li = lse[i], dii = Di[i];
-#pragma omp simd
-        for (int64_t jj = 0; jj < nvis; jj++) {
-          p[jj] = sh_expf(p[jj] * a->scale - li);
-          ds[jj] = p[jj] * (dp[jj] - dii) * a->scale;
-        }
-        float *dqi = row_at(&a->dq, b, h, i);
-        for (int64_t jj = 0; jj < nvis; jj++) {
-          float *dvj = row_at(&a->dv, b, h, j0 + jj), *dkj = row_at(&a->dk, b, h, j0 + jj);
-          const float *kj = row_at(&a->k, b, h, j0 + jj);
-          float pj = p[jj], dsj = ds[jj];
-#pragma omp simd
-          for (int64_t d = 0; d < D; d++) {
-            dvj[d] += pj * goi[d];
-            dkj[d] += dsj * qi[d];
-            dqi[d] += dsj * kj[d];
+      const float *kj = row_at(&a->k, b, h, j0), *vj = row_at(&a->v, b, h, j0);
+      float *dkj = row_at(&a->dk, b, h, j0), *dvj = row_at(&a->dv, b, h, j0);
+      for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {    /* earlier queries see none of it */
+        int64_t nq = i0 + BQ < T ? BQ : T - i0;
+        const float *qi = row_at(&a->q, b, h, i0), *goi = row_at(&a->dout, b, h, i0);
+        gemm_nt((int)nq, (int)nk, (int)D, a->scale, qi, a->q.s2, kj, a->k.s2, 0.0f, P, BK);
+        gemm_nt((int)nq, (int)nk, (int)D, 1.0f, goi, a->dout.s2, vj, a->v.s2, 0.0f, dP, BK);
+        for (int64_t ii = 0; ii < nq; ii++) {
+          float *p = P + ii * BK, *dp = dP + ii * BK, li = lse[i0 + ii], dii = Di[i0 + ii];
+          int64_t nv = visible(i0, ii, j0, nk);
+          for (int64_t jj = 0; jj < BK; jj++) {
+            float pj = jj < nv ? sh_expf(p[jj] - li) : 0.0f;   /* the forward's probabilities */
+            p[jj] = pj;
+            dp[jj] = pj * (dp[jj] - dii) * a->scale;             /* dS, pre-scaled */
           }
         }
+        gemm_tn((int)nk, (int)D, (int)nq, P, BK, goi, a->dout.s2, dvj, D);
+        gemm_nn((int)nq, (int)D, (int)nk, dP, BK, kj, a->k.s2, row_at(&a->dq, b, h, i0), D);
+        gemm_tn((int)nk, (int)D, (int)nq, dP, BK, qi, a->q.s2, dkj, D);
       }
     }
   }
   free(scratch);
+}
+
+/* A [B, H, T, D] operand as f32 rows that sgemm can read with leading dim stride[2]:
+ * kept as a view when its rows are unit-stride and do not overlap, else copied. */
+static int stage_rows(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
+  SH_TRY(sh_nn_f32_rows(out, t, op, name));
+  if ((*out)->stride[2] >= t->shape[3] && (*out)->stride[2] < INT32_MAX) return SH_OK;
+  sh_tensor *c = NULL;
+  int rc = sh_tensor_contiguous(&c, *out);
+  sh_tensor_destroy(*out);
+  *out = c;
+  return rc;
 }
 
 /* Checks q, k, v [B, H, T, D] of one shape and stages them (unit last stride, f32). */
@@ -183,9 +211,10 @@ static int stage_qkv(sh_tensor **st, attn_args *a, const char *op, const sh_tens
   if (!(scale == scale)) return sh_fail(SH_ERR_ARG, "%s: scale is NaN", op);
   a->B = q->shape[0]; a->H = q->shape[1]; a->T = q->shape[2]; a->D = q->shape[3];
   a->scale = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(a->D > 0 ? a->D : 1)));
-  SH_TRY(sh_nn_f32_rows(&st[0], q, op, "q"));
-  SH_TRY(sh_nn_f32_rows(&st[1], k, op, "k"));
-  SH_TRY(sh_nn_f32_rows(&st[2], v, op, "v"));
+  if (a->D < 1) return sh_fail(SH_ERR_ARG, "%s: head dim D must be >= 1, got %s", op, sh_desc(q));
+  SH_TRY(stage_rows(&st[0], q, op, "q"));
+  SH_TRY(stage_rows(&st[1], k, op, "k"));
+  SH_TRY(stage_rows(&st[2], v, op, "v"));
   a->q = view_of(st[0]); a->k = view_of(st[1]); a->v = view_of(st[2]);
   return SH_OK;
 }
@@ -235,8 +264,8 @@ int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const 
   if (!rc) rc = sh_nn_check_same_shape(out, q, op, "out", "q");
   if (!rc) rc = sh_nn_check_float(lse, op, "lse");
   if (!rc) rc = sh_nn_check_shape(lse, op, "lse", 3, q->shape);
-  if (!rc) rc = sh_nn_f32_rows(&st[3], dout, op, "dout");
-  if (!rc) rc = sh_nn_f32_rows(&st[4], out, op, "out");
+  if (!rc) rc = stage_rows(&st[3], dout, op, "dout");
+  if (!rc) rc = stage_rows(&st[4], out, op, "out");
   if (!rc) rc = sh_nn_f32(&st[5], lse, op, "lse");
   /* all three are computed together; the ones not asked for are dropped at the end */
   for (int i = 0; i < 3 && !rc; i++) rc = sh_nn_zeros_f32(&g[i], 4, q->shape);

@@ -22,10 +22,6 @@ typedef struct opt_args {
   int nesterov, first;
 } opt_args;
 
-static inline float grad_at(const opt_args *a, int64_t i) {
-  return a->g32 ? a->g32[i] : sh_nn_bf16_to_f32(a->g16[i]);
-}
-
 static void write_shadow(const opt_args *a, int64_t i0, int64_t i1) {
   if (!a->shadow) return;
   if (a->shadow_dtype == SH_BF16) {
@@ -39,34 +35,59 @@ static void write_shadow(const opt_args *a, int64_t i0, int64_t i1) {
   }
 }
 
+/* The loop bodies are macros over the grad's load so that the f32 and bf16 loops are both
+ * straight vector code; every scalar is a local so that the stores through p, m, v (floats)
+ * cannot be taken to modify it. The Makefile builds
+ * this file with -fno-math-errno: a sqrtf that may set errno does not vectorize. */
+#define ADAMW_LOOP(LOAD) \
+  _Pragma("omp simd") \
+  for (int64_t i = i0; i < i1; i++) { \
+    float g = (LOAD) * scale; \
+    float mi = m[i] * b1 + g * omb1, vi = v[i] * b2 + g * g * omb2; \
+    m[i] = mi; \
+    v[i] = vi; \
+    p[i] = p[i] * decay - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps)); \
+  }
+
 SH_NN_SIMD static void adamw_range(const void *arg, int64_t i0, int64_t i1) {
   const opt_args *a = arg;
   float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
-#pragma omp simd
-  for (int64_t i = i0; i < i1; i++) {
-    float g = grad_at(a, i) * a->scale;
-    p[i] *= a->decay;
-    m[i] = m[i] * a->b1 + g * a->omb1;
-    v[i] = v[i] * a->b2 + g * g * a->omb2;
-    p[i] -= a->step_size * (m[i] / (sqrtf(v[i]) / a->bc2_sqrt + a->eps));
+  const float scale = a->scale, decay = a->decay, b1 = a->b1, omb1 = a->omb1, b2 = a->b2, omb2 = a->omb2;
+  const float step_size = a->step_size, bc2_sqrt = a->bc2_sqrt, eps = a->eps;
+  if (a->g32) {
+    const float *restrict g32 = a->g32;
+    ADAMW_LOOP(g32[i])
+  } else {
+    const uint16_t *restrict g16 = a->g16;
+    ADAMW_LOOP(sh_nn_bf16_to_f32(g16[i]))
   }
   write_shadow(a, i0, i1);
 }
 
+/* SGD without momentum, and with it (first step: buf = g) */
+#define SGD_LOOP(LOAD) \
+  _Pragma("omp simd") \
+  for (int64_t i = i0; i < i1; i++) p[i] -= lr * ((LOAD) * scale + wd * p[i]);
+#define SGD_MOMENTUM_LOOP(LOAD) \
+  _Pragma("omp simd") \
+  for (int64_t i = i0; i < i1; i++) { \
+    float g = (LOAD) * scale + wd * p[i]; \
+    float b = first ? g : buf[i] * momentum + g * omd; \
+    buf[i] = b; \
+    p[i] -= lr * (nesterov ? g + momentum * b : b); \
+  }
+
 SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
   const opt_args *a = arg;
   float *restrict p = a->p, *restrict buf = a->buf;
-#pragma omp simd
-  for (int64_t i = i0; i < i1; i++) {
-    float g = grad_at(a, i) * a->scale;
-    if (a->wd != 0.0f) g += a->wd * p[i];
-    if (buf) {
-      float b = a->first ? g : buf[i] * a->momentum + g * a->omd;
-      buf[i] = b;
-      g = a->nesterov ? g + a->momentum * b : b;
-    }
-    p[i] -= a->lr * g;
-  }
+  const float scale = a->scale, wd = a->wd, momentum = a->momentum, omd = a->omd, lr = a->lr;
+  const int first = a->first, nesterov = a->nesterov;
+  const float *restrict g32 = a->g32;
+  const uint16_t *restrict g16 = a->g16;
+  if (g32 && buf) { SGD_MOMENTUM_LOOP(g32[i]) }
+  else if (buf) { SGD_MOMENTUM_LOOP(sh_nn_bf16_to_f32(g16[i])) }
+  else if (g32) { SGD_LOOP(g32[i]) }
+  else { SGD_LOOP(sh_nn_bf16_to_f32(g16[i])) }
 }
 
 /* t must be a live, contiguous cpu tensor of `dtype` with n elements. */
