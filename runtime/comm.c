@@ -12,10 +12,9 @@
 #include <time.h>
 
 #ifdef SHARD_CUDA
-/* Weak, so a CUDA build links before kernels/comm_nccl.cu exists: the address is then NULL
+/* Weak, so that a build without kernels/comm_nccl.cu still links: the address is then NULL
  * and CUDA tensors get a clean "built without NCCL" error. */
 extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
-extern void sh_comm_nccl_finalize(void) __attribute__((weak));
 #endif
 
 static sh_comm *g_world;
@@ -178,9 +177,6 @@ int sh_comm_finalize(void) {
   for (sh_comm *c = g_live; c; c = c->next) stuck |= c->abandoned;
   while (g_live) free_comm(g_live);
   g_world = NULL;
-#ifdef SHARD_CUDA
-  if (sh_comm_nccl_finalize) sh_comm_nccl_finalize();
-#endif
   /* MPI_Finalize would wait for an abandoned op forever; exiting without it lets mpirun end
    * the job with this rank's error. */
   if (!stuck) sh_comm_mpi_finalize();
@@ -204,7 +200,13 @@ int sh_comm_split(sh_comm **out, sh_comm *parent, int color, int key) {
   int rc = b && b->split ? b->split(parent, color, key, c)
                          : sh_fail(SH_ERR_COMM, "comm split of %s: no backend can split this group "
                                    "(launch through mpirun or `shard launch` for CPU ranks)", parent->name);
-  if (rc) { free(c); return sh_fail_context("comm split of %s (color %d, rank %d): ", parent->name, color, parent->rank); }
+  /* A parent that already speaks NCCL splits that communicator too (collective over it). */
+  if (!rc && b == parent->cpu && parent->gpu && parent->gpu_state) rc = parent->gpu->split(parent, color, key, c);
+  if (rc) {
+    if (c->cpu) c->cpu->destroy(c);
+    free(c);
+    return sh_fail_context("comm split of %s (color %d, rank %d): ", parent->name, color, parent->rank);
+  }
   if (c->size == 0) { free(c); return SH_OK; }
   if (b == parent->cpu) {
     if (c->size == 1 && c->cpu == &sh_comm_mpi_backend) { sh_comm_mpi_backend.destroy(c); c->cpu = NULL; }
@@ -306,7 +308,9 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
                  int op, int rd, int root) {
   *out = NULL;
   const sh_tensor *any = dst ? dst : src;
-  const sh_comm_backend *b = any && any->device >= 0 ? c->gpu : c->cpu;
+  /* CUDA tensors go through NCCL; a barrier through the CPU side unless only NCCL spans the ranks. */
+  const sh_comm_backend *b = any ? (any->device >= 0 ? c->gpu : c->cpu)
+                                 : (c->cpu != &none_backend || !c->gpu ? c->cpu : c->gpu);
   if (!b)
     return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a CUDA tensor but shard was built without NCCL",
                    KIND_NAME[kind], c->name, c->rank, sh_desc(any));

@@ -2,12 +2,12 @@
  * comm.h (not in the FFI). comm.c validates, counts and times; a backend only posts an op,
  * tests it for completion and finishes it. Included from kernels/comm_nccl.cu as well. */
 #pragma once
-#include "tensor.h"
-#include "comm.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "tensor.h"
+#include "comm.h"
 
 typedef struct sh_comm_backend sh_comm_backend;
 
@@ -64,11 +64,8 @@ int sh_comm_mpi_active(void);
 /* Broadcast of raw bytes over c's MPI state (the NCCL unique id); blocking, with c's timeout. */
 int sh_comm_mpi_bcast_bytes(sh_comm *c, void *buf, int nbytes, int root);
 
-#ifdef SHARD_CUDA
-/* kernels/comm_nccl.cu */
+/* kernels/comm_nccl.cu, when linked (comm.c refers to it weakly). */
 extern const sh_comm_backend sh_comm_nccl_backend;
-void sh_comm_nccl_finalize(void);
-#endif
 
 /* Rounds x to dtype (bf16/f16/f32) and back, as a value of the accumulation type. */
 double sh_comm_round(double x, int dtype);

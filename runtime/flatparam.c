@@ -5,6 +5,7 @@
 #include "alloc_internal.h"
 #include "comm.h"
 #include "flatparam.h"
+#include "ops.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,10 +84,9 @@ static int copy_flat_range(sh_tensor *dst, const sh_tensor *t, int64_t start, in
   return rc;
 }
 
-/* dst += src elementwise (same numel, contiguous), accumulating in f64. */
+/* dst += src elementwise (same numel, contiguous, 1-D). */
 static int accumulate(sh_tensor *dst, const sh_tensor *src) {
-  if (dst->device >= 0 || src->device >= 0)
-    return sh_fail(SH_ERR_DEVICE, "flatparam: accumulating grads on %s needs the CUDA backend", sh_desc(dst));
+  if (dst->device >= 0) return sh_axpy_(dst, 1.0, src);
   int64_t n = sh_tensor_numel(dst);
   void *d = sh_tensor_data(dst);
   const void *s = sh_tensor_data(src);
