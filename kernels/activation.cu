@@ -1,0 +1,179 @@
+/* activation.cu: gelu (GPT-2's tanh form), silu, swiglu's gate and softmax over the last
+ * dim, forward and backward, matching runtime/nn_activation.c: outputs take the dtype of the
+ * input they are the result or gradient of, math is f32.
+ *
+ * The pointwise ones share one kernel: up to three inputs and two outputs of one dtype,
+ * 16-byte packs when every pointer allows it, and the activation picked by a uniform switch
+ * (they are memory-bound). Softmax gives each row to a block: a max pass, a sum pass, and a
+ * write pass over a row that stays in L1/L2. */
+#include "common.cuh"
+
+enum { ACT_GELU_F, ACT_GELU_B, ACT_SILU_F, ACT_SILU_B, ACT_SWIGLU_F, ACT_SWIGLU_B };
+enum { ACT_THREADS = 256 };
+
+/* One element: inputs x (a), y2 (dy or b), y3 (b for swiglu backward); outputs r0, r1. */
+__device__ __forceinline__ void act_elem(int op, float x, float u, float w, float &r0, float &r1) {
+  switch (op) {
+    case ACT_GELU_F: r0 = gelu_f(x); break;
+    case ACT_GELU_B: r0 = u * gelu_grad_f(x); break;
+    case ACT_SILU_F: r0 = x * sigmoid_f(x); break;
+    case ACT_SILU_B: { float s = sigmoid_f(x); r0 = u * s * (1.0f + x * (1.0f - s)); break; }
+    case ACT_SWIGLU_F: r0 = x * sigmoid_f(x) * u; break;
+    default: {   /* swiglu backward: u = dy, w = b; r0 = da, r1 = db */
+      float s = sigmoid_f(x);
+      r0 = u * w * s * (1.0f + x * (1.0f - s));
+      r1 = u * x * s;
+    }
+  }
+}
+
+template <typename T>
+__global__ void act_kernel(int op, const T *x, const T *u, const T *w, T *o0, T *o1, int64_t n, int vec) {
+  constexpr int N = sh_pack<T>::N;
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t nvec = vec ? n / N : 0;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    sh_pack<T> px = load_pack(x + v * N), pu, pw, p0, p1;
+    if (u) pu = load_pack(u + v * N);
+    if (w) pw = load_pack(w + v * N);
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+      float r0 = 0, r1 = 0;
+      act_elem(op, to_f(px.v[j]), u ? to_f(pu.v[j]) : 0.0f, w ? to_f(pw.v[j]) : 0.0f, r0, r1);
+      p0.v[j] = from_f<T>(r0);
+      p1.v[j] = from_f<T>(r1);
+    }
+    if (o0) store_pack(o0 + v * N, p0);
+    if (o1) store_pack(o1 + v * N, p1);
+  }
+  for (int64_t i = nvec * N + tid; i < n; i += stride) {
+    float r0 = 0, r1 = 0;
+    act_elem(op, to_f(x[i]), u ? to_f(u[i]) : 0.0f, w ? to_f(w[i]) : 0.0f, r0, r1);
+    if (o0) o0[i] = from_f<T>(r0);
+    if (o1) o1[i] = from_f<T>(r1);
+  }
+}
+
+/* Stages the inputs to x's dtype and contiguity, allocates the outputs in x's dtype and
+ * launches. out1 may be NULL (one output); in the swiglu backward either may be. */
+static int run_act(const char *op, int act, sh_tensor **out0, sh_tensor **out1, const sh_tensor *x,
+                   const sh_tensor *u, const sh_tensor *w) {
+  if (out0) *out0 = NULL;
+  if (out1) *out1 = NULL;
+  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
+  const sh_tensor *in[2] = {u, w};
+  for (int k = 0; k < 2; k++) {
+    if (!in[k]) continue;
+    SH_TRY(sh_cuda_check_float(in[k], op, k ? "b" : "dy", x->device));
+    if (in[k]->ndim != x->ndim || memcmp(in[k]->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
+      return sh_fail(SH_ERR_ARG, "%s: %s and %s must have the same shape", op, sh_desc(x), sh_desc(in[k]));
+  }
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, x->device, &st));
+  sh_tguard xc, uc, wc, o0, o1;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
+  if (u) SH_TRY(sh_cuda_contiguous_as(uc.out(), u, x->dtype));
+  if (w) SH_TRY(sh_cuda_contiguous_as(wc.out(), w, x->dtype));
+  if (out0) SH_TRY(sh_tensor_empty(o0.out(), x->ndim, x->shape, x->dtype, x->device));
+  if (out1) SH_TRY(sh_tensor_empty(o1.out(), x->ndim, x->shape, x->dtype, x->device));
+  int64_t n = sh_tensor_numel(x);
+  if (n > 0) {
+    const void *px = sh_tensor_data(xc.t), *pu = uc.t ? sh_tensor_data(uc.t) : NULL, *pw = wc.t ? sh_tensor_data(wc.t) : NULL;
+    void *p0 = o0.t ? sh_tensor_data(o0.t) : NULL, *p1 = o1.t ? sh_tensor_data(o1.t) : NULL;
+    int vec = sh_aligned16(px) && (!pu || sh_aligned16(pu)) && (!pw || sh_aligned16(pw)) &&
+              (!p0 || sh_aligned16(p0)) && (!p1 || sh_aligned16(p1));
+    SH_DISPATCH_FLOAT(x->dtype, T, op, {
+      int64_t work = vec ? (n + sh_pack<T>::N - 1) / sh_pack<T>::N : n;
+      act_kernel<T><<<sh_blocks(work, ACT_THREADS), ACT_THREADS, 0, st>>>(
+          act, (const T *)px, (const T *)pu, (const T *)pw, (T *)p0, (T *)p1, n, vec);
+    });
+    CU_LAUNCHED(op);
+  }
+  if (out0) *out0 = o0.take();
+  if (out1) *out1 = o1.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_gelu_forward(sh_tensor **y, const sh_tensor *x) {
+  return run_act("gelu", ACT_GELU_F, y, NULL, x, NULL, NULL);
+}
+extern "C" int sh_cuda_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  return run_act("gelu_backward", ACT_GELU_B, dx, NULL, x, dy, NULL);
+}
+extern "C" int sh_cuda_silu_forward(sh_tensor **y, const sh_tensor *x) {
+  return run_act("silu", ACT_SILU_F, y, NULL, x, NULL, NULL);
+}
+extern "C" int sh_cuda_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  return run_act("silu_backward", ACT_SILU_B, dx, NULL, x, dy, NULL);
+}
+extern "C" int sh_cuda_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
+  return run_act("swiglu", ACT_SWIGLU_F, y, NULL, a, b, NULL);
+}
+extern "C" int sh_cuda_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a,
+                                       const sh_tensor *b) {
+  return run_act("swiglu_backward", ACT_SWIGLU_B, da, db, a, dy, b);
+}
+
+/* ---- softmax ----------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void softmax_fwd_kernel(const T *x, T *y, int64_t C) {
+  __shared__ float sh[32];
+  const T *xr = x + blockIdx.x * C;
+  T *yr = y + blockIdx.x * C;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) m = fmaxf(m, to_f(xr[i]));
+  m = block_max(m, sh);
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += __expf(to_f(xr[i]) - m);
+  s = block_sum(s, sh);
+  float inv = 1.0f / s;   /* a row of -inf gives NaN, as on the CPU and in PyTorch */
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) yr[i] = from_f<T>(__expf(to_f(xr[i]) - m) * inv);
+}
+
+/* dx = y (dy - sum(dy y)) */
+template <typename T>
+__global__ void softmax_bwd_kernel(const T *dy, const T *y, T *dx, int64_t C) {
+  __shared__ float sh[32];
+  const T *yr = y + blockIdx.x * C, *dyr = dy + blockIdx.x * C;
+  T *dxr = dx + blockIdx.x * C;
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += to_f(dyr[i]) * to_f(yr[i]);
+  s = block_sum(s, sh);
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dxr[i] = from_f<T>(to_f(yr[i]) * (to_f(dyr[i]) - s));
+}
+
+static int softmax_run(const char *op, sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+  *out = NULL;
+  SH_TRY(sh_cuda_check_float(a, op, "x", a ? a->device : -1));
+  if (b) {
+    SH_TRY(sh_cuda_check_float(b, op, "y", a->device));
+    if (b->ndim != a->ndim || memcmp(b->shape, a->shape, sizeof(int64_t) * a->ndim) != 0)
+      return sh_fail(SH_ERR_ARG, "%s: dy %s and y %s must have the same shape", op, sh_desc(a), sh_desc(b));
+  }
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, a->device, &st));
+  int dt = b ? b->dtype : a->dtype;   /* backward: dx takes y's dtype */
+  sh_tguard ac, bc, o;
+  SH_TRY(sh_cuda_contiguous_as(ac.out(), a, dt));
+  if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, dt));
+  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, dt, a->device));
+  int64_t C = a->ndim ? a->shape[a->ndim - 1] : 1, rows = C ? sh_tensor_numel(a) / C : 0;
+  int threads = C >= 1024 ? 512 : C >= 256 ? 256 : 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += 2147483647LL) {
+    unsigned nb = (unsigned)sh_min64(2147483647LL, rows - r0);
+    SH_DISPATCH_FLOAT(dt, T, op, {
+      if (b) softmax_bwd_kernel<T><<<nb, threads, 0, st>>>((const T *)sh_tensor_data(ac.t) + r0 * C,
+                                                           (const T *)sh_tensor_data(bc.t) + r0 * C, (T *)sh_tensor_data(o.t) + r0 * C, C);
+      else softmax_fwd_kernel<T><<<nb, threads, 0, st>>>((const T *)sh_tensor_data(ac.t) + r0 * C, (T *)sh_tensor_data(o.t) + r0 * C, C);
+    });
+    CU_LAUNCHED(op);
+  }
+  *out = o.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_softmax_forward(sh_tensor **y, const sh_tensor *x) { return softmax_run("softmax", y, x, NULL); }
+extern "C" int sh_cuda_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
+  return softmax_run("softmax_backward", dx, dy, y);
+}

@@ -1,0 +1,187 @@
+/* classifier.cu: cross-entropy of logits [..., V] against integer targets [...], fused
+ * with the log-softmax, as runtime/nn_loss.c: forward reads each row once (an online max
+ * and sum give the row log-sum-exp lse, f32, targets' shape) and never stores
+ * probabilities; backward rebuilds softmax = exp(x - lse) while writing
+ * dlogits = (softmax - onehot(target)) * dloss / count in the logits' dtype.
+ * The loss is the mean over rows whose target is not ignore_index, 0 when there are none
+ * (and the gradient then is 0). Row losses are summed in f64 by one block in a fixed order,
+ * so the loss is the same from run to run. A target outside [0, V) that is not
+ * ignore_index makes its row loss NaN (the CPU op reports it as an error; checking here
+ * would need a host sync). */
+#include "common.cuh"
+
+enum { CE_THREADS = 512 };
+
+/* Online (max, sum of exp) pair: merging keeps sum relative to the larger max. */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float om, float os) {
+  if (om == -INFINITY) return;
+  if (m == -INFINITY) { m = om; s = os; return; }
+  if (om > m) { s = s * __expf(m - om) + os; m = om; }
+  else s += os * __expf(om - m);
+}
+
+template <typename T>
+__device__ __forceinline__ float row_lse(const T *x, int64_t V) {
+  __shared__ float sm[32], ss[32];
+  float m = -INFINITY, s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float v = to_f(x[j]);
+    if (v > m) { s = (m == -INFINITY ? 0.0f : s * __expf(m - v)) + 1.0f; m = v; }
+    else if (m != -INFINITY) s += __expf(v - m);   /* -inf next to -inf adds nothing */
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, om, os);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < (int)(blockDim.x >> 5) ? sm[lane] : -INFINITY;
+    s = lane < (int)(blockDim.x >> 5) ? ss[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) {
+      float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+      lse_merge(m, s, om, os);
+    }
+    if (lane == 0) { sm[0] = m; ss[0] = s; }
+  }
+  __syncthreads();
+  return sm[0] + logf(ss[0]);
+}
+
+template <typename I>
+__device__ __forceinline__ int64_t target_at(const I *t, int64_t r) { return (int64_t)t[r]; }
+
+template <typename T, typename I>
+__global__ void ce_fwd_kernel(const T *x, const I *targets, int64_t V, int64_t ignore, float *lse_out, double *row_loss) {
+  int64_t r = blockIdx.x;
+  const T *xr = x + r * V;
+  float lse = row_lse(xr, V);
+  if (threadIdx.x == 0) {
+    lse_out[r] = lse;
+    int64_t t = target_at(targets, r);
+    row_loss[r] = t == ignore ? 0.0 : (t < 0 || t >= V) ? (double)NAN : (double)lse - (double)to_f(xr[t]);
+  }
+}
+
+/* One block: loss = sum(row_loss) / count (0 when count is 0), and count itself. */
+template <typename I>
+__global__ void ce_finish_kernel(const double *row_loss, const I *targets, int64_t n, int64_t ignore, float *loss,
+                                 int64_t *count_out) {
+  __shared__ double sh[32];
+  double s = 0, c = 0;
+  for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+    if (row_loss) s += row_loss[r];
+    c += target_at(targets, r) != ignore ? 1.0 : 0.0;
+  }
+  s = block_sum_d(s, sh);
+  c = block_sum_d(c, sh);
+  if (threadIdx.x == 0) {
+    if (loss) *loss = c > 0 ? (float)(s / c) : 0.0f;
+    if (count_out) *count_out = (int64_t)c;
+  }
+}
+
+template <typename T, typename I>
+__global__ void ce_bwd_kernel(const T *x, const I *targets, const float *lse, const int64_t *count, double dloss,
+                              int64_t V, int64_t ignore, T *dx) {
+  int64_t r = blockIdx.x;
+  const T *xr = x + r * V;
+  T *dr = dx + r * V;
+  int64_t t = target_at(targets, r), c = *count;
+  float g = (c > 0 && t != ignore) ? (float)(dloss / (double)c) : 0.0f;
+  float l = lse[r];
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float p = g == 0.0f ? 0.0f : __expf(to_f(xr[j]) - l) * g;
+    dr[j] = from_f<T>(j == t ? p - g : p);
+  }
+}
+
+static int check_ce(const char *op, const sh_tensor *logits, const sh_tensor *targets, int64_t *V, int64_t *n) {
+  SH_TRY(sh_cuda_check_float(logits, op, "logits", logits ? logits->device : -1));
+  SH_TRY(sh_tensor_check(targets, op));
+  if (targets->dtype != SH_I64 && targets->dtype != SH_I32)
+    return sh_fail(SH_ERR_ARG, "%s: targets must be i64 or i32, got %s", op, sh_desc(targets));
+  if (targets->device != logits->device)
+    return sh_fail(SH_ERR_DEVICE, "%s: targets %s and logits %s are on different devices", op, sh_desc(targets), sh_desc(logits));
+  int ok = logits->ndim == targets->ndim + 1;
+  for (int d = 0; ok && d < targets->ndim; d++) ok = logits->shape[d] == targets->shape[d];
+  if (!ok) return sh_fail(SH_ERR_ARG, "%s: logits %s must be targets' shape %s plus [V]", op, sh_desc(logits), sh_desc(targets));
+  *V = logits->shape[logits->ndim - 1];
+  *n = sh_tensor_numel(targets);
+  if (*n > 2147483647LL) return sh_fail(SH_ERR_ARG, "%s: %lld rows are too many for the cuda kernel", op, (long long)*n);
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor *logits,
+                                             const sh_tensor *targets, int64_t ignore_index) {
+  const char *op = "cross_entropy";
+  *loss = NULL;
+  *lse = NULL;
+  int64_t V, n;
+  SH_TRY(check_ce(op, logits, targets, &V, &n));
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, logits->device, &st));
+  sh_tguard xc, tc, lo, lseo, rl;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), logits, logits->dtype));
+  SH_TRY(sh_cuda_contiguous_as(tc.out(), targets, targets->dtype));
+  SH_TRY(sh_tensor_empty(lo.out(), 0, NULL, SH_F32, logits->device));
+  SH_TRY(sh_tensor_empty(lseo.out(), targets->ndim, targets->shape, SH_F32, logits->device));
+  int64_t n1 = n > 0 ? n : 1;
+  SH_TRY(sh_tensor_empty(rl.out(), 1, &n1, SH_F64, logits->device));
+  double *rlp = (double *)sh_tensor_data(rl.t);
+  bool i64 = targets->dtype == SH_I64;
+  if (n > 0 && V > 0) {
+    SH_DISPATCH_FLOAT(logits->dtype, T, op, {
+      const T *xp = (const T *)sh_tensor_data(xc.t);
+      float *lp = (float *)sh_tensor_data(lseo.t);
+      if (i64) ce_fwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
+      else ce_fwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
+    });
+    CU_LAUNCHED(op);
+  } else if (n > 0) {
+    return sh_fail(SH_ERR_ARG, "%s: logits %s have no classes", op, sh_desc(logits));
+  }
+  float *lossp = (float *)sh_tensor_data(lo.t);
+  if (i64) ce_finish_kernel<int64_t><<<1, 1024, 0, st>>>(rlp, (const int64_t *)sh_tensor_data(tc.t), n, ignore_index, lossp, nullptr);
+  else ce_finish_kernel<int32_t><<<1, 1024, 0, st>>>(rlp, (const int32_t *)sh_tensor_data(tc.t), n, ignore_index, lossp, nullptr);
+  CU_LAUNCHED(op);
+  *loss = lo.take();
+  *lse = lseo.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                                              const sh_tensor *lse, double dloss, int64_t ignore_index) {
+  const char *op = "cross_entropy_backward";
+  *dlogits = NULL;
+  int64_t V, n;
+  SH_TRY(check_ce(op, logits, targets, &V, &n));
+  SH_TRY(sh_cuda_check_float(lse, op, "lse", logits->device));
+  if (sh_tensor_numel(lse) != n) return sh_fail(SH_ERR_ARG, "%s: lse %s must have targets' shape %s", op, sh_desc(lse), sh_desc(targets));
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, logits->device, &st));
+  sh_tguard xc, tc, lc, o, cnt;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), logits, logits->dtype));
+  SH_TRY(sh_cuda_contiguous_as(tc.out(), targets, targets->dtype));
+  SH_TRY(sh_cuda_contiguous_as(lc.out(), lse, SH_F32));
+  SH_TRY(sh_tensor_empty(o.out(), logits->ndim, logits->shape, logits->dtype, logits->device));
+  SH_TRY(sh_tensor_empty(cnt.out(), 0, NULL, SH_I64, logits->device));
+  int64_t *cp = (int64_t *)sh_tensor_data(cnt.t);
+  bool i64 = targets->dtype == SH_I64;
+  if (n > 0 && V > 0) {
+    if (i64) ce_finish_kernel<int64_t><<<1, 1024, 0, st>>>(nullptr, (const int64_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
+    else ce_finish_kernel<int32_t><<<1, 1024, 0, st>>>(nullptr, (const int32_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
+    CU_LAUNCHED(op);
+    SH_DISPATCH_FLOAT(logits->dtype, T, op, {
+      const T *xp = (const T *)sh_tensor_data(xc.t);
+      const float *lp = (const float *)sh_tensor_data(lc.t);
+      T *dp = (T *)sh_tensor_data(o.t);
+      if (i64) ce_bwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+      else ce_bwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+    });
+    CU_LAUNCHED(op);
+  }
+  *dlogits = o.take();
+  return SH_OK;
+}

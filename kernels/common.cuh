@@ -1,0 +1,184 @@
+/* common.cuh: what every CUDA file in kernels/ shares: error checks that turn a cudaError into a
+ * shard status, entering a device (its current stream), dtype dispatch over the float types,
+ * element conversions, warp/block reductions and a scope guard for scratch tensors. */
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include "cuda_internal.h"
+extern "C" {
+#include "tensor_internal.h"
+#include "alloc_internal.h"
+#include "ops.h"
+#include "nn.h"
+#include "optim.h"
+}
+
+/* Formats "op: cuda error <name> (<text>) at file:line" and returns SH_ERR_DEVICE. */
+int sh_cuda_fail(const char *op, cudaError_t err, const char *file, int line);
+
+#define CU_TRY(op, call) do { cudaError_t cu_e_ = (call); \
+    if (cu_e_ != cudaSuccess) return sh_cuda_fail(op, cu_e_, __FILE__, __LINE__); } while (0)
+/* After every launch: a bad configuration shows up here, not at the next sync. */
+#define CU_LAUNCHED(op) CU_TRY(op, cudaGetLastError())
+
+/* Makes `device` current on this thread (initialising it on first use) and returns the
+ * thread's current stream there. */
+int sh_cuda_enter(const char *op, int device, cudaStream_t *stream);
+/* Properties read once per device. */
+const cudaDeviceProp *sh_cuda_props(int device);
+
+/* Scratch and output tensors released at scope exit unless taken. */
+struct sh_tguard {
+  sh_tensor *t = nullptr;
+  sh_tguard() = default;
+  sh_tguard(const sh_tguard &) = delete;
+  sh_tguard &operator=(const sh_tguard &) = delete;
+  ~sh_tguard() { sh_tensor_destroy(t); }
+  sh_tensor *take() { sh_tensor *r = t; t = nullptr; return r; }
+  sh_tensor **out() { return &t; }
+};
+
+/* *out = t as a contiguous tensor of `dtype` on t's device: an alias when it already is
+ * one, else a converted copy (elementwise.cu). */
+int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);
+/* dst (contiguous) += src (contiguous, same numel), any float dtypes, on `stream`. */
+int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src);
+
+/* Fails unless t is a live tensor on `device` with a float dtype the kernels take. */
+int sh_cuda_check_float(const sh_tensor *t, const char *op, const char *name, int device);
+
+/* ---- element types ---------------------------------------------------------------- */
+
+template <typename T> __device__ __forceinline__ float to_f(T x);
+template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+/* 16 bytes of T, so one load or store instruction moves a whole pack. */
+template <typename T> struct alignas(16) sh_pack {
+  static constexpr int N = 16 / sizeof(T);
+  T v[N];
+};
+
+template <typename T> __device__ __forceinline__ sh_pack<T> load_pack(const T *p) {
+  sh_pack<T> r;
+  *reinterpret_cast<int4 *>(&r) = __ldg(reinterpret_cast<const int4 *>(p));
+  return r;
+}
+template <typename T> __device__ __forceinline__ void store_pack(T *p, const sh_pack<T> &r) {
+  *reinterpret_cast<int4 *>(p) = *reinterpret_cast<const int4 *>(&r);
+}
+
+static inline bool sh_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Runs `body` with T bound to the C++ type of a float dtype (f32, bf16, f16). */
+#define SH_DISPATCH_FLOAT(dtype, T, op, ...) \
+  switch (dtype) { \
+    case SH_F32: { typedef float T; __VA_ARGS__; break; } \
+    case SH_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; break; } \
+    case SH_F16: { typedef __half T; __VA_ARGS__; break; } \
+    default: return sh_fail(SH_ERR_ARG, "%s: cuda kernels take f32, bf16 or f16, got %s", op, sh_dtype_name(dtype)); \
+  }
+
+/* ---- any dtype in and out, by a run-time switch ---------------------------------------- */
+
+template <typename C> __device__ __forceinline__ C ew_load(const char *base, int dt, int64_t i) {
+  switch (dt) {
+    case SH_F64: return (C)((const double *)base)[i];
+    case SH_F32: return (C)((const float *)base)[i];
+    case SH_BF16: return (C)__bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    case SH_F16: return (C)__half2float(((const __half *)base)[i]);
+    case SH_I64: return (C)((const int64_t *)base)[i];
+    case SH_I32: return (C)((const int32_t *)base)[i];
+    case SH_U8: return (C)((const uint8_t *)base)[i];
+    default: return (C)(((const uint8_t *)base)[i] != 0);
+  }
+}
+
+template <typename C> __device__ __forceinline__ void ew_store(char *base, int dt, int64_t i, C v) {
+  switch (dt) {
+    case SH_F64: ((double *)base)[i] = (double)v; break;
+    case SH_F32: ((float *)base)[i] = (float)v; break;
+    case SH_BF16: ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn((float)v); break;
+    case SH_F16: ((__half *)base)[i] = __float2half_rn((float)v); break;
+    case SH_I64: ((int64_t *)base)[i] = (int64_t)v; break;
+    case SH_I32: ((int32_t *)base)[i] = (int32_t)(int64_t)v; break;
+    case SH_U8: ((uint8_t *)base)[i] = (uint8_t)(int64_t)v; break;
+    default: ((uint8_t *)base)[i] = v != (C)0; break;
+  }
+}
+
+/* ---- reductions ------------------------------------------------------------------- */
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+ * `shared` holds 32 floats. Contains __syncthreads: call from all threads. */
+__device__ __forceinline__ float block_sum(float v, float *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+__device__ __forceinline__ double block_sum_d(double v, double *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum_d(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : 0.0;
+  return warp_sum_d(v);
+}
+
+/* GPT-2's tanh gelu and its derivative, as the CPU reference computes them. */
+__device__ __forceinline__ float gelu_f(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  float u = k * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad_f(float x) {
+  const float k = 0.7978845608028654f;
+  float u = k * (x + 0.044715f * x * x * x);
+  float t = tanhf(u);
+  float du = k * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+static inline int64_t sh_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline unsigned sh_blocks(int64_t n, int threads, int64_t cap = 65535LL * 32) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return (unsigned)(b < cap ? b : cap);
+}

@@ -1,0 +1,431 @@
+/* device.cu: devices, streams, events, pinned host memory and the CUDA memory backend.
+ *
+ * The caching allocator itself (size classes, free lists, stats, tags, the OOM report) is
+ * runtime/alloc.c, shared with the CPU; this file gives it raw device memory (cudaMalloc,
+ * called only on a cache miss, so a steady-state step never allocates or frees) and makes
+ * reuse stream-aware: when a block enters the cache an event is recorded on the stream that
+ * is current for the freeing thread, and when the cache hands the block out to a thread whose
+ * current stream is another one, that stream first waits for the event. The wait is queued
+ * on the device, so the host never blocks, and the order is fixed by the program, not by
+ * timing (no recordStream). Nothing reachable from a free or a finalizer synchronises.
+ *
+ * Each device has three streams created non-blocking (no implicit sync with the legacy
+ * default stream): compute, all-gather and reduce-scatter. */
+#include "common.cuh"
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+#include <stdio.h>
+#include <string.h>
+
+struct sh_cuda_stream { cudaStream_t s; int device; int kind; };
+struct sh_cuda_event { cudaEvent_t e; int device; };
+
+enum { MAX_DEVICES = 16, N_STREAMS = 3 };
+
+struct device_state {
+  bool ready;
+  cudaDeviceProp props;
+  sh_cuda_stream streams[N_STREAMS];
+};
+
+static device_state devices[MAX_DEVICES];
+static std::mutex init_lock;
+static thread_local sh_cuda_stream *current[MAX_DEVICES];
+
+int sh_cuda_fail(const char *op, cudaError_t err, const char *file, int line) {
+  return sh_fail(SH_ERR_DEVICE, "%s: cuda error %s (%s) at %s:%d", op, cudaGetErrorName(err),
+                 cudaGetErrorString(err), file, line);
+}
+
+extern "C" int sh_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();   /* no driver or no GPU: clear the sticky error, report none */
+    return 0;
+  }
+  return n;
+}
+
+/* ---- the memory backend ------------------------------------------------------------ */
+
+/* The event of each cached block, and the stream that was current when it was freed. */
+struct block_rec { cudaEvent_t freed; sh_cuda_stream *stream; bool pending; };
+static std::unordered_map<void *, block_rec> blocks;
+static std::mutex blocks_lock;
+
+/* Runs with `device` current, then restores the thread's previous device. */
+struct device_scope {
+  int prev = -1;
+  explicit device_scope(int device) {
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (prev != device) cudaSetDevice(device);
+  }
+  ~device_scope() { int now; if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev); }
+};
+
+static int ensure_device(int device);
+
+static sh_cuda_stream *current_stream(int device) {
+  sh_cuda_stream *s = current[device];
+  return s ? s : &devices[device].streams[SH_STREAM_COMPUTE];
+}
+
+static void *raw_alloc(int device, size_t nbytes) {
+  if (ensure_device(device)) return NULL;
+  device_scope scope(device);
+  void *p = NULL;
+  if (cudaMalloc(&p, nbytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
+  block_rec rec = {NULL, NULL, false};
+  if (cudaEventCreateWithFlags(&rec.freed, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(p);
+    return NULL;
+  }
+  std::lock_guard<std::mutex> g(blocks_lock);
+  blocks[p] = rec;
+  return p;
+}
+
+/* Only reached from sh_mem_empty_cache and the allocator's retry after a failed cudaMalloc,
+ * never from a finalizer: cudaFree synchronises the device. */
+static void raw_free(int device, void *ptr) {
+  device_scope scope(device);
+  {
+    std::lock_guard<std::mutex> g(blocks_lock);
+    auto it = blocks.find(ptr);
+    if (it != blocks.end()) { cudaEventDestroy(it->second.freed); blocks.erase(it); }
+  }
+  cudaFree(ptr);
+}
+
+static void on_free(int device, void *ptr) {
+  std::lock_guard<std::mutex> g(blocks_lock);
+  auto it = blocks.find(ptr);
+  if (it == blocks.end()) return;
+  sh_cuda_stream *s = current_stream(device);
+  if (cudaEventRecord(it->second.freed, s->s) == cudaSuccess) {
+    it->second.stream = s;
+    it->second.pending = true;
+  } else {
+    /* Cannot record (the context is being torn down): treat the block as used on the
+     * compute stream, which is where nearly all frees happen. */
+    cudaGetLastError();
+    it->second.pending = false;
+  }
+}
+
+static void on_reuse(int device, void *ptr) {
+  std::lock_guard<std::mutex> g(blocks_lock);
+  auto it = blocks.find(ptr);
+  if (it == blocks.end() || !it->second.pending) return;
+  sh_cuda_stream *s = current_stream(device);
+  if (s != it->second.stream && cudaStreamWaitEvent(s->s, it->second.freed, 0) != cudaSuccess) cudaGetLastError();
+  it->second.pending = false;
+}
+
+static bool is_pinned(const void *p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) { cudaGetLastError(); return false; }
+  return a.type == cudaMemoryTypeHost;
+}
+
+/* The allocator's synchronous copy (tensor_copy.c): when it returns, the host side may be
+ * read or reused. Device-side work stays in stream order. */
+static int copy(int dst_device, void *dst, int src_device, const void *src, size_t nbytes) {
+  const char *op = "copy";
+  if (nbytes == 0) return SH_OK;
+  if (dst_device >= 0 && src_device < 0) {
+    cudaStream_t st;
+    SH_TRY(sh_cuda_enter(op, dst_device, &st));
+    CU_TRY(op, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, st));
+    /* From pageable memory the driver has staged the bytes before returning; from pinned
+     * memory the copy is still in flight, so wait before the caller may reuse it. */
+    if (is_pinned(src)) CU_TRY(op, cudaStreamSynchronize(st));
+    return SH_OK;
+  }
+  if (dst_device < 0 && src_device >= 0) {
+    cudaStream_t st;
+    SH_TRY(sh_cuda_enter(op, src_device, &st));
+    CU_TRY(op, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, st));
+    CU_TRY(op, cudaStreamSynchronize(st));
+    return SH_OK;
+  }
+  if (dst_device == src_device) {
+    cudaStream_t st;
+    SH_TRY(sh_cuda_enter(op, dst_device, &st));
+    CU_TRY(op, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, st));
+    return SH_OK;
+  }
+  /* Between two GPUs: both sides' streams must be drained, so this one synchronises. */
+  cudaStream_t ss, ds;
+  SH_TRY(sh_cuda_enter(op, dst_device, &ds));
+  CU_TRY(op, cudaStreamSynchronize(ds));
+  SH_TRY(sh_cuda_enter(op, src_device, &ss));
+  CU_TRY(op, cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, ss));
+  CU_TRY(op, cudaStreamSynchronize(ss));
+  return SH_OK;
+}
+
+static const sh_mem_backend backend = {raw_alloc, raw_free, copy, on_free, on_reuse};
+
+/* ---- devices ----------------------------------------------------------------------- */
+
+static int ensure_device(int device) {
+  const char *op = "cuda_init";
+  if (device < 0 || device >= MAX_DEVICES)
+    return sh_fail(SH_ERR_DEVICE, "%s: no device cuda:%d", op, device);
+  if (devices[device].ready) return SH_OK;
+  std::lock_guard<std::mutex> g(init_lock);
+  if (devices[device].ready) return SH_OK;
+  int n = sh_cuda_device_count();
+  if (device >= n)
+    return sh_fail(SH_ERR_DEVICE, "%s: cuda:%d requested but %d CUDA device(s) are visible", op, device, n);
+  device_scope scope(device);
+  device_state *d = &devices[device];
+  CU_TRY(op, cudaGetDeviceProperties(&d->props, device));
+  for (int k = 0; k < N_STREAMS; k++) {
+    d->streams[k].device = device;
+    d->streams[k].kind = k;
+    CU_TRY(op, cudaStreamCreateWithFlags(&d->streams[k].s, cudaStreamNonBlocking));
+  }
+  d->ready = true;
+  if (!sh_mem_cuda()) sh_mem_register_cuda(&backend);
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_init(int device) {
+  SH_TRY(ensure_device(device));
+  CU_TRY("cuda_init", cudaSetDevice(device));
+  return SH_OK;
+}
+
+int sh_cuda_enter(const char *op, int device, cudaStream_t *stream) {
+  if (device < 0 || device >= MAX_DEVICES || !devices[device].ready) {
+    int rc = ensure_device(device);
+    if (rc) return sh_fail_context("%s: ", op);
+  }
+  int now = -1;
+  CU_TRY(op, cudaGetDevice(&now));
+  if (now != device) CU_TRY(op, cudaSetDevice(device));
+  *stream = current_stream(device)->s;
+  return SH_OK;
+}
+
+const cudaDeviceProp *sh_cuda_props(int device) { return &devices[device].props; }
+
+extern "C" int sh_cuda_device_info_get(int device, sh_cuda_device_info *out) {
+  SH_TRY(ensure_device(device));
+  const cudaDeviceProp *p = &devices[device].props;
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p->name);
+  out->major = p->major;
+  out->minor = p->minor;
+  out->sm_count = p->multiProcessorCount;
+  out->total_memory = (int64_t)p->totalGlobalMem;
+  out->l2_bytes = p->l2CacheSize;
+  out->smem_per_block_optin = (int64_t)p->sharedMemPerBlockOptin;
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes) {
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter("mem_info", device, &st));
+  size_t f = 0, t = 0;
+  CU_TRY("mem_info", cudaMemGetInfo(&f, &t));
+  *free_bytes = (int64_t)f;
+  *total_bytes = (int64_t)t;
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_synchronize(int device) {
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter("synchronize", device, &st));
+  CU_TRY("synchronize", cudaDeviceSynchronize());
+  return SH_OK;
+}
+
+/* ---- streams and events -------------------------------------------------------------- */
+
+static int check_stream(const sh_cuda_stream *s, const char *op) {
+  if (!s) return sh_fail(SH_ERR_ARG, "%s: expected a stream, got nil", op);
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_stream_get(sh_cuda_stream **out, int device, int kind) {
+  *out = NULL;
+  if (kind < 0 || kind >= N_STREAMS)
+    return sh_fail(SH_ERR_ARG, "stream_get: kind %d is not compute (0), all-gather (1) or reduce-scatter (2)", kind);
+  SH_TRY(ensure_device(device));
+  *out = &devices[device].streams[kind];
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_set_stream(sh_cuda_stream *s) {
+  SH_TRY(check_stream(s, "set_stream"));
+  current[s->device] = s;
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_current_stream(sh_cuda_stream **out, int device) {
+  *out = NULL;
+  SH_TRY(ensure_device(device));
+  *out = current_stream(device);
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_stream_synchronize(sh_cuda_stream *s) {
+  SH_TRY(check_stream(s, "stream_synchronize"));
+  CU_TRY("stream_synchronize", cudaStreamSynchronize(s->s));
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_stream_wait_event(sh_cuda_stream *s, sh_cuda_event *e) {
+  SH_TRY(check_stream(s, "stream_wait_event"));
+  if (!e) return sh_fail(SH_ERR_ARG, "stream_wait_event: expected an event, got nil");
+  CU_TRY("stream_wait_event", cudaStreamWaitEvent(s->s, e->e, 0));
+  return SH_OK;
+}
+
+extern "C" void *sh_cuda_stream_raw(const sh_cuda_stream *s) { return s ? (void *)s->s : NULL; }
+extern "C" int sh_cuda_stream_device(const sh_cuda_stream *s) { return s ? s->device : -1; }
+extern "C" void *sh_cuda_event_raw(const sh_cuda_event *e) { return e ? (void *)e->e : NULL; }
+
+extern "C" int sh_cuda_event_create(sh_cuda_event **out, int device, int timing) {
+  const char *op = "event_create";
+  *out = NULL;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  sh_cuda_event *e = (sh_cuda_event *)calloc(1, sizeof *e);
+  if (!e) return sh_fail(SH_ERR_OOM, "%s: out of host memory", op);
+  cudaError_t err = cudaEventCreateWithFlags(&e->e, timing ? cudaEventDefault : cudaEventDisableTiming);
+  if (err != cudaSuccess) { free(e); return sh_cuda_fail(op, err, __FILE__, __LINE__); }
+  e->device = device;
+  *out = e;
+  return SH_OK;
+}
+
+/* cudaEventDestroy returns at once even while the event is pending, so finalizers may call it. */
+extern "C" void sh_cuda_event_destroy(sh_cuda_event *e) {
+  if (!e) return;
+  cudaEventDestroy(e->e);
+  free(e);
+}
+
+extern "C" int sh_cuda_event_record(sh_cuda_event *e, sh_cuda_stream *s) {
+  SH_TRY(check_stream(s, "event_record"));
+  if (!e) return sh_fail(SH_ERR_ARG, "event_record: expected an event, got nil");
+  if (e->device != s->device)
+    return sh_fail(SH_ERR_DEVICE, "event_record: event of cuda:%d on a stream of cuda:%d", e->device, s->device);
+  CU_TRY("event_record", cudaEventRecord(e->e, s->s));
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_event_query(sh_cuda_event *e, int *done) {
+  if (!e) return sh_fail(SH_ERR_ARG, "event_query: expected an event, got nil");
+  cudaError_t err = cudaEventQuery(e->e);
+  if (err == cudaErrorNotReady) { cudaGetLastError(); *done = 0; return SH_OK; }
+  CU_TRY("event_query", err);
+  *done = 1;
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_event_synchronize(sh_cuda_event *e) {
+  if (!e) return sh_fail(SH_ERR_ARG, "event_synchronize: expected an event, got nil");
+  CU_TRY("event_synchronize", cudaEventSynchronize(e->e));
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, double *ms) {
+  if (!start || !end) return sh_fail(SH_ERR_ARG, "event_elapsed: expected two events");
+  float f = 0;
+  CU_TRY("event_elapsed", cudaEventElapsedTime(&f, start->e, end->e));
+  *ms = f;
+  return SH_OK;
+}
+
+/* ---- pinned host memory -------------------------------------------------------------- */
+
+/* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
+ * half its size, so a steady state cycles through the same few buffers. */
+struct pinned_block { void *ptr; size_t bytes; };
+static std::vector<pinned_block> pinned_free;
+static std::unordered_map<void *, size_t> pinned_live;
+static std::mutex pinned_lock;
+
+extern "C" int sh_cuda_host_alloc(void **out, size_t nbytes) {
+  const char *op = "host_alloc";
+  *out = NULL;
+  size_t bytes = (nbytes + 4095) / 4096 * 4096;
+  if (bytes == 0) bytes = 4096;
+  std::lock_guard<std::mutex> g(pinned_lock);
+  int best = -1;
+  for (size_t i = 0; i < pinned_free.size(); i++) {
+    size_t b = pinned_free[i].bytes;
+    if (b >= bytes && b / 2 <= bytes && (best < 0 || b < pinned_free[best].bytes)) best = (int)i;
+  }
+  void *p = NULL;
+  if (best >= 0) {
+    p = pinned_free[best].ptr;
+    bytes = pinned_free[best].bytes;
+    pinned_free.erase(pinned_free.begin() + best);
+  } else {
+    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return sh_fail(SH_ERR_OOM, "%s: cannot pin %zu bytes of host memory (%s)", op, bytes, cudaGetErrorString(err));
+    }
+  }
+  pinned_live[p] = bytes;
+  *out = p;
+  return SH_OK;
+}
+
+extern "C" void sh_cuda_host_free(void *ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> g(pinned_lock);
+  auto it = pinned_live.find(ptr);
+  if (it == pinned_live.end()) return;
+  pinned_free.push_back({ptr, it->second});
+  pinned_live.erase(it);
+}
+
+extern "C" int sh_cuda_host_empty_cache(void) {
+  std::lock_guard<std::mutex> g(pinned_lock);
+  for (const pinned_block &b : pinned_free) CU_TRY("host_empty_cache", cudaFreeHost(b.ptr));
+  pinned_free.clear();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src) {
+  const char *op = "copy_async";
+  SH_TRY(sh_tensor_check(dst, op));
+  SH_TRY(sh_tensor_check(src, op));
+  if (dst->dtype != src->dtype || sh_tensor_numel(dst) != sh_tensor_numel(src))
+    return sh_fail(SH_ERR_ARG, "%s: needs the same dtype and size, got %s and %s", op, sh_desc(dst), sh_desc(src));
+  if (!sh_tensor_is_contiguous(dst) || !sh_tensor_is_contiguous(src))
+    return sh_fail(SH_ERR_ARG, "%s: needs contiguous tensors, got %s and %s", op, sh_desc(dst), sh_desc(src));
+  if (dst->device < 0 && src->device < 0)
+    return sh_fail(SH_ERR_DEVICE, "%s: one side must be on cuda, got %s and %s", op, sh_desc(dst), sh_desc(src));
+  int device = dst->device >= 0 ? dst->device : src->device;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  size_t n = (size_t)sh_tensor_numel(dst) * (size_t)sh_dtype_size(dst->dtype);
+  if (n == 0) return SH_OK;
+  dst->version++;
+  if (dst->device >= 0 && src->device >= 0 && dst->device != src->device)
+    CU_TRY(op, cudaMemcpyPeerAsync(sh_tensor_data(dst), dst->device, sh_tensor_data(src), src->device, n, st));
+  else
+    CU_TRY(op, cudaMemcpyAsync(sh_tensor_data(dst), sh_tensor_data(src), n, cudaMemcpyDefault, st));
+  return SH_OK;
+}
+
+int sh_cuda_check_float(const sh_tensor *t, const char *op, const char *name, int device) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
+  if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: %s %s was used after :free()", op, name, sh_desc(t));
+  if (t->device != device)
+    return sh_fail(SH_ERR_DEVICE, "%s: %s is %s but the op runs on cuda:%d", op, name, sh_desc(t), device);
+  if (t->dtype != SH_F32 && t->dtype != SH_BF16 && t->dtype != SH_F16)
+    return sh_fail(SH_ERR_ARG, "%s: %s must be f32, bf16 or f16 on cuda, got %s", op, name, sh_desc(t));
+  return SH_OK;
+}

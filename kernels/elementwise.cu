@@ -1,0 +1,462 @@
+/* elementwise.cu: binary, unary, in-place, copy/cast and fill on CUDA, with the dtype rules
+ * of runtime/ops_elementwise.c (the CPU reference): comparisons give the promoted dtype
+ * holding 0/1, integer division and transcendental ops of integers give f32, floats compute
+ * in f32 (f64 in f64), integers in i64, and NaN propagates through maximum/minimum.
+ *
+ * Two paths. The fast one covers what a training step does (same-shape contiguous operands of
+ * one float dtype, or a tensor and a scalar): each thread moves 16 bytes per load and store.
+ * The general one takes any dtypes, strides and broadcasting: dims that are contiguous for
+ * every operand are merged on the host, and each thread turns its linear index into one
+ * offset per operand. Elementwise work is memory-bound, so the op is a uniform run-time
+ * switch rather than a template, which keeps the instantiations (and the build) small. */
+#include "common.cuh"
+#include <math.h>
+#include <string.h>
+
+enum { OP_AXPY = 100, OP_COPY = 101 };   /* internal: a + alpha * b, and identity (copy, fill) */
+enum { EW_THREADS = 256 };
+
+/* ---- the math, per compute type -------------------------------------------------------- */
+
+template <typename C> __device__ __forceinline__ C ew_binary(int op, C x, C y, C alpha) {
+  switch (op) {
+    case SH_OP_ADD: return x + y;
+    case SH_OP_SUB: return x - y;
+    case SH_OP_MUL: return x * y;
+    case SH_OP_DIV: return x / y;
+    case SH_OP_POW: return y == (C)2 ? x * x : (C)pow((double)x, (double)y);
+    case SH_OP_MAXIMUM: return (x > y || x != x) ? x : y;
+    case SH_OP_MINIMUM: return (x < y || x != x) ? x : y;
+    case SH_OP_EQ: return (C)(x == y);
+    case SH_OP_LT: return (C)(x < y);
+    case SH_OP_GT: return (C)(x > y);
+    case OP_AXPY: return x + alpha * y;
+    default: return y;   /* OP_COPY: the second operand */
+  }
+}
+template <> __device__ __forceinline__ float ew_binary<float>(int op, float x, float y, float alpha) {
+  switch (op) {
+    case SH_OP_ADD: return x + y;
+    case SH_OP_SUB: return x - y;
+    case SH_OP_MUL: return x * y;
+    case SH_OP_DIV: return x / y;
+    case SH_OP_POW: return y == 2.0f ? x * x : powf(x, y);
+    case SH_OP_MAXIMUM: return (x > y || x != x) ? x : y;
+    case SH_OP_MINIMUM: return (x < y || x != x) ? x : y;
+    case SH_OP_EQ: return (float)(x == y);
+    case SH_OP_LT: return (float)(x < y);
+    case SH_OP_GT: return (float)(x > y);
+    case OP_AXPY: return x + alpha * y;
+    default: return y;
+  }
+}
+/* Integer pow by squaring, wrapping like the CPU's. */
+__device__ __forceinline__ int64_t ew_ipow(int64_t x, int64_t y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)x;
+  for (; y; y >>= 1) { if (y & 1) r *= b; b *= b; }
+  return (int64_t)r;
+}
+template <> __device__ __forceinline__ int64_t ew_binary<int64_t>(int op, int64_t x, int64_t y, int64_t alpha) {
+  switch (op) {
+    case SH_OP_ADD: return x + y;
+    case SH_OP_SUB: return x - y;
+    case SH_OP_MUL: return x * y;
+    case SH_OP_POW: return ew_ipow(x, y);
+    case SH_OP_MAXIMUM: return x > y ? x : y;
+    case SH_OP_MINIMUM: return x < y ? x : y;
+    case SH_OP_EQ: return x == y;
+    case SH_OP_LT: return x < y;
+    case SH_OP_GT: return x > y;
+    case OP_AXPY: return x + alpha * y;
+    default: return y;
+  }
+}
+
+template <typename C> __device__ __forceinline__ C ew_unary(int op, C x) {
+  switch (op) {
+    case SH_OP_NEG: return -x;
+    case SH_OP_EXP: return exp(x);
+    case SH_OP_LOG: return log(x);
+    case SH_OP_SQRT: return sqrt(x);
+    case SH_OP_RSQRT: return (C)1 / sqrt(x);
+    case SH_OP_TANH: return tanh(x);
+    case SH_OP_ABS: return fabs(x);
+    case SH_OP_SQUARE: return x * x;
+    case SH_OP_RECIPROCAL: return (C)1 / x;
+    case SH_OP_SIGN: return (C)((x > 0) - (x < 0));
+    default: return x;
+  }
+}
+template <> __device__ __forceinline__ float ew_unary<float>(int op, float x) {
+  switch (op) {
+    case SH_OP_NEG: return -x;
+    case SH_OP_EXP: return expf(x);
+    case SH_OP_LOG: return logf(x);
+    case SH_OP_SQRT: return sqrtf(x);
+    case SH_OP_RSQRT: return 1.0f / sqrtf(x);
+    case SH_OP_TANH: return tanhf(x);
+    case SH_OP_ABS: return fabsf(x);
+    case SH_OP_SQUARE: return x * x;
+    case SH_OP_RECIPROCAL: return 1.0f / x;
+    case SH_OP_SIGN: return (float)((x > 0) - (x < 0));
+    default: return x;
+  }
+}
+template <> __device__ __forceinline__ int64_t ew_unary<int64_t>(int op, int64_t x) {
+  switch (op) {
+    case SH_OP_NEG: return -x;
+    case SH_OP_ABS: return x < 0 ? -x : x;
+    case SH_OP_SQUARE: return x * x;
+    case SH_OP_SIGN: return (x > 0) - (x < 0);
+    default: return x;
+  }
+}
+
+/* An operand seen in the output's (collapsed) shape: strides 0 where broadcast, or a scalar. */
+struct ew_arg {
+  char *base;            /* element 0 of the view */
+  int dtype;
+  int scalar;            /* 1: the value is `s`, not memory */
+  double s;
+  int64_t stride[SH_MAX_DIMS];
+};
+
+struct ew_plan {
+  int ndim, nin, op, unary;
+  double alpha;
+  int64_t shape[SH_MAX_DIMS];
+  ew_arg arg[3];         /* [0] output, [1] a, [2] b */
+};
+
+template <typename C>
+__global__ void ew_general_kernel(const ew_plan p, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t off[3] = {0, 0, 0}, rest = i;
+    for (int d = p.ndim - 1; d >= 0; d--) {
+      int64_t idx = rest % p.shape[d];
+      rest /= p.shape[d];
+      for (int k = 0; k <= p.nin; k++) off[k] += idx * p.arg[k].stride[d];
+    }
+    C x = p.arg[1].scalar ? (C)p.arg[1].s : ew_load<C>(p.arg[1].base, p.arg[1].dtype, off[1]);
+    C r;
+    if (p.unary) {
+      r = ew_unary<C>(p.op, x);
+    } else {
+      C y = p.arg[2].scalar ? (C)p.arg[2].s : ew_load<C>(p.arg[2].base, p.arg[2].dtype, off[2]);
+      r = ew_binary<C>(p.op, x, y, (C)p.alpha);
+    }
+    ew_store<C>(p.arg[0].base, p.arg[0].dtype, off[0], r);
+  }
+}
+
+/* ---- the fast path: contiguous, one float dtype, 16-byte packs -------------------------- */
+
+/* o = a op b, where b is an array (b != NULL) or the scalar bs; unary when `unary`. */
+template <typename T>
+__global__ void ew_fast_kernel(T *o, const T *a, const T *b, float as, float bs, int a_scalar, int op,
+                               int unary, float alpha, int64_t n, int vec) {
+  constexpr int N = sh_pack<T>::N;
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t nvec = vec ? n / N : 0;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    sh_pack<T> pa, pb, po;
+    if (!a_scalar) pa = load_pack(a + v * N);
+    if (b) pb = load_pack(b + v * N);
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+      float x = a_scalar ? as : to_f(pa.v[j]);
+      float r = unary ? ew_unary<float>(op, x) : ew_binary<float>(op, x, b ? to_f(pb.v[j]) : bs, alpha);
+      po.v[j] = from_f<T>(r);
+    }
+    store_pack(o + v * N, po);
+  }
+  for (int64_t i = nvec * N + tid; i < n; i += stride) {
+    float x = a_scalar ? as : to_f(a[i]);
+    float r = unary ? ew_unary<float>(op, x) : ew_binary<float>(op, x, b ? to_f(b[i]) : bs, alpha);
+    o[i] = from_f<T>(r);
+  }
+}
+
+/* ---- host side ------------------------------------------------------------------------- */
+
+static int compute_dtype(int dt) { return dt == SH_F64 ? SH_F64 : sh_dtype_is_float(dt) ? SH_F32 : SH_I64; }
+static int float_rank(int d) { return d == SH_F64 ? 3 : d == SH_F32 ? 2 : (d == SH_BF16 || d == SH_F16) ? 1 : 0; }
+static int int_rank(int d) { return d == SH_I64 ? 4 : d == SH_I32 ? 3 : d == SH_U8 ? 2 : 1; }
+static int promote(int a, int b) {
+  int fa = float_rank(a), fb = float_rank(b);
+  if (fa || fb) {
+    if (fa == fb && a != b) return SH_F32;
+    return fa >= fb ? a : b;
+  }
+  return int_rank(a) >= int_rank(b) ? a : b;
+}
+static const char *binop_name(int op) {
+  static const char *names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "lt", "gt"};
+  if (op == OP_AXPY) return "axpy_";
+  if (op == OP_COPY) return "copy_";
+  return op >= 0 && op <= SH_OP_GT ? names[op] : "binary";
+}
+static const char *unop_name(int op) {
+  static const char *names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign"};
+  return op >= 0 && op <= SH_OP_SIGN ? names[op] : "unary";
+}
+static int is_arith(int op) { return op <= SH_OP_POW || op == OP_AXPY; }
+
+static int binary_result(int op, int da, int db, int *out) {
+  if (is_arith(op) && (da == SH_BOOL || db == SH_BOOL))
+    return sh_fail(SH_ERR_ARG, "%s: arithmetic on bool tensors is not supported (%s, %s); convert with :to()",
+                   binop_name(op), sh_dtype_name(da), sh_dtype_name(db));
+  int r = promote(da, db);
+  if (op == SH_OP_DIV && !sh_dtype_is_float(r)) r = SH_F32;
+  *out = r;
+  return SH_OK;
+}
+
+static int unary_result(int op, int da, int *out) {
+  if (da == SH_BOOL) return sh_fail(SH_ERR_ARG, "%s: not defined for bool tensors; convert with :to()", unop_name(op));
+  int keeps = op == SH_OP_NEG || op == SH_OP_ABS || op == SH_OP_SQUARE || op == SH_OP_SIGN;
+  *out = (keeps || sh_dtype_is_float(da)) ? da : SH_F32;
+  return SH_OK;
+}
+
+static void arg_from(ew_arg *g, const sh_tensor *t, int ndim, const int64_t *shape) {
+  memset(g, 0, sizeof *g);
+  g->base = (char *)sh_tensor_data(t);
+  g->dtype = t->dtype;
+  sh_broadcast_strides(t, ndim, shape, g->stride);
+}
+
+static void arg_scalar(ew_arg *g, double s) {
+  memset(g, 0, sizeof *g);
+  g->scalar = 1;
+  g->s = s;
+  g->dtype = SH_F64;
+}
+
+/* Drops size-1 dims and merges dims contiguous for every operand (as the CPU engine). */
+static void collapse(ew_plan *p) {
+  int nargs = p->nin + 1, n = 0;
+  for (int d = 0; d < p->ndim; d++) {
+    if (p->shape[d] == 1) continue;
+    int merge = n > 0;
+    for (int k = 0; k < nargs && merge; k++)
+      merge = p->arg[k].stride[n - 1] == p->arg[k].stride[d] * p->shape[d];
+    if (merge) {
+      p->shape[n - 1] *= p->shape[d];
+      for (int k = 0; k < nargs; k++) p->arg[k].stride[n - 1] = p->arg[k].stride[d];
+    } else {
+      p->shape[n] = p->shape[d];
+      for (int k = 0; k < nargs; k++) p->arg[k].stride[n] = p->arg[k].stride[d];
+      n++;
+    }
+  }
+  if (n == 0) {
+    p->shape[0] = 1;
+    for (int k = 0; k < nargs; k++) p->arg[k].stride[0] = 0;
+    n = 1;
+  }
+  p->ndim = n;
+}
+
+/* Dense (stride 1 over one collapsed dim) or a scalar. */
+static bool arg_dense(const ew_plan *p, int k) {
+  return p->arg[k].scalar || (p->ndim == 1 && p->arg[k].stride[0] == 1);
+}
+
+template <typename T>
+static int launch_fast(const char *op, cudaStream_t st, const ew_plan *p, int64_t n) {
+  T *o = (T *)p->arg[0].base;
+  const T *a = p->arg[1].scalar ? NULL : (const T *)p->arg[1].base;
+  const T *b = (p->unary || p->arg[2].scalar) ? NULL : (const T *)p->arg[2].base;
+  int vec = sh_aligned16(o) && (!a || sh_aligned16(a)) && (!b || sh_aligned16(b));
+  int64_t work = vec ? (n + sh_pack<T>::N - 1) / sh_pack<T>::N : n;
+  ew_fast_kernel<T><<<sh_blocks(work, EW_THREADS), EW_THREADS, 0, st>>>(
+      o, a, b, (float)p->arg[1].s, p->unary ? 0.0f : (float)p->arg[2].s, p->arg[1].scalar, p->op, p->unary,
+      (float)p->alpha, n, vec);
+  CU_LAUNCHED(op);
+  return SH_OK;
+}
+
+/* Runs a plan whose output is on `device`, computing in `ct`. */
+static int run_plan(const char *op, int device, ew_plan *p, int ct) {
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  int64_t n = 1;
+  for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+  if (n == 0) return SH_OK;
+  collapse(p);
+  int dt = p->arg[0].dtype;
+  bool fast = ct == SH_F32 && (dt == SH_F32 || dt == SH_BF16 || dt == SH_F16) && p->ndim == 1 && arg_dense(p, 0);
+  for (int k = 1; fast && k <= p->nin; k++)
+    fast = arg_dense(p, k) && (p->arg[k].scalar || p->arg[k].dtype == dt);
+  fast = fast && !p->arg[0].scalar;
+  if (fast && dt == SH_F32) return launch_fast<float>(op, st, p, n);
+  if (fast && dt == SH_BF16) return launch_fast<__nv_bfloat16>(op, st, p, n);
+  if (fast && dt == SH_F16) return launch_fast<__half>(op, st, p, n);
+  unsigned blocks = sh_blocks(n, EW_THREADS);
+  if (ct == SH_F32) ew_general_kernel<float><<<blocks, EW_THREADS, 0, st>>>(*p, n);
+  else if (ct == SH_F64) ew_general_kernel<double><<<blocks, EW_THREADS, 0, st>>>(*p, n);
+  else ew_general_kernel<int64_t><<<blocks, EW_THREADS, 0, st>>>(*p, n);
+  CU_LAUNCHED(op);
+  return SH_OK;
+}
+
+static int check_live(const sh_tensor *t, const char *op, int device) {
+  SH_TRY(sh_tensor_check(t, op));
+  if (t->device != device)
+    return sh_fail(SH_ERR_DEVICE, "%s: %s is not on cuda:%d", op, sh_desc(t), device);
+  return SH_OK;
+}
+
+/* ---- entry points ------------------------------------------------------------------------ */
+
+extern "C" int sh_cuda_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
+  *out = NULL;
+  const char *name = binop_name(op);
+  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary: unknown op code %d", op);
+  SH_TRY(check_live(a, name, a->device));
+  SH_TRY(check_live(b, name, a->device));
+  int rdt = 0, ndim;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(binary_result(op, a->dtype, b->dtype, &rdt));
+  SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
+  sh_tguard o;
+  SH_TRY(sh_tensor_empty(o.out(), ndim, shape, rdt, a->device));
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = ndim; p.nin = 2; p.op = op;
+  memcpy(p.shape, shape, sizeof shape);
+  arg_from(&p.arg[0], o.t, ndim, shape);
+  arg_from(&p.arg[1], a, ndim, shape);
+  arg_from(&p.arg[2], b, ndim, shape);
+  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  *out = o.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
+  *out = NULL;
+  const char *name = binop_name(op);
+  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary_scalar: unknown op code %d", op);
+  SH_TRY(check_live(a, name, a->device));
+  int sdt = sh_dtype_is_float(a->dtype) ? a->dtype : (s == floor(s) ? a->dtype : SH_F32);
+  int rdt = 0;
+  SH_TRY(binary_result(op, a->dtype, sdt, &rdt));
+  sh_tguard o;
+  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = a->ndim; p.nin = 2; p.op = op;
+  memcpy(p.shape, a->shape, sizeof p.shape);
+  arg_from(&p.arg[0], o.t, a->ndim, a->shape);
+  arg_from(&p.arg[scalar_first ? 2 : 1], a, a->ndim, a->shape);
+  arg_scalar(&p.arg[scalar_first ? 1 : 2], s);
+  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  *out = o.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_unary(sh_tensor **out, int op, const sh_tensor *a) {
+  *out = NULL;
+  if (op < SH_OP_NEG || op > SH_OP_SIGN) return sh_fail(SH_ERR_ARG, "unary: unknown op code %d", op);
+  const char *name = unop_name(op);
+  SH_TRY(check_live(a, name, a->device));
+  int rdt = 0;
+  SH_TRY(unary_result(op, a->dtype, &rdt));
+  sh_tguard o;
+  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = a->ndim; p.nin = 1; p.op = op; p.unary = 1;
+  memcpy(p.shape, a->shape, sizeof p.shape);
+  arg_from(&p.arg[0], o.t, a->ndim, a->shape);
+  arg_from(&p.arg[1], a, a->ndim, a->shape);
+  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  *out = o.take();
+  return SH_OK;
+}
+
+/* dst = dst op b (b broadcast to dst); the result must fit dst's dtype. */
+static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
+  const char *name = binop_name(op);
+  SH_TRY(check_live(dst, name, dst->device));
+  SH_TRY(check_live(b, name, dst->device));
+  int rdt = 0, ndim;
+  int64_t shape[SH_MAX_DIMS];
+  if (op == OP_COPY) rdt = dst->dtype;
+  else SH_TRY(binary_result(op, dst->dtype, b->dtype, &rdt));
+  if (op != OP_COPY && sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
+    return sh_fail(SH_ERR_ARG, "%s: result %s cannot be stored in place into %s", name, sh_dtype_name(rdt), sh_desc(dst));
+  SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
+  if (ndim != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * ndim) != 0)
+    return sh_fail(SH_ERR_ARG, "%s: %s does not broadcast to the in-place destination %s", name, sh_desc(b), sh_desc(dst));
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = ndim; p.nin = 2; p.op = op; p.alpha = alpha;
+  memcpy(p.shape, shape, sizeof shape);
+  arg_from(&p.arg[0], dst, ndim, shape);
+  arg_from(&p.arg[1], dst, ndim, shape);
+  arg_from(&p.arg[2], b, ndim, shape);
+  /* A copy between an integer and a float dtype computes in the wider kind of the two. */
+  int ct = compute_dtype(rdt);
+  if (op == OP_COPY) {
+    if (dst->dtype == SH_F64 || b->dtype == SH_F64) ct = SH_F64;
+    else if (sh_dtype_is_float(dst->dtype) || sh_dtype_is_float(b->dtype)) ct = sh_dtype_is_float(dst->dtype) ? SH_F32 : SH_F64;
+  }
+  dst->version++;
+  return run_plan(name, dst->device, &p, ct);
+}
+
+extern "C" int sh_cuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
+  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary_: unknown op code %d", op);
+  return inplace(dst, op, b, 0);
+}
+
+extern "C" int sh_cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, OP_AXPY, x, alpha); }
+
+extern "C" int sh_cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return inplace(dst, OP_COPY, src, 0); }
+
+extern "C" int sh_cuda_scale_(sh_tensor *dst, double alpha) {
+  SH_TRY(check_live(dst, "scale_", dst->device));
+  if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
+  if (!sh_dtype_is_float(dst->dtype) && alpha != floor(alpha))
+    return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s by the fraction %g in place", sh_desc(dst), alpha);
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = dst->ndim; p.nin = 2; p.op = SH_OP_MUL;
+  memcpy(p.shape, dst->shape, sizeof p.shape);
+  arg_from(&p.arg[0], dst, dst->ndim, dst->shape);
+  arg_from(&p.arg[1], dst, dst->ndim, dst->shape);
+  arg_scalar(&p.arg[2], alpha);
+  dst->version++;
+  return run_plan("scale_", dst->device, &p, compute_dtype(dst->dtype));
+}
+
+extern "C" int sh_cuda_fill_(sh_tensor *t, double value) {
+  SH_TRY(check_live(t, "fill_", t->device));
+  ew_plan p;
+  memset(&p, 0, sizeof p);
+  p.ndim = t->ndim; p.nin = 1; p.op = OP_COPY; p.unary = 1;
+  memcpy(p.shape, t->shape, sizeof p.shape);
+  arg_from(&p.arg[0], t, t->ndim, t->shape);
+  arg_scalar(&p.arg[1], value);
+  t->version++;
+  int ct = t->dtype == SH_F64 ? SH_F64 : sh_dtype_is_float(t->dtype) ? SH_F32 : SH_F64;
+  return run_plan("fill_", t->device, &p, ct);
+}
+
+int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
+  *out = NULL;
+  if (t->dtype == dtype && sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
+  sh_tguard o;
+  SH_TRY(sh_tensor_empty(o.out(), t->ndim, t->shape, dtype, t->device));
+  SH_TRY(sh_cuda_copy_(o.t, t));
+  *out = o.take();
+  return SH_OK;
+}
+
+int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src) {
+  int rc = inplace(dst, OP_AXPY, src, 1.0);
+  return rc ? sh_fail_context("%s: ", op) : SH_OK;
+}

@@ -1,0 +1,582 @@
+/* matmul.cu: every matrix product on CUDA goes through cuBLASLt: linear forward/backward,
+ * matmul (batched, broadcast batch dims) and gemm_. bf16 and f16 run on the tensor cores with
+ * f32 accumulation (outputs in the input dtype, or f32 for gradient accumulation into an f32
+ * dw); f32 runs in full f32 unless SHARD_TF32=1 allows TF32; f64 in f64.
+ *
+ * shard is row-major and cuBLASLt column-major: a row-major X[r, c] is the column-major
+ * X^T, so D = op(A) op(B) is computed as D^T = op(B)^T op(A)^T with the operands swapped and
+ * no copies. Epilogues fuse the work around the product: BIAS (linear forward), GELU_AUX_BIAS
+ * (y = gelu(x w^T + b) keeping the pre-activation), DGELU (dpre = (dy w) * gelu'(pre)) and
+ * BGRADB (db = column sums of dy from the dw product). When the heuristic offers no kernel
+ * for an epilogue, the product runs plain and a separate kernel does the rest, so results
+ * never depend on what the library supports. SHARD_NO_LT_EPILOGUE=1 forces that path (the
+ * GPU tests run both). The chosen algorithm is cached per shape, dtype, epilogue and
+ * alignment; each (device, stream) has one 32 MiB workspace, allocated once. */
+#include "common.cuh"
+#include <cublasLt.h>
+#include <map>
+#include <mutex>
+#include <stdlib.h>
+#include <string.h>
+#include <tuple>
+
+enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX_BIAS, EPI_DGELU, EPI_BGRADB };
+enum { LT_WORKSPACE = 32 << 20, MAX_DEVICES = 16 };
+
+static cublasLtHandle_t lt_handles[MAX_DEVICES];
+static std::map<cudaStream_t, void *> workspaces;
+static std::mutex lt_lock;
+
+static bool env_flag(const char *name) {
+  const char *v = getenv(name);
+  return v && v[0] && strcmp(v, "0") != 0;
+}
+
+/* cublasGetStatusString lives in libcublas, which shard does not otherwise link. */
+static const char *lt_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "NOT_SUPPORTED";
+    default: return "error";
+  }
+}
+
+static int lt_fail(const char *op, cublasStatus_t s, int line) {
+  return sh_fail(SH_ERR_DEVICE, "%s: cublasLt status %d (%s) at %s:%d", op, (int)s, lt_status_name(s), __FILE__, line);
+}
+#define LT_TRY(op, call) do { cublasStatus_t lt_s_ = (call); if (lt_s_ != CUBLAS_STATUS_SUCCESS) return lt_fail(op, lt_s_, __LINE__); } while (0)
+
+static int lt_handle(const char *op, int device, cublasLtHandle_t *h) {
+  std::lock_guard<std::mutex> g(lt_lock);
+  if (!lt_handles[device]) LT_TRY(op, cublasLtCreate(&lt_handles[device]));
+  *h = lt_handles[device];
+  return SH_OK;
+}
+
+static int lt_workspace(const char *op, int device, cudaStream_t st, void **ws) {
+  std::lock_guard<std::mutex> g(lt_lock);
+  auto it = workspaces.find(st);
+  if (it != workspaces.end()) { *ws = it->second; return SH_OK; }
+  void *p = sh_mem_alloc(device, LT_WORKSPACE, SH_TAG_OTHER);
+  if (!p) return sh_fail_context("%s: cublasLt workspace: ", op);
+  workspaces[st] = p;
+  *ws = p;
+  return SH_OK;
+}
+
+static cudaDataType_t lt_type(int dt) {
+  switch (dt) {
+    case SH_F64: return CUDA_R_64F;
+    case SH_BF16: return CUDA_R_16BF;
+    case SH_F16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+/* One product, row-major view: D[M, N] = alpha op(A) op(B) + beta D, over `batch` matrices
+ * at the given element strides. op(A) = A [M, K] (lda >= K) or, with ta, A stored [K, M]. */
+struct lt_gemm {
+  int64_t M, N, K;
+  const void *A, *B;
+  void *D;
+  int64_t lda, ldb, ldd;
+  int ta, tb;
+  int in_dt, out_dt;
+  double alpha, beta;
+  int epi;
+  const void *bias;       /* BIAS, GELU_AUX_BIAS: [N] in out_dt; BGRADB: output [N] in out_dt */
+  void *aux;              /* GELU_AUX_BIAS: pre-activation out; DGELU: pre-activation in; [M, N] ld N */
+  int64_t batch, sA, sB, sD;
+};
+
+static int align_of(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  int r = 256;
+  while (r > 1 && (a % r)) r >>= 1;
+  return r;
+}
+
+typedef std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int, int, int64_t, int, int> lt_key;
+struct lt_choice { bool ok; cublasLtMatmulAlgo_t algo; };
+static std::map<lt_key, lt_choice> algo_cache;
+
+/* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it, so the
+ * caller can fall back to the epilogue-free product. */
+static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g) {
+  cublasLtHandle_t h = NULL;
+  void *ws = NULL;
+  SH_TRY(lt_handle(op, device, &h));
+  SH_TRY(lt_workspace(op, device, st, &ws));
+  bool f64 = g.in_dt == SH_F64;
+  cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F
+                         : (g.in_dt == SH_F32 ? (env_flag("SHARD_TF32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
+                                              : CUBLAS_COMPUTE_32F);
+  cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  int rc = SH_OK;
+  cublasStatus_t s;
+  /* Column-major: A' = B (N x K), B' = A (K x M), D' = D (N x M). */
+  cublasOperation_t opa = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  uint64_t a_rows = g.tb ? g.K : g.N, a_cols = g.tb ? g.N : g.K;
+  uint64_t b_rows = g.ta ? g.M : g.K, b_cols = g.ta ? g.K : g.M;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (g.epi) {
+    case EPI_BIAS: epi = CUBLASLT_EPILOGUE_BIAS; break;
+    case EPI_GELU_AUX_BIAS: epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case EPI_DGELU: epi = CUBLASLT_EPILOGUE_DGELU; break;
+    case EPI_BGRADB: epi = CUBLASLT_EPILOGUE_BGRADB; break;
+    default: break;
+  }
+  lt_key key(g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.ta, g.tb, g.in_dt, g.out_dt, g.epi,
+             (align_of(g.A) << 18) | (align_of(g.B) << 9) | align_of(g.D), g.batch, (int)ct, g.beta != 0);
+#define LT_CHECK(call) do { s = (call); if (s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail(op, s, __LINE__); goto done; } } while (0)
+  LT_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_t));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (g.epi == EPI_BIAS || g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_BGRADB)
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_DGELU) {
+    int64_t aux_ld = g.N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  LT_CHECK(cublasLtMatrixLayoutCreate(&la, lt_type(g.in_dt), a_rows, a_cols, g.ldb));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lb, lt_type(g.in_dt), b_rows, b_cols, g.lda));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&ld, lt_type(g.out_dt), (uint64_t)g.N, (uint64_t)g.M, g.ldd));
+  if (g.batch > 1) {
+    int32_t bc = (int32_t)g.batch;
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sB, sizeof g.sB));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sA, sizeof g.sA));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(ld, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(ld, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sD, sizeof g.sD));
+  }
+  {
+    lt_choice choice;
+    bool cached;
+    {
+      std::lock_guard<std::mutex> lk(lt_lock);
+      auto it = algo_cache.find(key);
+      cached = it != algo_cache.end();
+      if (cached) choice = it->second;
+    }
+    if (!cached) {
+      cublasLtMatmulPreference_t pref = NULL;
+      cublasLtMatmulHeuristicResult_t res;
+      int found = 0;
+      uint64_t wsb = LT_WORKSPACE;
+      uint32_t aa = (uint32_t)align_of(g.A), ab = (uint32_t)align_of(g.B), ad = (uint32_t)align_of(g.D);
+      LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+      /* A' is our B, B' is our A. */
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ab, sizeof ab);
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof aa);
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &res, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      choice.ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
+      if (choice.ok) choice.algo = res.algo;
+      std::lock_guard<std::mutex> lk(lt_lock);
+      algo_cache[key] = choice;
+    }
+    if (!choice.ok) { rc = SH_ERR_ARG; goto done; }
+    float af = (float)g.alpha, bf = (float)g.beta;
+    const void *alpha = f64 ? (const void *)&g.alpha : (const void *)&af;
+    const void *beta = f64 ? (const void *)&g.beta : (const void *)&bf;
+    LT_CHECK(cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st));
+  }
+#undef LT_CHECK
+done:
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (ld) cublasLtMatrixLayoutDestroy(ld);
+  return rc;
+}
+
+/* Runs g with its epilogue when the library has a kernel for it; returns 1 in *fused when it
+ * did, 0 when it ran the plain product instead (the caller then does the epilogue). */
+static int lt_gemm_epi(const char *op, int device, cudaStream_t st, lt_gemm g, int *fused) {
+  *fused = 0;
+  if (g.epi != EPI_NONE && !env_flag("SHARD_NO_LT_EPILOGUE")) {
+    int rc = lt_run(op, device, st, g);
+    if (rc == SH_OK) { *fused = 1; return SH_OK; }
+    if (rc != SH_ERR_ARG) return rc;
+  }
+  g.epi = EPI_NONE;
+  int rc = lt_run(op, device, st, g);
+  if (rc == SH_ERR_ARG)
+    return sh_fail(SH_ERR_DEVICE, "%s: cublasLt has no algorithm for [%lld x %lld] @ [%lld x %lld] in %s", op,
+                   (long long)g.M, (long long)g.K, (long long)g.K, (long long)g.N, sh_dtype_name(g.in_dt));
+  return rc;
+}
+
+/* ---- linear ------------------------------------------------------------------------------- */
+
+static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
+  SH_TRY(sh_cuda_check_float(w, op, "w", x->device));
+  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., in], got %s", op, sh_desc(x));
+  int64_t in = x->shape[x->ndim - 1];
+  if (w->ndim != 2 || w->shape[1] != in)
+    return sh_fail(SH_ERR_ARG, "%s: w must have shape [*,%lld], got %s", op, (long long)in, sh_desc(w));
+  if (b) {
+    SH_TRY(sh_cuda_check_float(b, op, "b", x->device));
+    if (b->ndim != 1 || b->shape[0] != w->shape[0])
+      return sh_fail(SH_ERR_ARG, "%s: b must have shape [%lld], got %s", op, (long long)w->shape[0], sh_desc(b));
+  }
+  return SH_OK;
+}
+
+static int64_t rows_of(const sh_tensor *t) { int64_t n = 1; for (int d = 0; d + 1 < t->ndim; d++) n *= t->shape[d]; return n; }
+
+/* y = x w^T + b, optionally gelu'd (pre keeps x w^T + b). */
+static int linear_fwd(const char *op, sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  *y = NULL;
+  if (pre) *pre = NULL;
+  SH_TRY(check_linear(op, x, w, b));
+  int dt = x->dtype, dev = x->device;
+  int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
+  int64_t shape[SH_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = out;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, dev, &st));
+  sh_tguard xc, wc, bc, yo, po;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), x, dt));
+  SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
+  if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, dt));
+  SH_TRY(sh_tensor_empty(yo.out(), x->ndim, shape, dt, dev));
+  if (pre) SH_TRY(sh_tensor_empty(po.out(), x->ndim, shape, dt, dev));
+  if (rows > 0 && out > 0) {
+    if (in == 0) {             /* an empty product: the bias alone (then gelu) */
+      sh_tensor *dst = pre ? po.t : yo.t;
+      SH_TRY(sh_cuda_fill_(dst, 0.0));
+      if (b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
+      if (pre) {
+        sh_tguard act;
+        SH_TRY(sh_cuda_gelu_forward(act.out(), po.t));
+        SH_TRY(sh_cuda_copy_(yo.t, act.t));
+      }
+    } else {
+      lt_gemm g;
+      memset(&g, 0, sizeof g);
+      g.M = rows; g.N = out; g.K = in;
+      g.A = sh_tensor_data(xc.t); g.lda = in; g.ta = 0;
+      g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 1;
+      g.D = sh_tensor_data(pre ? po.t : yo.t); g.ldd = out;
+      g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
+      g.bias = bc.t ? sh_tensor_data(bc.t) : NULL;
+      if (pre && b && (out % 8) == 0) {
+        g.epi = EPI_GELU_AUX_BIAS;
+        g.D = sh_tensor_data(yo.t);
+        g.aux = sh_tensor_data(po.t);
+      } else {
+        g.epi = b ? EPI_BIAS : EPI_NONE;
+      }
+      int fused = 0;
+      SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+      sh_tensor *dst = (sh_tensor *)(g.D == sh_tensor_data(yo.t) ? yo.t : po.t);
+      /* Without the fused epilogue the plain product landed in D: add the bias there, and
+       * when D was y but pre was wanted, move it to pre. */
+      if (!fused && b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
+      if (pre && g.epi == EPI_GELU_AUX_BIAS && !fused) SH_TRY(sh_cuda_copy_(po.t, yo.t));
+      if (pre && !(g.epi == EPI_GELU_AUX_BIAS && fused)) {
+        sh_tguard act;
+        SH_TRY(sh_cuda_gelu_forward(act.out(), po.t));
+        SH_TRY(sh_cuda_copy_(yo.t, act.t));
+      }
+    }
+  }
+  *y = yo.take();
+  if (pre) *pre = po.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  return linear_fwd("linear", y, NULL, x, w, b);
+}
+
+extern "C" int sh_cuda_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w,
+                                           const sh_tensor *b) {
+  return linear_fwd("linear_gelu", y, pre, x, w, b);
+}
+
+/* dw += dy^T x and db += colsum(dy): one product with beta = 1 straight into dw when its
+ * dtype allows, BGRADB for db when the library offers it. */
+static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh_tensor *db, const sh_tensor *dyc,
+                              const sh_tensor *xc, int64_t rows, int64_t in, int64_t out) {
+  int dt = dyc->dtype, dev = dyc->device;
+  bool db_done = false;
+  if (dw && rows > 0) {
+    /* bf16/f16 products may write f32 (gradient accumulation in f32) or their own dtype. */
+    bool direct = sh_tensor_is_contiguous(dw) && (dw->dtype == dt || (dw->dtype == SH_F32 && dt != SH_F64));
+    sh_tguard acc, bgrad;
+    sh_tensor *target = dw;
+    if (!direct) {
+      int64_t s2[2] = {out, in};
+      SH_TRY(sh_tensor_empty(acc.out(), 2, s2, dt == SH_F64 ? SH_F64 : SH_F32, dev));
+      target = acc.t;
+    }
+    lt_gemm g;
+    memset(&g, 0, sizeof g);
+    g.M = out; g.N = in; g.K = rows;
+    g.A = sh_tensor_data(dyc); g.lda = out; g.ta = 1;     /* dy stored [rows, out] = [K, M] */
+    g.B = sh_tensor_data(xc); g.ldb = in; g.tb = 0;       /* x [rows, in] = [K, N] */
+    g.D = sh_tensor_data(target); g.ldd = in;
+    g.in_dt = dt; g.out_dt = target->dtype; g.alpha = 1; g.beta = direct ? 1.0 : 0.0; g.batch = 1;
+    if (db) {
+      int64_t s1[1] = {out};
+      SH_TRY(sh_tensor_empty(bgrad.out(), 1, s1, target->dtype, dev));
+      g.epi = EPI_BGRADB;
+      g.bias = sh_tensor_data(bgrad.t);
+    }
+    /* BGRADB's bias length is D's column count in cuBLASLt's view, which is our M = out. */
+    int fused = 0;
+    SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+    if (!direct) SH_TRY(sh_cuda_accumulate(op, dw, acc.t));
+    else dw->version++;
+    if (db && fused) { SH_TRY(sh_cuda_accumulate(op, db, bgrad.t)); db_done = true; }
+  }
+  if (db && !db_done && rows > 0) {
+    sh_tguard v, s;
+    int64_t s2[2] = {rows, out}, s1[1] = {out};
+    SH_TRY(sh_view_reshape(v.out(), dyc, 2, s2));
+    SH_TRY(sh_cuda_sum_to_shape(s.out(), v.t, 1, s1));
+    SH_TRY(sh_cuda_accumulate(op, db, s.t));
+  }
+  return SH_OK;
+}
+
+/* Shared by linear_backward (dx = dy w) and linear_backward_dgelu (dpre = (dy w) gelu'(pre)). */
+static int linear_bwd(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
+                      const sh_tensor *w, const sh_tensor *pre) {
+  if (dx) *dx = NULL;
+  SH_TRY(check_linear(op, x, w, NULL));
+  SH_TRY(sh_cuda_check_float(dy, op, "dy", x->device));
+  int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
+  int64_t shape[SH_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = out;
+  if (dy->ndim != x->ndim || memcmp(dy->shape, shape, sizeof(int64_t) * x->ndim) != 0)
+    return sh_fail(SH_ERR_ARG, "%s: dy must be x's shape with last dim %lld, got %s", op, (long long)out, sh_desc(dy));
+  if (dw) {
+    SH_TRY(sh_cuda_check_float(dw, op, "dw", x->device));
+    if (dw->ndim != 2 || dw->shape[0] != out || dw->shape[1] != in)
+      return sh_fail(SH_ERR_ARG, "%s: dw must have w's shape, got %s", op, sh_desc(dw));
+  }
+  if (db) {
+    SH_TRY(sh_cuda_check_float(db, op, "db", x->device));
+    if (db->ndim != 1 || db->shape[0] != out) return sh_fail(SH_ERR_ARG, "%s: db must have shape [%lld], got %s", op, (long long)out, sh_desc(db));
+  }
+  if (pre) {
+    SH_TRY(sh_cuda_check_float(pre, op, "pre", x->device));
+    if (pre->ndim != x->ndim || memcmp(pre->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
+      return sh_fail(SH_ERR_ARG, "%s: pre %s must have x's shape %s", op, sh_desc(pre), sh_desc(x));
+  }
+  int dt = x->dtype, dev = x->device;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, dev, &st));
+  sh_tguard dyc, xc, wc, pc, dxo;
+  SH_TRY(sh_cuda_contiguous_as(dyc.out(), dy, dt));
+  if (dw) SH_TRY(sh_cuda_contiguous_as(xc.out(), x, dt));
+  if (dx) {
+    SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
+    SH_TRY(sh_tensor_empty(dxo.out(), x->ndim, x->shape, dt, dev));
+    if (pre) SH_TRY(sh_cuda_contiguous_as(pc.out(), pre, dt));
+    if (rows > 0 && in > 0) {
+      if (out == 0) {
+        SH_TRY(sh_cuda_fill_(dxo.t, 0.0));
+      } else {
+        lt_gemm g;
+        memset(&g, 0, sizeof g);
+        g.M = rows; g.N = in; g.K = out;
+        g.A = sh_tensor_data(dyc.t); g.lda = out; g.ta = 0;
+        g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 0;   /* w [out, in] = [K, N] */
+        g.D = sh_tensor_data(dxo.t); g.ldd = in;
+        g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
+        if (pre && (in % 8) == 0) { g.epi = EPI_DGELU; g.aux = sh_tensor_data(pc.t); }
+        int fused = 0;
+        SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+        if (pre && !fused) {
+          sh_tguard d;
+          SH_TRY(sh_cuda_gelu_backward(d.out(), dxo.t, pc.t));
+          sh_tensor_destroy(dxo.t);
+          dxo.t = d.take();
+        }
+      }
+    } else if (pre && sh_tensor_numel(dxo.t) > 0) {
+      SH_TRY(sh_cuda_fill_(dxo.t, 0.0));
+    }
+  }
+  if (dw || db) SH_TRY(linear_param_grads(op, st, dw, db, dyc.t, dw ? xc.t : NULL, rows, in, out));
+  if (dx) *dx = dxo.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                       const sh_tensor *x, const sh_tensor *w) {
+  return linear_bwd("linear_backward", dx, dw, db, dy, x, w, NULL);
+}
+
+extern "C" int sh_cuda_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  if (!dpre) return sh_fail(SH_ERR_ARG, "linear_backward_dgelu: dpre is the point of this op; got NULL");
+  if (!pre) return sh_fail(SH_ERR_ARG, "linear_backward_dgelu: pre is missing (got nil)");
+  return linear_bwd("linear_backward_dgelu", dpre, dw, db, dy, x, w, pre);
+}
+
+/* ---- matmul and gemm_ ------------------------------------------------------------------------ */
+
+static int float_rank(int d) { return d == SH_F64 ? 3 : d == SH_F32 ? 2 : (d == SH_BF16 || d == SH_F16) ? 1 : 0; }
+static int promote_float(int a, int b) {
+  int fa = float_rank(a), fb = float_rank(b);
+  if (fa == fb && a != b) return SH_F32;
+  return fa >= fb ? a : b;
+}
+
+/* A 2-D operand cuBLASLt can read in place: row-major (stride[1] == 1) or a transposed view
+ * (stride[0] == 1); *ld and *trans describe it. */
+static bool lt_operand(const sh_tensor *t, int64_t *ld, int *trans) {
+  int64_t r = t->shape[0], c = t->shape[1], s0 = t->stride[0], s1 = t->stride[1];
+  if ((s1 == 1 || c == 1) && s0 >= (c > 1 ? c : 1) && s0 > 0) { *ld = s0; *trans = 0; return true; }
+  if ((s0 == 1 || r == 1) && s1 >= (r > 1 ? r : 1) && s1 > 0) { *ld = s1; *trans = 1; return true; }
+  if (r <= 1 && c <= 1) { *ld = 1; *trans = 0; return true; }
+  return false;
+}
+
+extern "C" int sh_cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+                             double alpha, double beta) {
+  const char *op = "gemm_";
+  SH_TRY(sh_cuda_check_float(c, op, "c", c ? c->device : -1));
+  SH_TRY(sh_cuda_check_float(a, op, "a", c->device));
+  SH_TRY(sh_cuda_check_float(b, op, "b", c->device));
+  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
+    return sh_fail(SH_ERR_ARG, "%s: needs 2-D tensors, got %s, %s, %s", op, sh_desc(a), sh_desc(b), sh_desc(c));
+  int64_t M = trans_a ? a->shape[1] : a->shape[0], K = trans_a ? a->shape[0] : a->shape[1];
+  int64_t K2 = trans_b ? b->shape[1] : b->shape[0], N = trans_b ? b->shape[0] : b->shape[1];
+  if (K != K2 || c->shape[0] != M || c->shape[1] != N)
+    return sh_fail(SH_ERR_ARG, "%s: op(a) [%lld,%lld] @ op(b) [%lld,%lld] does not give c %s", op, (long long)M, (long long)K,
+                   (long long)K2, (long long)N, sh_desc(c));
+  int dev = c->device;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, dev, &st));
+  c->version++;
+  if (M == 0 || N == 0) return SH_OK;
+  /* Inputs in c's dtype, except bf16/f16 inputs may feed an f32 c directly. */
+  int in_dt = c->dtype;
+  if (c->dtype == SH_F32 && a->dtype == b->dtype && (a->dtype == SH_BF16 || a->dtype == SH_F16)) in_dt = a->dtype;
+  sh_tguard ac, bc, cc;
+  int64_t lda, ldb, ldc;
+  int ta, tb, tc;
+  if (a->dtype != in_dt || !lt_operand(a, &lda, &ta)) { SH_TRY(sh_cuda_contiguous_as(ac.out(), a, in_dt)); lt_operand(ac.t, &lda, &ta); }
+  if (b->dtype != in_dt || !lt_operand(b, &ldb, &tb)) { SH_TRY(sh_cuda_contiguous_as(bc.out(), b, in_dt)); lt_operand(bc.t, &ldb, &tb); }
+  const sh_tensor *A = ac.t ? ac.t : a, *B = bc.t ? bc.t : b;
+  bool c_direct = lt_operand(c, &ldc, &tc) && tc == 0;
+  if (!c_direct) { SH_TRY(sh_cuda_contiguous_as(cc.out(), c, c->dtype)); ldc = N; }
+  if (K == 0) {
+    SH_TRY(sh_cuda_scale_(c_direct ? c : cc.t, beta));
+  } else {
+    lt_gemm g;
+    memset(&g, 0, sizeof g);
+    g.M = M; g.N = N; g.K = K;
+    g.A = sh_tensor_data(A); g.lda = lda; g.ta = trans_a ^ ta;
+    g.B = sh_tensor_data(B); g.ldb = ldb; g.tb = trans_b ^ tb;
+    g.D = sh_tensor_data(c_direct ? c : cc.t); g.ldd = ldc;
+    g.in_dt = in_dt; g.out_dt = c->dtype; g.alpha = alpha; g.beta = beta; g.batch = 1;
+    int fused;
+    SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+  }
+  if (!c_direct) SH_TRY(sh_cuda_copy_(c, cc.t));
+  return SH_OK;
+}
+
+/* Batched product of contiguous a [batch_a..., M, K] and b [batch_b..., K, N] where the
+ * batch dims broadcast: one strided-batched call when each side's batch is either full or a
+ * single matrix (stride 0); otherwise the operands are expanded into dense copies first. */
+extern "C" int sh_cuda_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+  const char *op = "matmul";
+  *out = NULL;
+  SH_TRY(sh_cuda_check_float(a, op, "a", a ? a->device : -1));
+  SH_TRY(sh_cuda_check_float(b, op, "b", a->device));
+  if (a->ndim < 1 || b->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: needs at least 1-D operands, got %s and %s", op, sh_desc(a), sh_desc(b));
+  int dt = promote_float(a->dtype, b->dtype), dev = a->device;
+  /* 1-D operands become [1, K] and [K, 1]; their unit dim is dropped from the result. */
+  int64_t as[SH_MAX_DIMS + 1], bs[SH_MAX_DIMS + 1];
+  int an = a->ndim, bn = b->ndim;
+  memcpy(as, a->shape, sizeof(int64_t) * an);
+  memcpy(bs, b->shape, sizeof(int64_t) * bn);
+  if (an == 1) { as[1] = as[0]; as[0] = 1; an = 2; }
+  if (bn == 1) { bs[1] = 1; bn = 2; }
+  int64_t M = as[an - 2], K = as[an - 1], K2 = bs[bn - 2], N = bs[bn - 1];
+  if (K != K2) return sh_fail(SH_ERR_ARG, "%s: %s @ %s: inner dims %lld and %lld differ", op, sh_desc(a), sh_desc(b), (long long)K, (long long)K2);
+  int nb;
+  int64_t batch_shape[SH_MAX_DIMS];
+  SH_TRY(sh_broadcast_shapes(op, an - 2, as, bn - 2, bs, &nb, batch_shape));
+  if (nb + 2 > SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "%s: the result of %s @ %s has too many dims", op, sh_desc(a), sh_desc(b));
+  int64_t batch = 1, batch_a = 1, batch_b = 1;
+  for (int d = 0; d < nb; d++) batch *= batch_shape[d];
+  for (int d = 0; d < an - 2; d++) batch_a *= as[d];
+  for (int d = 0; d < bn - 2; d++) batch_b *= bs[d];
+  int64_t oshape[SH_MAX_DIMS];
+  int on = 0;
+  for (int d = 0; d < nb; d++) oshape[on++] = batch_shape[d];
+  if (a->ndim > 1) oshape[on++] = M;
+  if (b->ndim > 1) oshape[on++] = N;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, dev, &st));
+  sh_tguard o, ac, bc, ae, be;
+  SH_TRY(sh_tensor_empty(o.out(), on, oshape, dt, dev));
+  if (batch == 0 || M == 0 || N == 0) { *out = o.take(); return SH_OK; }
+  if (K == 0) { SH_TRY(sh_cuda_fill_(o.t, 0.0)); *out = o.take(); return SH_OK; }
+  /* Views with the 1-D promotion applied, then dense copies in dt. */
+  sh_tguard av, bv;
+  SH_TRY(sh_view_reshape(av.out(), a, an, as));
+  SH_TRY(sh_view_reshape(bv.out(), b, bn, bs));
+  const sh_tensor *A = av.t, *B = bv.t;
+  /* A side whose batch is neither full nor one matrix is expanded to the full batch. */
+  int64_t full[SH_MAX_DIMS];
+  memcpy(full, batch_shape, sizeof(int64_t) * nb);
+  if (batch_a != batch && batch_a != 1) {
+    full[nb] = M; full[nb + 1] = K;
+    SH_TRY(sh_view_expand(ae.out(), A, nb + 2, full));
+    A = ae.t;
+    batch_a = batch;
+  }
+  if (batch_b != batch && batch_b != 1) {
+    full[nb] = K; full[nb + 1] = N;
+    SH_TRY(sh_view_expand(be.out(), B, nb + 2, full));
+    B = be.t;
+    batch_b = batch;
+  }
+  SH_TRY(sh_cuda_contiguous_as(ac.out(), A, dt));
+  SH_TRY(sh_cuda_contiguous_as(bc.out(), B, dt));
+  lt_gemm g;
+  memset(&g, 0, sizeof g);
+  g.K = K; g.N = N;
+  g.B = sh_tensor_data(bc.t); g.ldb = N; g.tb = 0;
+  g.A = sh_tensor_data(ac.t); g.lda = K; g.ta = 0;
+  g.D = sh_tensor_data(o.t); g.ldd = N;
+  g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0;
+  if (batch_b == 1) {         /* a shared right operand: fold the batch into the rows */
+    g.M = batch * M; g.batch = 1;
+  } else {
+    g.M = M; g.batch = batch;
+    g.sA = batch_a == 1 ? 0 : M * K;
+    g.sB = N * K;
+    g.sD = M * N;
+  }
+  int fused;
+  SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+  *out = o.take();
+  return SH_OK;
+}

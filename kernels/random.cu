@@ -1,0 +1,121 @@
+/* random.cu: Philox normal/uniform fills, seeded dropout and arange on CUDA.
+ * The draws come from runtime/philox_internal.h, compiled here for the device: element i in
+ * row-major order of the target's shape takes counter offset + i, with the same f32 math as
+ * runtime/ops_create.c and nn_activation.c, so CUDA and CPU produce the same numbers (to the
+ * last bit in f32, up to the device's sqrtf/logf/sincos rounding). Dropout's mask is
+ * recomputed from (seed, offset) in backward, never stored. */
+#include "common.cuh"
+#include "philox_internal.h"
+
+enum { RNG_THREADS = 256, RNG_NORMAL = 0, RNG_UNIFORM = 1 };
+
+struct rng_view { int ndim; int64_t shape[SH_MAX_DIMS], stride[SH_MAX_DIMS]; };
+
+__global__ void random_fill_kernel(char *base, int dtype, rng_view v, int64_t n, uint64_t seed, uint64_t offset,
+                                   float a, float b, int kind) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t off = 0, rest = i;
+    for (int d = v.ndim - 1; d >= 0; d--) { off += (rest % v.shape[d]) * v.stride[d]; rest /= v.shape[d]; }
+    float r = kind == RNG_NORMAL ? a + b * sh_philox_normal(seed, offset, (uint64_t)i)
+                                 : a + (b - a) * sh_philox_uniform(seed, offset, (uint64_t)i);
+    ew_store<float>(base, dtype, off, r);
+  }
+}
+
+static int random_fill(const char *op, sh_tensor *t, uint64_t seed, uint64_t offset, double a, double b, int kind) {
+  SH_TRY(sh_tensor_check(t, op));
+  if (!sh_dtype_is_float(t->dtype)) return sh_fail(SH_ERR_ARG, "%s: needs a float tensor, got %s", op, sh_desc(t));
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, t->device, &st));
+  int64_t n = sh_tensor_numel(t);
+  t->version++;
+  if (n == 0) return SH_OK;
+  rng_view v;
+  memset(&v, 0, sizeof v);
+  v.ndim = t->ndim;
+  memcpy(v.shape, t->shape, sizeof v.shape);
+  memcpy(v.stride, t->stride, sizeof v.stride);
+  random_fill_kernel<<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>((char *)sh_tensor_data(t), t->dtype, v, n, seed,
+                                                                       offset, (float)a, (float)b, kind);
+  CU_LAUNCHED(op);
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+  if (!(std >= 0)) return sh_fail(SH_ERR_ARG, "normal_: std must be >= 0, got %g", std);
+  return random_fill("normal_", t, seed, offset, mean, std, RNG_NORMAL);
+}
+
+extern "C" int sh_cuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
+  if (!(low <= high)) return sh_fail(SH_ERR_ARG, "uniform_: needs low <= high, got [%g, %g)", low, high);
+  return random_fill("uniform_", t, seed, offset, low, high, RNG_UNIFORM);
+}
+
+/* ---- dropout ------------------------------------------------------------------------------ */
+
+/* Element i is kept when uniform i of (seed, offset) is > p, and scaled by 1/(1-p). */
+template <typename T>
+__global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale, uint64_t seed, uint64_t offset) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float u = sh_philox_uniform(seed, offset, (uint64_t)i);
+    y[i] = from_f<T>(u > p ? to_f(x[i]) * scale : 0.0f);
+  }
+}
+
+static int dropout(const char *op, sh_tensor **out, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  *out = NULL;
+  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
+  if (!(p >= 0 && p < 1)) return sh_fail(SH_ERR_ARG, "%s: p must be in [0, 1), got %g", op, p);
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, x->device, &st));
+  sh_tguard xc, o;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
+  SH_TRY(sh_tensor_empty(o.out(), x->ndim, x->shape, x->dtype, x->device));
+  int64_t n = sh_tensor_numel(x);
+  if (n > 0 && p == 0) {
+    SH_TRY(sh_cuda_copy_(o.t, xc.t));
+  } else if (n > 0) {
+    float scale = (float)(1.0 / (1.0 - p));
+    SH_DISPATCH_FLOAT(x->dtype, T, op, {
+      dropout_kernel<T><<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>(
+          (const T *)sh_tensor_data(xc.t), (T *)sh_tensor_data(o.t), n, (float)p, scale, seed, offset);
+    });
+    CU_LAUNCHED(op);
+  }
+  *out = o.take();
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  return dropout("dropout", y, x, p, seed, offset);
+}
+extern "C" int sh_cuda_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+  return dropout("dropout_backward", dx, dy, p, seed, offset);
+}
+
+/* ---- arange -------------------------------------------------------------------------------- */
+
+__global__ void arange_kernel(char *base, int dtype, int64_t n, double start, double step) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    ew_store<double>(base, dtype, i, start + (double)i * step);
+}
+
+extern "C" int sh_cuda_arange(sh_tensor **out, double start, double end, double step, int dtype, int device) {
+  const char *op = "arange";
+  *out = NULL;
+  if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step))
+    return sh_fail(SH_ERR_ARG, "arange: needs finite start, end and a non-zero step, got (%g, %g, %g)", start, end, step);
+  if ((end - start) * step < 0) return sh_fail(SH_ERR_ARG, "arange: step %g never reaches %g from %g", step, end, start);
+  if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "arange: unknown dtype %d", dtype);
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  int64_t n = (int64_t)ceil((end - start) / step);
+  sh_tguard o;
+  SH_TRY(sh_tensor_empty(o.out(), 1, &n, dtype, device));
+  if (n > 0) {
+    arange_kernel<<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>((char *)sh_tensor_data(o.t), dtype, n, start, step);
+    CU_LAUNCHED(op);
+  }
+  *out = o.take();
+  return SH_OK;
+}

@@ -1,0 +1,61 @@
+/* cuda.h: CUDA devices, streams, events and pinned host memory, seen from C and Lua.
+ * Each device gets three streams owned by the runtime: compute (every op launches on the
+ * calling thread's current stream, the compute stream unless set otherwise), all-gather
+ * and reduce-scatter (collectives). Work on different streams is ordered only by events,
+ * never by device-wide synchronisation, so FSDP overlaps communication with compute.
+ * Memory freed while the current stream is S is reused on another stream only after that
+ * stream waits for an event recorded on S at the free: reuse is safe and deterministic.
+ * Nothing that may run in a finalizer (frees, event destroy, pinned free) synchronises.
+ * Without CUDA (built without nvcc, or no GPU) sh_cuda_device_count() is 0 and the rest
+ * fail with SH_ERR_DEVICE. */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct sh_cuda_stream sh_cuda_stream;   /* opaque; owned by the runtime */
+typedef struct sh_cuda_event sh_cuda_event;     /* opaque; created and destroyed by the caller */
+
+typedef enum sh_stream_kind {
+  SH_STREAM_COMPUTE = 0, SH_STREAM_ALL_GATHER = 1, SH_STREAM_REDUCE_SCATTER = 2
+} sh_stream_kind;
+
+typedef struct sh_cuda_device_info {
+  char name[256];
+  int32_t major, minor;          /* compute capability */
+  int32_t sm_count;
+  int64_t total_memory;          /* bytes */
+  int64_t l2_bytes;
+  int64_t smem_per_block_optin;  /* the most shared memory one block may ask for */
+} sh_cuda_device_info;
+
+int sh_cuda_device_count(void);             /* 0 when built without CUDA or no GPU is present */
+/* Makes device the calling thread's device, creates its streams and registers the CUDA
+ * memory backend (idempotent). Every cuda:N tensor needs sh_cuda_init(N) first. */
+int sh_cuda_init(int device);
+int sh_cuda_device_info_get(int device, sh_cuda_device_info *out);
+int sh_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes);
+int sh_cuda_synchronize(int device);        /* waits for all work on the device */
+
+/* streams */
+int sh_cuda_stream_get(sh_cuda_stream **out, int device, int kind);
+int sh_cuda_set_stream(sh_cuda_stream *s);  /* this thread's current stream on s's device */
+int sh_cuda_current_stream(sh_cuda_stream **out, int device);
+int sh_cuda_stream_synchronize(sh_cuda_stream *s);
+int sh_cuda_stream_wait_event(sh_cuda_stream *s, sh_cuda_event *e);
+
+/* events; timing = 1 makes one usable with sh_cuda_event_elapsed */
+int sh_cuda_event_create(sh_cuda_event **out, int device, int timing);
+void sh_cuda_event_destroy(sh_cuda_event *e);
+int sh_cuda_event_record(sh_cuda_event *e, sh_cuda_stream *s);
+int sh_cuda_event_query(sh_cuda_event *e, int *done);   /* done = 1 once its work finished */
+int sh_cuda_event_synchronize(sh_cuda_event *e);
+int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, double *ms);
+
+/* Pinned (page-locked) host buffers for asynchronous copies. Freed buffers go back to a
+ * cache, since cudaFreeHost synchronises; sh_cuda_host_empty_cache returns them. */
+int sh_cuda_host_alloc(void **out, size_t nbytes);
+void sh_cuda_host_free(void *ptr);
+int sh_cuda_host_empty_cache(void);
+/* Copies src into dst (same dtype and numel, both contiguous, at least one on CUDA) on the
+ * current stream of the CUDA side without waiting; the host side should be pinned. */
+int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src);
