@@ -26,7 +26,7 @@ RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
 ifneq ($(NVCC),)
   CUDA_SRC  := $(wildcard kernels/*.cu)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
 else
   CUDA_OBJ  := $(BUILD)/runtime/cuda_none.o

@@ -117,6 +117,7 @@ void *sh_mem_alloc(int device, size_t nbytes, int tag) {
     b->next = p->spare_nodes;
     p->spare_nodes = b;
     p->cached -= (int64_t)bytes;
+    if (device >= 0 && cuda_backend.on_reuse) cuda_backend.on_reuse(device, ptr);
   } else {
     ptr = system_alloc(device, bytes);
     if (!ptr) {                       /* give the cache back and try once more */
@@ -148,6 +149,7 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
     b->next = p->free_lists[cls];
     p->free_lists[cls] = b;
     p->cached += (int64_t)bytes;
+    if (device >= 0 && cuda_backend.on_free) cuda_backend.on_free(device, ptr);
   } else {                            /* cannot even cache: hand it back */
     system_free(device, ptr);
     p->stats.reserved -= (int64_t)bytes;

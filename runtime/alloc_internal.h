@@ -15,6 +15,11 @@ typedef struct sh_mem_backend {
   void (*raw_free)(int device, void *ptr);
   /* Copies nbytes between any two devices (-1 = host); returns a status. */
   int (*copy)(int dst_device, void *dst, int src_device, const void *src, size_t nbytes);
+  /* Stream-aware reuse (optional): on_free runs when a block enters the cache, on_reuse
+   * when the cache hands it out again, both under the allocator's lock. They must never
+   * synchronise: frees happen in finalizers. */
+  void (*on_free)(int device, void *ptr);
+  void (*on_reuse)(int device, void *ptr);
 } sh_mem_backend;
 /* The CUDA backend, when one is registered; NULL otherwise. */
 const sh_mem_backend *sh_mem_cuda(void);
