@@ -95,6 +95,17 @@ static inline float sh_tanhf(float u) { return 1.0f - 2.0f / (sh_expf(2.0f * u) 
 
 static inline float sh_sigmoidf(float x) { return 1.0f / (1.0f + sh_expf(-x)); }
 
+/* Row reductions. gcc finishes an `omp simd reduction` with a serial chain of scalar adds
+ * that costs as much as a 128-wide row itself, so row sums are written as 16 lanes
+ * (SH_LANES: one AVX-512 vector) added up by a tree at the end. */
+enum { SH_LANES = 16 };
+static inline float sh_lanes_sum(const float *t) {
+  float u[8];
+  for (int k = 0; k < 8; k++) u[k] = t[k] + t[k + 8];
+  for (int k = 0; k < 4; k++) u[k] += u[k + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
 /* bf16 <-> f32 inline (the dtype.c versions are calls, which stop vectorization).
  * Round to nearest even; a NaN stays a (quiet) NaN. */
 static inline float sh_nn_bf16_to_f32(uint16_t h) {

@@ -18,21 +18,30 @@ typedef struct norm_args {
   float eps;
 } norm_args;
 
+/* Sum over the row of f(i), in SH_LANES lanes plus a scalar tail (see sh_lanes_sum). */
+#define ROW_SUM(out, c, EXPR) do { \
+    float lanes_[SH_LANES] = {0}, tail_ = 0.0f; \
+    int64_t i = 0; \
+    for (; i + SH_LANES <= (c); i += SH_LANES) \
+      for (int k_ = 0; k_ < SH_LANES; k_++) { int64_t j = i + k_; lanes_[k_] += (EXPR); } \
+    for (int64_t j = i; j < (c); j++) tail_ += (EXPR); \
+    (out) = sh_lanes_sum(lanes_) + tail_; \
+  } while (0)
+
 SH_NN_SIMD static void layernorm_fwd(const void *arg, int64_t r0, int64_t r1) {
   const norm_args *a = arg;
   int64_t c = a->c;
+  const float *w = a->w, *b = a->b;
   for (int64_t r = r0; r < r1; r++) {
     const float *x = a->x + r * c;
     float *y = a->y + r * c;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < c; i++) s += x[i];
-    float m = s / (float)c, ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < c; i++) ss += (x[i] - m) * (x[i] - m);
+    float s, ss;
+    ROW_SUM(s, c, x[j]);
+    float m = s / (float)c;
+    ROW_SUM(ss, c, (x[j] - m) * (x[j] - m));
     float rs = 1.0f / sqrtf(ss / (float)c + a->eps);
 #pragma omp simd
-    for (int64_t i = 0; i < c; i++) y[i] = (x[i] - m) * rs * a->w[i] + a->b[i];
+    for (int64_t i = 0; i < c; i++) y[i] = (x[i] - m) * rs * w[i] + b[i];
     a->mean[r] = m;
     a->rstd[r] = rs;
   }
@@ -41,15 +50,15 @@ SH_NN_SIMD static void layernorm_fwd(const void *arg, int64_t r0, int64_t r1) {
 SH_NN_SIMD static void rmsnorm_fwd(const void *arg, int64_t r0, int64_t r1) {
   const norm_args *a = arg;
   int64_t c = a->c;
+  const float *w = a->w;
   for (int64_t r = r0; r < r1; r++) {
     const float *x = a->x + r * c;
     float *y = a->y + r * c;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < c; i++) ss += x[i] * x[i];
+    float ss;
+    ROW_SUM(ss, c, x[j] * x[j]);
     float rs = 1.0f / sqrtf(ss / (float)c + a->eps);
 #pragma omp simd
-    for (int64_t i = 0; i < c; i++) y[i] = x[i] * rs * a->w[i];
+    for (int64_t i = 0; i < c; i++) y[i] = x[i] * rs * w[i];
     a->rstd[r] = rs;
   }
 }
@@ -64,18 +73,15 @@ SH_NN_SIMD static void norm_bwd_rows(const norm_args *a, int64_t r0, int64_t r1,
   for (int64_t r = r0; r < r1; r++) {
     const float *x = a->x + r * c, *dy = a->dy + r * c;
     float m = centered ? a->mean[r] : 0.0f, rs = a->rstd[r];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma omp simd reduction(+ : sg, sgx)
-    for (int64_t i = 0; i < c; i++) {
-      float g = dy[i] * a->w[i];
-      sg += g;
-      sgx += g * (x[i] - m) * rs;
-    }
+    const float *w = a->w;
+    float sg = 0.0f, sgx;
+    if (centered) ROW_SUM(sg, c, dy[j] * w[j]);
+    ROW_SUM(sgx, c, dy[j] * w[j] * (x[j] - m) * rs);
     float mg = centered ? sg / (float)c : 0.0f, mgx = sgx / (float)c;
     if (a->dx) {
       float *dx = a->dx + r * c;
 #pragma omp simd
-      for (int64_t i = 0; i < c; i++) dx[i] = rs * (dy[i] * a->w[i] - mg - (x[i] - m) * rs * mgx);
+      for (int64_t i = 0; i < c; i++) dx[i] = rs * (dy[i] * w[i] - mg - (x[i] - m) * rs * mgx);
     }
     if (part_w) {
 #pragma omp simd
