@@ -62,6 +62,10 @@ static void system_free(int device, void *ptr) {
   if (device < 0) free(ptr); else cuda_backend.raw_free(device, ptr);
 }
 
+/* `allocated` counts what was asked for (64-byte aligned), so per-tag figures match the
+ * tensors' sizes; `reserved` counts whole size-class blocks. */
+static int64_t used_bytes(size_t nbytes) { return (int64_t)((nbytes + ALIGN - 1) / ALIGN * ALIGN); }
+
 static void account(sh_mem_stats *s, int tag, int64_t delta) {
   s->allocated += delta;
   s->by_tag[tag] += delta;
@@ -129,7 +133,7 @@ void *sh_mem_alloc(int device, size_t nbytes, int tag) {
     p->stats.n_system_alloc++;
   }
   p->stats.n_alloc++;
-  account(&p->stats, tag, (int64_t)bytes);
+  account(&p->stats, tag, used_bytes(nbytes));
 out:
   pthread_mutex_unlock(&lock);
   return ptr;
@@ -154,7 +158,7 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
     system_free(device, ptr);
     p->stats.reserved -= (int64_t)bytes;
   }
-  account(&p->stats, tag, -(int64_t)bytes);
+  account(&p->stats, tag, -used_bytes(nbytes));
   pthread_mutex_unlock(&lock);
 }
 

@@ -311,15 +311,45 @@ int sh_flatparam_reshard(sh_flatparam *fp) {
 
 /* ---- gradients --------------------------------------------------------------------------- */
 
-/* Lays every trainable parameter's .grad into a zeroed flat buffer and frees those grads. */
-static int flatten_grads(sh_flatparam *fp) {
+static int new_flat_grad(sh_flatparam *fp) {
   SH_TRY(new_tagged(&fp->flat_grad, fp->padded, fp->rdt, fp->device, SH_TAG_GRAD));
-  SH_TRY(sh_tensor_fill_(fp->flat_grad, 0));
+  return sh_tensor_fill_(fp->flat_grad, 0);
+}
+
+/* True when g is parameter slot s's view of the flat grad buffer (set by prepare_grads). */
+static int is_flat_view(const sh_flatparam *fp, const fp_slot *s, const sh_tensor *g) {
+  return fp->flat_grad && g->storage == fp->flat_grad->storage && g->offset == fp->flat_grad->offset + s->offset &&
+         sh_tensor_is_contiguous(g);
+}
+
+int sh_flatparam_prepare_grads(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: expected a FlatParameter, got nil");
+  if (fp->reduce) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: a reduce_grad is still in flight; wait for it first");
+  if (!fp->unsharded) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: unshard first (the parameters have no storage)");
+  if (fp->flat_grad || fp->rdt != fp->pdt) return SH_OK;   /* prepared already, or grads need a cast */
+  SH_TRY(new_flat_grad(fp));
+  for (int i = 0; i < fp->n; i++) {
+    fp_slot *s = &fp->slots[i];
+    if (s->tied_to >= 0 || s->frozen || s->p->grad) continue;
+    sh_tensor *seg = NULL, *g = NULL;
+    int rc = sh_view_narrow(&seg, fp->flat_grad, 0, s->offset, s->numel);
+    if (!rc) rc = sh_view_reshape(&g, seg, s->p->ndim, s->p->shape);
+    sh_tensor_destroy(seg);
+    if (rc) return sh_fail_context("flatparam prepare_grads: parameter %d: ", i + 1);
+    s->p->grad = g;
+  }
+  return SH_OK;
+}
+
+/* Lays every trainable parameter's .grad into a zeroed flat buffer and frees those grads;
+ * grads that already are views of the buffer (prepare_grads) need no copy. */
+static int flatten_grads(sh_flatparam *fp) {
+  if (!fp->flat_grad) SH_TRY(new_flat_grad(fp));
   for (int i = 0; i < fp->n; i++) {
     fp_slot *s = &fp->slots[i];
     sh_tensor *g = s->p->grad;
     if (s->tied_to >= 0 || !g) continue;
-    if (!s->frozen) {
+    if (!s->frozen && !is_flat_view(fp, s, g)) {
       if (sh_tensor_numel(g) != s->numel)
         return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: parameter %d has %lld elements but its grad is %s",
                        i + 1, (long long)s->numel, sh_desc(g));
@@ -346,7 +376,7 @@ int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *rep
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
   if (op != SH_RED_SUM && op != SH_RED_AVG)
     return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: op %d; grads are reduced with sum (0) or avg (1)", op);
-  if (fp->flat_grad) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: the previous reduce_grad is still in flight; wait for it first");
+  if (fp->reduce || fp->red_out) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: the previous reduce_grad is still in flight; wait for it first");
   int rc = flatten_grads(fp);
   if (!rc) {
     if (fp->no_shard || !fp->group || fp->group_size == 1) fp->red_out = fp->flat_grad;
@@ -364,7 +394,7 @@ int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *rep
 
 int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
-  if (!fp->flat_grad) return SH_OK;
+  if (!fp->red_out) return SH_OK;
   int rc = SH_OK;
   if (fp->reduce) {
     rc = sh_comm_wait(fp->reduce);

@@ -81,6 +81,12 @@ int sh_flatparam_unshard_start(sh_flatparam *fp);
 int sh_flatparam_unshard_wait(sh_flatparam *fp);
 int sh_flatparam_reshard(sh_flatparam *fp);
 
+/* Before a backward: allocates the zeroed flat grad buffer and makes each trainable
+ * parameter's .grad a view of its segment, so backward accumulates in place and reduce_grad
+ * needs no gather copy. Needs the unit unsharded; a no-op when the reduce dtype differs from
+ * the param dtype (grads then come in the compute dtype and are cast while flattening). */
+int sh_flatparam_prepare_grads(sh_flatparam *fp);
+
 /* op: SH_RED_SUM or SH_RED_AVG; replicate may be NULL. */
 int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate);
 int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *replicate);

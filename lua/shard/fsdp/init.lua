@@ -168,6 +168,7 @@ end
 
 function Unit:pre_backward()
   self:unshard()
+  check(C.sh_flatparam_prepare_grads(self.fp))
   if self.root.opts.backward_prefetch ~= false then
     local prev = self.root.order[(self.index or 1) - 1]
     if prev then prev:prefetch() end
@@ -273,35 +274,39 @@ end
 ---------------------------------------------------------------------------------------------
 -- the step's other half: optimizer entries, zero_grad, clipping, summary
 
--- One optimizer entry per parameter slice this rank owns: the shard view (updated in place),
--- its grad (the matching slice of the sharded grad) and nanoGPT's decay rule (dims >= 2).
-function Unit:optim_groups()
-  local entries = {}
+-- One optimizer entry per parameter slice a unit owns on this rank: the shard view (updated
+-- in place), its grad (the matching slice of the sharded grad), nanoGPT's decay rule (dims
+-- >= 2), and where the slice starts in the parameter.
+local function unit_entries(u, names, entries)
   local slot = ffi.new("sh_flatparam_slot")
-  for _, u in ipairs(self.all_units or { self }) do
-    for i, t in ipairs(u.params) do
-      check(C.sh_flatparam_get_slot(u.fp, i - 1, -1, slot))
-      if slot.tied_to < 0 and slot.frozen == 0 and slot.own_numel > 0 then
-        local off, n = tonumber(slot.shard_offset), tonumber(slot.own_numel)
-        local fp = u.fp
-        entries[#entries + 1] = {
-          tensor = tensor.new_from(C.sh_flatparam_shard_view, fp, i - 1),
-          decay = t.p.ndim >= 2,
-          name = self.names and self.names[t],
-          start = tonumber(slot.own_start),   -- first element of the parameter owned here
-          grad = function()
-            local box = ffi.new("sh_tensor*[1]")
-            check(C.sh_flatparam_grad_shard(box, fp))
-            if box[0] == nil then return nil end
-            local g = tensor.wrap(box[0])
-            local v = g:narrow(1, off + 1, n)
-            g:free()
-            return v
-          end,
-        }
-      end
+  local fp = u.fp
+  for i, t in ipairs(u.params) do
+    check(C.sh_flatparam_get_slot(fp, i - 1, -1, slot))
+    if slot.tied_to < 0 and slot.frozen == 0 and slot.own_numel > 0 then
+      local off, n = tonumber(slot.shard_offset), tonumber(slot.own_numel)
+      entries[#entries + 1] = {
+        tensor = tensor.new_from(C.sh_flatparam_shard_view, fp, i - 1),
+        decay = t.p.ndim >= 2,
+        name = names and names[t],
+        start = tonumber(slot.own_start),
+        grad = function()
+          local box = ffi.new("sh_tensor*[1]")
+          check(C.sh_flatparam_grad_shard(box, fp))
+          if box[0] == nil then return nil end
+          local g = tensor.wrap(box[0])
+          local v = g:narrow(1, off + 1, n)
+          g:free()
+          return v
+        end,
+      }
     end
   end
+  return entries
+end
+
+function Unit:optim_groups()
+  local entries = {}
+  for _, u in ipairs(self.all_units) do unit_entries(u, self.names, entries) end
   return entries
 end
 
@@ -319,7 +324,7 @@ function Unit:grad_norm(norm_type)
   local world_size = C.sh_comm_size(w)
   local part = 0
   for _, u in ipairs(self.all_units) do
-    local entries = Unit.optim_groups(u)
+    local entries = unit_entries(u, nil, {})
     local grads = {}
     for _, e in ipairs(entries) do local g = e.grad(); if g then grads[#grads + 1] = g end end
     local p = optim.local_norm_part(grads, norm_type)

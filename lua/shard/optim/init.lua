@@ -26,11 +26,12 @@ local function state_like(t)
   return s
 end
 
--- The gradient of an entry: its own .grad, or one the owner (FSDP) hands out.
+-- The gradient of an entry: its own .grad (borrowed), or a view the owner (FSDP) hands out,
+-- which the caller frees after use so the grad buffer can go at zero_grad.
 local function grad_of(e)
-  if e.grad then return e.grad() end
+  if e.grad then return e.grad(), true end
   local g = e.tensor.p.grad
-  return g ~= nil and tensor.borrow(g) or nil
+  return g ~= nil and tensor.borrow(g) or nil, false
 end
 
 local Optimizer = {}
@@ -57,10 +58,11 @@ function O.AdamW(params, opts)
   self.step = function(s, grad_scale)
     s.step_count = s.step_count + 1
     for _, e in ipairs(s.entries) do
-      local g = grad_of(e)
+      local g, owned = grad_of(e)
       if g then
         check(C.sh_adamw_step_(e.tensor.p, g.p, e.m.p, e.v.p, e.shadow and e.shadow.p or nil, s.lr,
           s.beta1, s.beta2, s.eps, e.decay and s.weight_decay or 0, s.step_count, grad_scale or 1))
+        if owned then g:free() end
       end
     end
   end
@@ -79,10 +81,11 @@ function O.SGD(params, opts)
   self.step = function(s, grad_scale)
     s.step_count = s.step_count + 1
     for _, e in ipairs(s.entries) do
-      local g = grad_of(e)
+      local g, owned = grad_of(e)
       if g then
         check(C.sh_sgd_step_(e.tensor.p, g.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
           s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale or 1))
+        if owned then g:free() end
       end
     end
   end
@@ -125,13 +128,19 @@ O.local_norm_part = local_norm_part
 function O.clip_grad_norm(params, max_norm, norm_type, combine)
   norm_type = norm_type or 2
   local entries = collect(params)
-  local grads = {}
-  for _, e in ipairs(entries) do local g = grad_of(e); if g then grads[#grads + 1] = g end end
+  local grads, owned = {}, {}
+  for _, e in ipairs(entries) do
+    local g, own = grad_of(e)
+    if g then grads[#grads + 1] = g; owned[#grads] = own end
+  end
   local part = local_norm_part(grads, norm_type)
   if combine then part = combine(part, norm_type) end
   local total = norm_type == 2 and math.sqrt(part) or part
   local coef = max_norm / (total + 1e-6)
-  if coef < 1 then for _, g in ipairs(grads) do check(C.sh_scale_(g.p, coef)) end end
+  for i, g in ipairs(grads) do
+    if coef < 1 then check(C.sh_scale_(g.p, coef)) end
+    if owned[i] then g:free() end
+  end
   return total
 end
 
