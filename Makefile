@@ -34,6 +34,7 @@ endif
 LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
 
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
 .PHONY: all deps run test c-tests test-asan test-gpu bench clean check-long
@@ -69,6 +70,11 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
+# CUDA op tests (tests/gpu): built with the same objects, run by `make test-gpu` on a GPU.
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
+
 c-tests: $(C_TESTS)
 
 deps:
@@ -87,8 +93,8 @@ test-asan: deps
 	  bin/shard-asan c-tests
 	@ASAN_OPTIONS=detect_leaks=0 sh tests/run.sh build-asan bin/shard-asan
 
-test-gpu: all
-	@sh tests/run_gpu.sh bin/shard
+test-gpu: all $(GPU_TESTS)
+	@sh tests/run_gpu.sh bin/shard $(BUILD)
 
 bench: all
 	@sh bench/run.sh

@@ -1,0 +1,44 @@
+#!/bin/sh
+# run_gpu.sh: the CUDA test suite (make test-gpu). Usage: sh tests/run_gpu.sh bin/shard [build]
+# Runs every build/tests/gpu/test_* binary twice (with cuBLASLt's fused epilogues, then with
+# SHARD_NO_LT_EPILOGUE=1 so the fallback path is checked too) and every tests/gpu/*.lua
+# script through bin/shard; each prints a line ending in "N passed, N failed". Ends with the
+# totals on one line and exits non-zero when anything failed or a program crashed.
+host=${1:-bin/shard}
+build=${2:-build}
+passed=0
+failed=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+tally() {   # $1: exit status of the program whose output is in $log
+  cat "$log"
+  line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  if [ -n "$line" ]; then
+    p=$(echo "$line" | sed -E 's/.*[^0-9]([0-9]+) passed.*/\1/; s/^([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    passed=$((passed + p))
+    failed=$((failed + f))
+  fi
+  if [ "$1" -ne 0 ] && { [ -z "$line" ] || [ "${f:-0}" -eq 0 ]; }; then
+    echo "not ok: exited with status $1"
+    failed=$((failed + 1))
+  fi
+}
+
+for t in "$build"/tests/gpu/test_*; do
+  [ -x "$t" ] || continue
+  echo "== $t"
+  "$t" >"$log" 2>&1; tally $?
+  echo "== $t (SHARD_NO_LT_EPILOGUE=1)"
+  SHARD_NO_LT_EPILOGUE=1 "$t" >"$log" 2>&1; tally $?
+done
+
+for s in tests/gpu/*.lua; do
+  [ -f "$s" ] || continue
+  echo "== $s"
+  "$host" run "$s" >"$log" 2>&1; tally $?
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
