@@ -22,7 +22,7 @@ local cfg = shard.config{
   seed = 1337, sample_tokens = 300, strategy = "none", device = "cpu",
 }
 
-local env = shard.init and shard.init() or { rank = 0, world = 1 }
+local env = shard.init()
 shard.manual_seed(cfg.seed)
 
 -- data: characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
@@ -31,46 +31,53 @@ if env.rank == 0 then
   local _, ntrain, nval = data.prepare_char(cfg.data, dir)
   print(("data: %s -> %d train / %d val tokens"):format(cfg.data, ntrain, nval))
 end
-if env.barrier then env.barrier() end
+env.barrier()
 local tok = data.load_meta(dir .. "/meta.lua")
 
-local model = nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
-                      block_size = cfg.block_size, vocab_size = tok.vocab_size,
-                      dropout = cfg.dropout, bias = cfg.bias }
-if cfg.strategy ~= "none" then
-  model = shard.fsdp.wrap(model, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = cfg.strategy })
+local function build()
+  return nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, block_size = cfg.block_size,
+                 vocab_size = tok.vocab_size, dropout = cfg.dropout, bias = cfg.bias }
+end
+local model
+if cfg.strategy == "none" then
+  if env.world > 1 then error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0) end
+  model = build()
+else
+  -- given the constructor, wrap initialises each rank's shard only (same values as eager init)
+  model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = cfg.strategy })
   if env.rank == 0 then print(shard.fsdp.summary(model)) end
 end
 if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end
 
 local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay })
 local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
--- Every rank draws its own share of the global batch (batch_size is per rank).
-local train = data.tokens{ path = dir .. "/train.bin", block = cfg.block_size, batch = cfg.batch_size,
-                           seed = cfg.seed, rank = env.rank }
-local splits = {
-  train = data.tokens{ tokens = train.tokens, block = cfg.block_size, batch = cfg.batch_size, seed = cfg.seed + 1, rank = env.rank },
-  val = data.tokens{ path = dir .. "/val.bin", block = cfg.block_size, batch = cfg.batch_size, seed = cfg.seed + 2, rank = env.rank },
-}
+-- batch_size is the global batch; each rank takes its share of the same windows.
+local function loader(src, seed)
+  local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world }
+  if type(src) == "string" then o.path = src else o.tokens = src end
+  return data.tokens(o)
+end
+local train = loader(dir .. "/train.bin", cfg.seed)
+local splits = { train = loader(train.tokens, cfg.seed + 1), val = loader(dir .. "/val.bin", cfg.seed + 2) }
 
 local function estimate_loss()
   model:eval()
   local out = {}
-  for name, split in pairs(splits) do
+  for _, name in ipairs { "train", "val" } do   -- a fixed order: every rank must issue the same collectives
+    local split = splits[name]
     local total = 0
     for i = 1, cfg.eval_iters do
       local x, y = split:batch_at(i)
       total = total + shard.no_grad(function() return model(x, y):item() end)
       x:free(); y:free()
     end
-    out[name] = total / cfg.eval_iters
-    if env.all_reduce_mean then out[name] = env.all_reduce_mean(out[name]) end
+    out[name] = env.all_reduce_mean(total / cfg.eval_iters)
   end
   model:train()
   return out
 end
 
-local tokens_per_iter = cfg.batch_size * cfg.block_size * (env.world or 1)
+local tokens_per_iter = cfg.batch_size * cfg.block_size
 local timer = require("shard.timer")
 local window_start, window_iters = timer.now(), 0
 for it = 0, cfg.max_iters do
@@ -84,24 +91,24 @@ for it = 0, cfg.max_iters do
   local x, y = train:next()
   local loss = model(x, y)
   loss:backward()
-  if cfg.grad_clip > 0 then
-    if shard.fsdp and model.clip_grad_norm then model:clip_grad_norm(cfg.grad_clip) else optim.clip_grad_norm(model, cfg.grad_clip) end
-  end
+  if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
   opt:step()
   opt:zero_grad(true)
   window_iters = window_iters + 1
   if it % cfg.log_interval == 0 then
     local dt = (timer.now() - window_start) / window_iters
-    shard.log(it, { loss = loss, ms_per_iter = dt * 1000, tokens_per_s = tokens_per_iter / dt, lr = opt.lr },
+    shard.log(it, { loss = env.all_reduce_mean(loss:item()), ms_per_iter = dt * 1000, tokens_per_s = tokens_per_iter / dt, lr = opt.lr },
               { "loss", "ms_per_iter", "tokens_per_s", "lr" })
     window_start, window_iters = timer.now(), 0
   end
   loss:free(); x:free(); y:free()
 end
 
-if env.rank == 0 and cfg.sample_tokens > 0 then
+if cfg.sample_tokens > 0 then   -- every rank runs it: a sharded model's forward is collective
   local start = shard.tensor({ { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
   local out = model:generate(start, cfg.sample_tokens, 0.8, 200)
-  print("---- sample ----")
-  print(tok.decode(out:tolist()[1]))
+  if env.rank == 0 then
+    print("---- sample ----")
+    print(tok.decode(out:tolist()[1]))
+  end
 end

@@ -24,10 +24,30 @@ shard.random = require "shard.random"
 shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
 
+-- The process's place in the job, from mpirun / torchrun-style env / SLURM (else a world of
+-- one): rank, world, local_rank, the world group, and two helpers recipes need.
+function shard.init()
+  local comm = require "shard.comm"
+  local group = comm.init()
+  local env = { rank = group:rank(), world = group:size(), local_rank = group:local_rank(), group = group, device = "cpu" }
+  function env.barrier() group:barrier() end
+  function env.all_reduce_mean(v)
+    local t = tensor.tensor({ v }, { dtype = "f64" })
+    group:all_reduce(t, "avg")
+    local r = t:get({ 1 })
+    t:free()
+    return r
+  end
+  shard.log.rank = env.rank
+  shard.env = env
+  return env
+end
+
 -- Modules load on first use, so `require "shard"` stays cheap.
 local lazy = { memory = "shard.memory", config = "shard.config",
                nn = "shard.nn", optim = "shard.optim", data = "shard.data",
-               comm = "shard.comm", flatparam = "shard.flatparam" }
+               comm = "shard.comm", flatparam = "shard.flatparam", fsdp = "shard.fsdp",
+               safetensors = "shard.io.safetensors" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

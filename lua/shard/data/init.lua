@@ -94,24 +94,28 @@ function D.load_tokens(path)
 end
 
 -- Random windows of `block` tokens: x = tokens[o, o+block), y = tokens[o+1, o+block+1).
--- opts: path or tokens, block, batch, seed, rank (default 0), device.
+-- opts: path or tokens, block, batch (the global batch), seed, rank and world (default 0 and
+-- 1), device. Every rank draws the same global batch from (seed, step) and keeps its own
+-- batch / world rows, so N ranks see exactly the windows one process would.
 function D.tokens(opts)
   local toks = opts.tokens or D.load_tokens(opts.path)
-  local block, batch = opts.block, opts.batch
+  local block, world, rank = opts.block, opts.world or 1, opts.rank or 0
+  if opts.batch % world ~= 0 then
+    error(("data: the global batch %d does not split over %d ranks"):format(opts.batch, world), 2)
+  end
+  local global, batch = opts.batch, opts.batch / world
   if toks.n <= block + 1 then
     error(("data: %s has %d tokens, too few for block %d"):format(toks.path or "tokens", toks.n, block), 2)
   end
   local self = { tokens = toks, block = block, batch = batch, seed = opts.seed or 1337,
-                 rank = opts.rank or 0, step = 0, device = opts.device }
-  local u = tensor.empty({ batch }, { dtype = "f64" })
+                 rank = rank, world = world, step = 0, device = opts.device }
+  local u = tensor.empty({ global }, { dtype = "f64" })
   local ubuf = ffi.cast("double*", C.sh_tensor_data(u.p))
-  -- x and y are built in one host buffer; the caller owns the returned tensors.
+  -- This rank's window offsets at a step: generator key = seed, counter = the step.
   function self:offsets(step)
-    -- key: seed and rank; counter: the step, so (seed, rank, step) fixes the batch
-    local key = self.seed * 1000003 + self.rank
-    check(C.sh_random_uniform_(u.p, key, step * math.ceil(batch / 4) * 4, 0, 1))
+    check(C.sh_random_uniform_(u.p, self.seed, step * math.ceil(global / 4) * 4, 0, 1))
     local out = {}
-    for b = 1, batch do out[b] = math.floor(ubuf[b - 1] * (toks.n - block - 1)) end
+    for b = 1, batch do out[b] = math.floor(ubuf[rank * batch + b - 1] * (toks.n - block - 1)) end
     return out
   end
   function self:batch_at(step)
