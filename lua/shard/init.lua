@@ -38,6 +38,15 @@ function shard.init()
     t:free()
     return r
   end
+  -- True on every rank when flag is true on every rank: a loop over uneven data ends
+  -- together (`while env.all_true(batch ~= nil) do ... end`) instead of hanging in a collective.
+  function env.all_true(flag)
+    local t = tensor.tensor({ flag and 1 or 0 }, { dtype = "f64" })
+    group:all_reduce(t, "min")
+    local r = t:get({ 1 }) == 1
+    t:free()
+    return r
+  end
   shard.log.rank = env.rank
   shard.env = env
   return env

@@ -1,0 +1,83 @@
+-- FSDP's bad input and faults: clear errors, never a crash or a hang.
+local shard = require "shard"
+local fsdp, nn = shard.fsdp, shard.nn
+local SHARD = os.getenv("SHARD_BIN") or "bin/shard"
+local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
+
+local function run(cmd)
+  local t0 = os.time()
+  local p = io.popen(cmd .. " 2>&1; echo EXIT=$?")
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("EXIT=(%d+)")), os.time() - t0
+end
+
+local function tiny() return nn.GPT{ n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 11, block_size = 8, bias = false } end
+
+describe("fsdp.wrap", function()
+  it("refuses a tied parameter split across units, naming the unit", function()
+    local Pair = nn.Module:extend("Pair")
+    function Pair:init()
+      self:child("a", nn.Linear(4, 4))
+      self:child("b", nn.Linear(4, 4))
+      self.b:param("weight", self.a.weight)   -- tie b's weight to a's
+    end
+    local ok, err = pcall(fsdp.wrap, Pair(), { policy = fsdp.policy.transformer{ nn.Linear } })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("unit b", 1, true), err)
+    assert.is_truthy(tostring(err):find("another FlatParameter", 1, true), err)
+  end)
+
+  it("keeps a tied pair in one unit, stored once", function()
+    local model = fsdp.wrap(tiny(), { policy = fsdp.policy.transformer{ nn.Block } })
+    local root = model.all_units[1]
+    local P = 0
+    for _, t in ipairs(tiny():parameters()) do P = P + t:numel() end
+    local total = 0
+    for _, u in ipairs(model.all_units) do total = total + u:numel() end
+    assert.equal(P, total)     -- wte counted once although lm_head uses it too
+    assert.is_truthy(fsdp.summary(model):find("(root)", 1, true))
+  end)
+
+  it("refuses a world size the hybrid group does not divide", function()
+    local ok, err = pcall(fsdp.wrap, tiny(), { strategy = "hybrid_shard", hybrid_group = 2 })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("world size 1 is not a multiple of the hybrid group size 2", 1, true), err)
+  end)
+
+  it("names the known strategies when given an unknown one", function()
+    local ok, err = pcall(fsdp.wrap, tiny(), { strategy = "zero4" })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("unknown strategy 'zero4'", 1, true), err)
+    assert.is_truthy(tostring(err):find("full_shard", 1, true), err)
+  end)
+
+  it("gives sharded init the values of eager init (deferred construction)", function()
+    local function build() shard.manual_seed(5); return tiny() end
+    local eager = build()
+    local want = {}
+    for _, np in ipairs(eager:named_parameters()) do want[np.name] = np.tensor:tolist_flat() end
+    local model = fsdp.wrap(build, { policy = fsdp.policy.transformer{ nn.Block } })
+    for _, e in ipairs(model:optim_groups()) do
+      assert.same(want[e.name], e.tensor:tolist_flat(), e.name)
+    end
+  end)
+end)
+
+describe("faults across ranks", function()
+  it("a rank failing mid-step stops launch quickly, showing that rank's error", function()
+    local out, code, dt = run(SHARD .. " launch --nproc 2 tests/fixtures/recipes/fail_mid_step.lua --mode=error")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("injected failure on rank 1", 1, true), out)
+    assert.is_true(dt < 30, "took " .. dt .. " s")
+  end)
+
+  it("a rank that stops issuing collectives makes the others fail with a timeout naming op, group and rank", function()
+    local out, code, dt = run("SHARD_COMM_TIMEOUT=3 " .. MPIRUN .. " -np 2 " .. SHARD ..
+      " run tests/fixtures/recipes/fail_mid_step.lua --mode=hang")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("timed out", 1, true) or out:find("timeout", 1, true), out)
+    assert.is_truthy(out:find("rank 0", 1, true), out)
+    assert.is_true(dt < 30, "took " .. dt .. " s")
+  end)
+end)
