@@ -6,6 +6,7 @@
 #include "nn_internal.h"
 #include "nn.h"
 #include "philox_internal.h"
+#include "cuda_internal.h"
 
 typedef struct ew_args {
   const float *x, *y, *dy, *b;
@@ -173,36 +174,43 @@ static int run_unary(sh_tensor **out, const char *op, sh_nn_range_fn fn, ew_args
 }
 
 int sh_gelu_forward(sh_tensor **y, const sh_tensor *x) {
+  if (x && x->device >= 0) return sh_cuda_gelu_forward(y, x);
   ew_args a = {0};
   return run_unary(y, "gelu", gelu_fwd, &a, x, "x", NULL, 0, x ? x->dtype : SH_F32);
 }
 
 int sh_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  if (x && x->device >= 0) return sh_cuda_gelu_backward(dx, dy, x);
   ew_args a = {0};
   return run_unary(dx, "gelu_backward", gelu_bwd, &a, x, "x", dy, 0, x ? x->dtype : SH_F32);
 }
 
 int sh_silu_forward(sh_tensor **y, const sh_tensor *x) {
+  if (x && x->device >= 0) return sh_cuda_silu_forward(y, x);
   ew_args a = {0};
   return run_unary(y, "silu", silu_fwd, &a, x, "x", NULL, 0, x ? x->dtype : SH_F32);
 }
 
 int sh_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  if (x && x->device >= 0) return sh_cuda_silu_backward(dx, dy, x);
   ew_args a = {0};
   return run_unary(dx, "silu_backward", silu_bwd, &a, x, "x", dy, 0, x ? x->dtype : SH_F32);
 }
 
 int sh_softmax_forward(sh_tensor **y, const sh_tensor *x) {
+  if (x && x->device >= 0) return sh_cuda_softmax_forward(y, x);
   ew_args a = {0};
   return run_unary(y, "softmax", softmax_fwd, &a, x, "x", NULL, 1, x ? x->dtype : SH_F32);
 }
 
 int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
+  if (y && y->device >= 0) return sh_cuda_softmax_backward(dx, dy, y);
   ew_args a = {0};
   return run_unary(dx, "softmax_backward", softmax_bwd, &a, y, "y", dy, 1, y ? y->dtype : SH_F32);
 }
 
 int sh_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
+  if (a && a->device >= 0) return sh_cuda_swiglu_forward(y, a, b);
   const char *op = "swiglu";
   *y = NULL;
   SH_TRY(sh_nn_check_float(a, op, "a"));
@@ -217,6 +225,7 @@ int sh_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
 }
 
 int sh_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a, const sh_tensor *b) {
+  if (a && a->device >= 0) return sh_cuda_swiglu_backward(da, db, dy, a, b);
   const char *op = "swiglu_backward";
   if (da) *da = NULL;
   if (db) *db = NULL;
@@ -255,9 +264,11 @@ static int dropout(sh_tensor **out, const char *op, const sh_tensor *x, const ch
 }
 
 int sh_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  if (x && x->device >= 0) return sh_cuda_dropout_forward(y, x, p, seed, offset);
   return dropout(y, "dropout", x, "x", p, seed, offset);
 }
 
 int sh_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+  if (dy && dy->device >= 0) return sh_cuda_dropout_backward(dx, dy, p, seed, offset);
   return dropout(dx, "dropout_backward", dy, "dy", p, seed, offset);
 }

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include "nn_internal.h"
 #include "nn.h"
+#include "cuda_internal.h"
 
 /* BK = 64 is also the row width the hsum/hmax trees below are written for. */
 enum { BQ = 64, BK = 64 };
@@ -225,6 +226,7 @@ static void destroy_all(sh_tensor **t, int n) {
 
 int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
                          const sh_tensor *v, double scale) {
+  if (q && q->device >= 0) return sh_cuda_attention_forward(out, lse, q, k, v, scale);
   const char *op = "attention";
   *out = NULL;
   *lse = NULL;
@@ -251,6 +253,7 @@ int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, c
 int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
                           const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                           const sh_tensor *out, const sh_tensor *lse, double scale) {
+  if (q && q->device >= 0) return sh_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
   const char *op = "attention_backward";
   if (dq) *dq = NULL;
   if (dk) *dk = NULL;

@@ -5,6 +5,7 @@
  * out in the same order on every run. */
 #include "nn_internal.h"
 #include "nn.h"
+#include "cuda_internal.h"
 
 /* Stages idx as a contiguous i64/i32 tensor and checks every entry lies in [0, V). */
 static int stage_indices(sh_tensor **out, const sh_tensor *idx, int64_t V, const char *op) {
@@ -64,6 +65,7 @@ static int check_weight(const sh_tensor *w, const char *op, const char *name) {
 }
 
 int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w) {
+  if (w && w->device >= 0) return sh_cuda_embedding_forward(y, idx, w);
   const char *op = "embedding";
   *y = NULL;
   SH_TRY(check_weight(w, op, "w"));
@@ -88,6 +90,7 @@ int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w
 }
 
 int sh_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
+  if (dw && dw->device >= 0) return sh_cuda_embedding_backward(dw, dy, idx);
   const char *op = "embedding_backward";
   SH_TRY(check_weight(dw, op, "dw"));
   SH_TRY(sh_nn_check_float(dy, op, "dy"));

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include "nn_internal.h"
 #include "nn.h"
+#include "cuda_internal.h"
 
 static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   SH_TRY(sh_nn_check_float(x, op, "x"));
@@ -25,6 +26,7 @@ static void fill_bias(float *y, const float *b, int64_t rows, int64_t n) {
 }
 
 int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  if (x && x->device >= 0) return sh_cuda_linear_forward(y, x, w, b);
   const char *op = "linear";
   *y = NULL;
   SH_TRY(check_linear(op, x, w, b));
@@ -65,6 +67,7 @@ static void column_sums(float *db, const float *dy, int64_t rows, int64_t n) {
 
 int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                        const sh_tensor *x, const sh_tensor *w) {
+  if (x && x->device >= 0) return sh_cuda_linear_backward(dx, dw, db, dy, x, w);
   const char *op = "linear_backward";
   if (dx) *dx = NULL;
   SH_TRY(check_linear(op, x, w, NULL));

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include "nn_internal.h"
 #include "nn.h"
+#include "cuda_internal.h"
 
 typedef struct ce_args {
   const float *x;
@@ -102,6 +103,7 @@ static int stage_ce(sh_tensor **xc, sh_tensor **tc, ce_args *a, int64_t *count, 
 
 int sh_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor *logits,
                              const sh_tensor *targets, int64_t ignore_index) {
+  if (logits && logits->device >= 0) return sh_cuda_cross_entropy_forward(loss, lse, logits, targets, ignore_index);
   const char *op = "cross_entropy";
   *loss = NULL;
   *lse = NULL;
@@ -131,6 +133,7 @@ int sh_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor 
 
 int sh_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
                               const sh_tensor *lse, double dloss, int64_t ignore_index) {
+  if (logits && logits->device >= 0) return sh_cuda_cross_entropy_backward(dlogits, logits, targets, lse, dloss, ignore_index);
   const char *op = "cross_entropy_backward";
   *dlogits = NULL;
   sh_tensor *xc = NULL, *tc = NULL, *lc = NULL, *dx = NULL;

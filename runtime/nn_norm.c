@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include "nn_internal.h"
 #include "nn.h"
+#include "cuda_internal.h"
 
 typedef struct norm_args {
   int64_t rows, c;
@@ -183,10 +184,12 @@ static int norm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const
 
 int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
                          const sh_tensor *w, const sh_tensor *b, double eps) {
+  if (x && x->device >= 0) return sh_cuda_layernorm_forward(y, mean, rstd, x, w, b, eps);
   return norm_forward(y, mean, rstd, x, w, b, eps, 1, "layernorm");
 }
 
 int sh_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+  if (x && x->device >= 0) return sh_cuda_rmsnorm_forward(y, rstd, x, w, eps);
   return norm_forward(y, NULL, rstd, x, w, NULL, eps, 0, "rmsnorm");
 }
 
@@ -235,10 +238,12 @@ static int norm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_
 int sh_layernorm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
                           const sh_tensor *rstd) {
+  if (x && x->device >= 0) return sh_cuda_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd);
   return norm_backward(dx, dw, db, dy, x, w, mean, rstd, 1, "layernorm_backward");
 }
 
 int sh_rmsnorm_backward(sh_tensor **dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
                         const sh_tensor *w, const sh_tensor *rstd) {
+  if (x && x->device >= 0) return sh_cuda_rmsnorm_backward(dx, dw, dy, x, w, rstd);
   return norm_backward(dx, dw, NULL, dy, x, w, NULL, rstd, 0, "rmsnorm_backward");
 }

@@ -9,6 +9,7 @@
 #include "ops.h"
 #include "philox_internal.h"
 #include <math.h>
+#include "cuda_internal.h"
 
 int sh_arange(sh_tensor **out, double start, double end, double step, int dtype, int device) {
   *out = NULL;
@@ -71,6 +72,7 @@ static int check_random(sh_tensor *t, const char *op) {
 }
 
 int sh_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+  if (t && t->device >= 0) return sh_cuda_random_normal_(t, seed, offset, mean, std);
   SH_TRY(check_random(t, "normal_"));
   if (!(std >= 0)) return sh_fail(SH_ERR_ARG, "normal_: std must be >= 0, got %g", std);
   fill_normal(t, seed, offset, mean, std);
@@ -79,6 +81,7 @@ int sh_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean,
 }
 
 int sh_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
+  if (t && t->device >= 0) return sh_cuda_random_uniform_(t, seed, offset, low, high);
   SH_TRY(check_random(t, "uniform_"));
   if (!(low <= high)) return sh_fail(SH_ERR_ARG, "uniform_: needs low <= high, got [%g, %g)", low, high);
   fill_uniform(t, seed, offset, low, high);

@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
+#include "cuda_internal.h"
 
 /* OpenBLAS runs gemms with m*n*k at or below this single-threaded (GEMM_MULTITHREAD_THRESHOLD
  * 4 times 65536 in 0.3.x); batches of such small products are worth OpenMP. */
@@ -196,6 +197,7 @@ static void run_batches(sh_tensor *c, const operand *a, const operand *b, const 
 }
 
 int sh_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+  if (a && a->device >= 0) return sh_cuda_matmul(out, a, b);
   *out = NULL;
   int rdt, bdt;
   SH_TRY(check_matmul(a, b, &rdt));
@@ -248,6 +250,7 @@ static int blas_input(const sh_tensor *t, int dt, sh_tensor **own, const sh_tens
 
 int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
              double alpha, double beta) {
+  if (c && c->device >= 0) return sh_cuda_gemm_(c, a, b, trans_a, trans_b, alpha, beta);
   SH_TRY(sh_require_cpu(c, "gemm_"));
   SH_TRY(sh_require_cpu(a, "gemm_"));
   SH_TRY(sh_require_cpu(b, "gemm_"));

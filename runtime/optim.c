@@ -10,6 +10,7 @@
 #include <math.h>
 #include "nn_internal.h"
 #include "optim.h"
+#include "cuda_internal.h"
 
 typedef struct opt_args {
   float *p, *m, *v, *buf;
@@ -114,6 +115,7 @@ static int check_grad(opt_args *a, const sh_tensor *grad, const char *op, int64_
 int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                    double weight_decay, int64_t step, double grad_scale) {
+  if (param && param->device >= 0) return sh_cuda_adamw_step_(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   const char *op = "adamw";
   SH_TRY(check_flat(param, op, "param", SH_F32, -1));
   int64_t n = sh_tensor_numel(param);
@@ -146,6 +148,7 @@ int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_ten
 int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
                  double grad_scale) {
+  if (param && param->device >= 0) return sh_cuda_sgd_step_(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
   const char *op = "sgd";
   SH_TRY(check_flat(param, op, "param", SH_F32, -1));
   int64_t n = sh_tensor_numel(param);
