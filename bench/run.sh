@@ -22,6 +22,8 @@ mo=$(echo $ours | tr ' ' '\n' | median)
 mp=$(echo $peer | tr ' ' '\n' | median)
 echo "cpu_train ($THREADS threads, median of $ROUNDS): shard $mo tokens/s, pytorch 1.13 $mp tokens/s, ratio $(echo "$mo $mp" | awk '{printf "%.2f", $1 / $2}')x"
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -f bench/gpt2_124m.sh ]; then
-  sh bench/gpt2_124m.sh
+# GPT-2 124M on the GPU, shard then its PyTorch peer in the same invocation.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpt2_124m shard:"; bin/shard run bench/gpt2_124m.lua
+  echo "gpt2_124m pytorch:"; python3 bench/peers/gpt2_124m_torch.py
 fi

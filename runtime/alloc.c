@@ -1,6 +1,7 @@
 #include "alloc_internal.h"
 #include "status_internal.h"
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,10 +92,12 @@ static void release_cache(int device, device_pool *p) {
 
 static int oom(int device, device_pool *p, size_t bytes, int tag, const char *why) {
   const sh_mem_stats *s = &p->stats;
+  char dev[16];
+  if (device < 0) snprintf(dev, sizeof dev, "cpu"); else snprintf(dev, sizeof dev, "cuda:%d", device);
   return sh_fail(SH_ERR_OOM,
-    "out of memory on %s%d: %s allocating %zu bytes (tag %s); allocated %lld, reserved %lld, "
+    "out of memory on %s: %s allocating %zu bytes (tag %s); allocated %lld, reserved %lld, "
     "limit %lld; by tag: param %lld, grad %lld, optim %lld, activation %lld, comm %lld, other %lld",
-    device < 0 ? "cpu" : "cuda:", device < 0 ? 0 : device, why, bytes, tag_names[tag],
+    dev, why, bytes, tag_names[tag],
     (long long)s->allocated, (long long)s->reserved, (long long)s->limit,
     (long long)s->by_tag[SH_TAG_PARAM], (long long)s->by_tag[SH_TAG_GRAD],
     (long long)s->by_tag[SH_TAG_OPTIM], (long long)s->by_tag[SH_TAG_ACTIVATION],

@@ -1,6 +1,7 @@
 /* tensor_copy.c: broadcasting, N-d iteration, and copies between dtypes and devices. */
 #include "tensor_internal.h"
 #include "alloc_internal.h"
+#include "cuda_internal.h"
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -68,6 +69,19 @@ static void convert_contiguous(void *dst, int dt, const void *src, int st, int64
   }
 }
 
+/* One row of a strided copy: n elements at element strides ds and ss. */
+static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
+  if (dt == st) {
+    switch (sh_dtype_size(dt)) {
+      case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)d)[i * ds] = ((const uint32_t *)s)[i * ss]; return;
+      case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)d)[i * ds] = ((const uint64_t *)s)[i * ss]; return;
+      case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i * ds] = ((const uint16_t *)s)[i * ss]; return;
+      default: for (int64_t i = 0; i < n; i++) d[i * ds] = s[i * ss]; return;
+    }
+  }
+  for (int64_t i = 0; i < n; i++) sh_store(d, dt, i * ds, sh_load(s, st, i * ss));
+}
+
 static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
   int64_t n = sh_tensor_numel(dst);
   int same_shape = dst->ndim == src->ndim && memcmp(dst->shape, src->shape, sizeof(int64_t) * dst->ndim) == 0;
@@ -75,19 +89,21 @@ static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
     convert_contiguous(sh_tensor_data(dst), dst->dtype, sh_tensor_data(src), src->dtype, n);
     return SH_OK;
   }
+  if (n == 0) return SH_OK;
   int64_t sstride[SH_MAX_DIMS];
   sh_broadcast_strides(src, dst->ndim, dst->shape, sstride);
+  char *d = sh_tensor_data(dst);
+  const char *s = sh_tensor_data(src);
+  int dsz = sh_dtype_size(dst->dtype), ssz = sh_dtype_size(src->dtype);
+  if (dst->ndim == 0) { copy_row(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
+  /* rows along the last dim; the N-d walk covers the outer dims only */
+  int last = dst->ndim - 1;
+  int64_t row = dst->shape[last], rows = n / row;
   const int64_t *strides[2] = {dst->stride, sstride};
-  const int64_t offsets[2] = {dst->offset, src->offset};
   sh_nditer it;
-  sh_nditer_init(&it, dst->ndim, dst->shape, 2, strides, offsets);
-  void *d = dst->storage->data;
-  const void *s = src->storage->data;
-  if (dst->dtype == src->dtype && sh_dtype_size(dst->dtype) == 4) {
-    for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) ((uint32_t *)d)[it.off[0]] = ((const uint32_t *)s)[it.off[1]];
-  } else {
-    for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(d, dst->dtype, it.off[0], sh_load(s, src->dtype, it.off[1]));
-  }
+  sh_nditer_init(&it, last, dst->shape, 2, strides, NULL);
+  for (int64_t r = 0; r < rows; r++, sh_nditer_next(&it))
+    copy_row(d + it.off[0] * dsz, dst->stride[last], dst->dtype, s + it.off[1] * ssz, sstride[last], src->dtype, row);
   return SH_OK;
 }
 
@@ -110,7 +126,7 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   dst->version++;
   if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
   /* Across devices: stage through contiguous tensors of the same dtype and shape. */
-  if (dst->device == src->device) return sh_fail(SH_ERR_DEVICE, "copy_: device copies on cuda go through the CUDA ops (%s)", sh_desc(dst));
+  if (dst->device == src->device) return sh_cuda_copy_(dst, src);
   sh_tensor *s = NULL, *d = NULL;
   int rc = SH_OK;
   if (src->device < 0) {   /* host -> device: convert on the host, then transfer */
@@ -166,6 +182,7 @@ static int require_cpu(const sh_tensor *t, const char *op) {
 }
 
 int sh_tensor_fill_(sh_tensor *t, double value) {
+  if (t && t->storage && t->device >= 0) return sh_cuda_fill_(t, value);
   SH_TRY(require_cpu(t, "fill_"));
   int64_t n = sh_tensor_numel(t);
   t->version++;

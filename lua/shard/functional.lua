@@ -229,7 +229,10 @@ viewlike("unsqueeze", raw_unsqueeze, reshape_back)
 viewlike("squeeze", raw_squeeze, reshape_back)
 viewlike("contiguous", raw_contiguous, function(a, g) return g:alias() end)
 viewlike("transpose", raw_transpose, function(a, g, d0, d1) return raw_transpose(g, d0, d1) end)
-viewlike("t", function(a) return raw_transpose(a, 1, 2) end, function(a, g) return raw_transpose(g, 1, 2) end)
+viewlike("t", function(a)
+  if a.p.ndim ~= 2 then error("t(): needs a 2-D tensor, got " .. a:describe(), 3) end
+  return raw_transpose(a, 1, 2)
+end, function(a, g) return raw_transpose(g, 1, 2) end)
 viewlike("permute", raw_permute, function(a, g, ...)
   local order = type((...)) == "table" and (...) or { ... }
   local inv = {}
@@ -327,6 +330,49 @@ function F.attention(q, k, v, scale)
       requires(v) and g + 2 or nil, dout.p, q.p, k.p, v.p, node.out.p, lse.p, scale))
     return { take(g, 0), take(g, 1), take(g, 2) }
   end, { lse }, "attention")
+end
+
+-- Causal self-attention straight from the fused projection qkv [B, T, 3C] (q | k | v, each
+-- H heads of D): the heads are strided views, never copied; returns y [B, T, C]. Backward
+-- writes dq, dk, dv into one dqkv buffer, so no zero-filled per-slice gradients are summed.
+function F.causal_attention(qkv, n_head, scale)
+  scale = scale or 0
+  local B, T, C3 = qkv:size(1), qkv:size(2), qkv:size(3)
+  local Cn = C3 / 3
+  local D = Cn / n_head
+  local function heads(i) -- [B, H, T, D] view of slice i (0, 1, 2)
+    local part = raw_narrow(qkv, 3, i * Cn + 1, Cn)
+    local v4 = raw_view(part, B, T, n_head, D)
+    local h = raw_transpose(v4, 2, 3)
+    part:free(); v4:free()
+    return h
+  end
+  local q, k, v = heads(0), heads(1), heads(2)
+  local box = slots(2)
+  check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
+  local out, lse = take(box, 0), take(box, 1)
+  local ot = raw_transpose(out, 2, 3)
+  local oc = raw_contiguous(ot)
+  local y = raw_view(oc, B, T, Cn)
+  ot:free(); oc:free()
+  return result(y, { qkv }, function(node, dy)
+    local d4 = raw_view(dy, B, T, n_head, D)
+    local dout = raw_transpose(d4, 2, 3)
+    d4:free()
+    local g = slots(3)
+    check(C.sh_attention_backward(g, g + 1, g + 2, dout.p, q.p, k.p, v.p, out.p, lse.p, scale))
+    dout:free()
+    local dqkv = tensor.empty({ B, T, C3 }, { dtype = dy:dtype(), device = dy:device() })
+    for i = 0, 2 do
+      local part = raw_narrow(dqkv, 3, i * Cn + 1, Cn)
+      local v4 = raw_view(part, B, T, n_head, D)
+      local dst = raw_transpose(v4, 2, 3)
+      local gi = take(g, i)
+      dst:copy_(gi)
+      gi:free(); dst:free(); v4:free(); part:free()
+    end
+    return { dqkv }
+  end, { q, k, v, out, lse }, "causal_attention")
 end
 
 function F.embedding(idx, w)

@@ -25,11 +25,26 @@ shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
 
 -- The process's place in the job, from mpirun / torchrun-style env / SLURM (else a world of
--- one): rank, world, local_rank, the world group, and two helpers recipes need.
-function shard.init()
+-- one): rank, world, local_rank, the device, the world group, and helpers recipes need.
+-- opts.device: "auto" (default: cuda:<local rank> when a GPU is present, else the CPU),
+-- "cpu" or "cuda". New tensors go to that device unless told otherwise.
+function shard.init(opts)
+  opts = opts or {}
   local comm = require "shard.comm"
   local group = comm.init()
-  local env = { rank = group:rank(), world = group:size(), local_rank = group:local_rank(), group = group, device = "cpu" }
+  local env = { rank = group:rank(), world = group:size(), local_rank = group:local_rank(), group = group }
+  local want = opts.device or "auto"
+  local gpus = rt.C.sh_cuda_device_count()
+  if want == "cuda" or (want == "auto" and gpus > 0) then
+    local dev = env.local_rank % math.max(gpus, 1)
+    rt.check(rt.C.sh_cuda_init(dev))
+    env.device = "cuda:" .. dev
+  elseif want == "cpu" or want == "auto" then
+    env.device = "cpu"
+  else
+    error("shard.init: device must be auto, cpu or cuda, got " .. tostring(want), 2)
+  end
+  tensor.default_device = env.device
   function env.barrier() group:barrier() end
   function env.all_reduce_mean(v)
     local t = tensor.tensor({ v }, { dtype = "f64" })

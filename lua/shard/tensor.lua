@@ -13,6 +13,7 @@ M.Tensor = Tensor
 
 local DTYPES = { [0] = "f64", "f32", "bf16", "f16", "i64", "i32", "u8", "bool" }
 M.default_dtype = "f32"
+M.default_device = "cpu"   -- shard.init picks cuda:N when a GPU is there
 
 function M.dtype_id(name)
   if type(name) == "number" then return name end
@@ -69,7 +70,7 @@ M.shape_args = shape_args
 
 local function opts_of(opts)
   opts = opts or {}
-  return M.dtype_id(opts.dtype or M.default_dtype), M.device_id(opts.device)
+  return M.dtype_id(opts.dtype or M.default_dtype), M.device_id(opts.device or M.default_device)
 end
 
 function M.empty(shape, opts)

@@ -95,6 +95,10 @@ describe("gradcheck", function()
     check("attention", function(a, b, c) return F.attention(a, b, c) end, { q, k, v })
   end)
 
+  it("causal attention from a fused qkv projection", function()
+    check("causal_attention", function(x) return F.causal_attention(x, 2) end, { randn({ 2, 5, 12 }, 24) })
+  end)
+
   it("embedding", function()
     local idx = shard.tensor({ { 1, 3, 1 }, { 0, 2, 4 } }, { dtype = "i64" })
     check("embedding", function(w) return F.embedding(idx, w) end, { randn({ 5, 3 }, 21) })

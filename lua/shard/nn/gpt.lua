@@ -20,20 +20,8 @@ function G.CausalSelfAttention:init(cfg)
   self:child("resid_dropout", L.Dropout(cfg.dropout))
 end
 
--- [B, T, 3C] -> q, k, v as contiguous [B, H, T, D]
-local function split_heads(qkv, i, B, T, H, D)
-  local part = qkv:narrow(3, (i - 1) * H * D + 1, H * D)
-  return part:view(B, T, H, D):transpose(2, 3):contiguous()
-end
-
 function G.CausalSelfAttention:forward(x)
-  local B, T, Cn = x:size(1), x:size(2), x:size(3)
-  local H = self.n_head
-  local D = Cn / H
-  local qkv = self.c_attn(x)
-  local q, k, v = split_heads(qkv, 1, B, T, H, D), split_heads(qkv, 2, B, T, H, D), split_heads(qkv, 3, B, T, H, D)
-  local y = F.attention(q, k, v)
-  y = y:transpose(2, 3):contiguous():view(B, T, Cn)
+  local y = F.causal_attention(self.c_attn(x), self.n_head)
   return self.resid_dropout(self.c_proj(y))
 end
 
