@@ -22,6 +22,7 @@
 #include "ops_internal.h"
 #include "ops.h"
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 enum { BLOCK = 4096, PAR_MIN = 32768 };
@@ -103,7 +104,7 @@ static int unary_result(int op, int da, int *out) {
   } while (0)
 
 #define DEFINE_FLOAT_BINARY(NAME, T, POW)                                                 \
-  static void NAME(int op, T alpha, T *o, const T *a, int sa, const T *b, int sb, int64_t n) { \
+  SH_CLONES static void NAME(int op, T alpha, T *o, const T *a, int sa, const T *b, int sb, int64_t n) { \
     switch (op) {                                                                         \
       case SH_OP_ADD: BIN_LOOP(T, x + y); break;                                          \
       case SH_OP_SUB: BIN_LOOP(T, x - y); break;                                          \
@@ -153,7 +154,7 @@ static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int 
 
 #define UN_LOOP(EXPR) do { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { __typeof__(a[0]) x = a[i]; o[i] = (EXPR); } } while (0)
 
-static void unary_f32(int op, float *o, const float *a, int64_t n) {
+SH_CLONES static void unary_f32(int op, float *o, const float *a, int64_t n) {
   switch (op) {
     case SH_OP_NEG: UN_LOOP(-x); break;
     case SH_OP_EXP: UN_LOOP(expf(x)); break;
@@ -168,7 +169,7 @@ static void unary_f32(int op, float *o, const float *a, int64_t n) {
   }
 }
 
-static void unary_f64(int op, double *o, const double *a, int64_t n) {
+SH_CLONES static void unary_f64(int op, double *o, const double *a, int64_t n) {
   switch (op) {
     case SH_OP_NEG: UN_LOOP(-x); break;
     case SH_OP_EXP: UN_LOOP(exp(x)); break;
@@ -315,17 +316,30 @@ static void run_kernel(const ew_plan *p, void *o, const void *a, int sa, const v
   }
 }
 
-/* Runs elements [c0, c0 + n) of row `row` (the row is the last collapsed dim). */
-static void run_block(const ew_plan *p, int64_t row, int64_t c0, int64_t n) {
-  _Alignas(64) char bufs[3][BLOCK * 8];
-  int nargs = p->nin + 1, last = p->ndim - 1, csize = sh_dtype_size(p->ct);
-  int64_t off[3];
-  for (int k = 0; k < nargs; k++) off[k] = p->arg[k].offset + c0 * p->arg[k].stride[last];
-  for (int d = last - 1; d >= 0; d--) {
+/* Element offsets, for every operand, of the start of row `row` (the row being the last
+ * collapsed dim); idx (optional) receives the row's multi-index. */
+static void row_start(const ew_plan *p, int64_t row, int64_t *idx, int64_t *off) {
+  int nargs = p->nin + 1;
+  for (int k = 0; k < nargs; k++) off[k] = p->arg[k].offset;
+  for (int d = p->ndim - 2; d >= 0; d--) {
     int64_t i = row % p->shape[d];
     row /= p->shape[d];
+    if (idx) idx[d] = i;
     for (int k = 0; k < nargs; k++) off[k] += i * p->arg[k].stride[d];
   }
+}
+
+/* Gather buffers for one block of each operand (compute dtype, at most 8 bytes). Callers
+ * own one per thread: a 96 KiB array in run_block itself would be probed page by page on
+ * every call. */
+typedef struct ew_bufs { _Alignas(64) char b[3][BLOCK * 8]; } ew_bufs;
+
+/* Runs elements [c0, c0 + n) of the row whose operands start at off[]. */
+static void run_block(const ew_plan *p, ew_bufs *eb, const int64_t *row_off, int64_t c0, int64_t n) {
+  char (*bufs)[BLOCK * 8] = eb->b;
+  int nargs = p->nin + 1, last = p->ndim - 1, csize = sh_dtype_size(p->ct);
+  int64_t off[3];
+  for (int k = 0; k < nargs; k++) off[k] = row_off[k] + c0 * p->arg[k].stride[last];
   const void *in[2] = {NULL, NULL};
   int unit[2] = {1, 1};
   for (int k = 1; k < nargs; k++) {
@@ -350,16 +364,50 @@ static void run_block(const ew_plan *p, int64_t row, int64_t c0, int64_t n) {
   if (!direct) scatter(o->base, o->dtype, off[0], o->stride[last], bufs[0], p->ct, n);
 }
 
+/* Runs rows [r0, r1). Row starts advance like an odometer: no division per row, which
+ * matters for short rows ([B*T, C] + [C]). */
+static void run_rows(const ew_plan *p, int64_t r0, int64_t r1) {
+  int nargs = p->nin + 1, last = p->ndim - 1;
+  int64_t idx[SH_MAX_DIMS], off[3], len = p->shape[last];
+  ew_bufs bufs;
+  row_start(p, r0, idx, off);
+  for (int64_t r = r0; r < r1; r++) {
+    for (int64_t c0 = 0; c0 < len; c0 += BLOCK) run_block(p, &bufs, off, c0, len - c0 < BLOCK ? len - c0 : BLOCK);
+    for (int d = last - 1; d >= 0; d--) {
+      for (int k = 0; k < nargs; k++) off[k] += p->arg[k].stride[d];
+      if (++idx[d] < p->shape[d]) break;
+      for (int k = 0; k < nargs; k++) off[k] -= p->arg[k].stride[d] * p->shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/* Small ops run on the calling thread. Large ones split rows over the threads, or, when
+ * rows are long (a same-shape op is one row), blocks of BLOCK elements. */
 static void run_plan(ew_plan *p) {
   collapse(p);
   int64_t len = p->shape[p->ndim - 1], rows = 1;
   for (int d = 0; d < p->ndim - 1; d++) rows *= p->shape[d];
   if (len == 0 || rows == 0) return;
-  int64_t per_row = (len + BLOCK - 1) / BLOCK, nblocks = rows * per_row;
-  #pragma omp parallel for schedule(static) if (rows * len > PAR_MIN && nblocks > 1)
-  for (int64_t k = 0; k < nblocks; k++) {
-    int64_t c0 = (k % per_row) * BLOCK;
-    run_block(p, k / per_row, c0, len - c0 < BLOCK ? len - c0 : BLOCK);
+  if (rows * len <= PAR_MIN) { run_rows(p, 0, rows); return; }
+  if (len <= BLOCK) {
+    #pragma omp parallel
+    {
+      int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      run_rows(p, rows * t / nt, rows * (t + 1) / nt);
+    }
+    return;
+  }
+  int64_t per_row = (len + BLOCK - 1) / BLOCK;
+  #pragma omp parallel
+  {
+    ew_bufs bufs;
+    #pragma omp for schedule(static)
+    for (int64_t k = 0; k < rows * per_row; k++) {
+      int64_t off[3], c0 = (k % per_row) * BLOCK;
+      row_start(p, k / per_row, NULL, off);
+      run_block(p, &bufs, off, c0, len - c0 < BLOCK ? len - c0 : BLOCK);
+    }
   }
 }
 

@@ -16,3 +16,11 @@ int sh_require_cpu(const sh_tensor *t, const char *op);
 /* Copies t into a new contiguous tensor of dtype unless it already is one (then an alias),
  * so kernels can assume a dense row-major array of a known type. */
 int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);
+
+/* Hot loops are compiled for AVX-512, AVX2 and the x86-64 baseline; the dynamic loader picks
+ * one by the CPU it runs on (GCC's target_clones: run-time detection, portable fallback). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SH_CLONES
+#endif
