@@ -36,34 +36,61 @@ static int64_t row_offset(const sh_tensor *t, int64_t r) {
   return off;
 }
 
-/* Writes DRAW (of the counter i) into every element of the CPU tensor t, element i being
- * the i-th in row-major order. Chunks of CHUNK elements are the unit of parallel work, so a
- * single long row splits as well as many short ones. */
-enum { CHUNK = 4096 };
-#define DEFINE_FILL(NAME, DRAW)                                                            \
-  static void NAME(sh_tensor *t, uint64_t seed, uint64_t offset, double a, double b) {     \
-    int64_t n = sh_tensor_numel(t);                                                        \
-    if (n == 0) return;                                                                    \
-    int64_t len = t->ndim ? t->shape[t->ndim - 1] : 1, inner = t->ndim ? t->stride[t->ndim - 1] : 0; \
-    char *base = t->storage->data;                                                         \
-    int dt = t->dtype;                                                                     \
-    float fa = (float)a, fb = (float)b;                                                    \
-    _Pragma("omp parallel for schedule(static) if (n > 2 * CHUNK)")                        \
-    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {                                \
-      int64_t i0 = c * CHUNK, i1 = i0 + CHUNK < n ? i0 + CHUNK : n;                        \
-      int64_t r = i0 / len, j = i0 % len, off = row_offset(t, r);                          \
-      for (int64_t k = i0; k < i1; k++) {                                                  \
-        uint64_t i = (uint64_t)k;                                                          \
-        if (dt == SH_F32) ((float *)base)[off + j * inner] = DRAW;                         \
-        else sh_store(base, dt, off + j * inner, DRAW);                                    \
-        if (++j == len) { j = 0; off = row_offset(t, ++r); }                               \
-      }                                                                                    \
-    }                                                                                      \
+/* Standard normals for the consecutive counters [c, c + n): each Philox block gives four
+ * uniforms, so whole blocks take one block and two Box-Muller pairs for four numbers;
+ * the expressions are sh_philox_normal's own, so every value is bit for bit the same. */
+static void normal_run(uint64_t seed, uint64_t c, int64_t n, float *out) {
+  int64_t k = 0;
+  for (; k < n && ((c + k) & 3); k++) out[k] = sh_philox_normal(seed, 0, c + k);
+  for (; k + 4 <= n; k += 4) {
+    sh_philox_out o = sh_philox4x32(seed, (c + k) >> 2);
+    for (int pair = 0; pair < 4; pair += 2) {
+      float u1 = sh_u32_to_unit(o.v[pair]), u2 = sh_u32_to_unit(o.v[pair + 1]);
+      float r = sqrtf(-2.0f * logf(u1));
+      float th = 6.283185307179586f * u2;
+      out[k + pair] = r * cosf(th);
+      out[k + pair + 1] = r * sinf(th);
+    }
   }
+  for (; k < n; k++) out[k] = sh_philox_normal(seed, 0, c + k);
+}
 
-/* f32 math as on the GPU, so both backends agree bit for bit in f32. */
-DEFINE_FILL(fill_normal, fa + fb * sh_philox_normal(seed, offset, i))
-DEFINE_FILL(fill_uniform, fa + (fb - fa) * sh_philox_uniform(seed, offset, i))
+static void uniform_run(uint64_t seed, uint64_t c, int64_t n, float *out) {
+  int64_t k = 0;
+  for (; k < n && ((c + k) & 3); k++) out[k] = sh_philox_uniform(seed, 0, c + k);
+  for (; k + 4 <= n; k += 4) {
+    sh_philox_out o = sh_philox4x32(seed, (c + k) >> 2);
+    for (int q = 0; q < 4; q++) out[k + q] = sh_u32_to_unit(o.v[q]);
+  }
+  for (; k < n; k++) out[k] = sh_philox_uniform(seed, 0, c + k);
+}
+
+/* Fills every element of the CPU tensor t with scale * z + shift (f32 math, as on the GPU),
+ * z from run() for the counter offset + i of element i in row-major order. Chunks of CHUNK
+ * elements are the unit of parallel work, so a single long row splits as well as many
+ * short ones. */
+enum { CHUNK = 4096 };
+static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, float *), uint64_t seed,
+                        uint64_t offset, float scale, float shift) {
+  int64_t n = sh_tensor_numel(t);
+  if (n == 0) return;
+  int64_t len = t->ndim ? t->shape[t->ndim - 1] : 1, inner = t->ndim ? t->stride[t->ndim - 1] : 0;
+  char *base = t->storage->data;
+  int dt = t->dtype;
+  #pragma omp parallel for schedule(static) if (n > 2 * CHUNK)
+  for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+    float z[CHUNK];
+    int64_t i0 = c * CHUNK, i1 = i0 + CHUNK < n ? i0 + CHUNK : n;
+    run(seed, offset + (uint64_t)i0, i1 - i0, z);
+    int64_t r = i0 / len, j = i0 % len, off = row_offset(t, r);
+    for (int64_t k = 0; k < i1 - i0; k++) {
+      float v = shift + scale * z[k];
+      if (dt == SH_F32) ((float *)base)[off + j * inner] = v;
+      else sh_store(base, dt, off + j * inner, v);
+      if (++j == len) { j = 0; off = row_offset(t, ++r); }
+    }
+  }
+}
 
 static int check_random(sh_tensor *t, const char *op) {
   SH_TRY(sh_require_cpu(t, op));
@@ -75,7 +102,7 @@ int sh_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean,
   if (t && t->device >= 0) return sh_cuda_random_normal_(t, seed, offset, mean, std);
   SH_TRY(check_random(t, "normal_"));
   if (!(std >= 0)) return sh_fail(SH_ERR_ARG, "normal_: std must be >= 0, got %g", std);
-  fill_normal(t, seed, offset, mean, std);
+  fill_random(t, normal_run, seed, offset, (float)std, (float)mean);
   t->version++;
   return SH_OK;
 }
@@ -84,7 +111,7 @@ int sh_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low,
   if (t && t->device >= 0) return sh_cuda_random_uniform_(t, seed, offset, low, high);
   SH_TRY(check_random(t, "uniform_"));
   if (!(low <= high)) return sh_fail(SH_ERR_ARG, "uniform_: needs low <= high, got [%g, %g)", low, high);
-  fill_uniform(t, seed, offset, low, high);
+  fill_random(t, uniform_run, seed, offset, (float)high - (float)low, (float)low);
   t->version++;
   return SH_OK;
 }

@@ -25,7 +25,7 @@
 #include <omp.h>
 #include <string.h>
 
-enum { BLOCK = 4096, PAR_MIN = 32768 };
+enum { BLOCK = 4096, PAR_MIN = 32768, PAR_MIN_COSTLY = 4096 };
 enum { OP_AXPY = 100 };   /* internal binary op: a + alpha * b */
 
 /* ---- dtype rules ------------------------------------------------------------------- */
@@ -382,6 +382,12 @@ static void run_rows(const ew_plan *p, int64_t r0, int64_t r1) {
   }
 }
 
+/* Ops that call libm per element (exp, log, tanh, pow) pay for threads much sooner. */
+static int costly(const ew_plan *p) {
+  if (p->unary) return p->op == SH_OP_EXP || p->op == SH_OP_LOG || p->op == SH_OP_TANH;
+  return p->op == SH_OP_POW;
+}
+
 /* Small ops run on the calling thread. Large ones split rows over the threads, or, when
  * rows are long (a same-shape op is one row), blocks of BLOCK elements. */
 static void run_plan(ew_plan *p) {
@@ -389,7 +395,7 @@ static void run_plan(ew_plan *p) {
   int64_t len = p->shape[p->ndim - 1], rows = 1;
   for (int d = 0; d < p->ndim - 1; d++) rows *= p->shape[d];
   if (len == 0 || rows == 0) return;
-  if (rows * len <= PAR_MIN) { run_rows(p, 0, rows); return; }
+  if (rows * len <= (costly(p) ? PAR_MIN_COSTLY : PAR_MIN)) { run_rows(p, 0, rows); return; }
   if (len <= BLOCK) {
     #pragma omp parallel
     {

@@ -5,6 +5,7 @@
 #include "tensor_internal.h"
 #include "alloc.h"
 #include "ops.h"
+#include "philox_internal.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -796,6 +797,19 @@ static void test_random(void) {
   CHECK(memcmp(sh_tensor_data(a), sh_tensor_data(b), sizeof(float) * N) == 0, "n then m equals n + m");
   CHECK_OK(sh_random_normal_(b, 43, 8, 0, 1));
   CHECK(memcmp(sh_tensor_data(a), sh_tensor_data(b), sizeof(float) * N) != 0, "another seed, other numbers");
+  /* every value is the reference formula's, also from a counter that starts mid-block */
+  sh_tensor *r = NULL, *u = NULL;
+  sh_tensor_empty(&r, 2, SHAPE(7, 15), SH_F32, -1);
+  sh_tensor_empty(&u, 2, SHAPE(7, 15), SH_F32, -1);
+  CHECK_OK(sh_random_normal_(r, 99, 6, 0.5, 2));
+  CHECK_OK(sh_random_uniform_(u, 99, 3, -1, 2));
+  int exact = 0;
+  for (int i = 0; i < 105; i++) {
+    exact += ((float *)sh_tensor_data(r))[i] == 0.5f + 2.0f * sh_philox_normal(99, 6, i);
+    exact += ((float *)sh_tensor_data(u))[i] == -1.0f + 3.0f * sh_philox_uniform(99, 3, i);
+  }
+  CHECK(exact == 210, "fills equal sh_philox_normal/uniform bit for bit: %d of 210", exact);
+  sh_tensor_destroy(r); sh_tensor_destroy(u);
   /* a strided target gets the same numbers in row-major order */
   sh_tensor *m0 = NULL, *mt = NULL, *mc = NULL;
   sh_tensor_empty(&m0, 2, SHAPE(300, 200), SH_F32, -1);
