@@ -444,11 +444,14 @@ int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
   return SH_OK;
 }
 
+/* s is a whole number that an i64 holds (inf and 1e30 are not). */
+static int is_int64(double s) { return s == floor(s) && fabs(s) < 9.2e18; }
+
 /* The dtype a scalar takes next to a tensor of dtype dt: it never widens the tensor's
  * kind, but a fraction turns an integer computation into f32. */
 static int scalar_dtype(int dt, double s) {
   if (sh_dtype_is_float(dt)) return dt;
-  return s == floor(s) ? dt : SH_F32;
+  return is_int64(s) ? dt : SH_F32;
 }
 
 int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
@@ -517,8 +520,8 @@ int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(
 int sh_scale_(sh_tensor *dst, double alpha) {
   SH_TRY(sh_require_cpu(dst, "scale_"));
   if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
-  if (!sh_dtype_is_float(dst->dtype) && alpha != floor(alpha))
-    return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s by the fraction %g in place", sh_desc(dst), alpha);
+  if (!sh_dtype_is_float(dst->dtype) && !is_int64(alpha))
+    return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s in place by %g (not a whole number)", sh_desc(dst), alpha);
   ew_plan p = {.ndim = dst->ndim, .nin = 2, .ct = sh_compute_dtype(dst->dtype), .op = SH_OP_MUL};
   memcpy(p.shape, dst->shape, sizeof p.shape);
   arg_from(&p.arg[0], dst, dst->ndim, dst->shape);

@@ -217,6 +217,12 @@ static void test_dtypes(void) {
   CHECK(q && q->dtype == SH_F32 && v == 3.5, "i32 / i32 = %g in %s", v, q ? sh_dtype_name(q->dtype) : "-");
   sh_tensor_destroy(q); q = NULL;
   test_binary("i32 pow", SH_OP_POW, i, j, SH_I32, 0);
+  /* a scalar an i64 cannot hold turns integer math into f32 */
+  CHECK_OK(sh_binary_scalar(&q, SH_OP_ADD, i, INFINITY, 0));
+  if (q) sh_tensor_get(q, SHAPE(0), &v);
+  CHECK(q && q->dtype == SH_F32 && isinf(v), "i32 + inf = %g in %s", v, q ? sh_dtype_name(q->dtype) : "-");
+  sh_tensor_destroy(q); q = NULL;
+  CHECK_FAILS(sh_scale_(i, 1e30), SH_ERR_ARG, "scale_: cannot scale integer tensor");
   /* i64 math is exact beyond 2^53 */
   sh_tensor *big = NULL, *sum = NULL;
   sh_tensor_empty(&big, 0, SHAPE(0), SH_I64, -1);
@@ -396,7 +402,7 @@ static void test_inplace(void) {
   CHECK_FAILS(sh_binary_(b, SH_OP_ADD, big), SH_ERR_ARG, "does not broadcast to the in-place destination");
   CHECK_FAILS(sh_axpy_(bl, 1, bl), SH_ERR_ARG, "bool");
   CHECK_FAILS(sh_scale_(bl, 2), SH_ERR_ARG, "bool");
-  CHECK_FAILS(sh_scale_(i, 0.5), SH_ERR_ARG, "fraction");
+  CHECK_FAILS(sh_scale_(i, 0.5), SH_ERR_ARG, "in place by 0.5 (not a whole number)");
   CHECK_OK(sh_scale_(i, 2));
   sh_tensor_destroy(i); sh_tensor_destroy(big); sh_tensor_destroy(bl);
   sh_tensor_destroy(h); sh_tensor_destroy(h0);
