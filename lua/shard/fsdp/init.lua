@@ -66,6 +66,8 @@ end
 
 local Unit = Module:extend("FSDPUnit")
 fsdp.Unit = Unit
+-- A wrapped root has its own metatable, so units are told by a field, not the metatable.
+local function is_unit(m) return rawget(m, "fsdp_unit") == true end
 
 -- Parameters the module holds outside any unit below it, in registration order (tied ones
 -- appear once per holder; the FlatParameter stores a repeated tensor once).
@@ -75,7 +77,7 @@ local function own_params(module, out, seen)
     out[#out + 1] = p.tensor
   end
   for _, c in ipairs(module._children) do
-    if getmetatable(c.module) ~= Unit then own_params(c.module, out, seen) end
+    if not is_unit(c.module) then own_params(c.module, out, seen) end
   end
   return out
 end
@@ -86,7 +88,7 @@ local function param_names(module, prefix, out)
     if not out[p.tensor] then out[p.tensor] = prefix == "" and p.name or (prefix .. "." .. p.name) end
   end
   for _, c in ipairs(module._children) do
-    local inner = getmetatable(c.module) == Unit and c.module.module or c.module
+    local inner = is_unit(c.module) and c.module.module or c.module
     param_names(inner, prefix == "" and c.name or (prefix .. "." .. c.name), out)
   end
   return out
@@ -95,7 +97,13 @@ end
 local function dtype_or(name) return name and tensor.dtype_id(name) or -1 end
 
 function Unit:init(module, name, opts, root)
+  self.fsdp_unit = true
   self:child("module", module)
+  -- a unit stands where its module stood: fields it does not have come from the module
+  local mt = {}
+  for k, v in pairs(getmetatable(self)) do mt[k] = v end
+  mt.__index = function(_, k) local v = Unit[k]; if v ~= nil then return v end; return module[k] end
+  setmetatable(self, mt)
   self.name, self.opts, self.root = name, opts, root or self
   local strategy = opts.strategy_for and opts.strategy_for(module, name) or opts.strategy or "full_shard"
   self.strategy = strategy
@@ -113,6 +121,8 @@ function Unit:init(module, name, opts, root)
   end
   self.group, self.replicate = group, replicate
   self.params = own_params(module)
+  self.info = ffi.new("sh_flatparam_info")
+  if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
   local mp = opts.mixed_precision or {}
   local arr = ffi.new("sh_tensor*[?]", math.max(#self.params, 1))
   for i, t in ipairs(self.params) do arr[i - 1] = t.p end
@@ -121,21 +131,20 @@ function Unit:init(module, name, opts, root)
                                    dtype_or(mp.reduce), self.mode.shard and 0 or 1)
   if rc ~= 0 then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, ffi.string(C.sh_last_error())), 0) end
   self.fp = ffi.gc(box[0], C.sh_flatparam_destroy)
-  self.info = ffi.new("sh_flatparam_info")
   check(C.sh_flatparam_get_info(self.fp, self.info))
 end
 
 function Unit:numel() return tonumber(self.info.numel) end
 
 function Unit:unshard()
-  if self.state == "full" then return end
+  if self.state == "full" or not self.fp then return end
   if self.state == "gathering" then check(C.sh_flatparam_unshard_wait(self.fp))
   else check(C.sh_flatparam_unshard(self.fp)) end
   self.state = "full"
 end
 
 function Unit:prefetch()
-  if self.state == "full" or self.state == "gathering" then return end
+  if self.state == "full" or self.state == "gathering" or not self.fp then return end
   check(C.sh_flatparam_unshard_start(self.fp))
   self.state = "gathering"
 end
@@ -168,7 +177,7 @@ end
 
 function Unit:pre_backward()
   self:unshard()
-  check(C.sh_flatparam_prepare_grads(self.fp))
+  if self.fp then check(C.sh_flatparam_prepare_grads(self.fp)) end
   if self.root.opts.backward_prefetch ~= false then
     local prev = self.root.order[(self.index or 1) - 1]
     if prev then prev:prefetch() end
@@ -176,6 +185,7 @@ function Unit:pre_backward()
 end
 
 function Unit:post_backward()
+  if not self.fp then return end
   local op = C.SH_RED_AVG
   check(C.sh_flatparam_reduce_grad(self.fp, op, self.replicate))
   self:reshard()
@@ -192,8 +202,8 @@ local function apply_policy(module, name, policy, opts, root_box, units)
   for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
   for _, c in ipairs(module._children) do
     local child_name = name == "" and c.name or (name .. "." .. c.name)
-    if getmetatable(c.module) == Unit then
-      units[#units + 1] = c.module
+    if is_unit(c.module) then
+      for _, u in ipairs(c.module.all_units or { c.module }) do units[#units + 1] = u end
     else
       local n, wrapped = apply_policy(c.module, child_name, policy, opts, root_box, units)
       if wrapped then
@@ -203,7 +213,8 @@ local function apply_policy(module, name, policy, opts, root_box, units)
       end
     end
   end
-  if name ~= "" and policy and policy(module, name, unwrapped) then
+  -- containers that are never called (ModuleList) cannot hook a forward, so never become units
+  if name ~= "" and policy and not module.container and policy(module, name, unwrapped) then
     local u = Unit(module, name, opts, nil)
     units[#units + 1] = u
     return 0, u
@@ -211,7 +222,7 @@ local function apply_policy(module, name, policy, opts, root_box, units)
   return unwrapped, nil
 end
 
--- Wraps model; returns the root unit, which forwards any other method to the model.
+-- Wraps model; returns the root unit (any field it lacks comes from the model).
 -- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
 -- the full parameters, and each fills its shard with the values an eager init would give.
 function fsdp.wrap(model, opts)
@@ -229,10 +240,6 @@ function fsdp.wrap(model, opts)
   root.units = units
   for _, u in ipairs(units) do u.root = root end
   root.is_root = true
-  local mt = {}
-  for k, v in pairs(getmetatable(root)) do mt[k] = v end
-  mt.__index = function(_, k) local v = Unit[k]; if v ~= nil then return v end; return model[k] end
-  setmetatable(root, mt)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
@@ -278,6 +285,7 @@ end
 -- in place), its grad (the matching slice of the sharded grad), nanoGPT's decay rule (dims
 -- >= 2), and where the slice starts in the parameter.
 local function unit_entries(u, names, entries)
+  if not u.fp then return entries end
   local slot = ffi.new("sh_flatparam_slot")
   local fp = u.fp
   for i, t in ipairs(u.params) do
@@ -312,7 +320,7 @@ end
 
 function Unit:zero_grad(set_to_none)
   for _, u in ipairs(self.all_units or { self }) do
-    check(C.sh_flatparam_zero_grad(u.fp, set_to_none == false and 0 or 1))
+    if u.fp then check(C.sh_flatparam_zero_grad(u.fp, set_to_none == false and 0 or 1)) end
   end
 end
 
@@ -346,7 +354,7 @@ function Unit:clip_grad_norm(max_norm, norm_type)
   if coef < 1 then
     for _, u in ipairs(self.all_units) do
       local box = ffi.new("sh_tensor*[1]")
-      check(C.sh_flatparam_grad_shard(box, u.fp))
+      if u.fp then check(C.sh_flatparam_grad_shard(box, u.fp)) end
       if box[0] ~= nil then local g = tensor.wrap(box[0]); check(C.sh_scale_(g.p, coef)); g:free() end
     end
   end

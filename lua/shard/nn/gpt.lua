@@ -40,6 +40,7 @@ end
 
 -- A container whose children are named 0, 1, 2, ... (transformer.h.0 ...)
 G.ModuleList = Module:extend("ModuleList")
+G.ModuleList.container = true   -- iterated, never called: FSDP policies skip it
 function G.ModuleList:init(list)
   for i, m in ipairs(list or {}) do self:child(tostring(i - 1), m) end
 end
