@@ -2,7 +2,7 @@
 # run_gpu.sh: the CUDA test suite (make test-gpu). Usage: sh tests/run_gpu.sh bin/shard [build]
 # Runs every build/tests/gpu/test_* binary twice (with cuBLASLt's fused epilogues, then with
 # SHARD_NO_LT_EPILOGUE=1 so the fallback path is checked too) and every tests/gpu/*.lua
-# script through bin/shard; each prints a line ending in "N passed, N failed". Ends with the
+# script through bin/shard (mpi_*.lua under mpirun -np 1, so CUDA collectives use NCCL); each prints a line ending in "N passed, N failed". Ends with the
 # totals on one line and exits non-zero when anything failed or a program crashed.
 host=${1:-bin/shard}
 build=${2:-build}
@@ -37,7 +37,10 @@ done
 for s in tests/gpu/*.lua; do
   [ -f "$s" ] || continue
   echo "== $s"
-  "$host" run "$s" >"$log" 2>&1; tally $?
+  case $(basename "$s") in
+    mpi_*) mpirun --allow-run-as-root -np 1 "$host" run "$s" >"$log" 2>&1; tally $? ;;
+    *) "$host" run "$s" >"$log" 2>&1; tally $? ;;
+  esac
 done
 
 echo "$passed passed, $failed failed"

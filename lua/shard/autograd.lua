@@ -132,19 +132,43 @@ local function release_node(node)
   if node.saved then for _, s in pairs(node.saved) do if tensor.is_tensor(s) then release(s) end end end
 end
 
--- Runs the tape backward from `root` (a scalar unless `gradient` is given), then empties it.
+-- The nodes root depends on: a walk from root's producer through the inputs' producers.
+local function reachable_from(root)
+  local producer = {}
+  for _, node in ipairs(tape) do if node.out then producer[node.out] = node end end
+  local seen, stack = {}, { producer[root] }
+  while #stack > 0 do
+    local node = table.remove(stack)
+    if node and not seen[node] then
+      seen[node] = true
+      for _, inp in pairs(node.inputs) do
+        local p = producer[inp]
+        if p and not seen[p] then stack[#stack + 1] = p end
+      end
+    end
+  end
+  return seen
+end
+
+-- Runs the tape backward from `root` (a scalar unless `gradient` is given). The nodes root
+-- depends on are run and released; others (another graph recorded alongside) stay on the
+-- tape for their own backward. Marker nodes always run.
 function A.backward(root, gradient)
   if not produced[root] then error("backward: the tensor was not produced by a recorded op (does anything require grad?)", 2) end
   retained[root] = true
+  local needed = reachable_from(root)
   grads[root] = gradient and gradient:clone() or tensor.ones(root:shape(), { dtype = root:dtype(), device = root:device() })
   local was = A.grad_enabled
   A.grad_enabled = false
+  local kept = {}
   local ok, err = pcall(function()
     for i = #tape, 1, -1 do
       local node = tape[i]
       tape[i] = nil
       if node.marker then
         node.marker()
+      elseif not needed[node] then
+        kept[#kept + 1] = node
       else
         local gout = grads[node.out]
         if gout then
@@ -166,6 +190,7 @@ function A.backward(root, gradient)
   end)
   A.grad_enabled = was
   for t, g in pairs(grads) do g:free(); grads[t] = nil end
+  for i = #kept, 1, -1 do tape[#tape + 1] = kept[i] end
   if not ok then A.clear(); error(err, 0) end
 end
 
