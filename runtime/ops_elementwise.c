@@ -21,6 +21,7 @@
  * propagate NaN as torch does (maximum(NaN, 1) = NaN; NaN == NaN is 0). */
 #include "ops_internal.h"
 #include "ops.h"
+#include "cuda_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -425,6 +426,7 @@ static int check_op(int op, int lo, int hi, const char *what) {
 }
 
 int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_binary(out, op, a, b);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary"));
   const char *name = binop_name(op);
@@ -455,6 +457,7 @@ static int scalar_dtype(int dt, double s) {
 }
 
 int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_binary_scalar(out, op, a, s, scalar_first);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_scalar"));
   const char *name = binop_name(op);
@@ -472,6 +475,7 @@ int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int 
 }
 
 int sh_unary(sh_tensor **out, int op, const sh_tensor *a) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_unary(out, op, a);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_NEG, SH_OP_SIGN, "unary"));
   SH_TRY(sh_require_cpu(a, unop_name(op)));
@@ -511,13 +515,18 @@ static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
 }
 
 int sh_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
+  if (dst && dst->storage && dst->device >= 0) return sh_cuda_binary_(dst, op, b);
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_"));
   return inplace(dst, op, b, 0);
 }
 
-int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, OP_AXPY, x, alpha); }
+int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) {
+  if (dst && dst->storage && dst->device >= 0) return sh_cuda_axpy_(dst, alpha, x);
+  return inplace(dst, OP_AXPY, x, alpha);
+}
 
 int sh_scale_(sh_tensor *dst, double alpha) {
+  if (dst && dst->storage && dst->device >= 0) return sh_cuda_scale_(dst, alpha);
   SH_TRY(sh_require_cpu(dst, "scale_"));
   if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
   if (!sh_dtype_is_float(dst->dtype) && !is_int64(alpha))

@@ -14,6 +14,7 @@
  * propagates through every reduction; argmax points at the first NaN, else the first max. */
 #include "ops_internal.h"
 #include "ops.h"
+#include "cuda_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -242,6 +243,7 @@ static int check_reduce(int op, const sh_tensor *a, int64_t R) {
 /* ---- entry points -------------------------------------------------------------------- */
 
 int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_reduce(out, op, a, dim, keepdim);
   *out = NULL;
   SH_TRY(check_reduce(op, a, 1));
   SH_TRY(norm_dim(reduce_name(op), a, &dim));
@@ -257,6 +259,7 @@ int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim)
 }
 
 int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_reduce_all(out, op, a);
   *out = NULL;
   SH_TRY(check_reduce(op, a, 1));
   SH_TRY(check_reduce(op, a, sh_tensor_numel(a)));
@@ -281,6 +284,7 @@ DEFINE_ARGMAX(argmax_f32, float)
 DEFINE_ARGMAX(argmax_f64, double)
 
 int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_argmax(out, a, dim, keepdim);
   *out = NULL;
   SH_TRY(sh_require_cpu(a, "argmax"));
   SH_TRY(norm_dim("argmax", a, &dim));
@@ -338,6 +342,7 @@ static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, int64_t *size
 }
 
 int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_sum_to_shape(out, a, ndim, shape);
   *out = NULL;
   SH_TRY(sh_require_cpu(a, "sum_to_shape"));
   int lead = a->ndim - ndim, nb;
@@ -371,6 +376,7 @@ int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t
 }
 
 double sh_sumsq(const sh_tensor *a, int *status) {
+  if (a && a->storage && a->device >= 0) return sh_cuda_sumsq(a, status);
   int rc = sh_require_cpu(a, "sumsq");
   sh_tensor *x = NULL;
   double res = 0;
