@@ -2,7 +2,10 @@
  * Results are new contiguous tensors returned through `out`; names ending in _ write into
  * their first argument. Binary ops broadcast (numpy rules) and promote dtypes: a float
  * beats an integer, and the wider float wins (bf16 + f32 -> f32). bf16/f16 math runs in f32.
- * Dims are 0-based here; Lua converts from its 1-based dims. */
+ * Dims are 0-based here; Lua converts from its 1-based dims.
+ * EQ, LT and GT give 0/1 in the promoted dtype (no bool result); DIV of integers and exp,
+ * log, sqrt, rsqrt, tanh, reciprocal of integers give f32; arithmetic on bool is an error.
+ * A scalar never widens a float tensor. Sums give i64 for integers, means f32. */
 #pragma once
 #include <stdint.h>
 
