@@ -312,6 +312,33 @@ static void test_unary(void) {
   }
 }
 
+/* exp and tanh over their whole range (overflow, denormal results, the tanh switch at
+ * 0.625) against libm in f64: within 3e-7 of the f32-rounded value. */
+static void test_exp_tanh_range(void) {
+  enum { N = 2000 };
+  sh_tensor *x = NULL, *e = NULL, *t = NULL;
+  sh_tensor_empty(&x, 1, SHAPE(N), SH_F32, -1);
+  for (int i = 0; i < N; i++) ((float *)sh_tensor_data(x))[i] = -110.0f + 200.0f * i / N + 0.0137f * (i % 7);
+  CHECK_OK(sh_unary(&e, SH_OP_EXP, x));
+  CHECK_OK(sh_unary(&t, SH_OP_TANH, x));
+  sh_tensor *ts = NULL;
+  int bad_e = 0, bad_t = 0, bad_s = 0;
+  for (int i = 0; e && t && i < N; i++) {
+    double v = ((float *)sh_tensor_data(x))[i];
+    bad_e += !near(((float *)sh_tensor_data(e))[i], (float)exp(v), 3e-7);
+    bad_t += !near(((float *)sh_tensor_data(t))[i], (float)tanh(v), 3e-7);
+  }
+  /* and finely around 0, where tanh is its polynomial and exp is near 1 */
+  for (int i = 0; i < N; i++) ((float *)sh_tensor_data(x))[i] = -1.5f + 3.0f * i / N;
+  CHECK_OK(sh_unary(&ts, SH_OP_TANH, x));
+  for (int i = 0; ts && i < N; i++) {
+    double v = ((float *)sh_tensor_data(x))[i];
+    bad_s += !near(((float *)sh_tensor_data(ts))[i], (float)tanh(v), 3e-7);
+  }
+  CHECK(bad_e == 0 && bad_t == 0 && bad_s == 0, "exp/tanh over their range: %d, %d, %d wrong", bad_e, bad_t, bad_s);
+  sh_tensor_destroy(x); sh_tensor_destroy(e); sh_tensor_destroy(t); sh_tensor_destroy(ts);
+}
+
 static void test_nan_inf(void) {
   sh_tensor *a = NULL, *b = NULL, *o = NULL;
   sh_tensor_empty(&a, 1, SHAPE(4), SH_F32, -1);
@@ -922,6 +949,7 @@ int main(void) {
   test_dtypes();
   test_scalars();
   test_unary();
+  test_exp_tanh_range();
   test_nan_inf();
   test_inplace();
   test_elementwise_errors();
