@@ -430,7 +430,7 @@ static void run_rows(const ew_plan *p, int64_t r0, int64_t r1) {
   }
 }
 
-/* Ops that call libm per element (exp, log, tanh, pow) pay for threads much sooner. */
+/* exp, log, tanh and pow do tens of flops per element, so threads pay off much sooner. */
 static int costly(const ew_plan *p) {
   if (p->unary) return p->op == SH_OP_EXP || p->op == SH_OP_LOG || p->op == SH_OP_TANH;
   return p->op == SH_OP_POW;
