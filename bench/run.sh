@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.." || exit 2
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-50}
 THREADS=${THREADS:-$(nproc)}
-export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=passive   # the same for both; idle OpenMP threads must not spin
 
 median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 

@@ -26,7 +26,17 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
+/* OpenMP reads its settings when libgomp loads, before main. Idle OpenMP threads spin by
+ * default, which starves OpenBLAS's threads and the other ranks on a busy CPU, so unless the
+ * user chose a policy, start again with OMP_WAIT_POLICY=passive. */
+static void passive_openmp(char **argv) {
+  if (getenv("OMP_WAIT_POLICY")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);   /* returns only on failure: carry on with the default */
+}
+
 int main(int argc, char **argv) {
+  passive_openmp(argv);
   char root[PATH_MAX];
   const char *home = getenv("SHARD_HOME");
   if (home) snprintf(root, sizeof root, "%s", home);

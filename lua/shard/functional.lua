@@ -37,6 +37,10 @@ local function bin(op, a, b) return new_from(C.sh_binary, op, a.p, b.p) end
 local function bins(op, a, s, first) return new_from(C.sh_binary_scalar, op, a.p, s, first and 1 or 0) end
 local function un(op, a) return new_from(C.sh_unary, op, a.p) end
 local shape_args = tensor.shape_args
+-- the tensor module's non-recording views, captured before this module replaces them
+local raw_view, raw_reshape, raw_transpose = Tensor.view, Tensor.reshape, Tensor.transpose
+local raw_permute, raw_narrow, raw_unsqueeze = Tensor.permute, Tensor.narrow, Tensor.unsqueeze
+local raw_squeeze, raw_contiguous, raw_expand, raw_select = Tensor.squeeze, Tensor.contiguous, Tensor.expand, Tensor.select
 
 -- Sums g down to `shape` (undoing broadcasting); gives back g itself when nothing to do.
 local function sum_to(g, t)
@@ -111,6 +115,9 @@ end
 local function binary(opname)
   local op = OP[opname]
   return function(a, b)
+    if type(b) ~= "number" and not tensor.is_tensor(b) then
+      error(("%s: the operand must be a tensor or a number, got %s"):format(opname, type(b)), 3)
+    end
     if type(b) == "number" then
       return result(bins(op, a, b, false), { a }, scalar_backward(op, b, false), nil, opname)
     end
@@ -159,9 +166,14 @@ end
 ---------------------------------------------------------------------------------------------
 -- reductions
 
-local function cdim(t, dim)
+-- A Lua dim (1-based, negative from the end) as C's 0-based dim; out of range is an error.
+local function cdim(t, dim, op)
   if dim == nil then return nil end
-  if dim < 0 then return dim + t.p.ndim end
+  local n = t.p.ndim
+  if dim == 0 or dim > n or dim < -n then
+    error(("%s: dim %d is out of range for %s (dims are 1..%d or -%d..-1)"):format(op, dim, t:describe(), n, n), 3)
+  end
+  if dim < 0 then return dim + n end
   return dim - 1
 end
 
@@ -170,7 +182,7 @@ local function reduce(opname)
   return function(a, dim, keepdim)
     local out
     if dim == nil then out = new_from(C.sh_reduce_all, op, a.p)
-    else out = new_from(C.sh_reduce, op, a.p, cdim(a, dim), keepdim and 1 or 0) end
+    else out = new_from(C.sh_reduce, op, a.p, cdim(a, dim, opname), keepdim and 1 or 0) end
     local backward
     if op == RED.sum or op == RED.mean then
       backward = function(node, g)
@@ -189,7 +201,16 @@ local function reduce(opname)
   end
 end
 for name in pairs(RED) do F[name] = reduce(name) end
-function F.argmax(a, dim, keepdim) return track(new_from(C.sh_argmax, a.p, cdim(a, dim or -1), keepdim and 1 or 0)) end
+-- argmax over a dim, or (no dim) the index into the flattened tensor, as torch.
+function F.argmax(a, dim, keepdim)
+  if dim == nil then
+    local flat = raw_reshape(a, a:numel())
+    local r = new_from(C.sh_argmax, flat.p, 0, 0)
+    flat:free()
+    return track(r)
+  end
+  return track(new_from(C.sh_argmax, a.p, cdim(a, dim, "argmax"), keepdim and 1 or 0))
+end
 
 ---------------------------------------------------------------------------------------------
 -- matmul
@@ -217,9 +238,6 @@ local function viewlike(name, make, grad)
     return result(out, { a }, function(node, g) return { grad(a, g, unpack(args)) } end, nil, name)
   end
 end
-local raw_view, raw_reshape, raw_transpose = Tensor.view, Tensor.reshape, Tensor.transpose
-local raw_permute, raw_narrow, raw_unsqueeze = Tensor.permute, Tensor.narrow, Tensor.unsqueeze
-local raw_squeeze, raw_contiguous, raw_expand, raw_select = Tensor.squeeze, Tensor.contiguous, Tensor.expand, Tensor.select
 
 local function reshape_back(a, g) return raw_reshape(g, a:shape()) end
 viewlike("view", raw_view, reshape_back)
@@ -417,7 +435,13 @@ for _, name in ipairs { "add", "sub", "mul", "div", "pow", "radd", "rsub", "rmul
                         "softmax", "gelu", "silu" } do
   Tensor[name] = F[name]
 end
-Tensor.mm = F.matmul
-Tensor.bmm = F.matmul
+function Tensor.mm(a, b)
+  if a.p.ndim ~= 2 or b.p.ndim ~= 2 then error(("mm: needs 2-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
+  return F.matmul(a, b)
+end
+function Tensor.bmm(a, b)
+  if a.p.ndim ~= 3 or b.p.ndim ~= 3 then error(("bmm: needs 3-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
+  return F.matmul(a, b)
+end
 
 return F
