@@ -24,6 +24,7 @@
 #include <cblas.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include "blas_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
 #include "cuda_internal.h"
@@ -59,17 +60,17 @@ static void set_failed(attn_args *a) {
  * strides lda, ldb): S = Q K^T and dP = dO V^T. */
 static inline void gemm_nt(int m, int n, int k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+  sh_sgemm(CblasNoTrans, CblasTrans, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 /* c = a b + c (a [m, k], b [k, n]): O += P V, dQ += dS K. */
 static inline void gemm_nn(int m, int n, int k, const float *a, int64_t lda, const float *b, int64_t ldb,
                            float *c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
+  sh_sgemm(CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
 }
 /* c = a^T b + c (a [k, m], b [k, n]): dV += P^T dO, dK += dS^T Q. */
 static inline void gemm_tn(int m, int n, int k, const float *a, int64_t lda, const float *b, int64_t ldb,
                            float *c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
+  sh_sgemm(CblasTrans, CblasNoTrans, m, n, k, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
 }
 
 /* Causal mask of the score block of queries i0.. against keys j0..: key j is visible to

@@ -3,6 +3,7 @@
  * transposed for free. Backward: dx = dy @ w (new), dw += dy^T @ x through sgemm's beta = 1,
  * db += column sums of dy. y and dx take x's dtype; math is f32. */
 #include <cblas.h>
+#include "blas_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
 #include "cuda_internal.h"
@@ -45,7 +46,7 @@ int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, con
     if (bc) fill_bias(yp, sh_nn_ptr(bc), rows, nout);
     else if (in == 0) memset(yp, 0, (size_t)(rows * nout) * sizeof(float));
     if (in > 0)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nout, (int)in, 1.0f,
+      sh_sgemm(CblasNoTrans, CblasTrans, (int)rows, (int)nout, (int)in, 1.0f,
                   sh_nn_ptr(xc), (int)in, sh_nn_ptr(wc), (int)in, bc ? 1.0f : 0.0f, yp, (int)nout);
   }
   rc = sh_nn_finish(&out, x->dtype);
@@ -85,16 +86,18 @@ int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_te
   int rc = sh_nn_f32(&dyc, dy, op, "dy");
   if (!rc && dw) rc = sh_nn_f32(&xc, x, op, "x");
   if (!rc && dx) rc = sh_nn_f32(&wc, w, op, "w");
-  if (!rc && dx) rc = sh_nn_zeros_f32(&dxo, x->ndim, x->shape);
+  /* the dx product writes every element (beta 0) unless a dim is empty */
+  if (!rc && dx) rc = rows > 0 && in > 0 && nout > 0 ? sh_nn_new_f32(&dxo, x->ndim, x->shape)
+                                                     : sh_nn_zeros_f32(&dxo, x->ndim, x->shape);
   if (!rc && dw) rc = sh_nn_accum_begin(&aw, dw, op, "dw");
   if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
   if (rc) goto done;
   const float *dyp = sh_nn_ptr(dyc);
   if (dx && rows > 0 && in > 0 && nout > 0)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)nout, 1.0f,
+    sh_sgemm(CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)nout, 1.0f,
                 dyp, (int)nout, sh_nn_ptr(wc), (int)in, 0.0f, sh_nn_ptr(dxo), (int)in);
   if (dw && rows > 0 && in > 0 && nout > 0)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nout, (int)in, (int)rows, 1.0f,
+    sh_sgemm(CblasTrans, CblasNoTrans, (int)nout, (int)in, (int)rows, 1.0f,
                 dyp, (int)nout, sh_nn_ptr(xc), (int)in, 1.0f, sh_nn_ptr(aw.buf), (int)in);
   if (db) column_sums(sh_nn_ptr(ab.buf), dyp, rows, nout);
   if (dw) rc = sh_nn_accum_end(&aw);

@@ -9,6 +9,7 @@
  * batch into the rows and make one large gemm. Other batches loop over gemms, each threaded
  * by OpenBLAS; when each product is too small for OpenBLAS to thread (it runs those on the
  * calling thread), OpenMP spreads the batch over the cores instead. */
+#include "blas_internal.h"
 #include "ops_internal.h"
 #include "ops.h"
 #include <cblas.h>
@@ -78,7 +79,7 @@ static void gemm(int dt, mat c, mat a, mat b, double alpha, double beta) {
   }
   CBLAS_TRANSPOSE tra = ta ? CblasTrans : CblasNoTrans, trb = tb ? CblasTrans : CblasNoTrans;
   if (dt == SH_F32)
-    cblas_sgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, (float)alpha, (const float *)a.p, (int)lda,
+    sh_sgemm(tra, trb, (int)m, (int)n, (int)k, (float)alpha, (const float *)a.p, (int)lda,
                 (const float *)b.p, (int)ldb, (float)beta, (float *)c.p, (int)ldc);
   else
     cblas_dgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, alpha, (const double *)a.p, (int)lda,
