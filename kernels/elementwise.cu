@@ -10,10 +10,12 @@
  * offset per operand. Elementwise work is memory-bound, so the op is a uniform run-time
  * switch rather than a template, which keeps the instantiations (and the build) small. */
 #include "common.cuh"
+extern "C" {
+#include "ops_internal.h"
+}
 #include <math.h>
 #include <string.h>
 
-enum { OP_AXPY = 100, OP_COPY = 101 };   /* internal: a + alpha * b, and identity (copy, fill) */
 enum { EW_THREADS = 256 };
 
 /* ---- the math, per compute type -------------------------------------------------------- */
@@ -30,8 +32,8 @@ template <typename C> __device__ __forceinline__ C ew_binary(int op, C x, C y, C
     case SH_OP_EQ: return (C)(x == y);
     case SH_OP_LT: return (C)(x < y);
     case SH_OP_GT: return (C)(x > y);
-    case OP_AXPY: return x + alpha * y;
-    default: return y;   /* OP_COPY: the second operand */
+    case SH_OP_AXPY: return x + alpha * y;
+    default: return y;   /* SH_OP_COPY: the second operand */
   }
 }
 template <> __device__ __forceinline__ float ew_binary<float>(int op, float x, float y, float alpha) {
@@ -46,7 +48,7 @@ template <> __device__ __forceinline__ float ew_binary<float>(int op, float x, f
     case SH_OP_EQ: return (float)(x == y);
     case SH_OP_LT: return (float)(x < y);
     case SH_OP_GT: return (float)(x > y);
-    case OP_AXPY: return x + alpha * y;
+    case SH_OP_AXPY: return x + alpha * y;
     default: return y;
   }
 }
@@ -68,7 +70,7 @@ template <> __device__ __forceinline__ int64_t ew_binary<int64_t>(int op, int64_
     case SH_OP_EQ: return x == y;
     case SH_OP_LT: return x < y;
     case SH_OP_GT: return x > y;
-    case OP_AXPY: return x + alpha * y;
+    case SH_OP_AXPY: return x + alpha * y;
     default: return y;
   }
 }
@@ -180,45 +182,7 @@ __global__ void ew_fast_kernel(T *o, const T *a, const T *b, float as, float bs,
 
 /* ---- host side ------------------------------------------------------------------------- */
 
-static int compute_dtype(int dt) { return dt == SH_F64 ? SH_F64 : sh_dtype_is_float(dt) ? SH_F32 : SH_I64; }
-static int float_rank(int d) { return d == SH_F64 ? 3 : d == SH_F32 ? 2 : (d == SH_BF16 || d == SH_F16) ? 1 : 0; }
-static int int_rank(int d) { return d == SH_I64 ? 4 : d == SH_I32 ? 3 : d == SH_U8 ? 2 : 1; }
-static int promote(int a, int b) {
-  int fa = float_rank(a), fb = float_rank(b);
-  if (fa || fb) {
-    if (fa == fb && a != b) return SH_F32;
-    return fa >= fb ? a : b;
-  }
-  return int_rank(a) >= int_rank(b) ? a : b;
-}
-static const char *binop_name(int op) {
-  static const char *names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "lt", "gt"};
-  if (op == OP_AXPY) return "axpy_";
-  if (op == OP_COPY) return "copy_";
-  return op >= 0 && op <= SH_OP_GT ? names[op] : "binary";
-}
-static const char *unop_name(int op) {
-  static const char *names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign"};
-  return op >= 0 && op <= SH_OP_SIGN ? names[op] : "unary";
-}
-static int is_arith(int op) { return op <= SH_OP_POW || op == OP_AXPY; }
-
-static int binary_result(int op, int da, int db, int *out) {
-  if (is_arith(op) && (da == SH_BOOL || db == SH_BOOL))
-    return sh_fail(SH_ERR_ARG, "%s: arithmetic on bool tensors is not supported (%s, %s); convert with :to()",
-                   binop_name(op), sh_dtype_name(da), sh_dtype_name(db));
-  int r = promote(da, db);
-  if (op == SH_OP_DIV && !sh_dtype_is_float(r)) r = SH_F32;
-  *out = r;
-  return SH_OK;
-}
-
-static int unary_result(int op, int da, int *out) {
-  if (da == SH_BOOL) return sh_fail(SH_ERR_ARG, "%s: not defined for bool tensors; convert with :to()", unop_name(op));
-  int keeps = op == SH_OP_NEG || op == SH_OP_ABS || op == SH_OP_SQUARE || op == SH_OP_SIGN;
-  *out = (keeps || sh_dtype_is_float(da)) ? da : SH_F32;
-  return SH_OK;
-}
+/* The dtype rules and op names are the CPU front's (ops_internal.h): one definition. */
 
 static void arg_from(ew_arg *g, const sh_tensor *t, int ndim, const int64_t *shape) {
   memset(g, 0, sizeof *g);
@@ -313,13 +277,13 @@ static int check_live(const sh_tensor *t, const char *op, int device) {
 
 extern "C" int sh_cuda_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
   *out = NULL;
-  const char *name = binop_name(op);
+  const char *name = sh_binop_name(op);
   if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary: unknown op code %d", op);
   SH_TRY(check_live(a, name, a->device));
   SH_TRY(check_live(b, name, a->device));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
-  SH_TRY(binary_result(op, a->dtype, b->dtype, &rdt));
+  SH_TRY(sh_binary_result(op, a->dtype, b->dtype, &rdt));
   SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
   sh_tguard o;
   SH_TRY(sh_tensor_empty(o.out(), ndim, shape, rdt, a->device));
@@ -330,19 +294,19 @@ extern "C" int sh_cuda_binary(sh_tensor **out, int op, const sh_tensor *a, const
   arg_from(&p.arg[0], o.t, ndim, shape);
   arg_from(&p.arg[1], a, ndim, shape);
   arg_from(&p.arg[2], b, ndim, shape);
-  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
   *out = o.take();
   return SH_OK;
 }
 
 extern "C" int sh_cuda_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
   *out = NULL;
-  const char *name = binop_name(op);
+  const char *name = sh_binop_name(op);
   if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary_scalar: unknown op code %d", op);
   SH_TRY(check_live(a, name, a->device));
   int sdt = sh_dtype_is_float(a->dtype) ? a->dtype : (s == floor(s) ? a->dtype : SH_F32);
   int rdt = 0;
-  SH_TRY(binary_result(op, a->dtype, sdt, &rdt));
+  SH_TRY(sh_binary_result(op, a->dtype, sdt, &rdt));
   sh_tguard o;
   SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
   ew_plan p;
@@ -352,7 +316,7 @@ extern "C" int sh_cuda_binary_scalar(sh_tensor **out, int op, const sh_tensor *a
   arg_from(&p.arg[0], o.t, a->ndim, a->shape);
   arg_from(&p.arg[scalar_first ? 2 : 1], a, a->ndim, a->shape);
   arg_scalar(&p.arg[scalar_first ? 1 : 2], s);
-  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
   *out = o.take();
   return SH_OK;
 }
@@ -360,10 +324,10 @@ extern "C" int sh_cuda_binary_scalar(sh_tensor **out, int op, const sh_tensor *a
 extern "C" int sh_cuda_unary(sh_tensor **out, int op, const sh_tensor *a) {
   *out = NULL;
   if (op < SH_OP_NEG || op > SH_OP_SIGN) return sh_fail(SH_ERR_ARG, "unary: unknown op code %d", op);
-  const char *name = unop_name(op);
+  const char *name = sh_unop_name(op);
   SH_TRY(check_live(a, name, a->device));
   int rdt = 0;
-  SH_TRY(unary_result(op, a->dtype, &rdt));
+  SH_TRY(sh_unary_result(op, a->dtype, &rdt));
   sh_tguard o;
   SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
   ew_plan p;
@@ -372,21 +336,21 @@ extern "C" int sh_cuda_unary(sh_tensor **out, int op, const sh_tensor *a) {
   memcpy(p.shape, a->shape, sizeof p.shape);
   arg_from(&p.arg[0], o.t, a->ndim, a->shape);
   arg_from(&p.arg[1], a, a->ndim, a->shape);
-  SH_TRY(run_plan(name, a->device, &p, compute_dtype(rdt)));
+  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
   *out = o.take();
   return SH_OK;
 }
 
 /* dst = dst op b (b broadcast to dst); the result must fit dst's dtype. */
 static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
-  const char *name = binop_name(op);
+  const char *name = sh_binop_name(op);
   SH_TRY(check_live(dst, name, dst->device));
   SH_TRY(check_live(b, name, dst->device));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
-  if (op == OP_COPY) rdt = dst->dtype;
-  else SH_TRY(binary_result(op, dst->dtype, b->dtype, &rdt));
-  if (op != OP_COPY && sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
+  if (op == SH_OP_COPY) rdt = dst->dtype;
+  else SH_TRY(sh_binary_result(op, dst->dtype, b->dtype, &rdt));
+  if (op != SH_OP_COPY && sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
     return sh_fail(SH_ERR_ARG, "%s: result %s cannot be stored in place into %s", name, sh_dtype_name(rdt), sh_desc(dst));
   SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
   if (ndim != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * ndim) != 0)
@@ -399,8 +363,8 @@ static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
   arg_from(&p.arg[1], dst, ndim, shape);
   arg_from(&p.arg[2], b, ndim, shape);
   /* A copy between an integer and a float dtype computes in the wider kind of the two. */
-  int ct = compute_dtype(rdt);
-  if (op == OP_COPY) {
+  int ct = sh_compute_dtype(rdt);
+  if (op == SH_OP_COPY) {
     if (dst->dtype == SH_F64 || b->dtype == SH_F64) ct = SH_F64;
     else if (sh_dtype_is_float(dst->dtype) || sh_dtype_is_float(b->dtype)) ct = sh_dtype_is_float(dst->dtype) ? SH_F32 : SH_F64;
   }
@@ -413,9 +377,9 @@ extern "C" int sh_cuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
   return inplace(dst, op, b, 0);
 }
 
-extern "C" int sh_cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, OP_AXPY, x, alpha); }
+extern "C" int sh_cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, SH_OP_AXPY, x, alpha); }
 
-extern "C" int sh_cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return inplace(dst, OP_COPY, src, 0); }
+extern "C" int sh_cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return inplace(dst, SH_OP_COPY, src, 0); }
 
 extern "C" int sh_cuda_scale_(sh_tensor *dst, double alpha) {
   SH_TRY(check_live(dst, "scale_", dst->device));
@@ -430,14 +394,14 @@ extern "C" int sh_cuda_scale_(sh_tensor *dst, double alpha) {
   arg_from(&p.arg[1], dst, dst->ndim, dst->shape);
   arg_scalar(&p.arg[2], alpha);
   dst->version++;
-  return run_plan("scale_", dst->device, &p, compute_dtype(dst->dtype));
+  return run_plan("scale_", dst->device, &p, sh_compute_dtype(dst->dtype));
 }
 
 extern "C" int sh_cuda_fill_(sh_tensor *t, double value) {
   SH_TRY(check_live(t, "fill_", t->device));
   ew_plan p;
   memset(&p, 0, sizeof p);
-  p.ndim = t->ndim; p.nin = 1; p.op = OP_COPY; p.unary = 1;
+  p.ndim = t->ndim; p.nin = 1; p.op = SH_OP_COPY; p.unary = 1;
   memcpy(p.shape, t->shape, sizeof p.shape);
   arg_from(&p.arg[0], t, t->ndim, t->shape);
   arg_scalar(&p.arg[1], value);
@@ -457,6 +421,6 @@ int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
 }
 
 int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src) {
-  int rc = inplace(dst, OP_AXPY, src, 1.0);
+  int rc = inplace(dst, SH_OP_AXPY, src, 1.0);
   return rc ? sh_fail_context("%s: ", op) : SH_OK;
 }

@@ -27,7 +27,6 @@
 #include <string.h>
 
 enum { BLOCK = 4096, PAR_MIN = 32768, PAR_MIN_COSTLY = 4096 };
-enum { OP_AXPY = 100 };   /* internal binary op: a + alpha * b */
 
 /* ---- dtype rules ------------------------------------------------------------------- */
 
@@ -59,33 +58,32 @@ int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
   return sh_tensor_to(out, t, dtype, t->device);
 }
 
-static const char *binop_name(int op) {
+const char *sh_binop_name(int op) {
   static const char *names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "lt", "gt"};
-  if (op == OP_AXPY) return "axpy_";
+  if (op == SH_OP_AXPY) return "axpy_";
+  if (op == SH_OP_COPY) return "copy_";
   return op >= 0 && op <= SH_OP_GT ? names[op] : "binary";
 }
 
-static const char *unop_name(int op) {
+const char *sh_unop_name(int op) {
   static const char *names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign"};
   return op >= 0 && op <= SH_OP_SIGN ? names[op] : "unary";
 }
 
-static int is_arith(int op) { return op <= SH_OP_POW || op == OP_AXPY; }
+static int is_arith(int op) { return op <= SH_OP_POW || op == SH_OP_AXPY; }
 
-/* Result dtype of `a op b` where a and b have the given dtypes (already promoted for a
- * scalar); fails for bool arithmetic. */
-static int binary_result(int op, int da, int db, int *out) {
+int sh_binary_result(int op, int da, int db, int *out) {
   if (is_arith(op) && (da == SH_BOOL || db == SH_BOOL))
     return sh_fail(SH_ERR_ARG, "%s: arithmetic on bool tensors is not supported (%s, %s); convert with :to()",
-                   binop_name(op), sh_dtype_name(da), sh_dtype_name(db));
+                   sh_binop_name(op), sh_dtype_name(da), sh_dtype_name(db));
   int r = sh_promote(da, db);
   if (op == SH_OP_DIV && !sh_dtype_is_float(r)) r = SH_F32;
   *out = r;
   return SH_OK;
 }
 
-static int unary_result(int op, int da, int *out) {
-  if (da == SH_BOOL) return sh_fail(SH_ERR_ARG, "%s: not defined for bool tensors; convert with :to()", unop_name(op));
+int sh_unary_result(int op, int da, int *out) {
+  if (da == SH_BOOL) return sh_fail(SH_ERR_ARG, "%s: not defined for bool tensors; convert with :to()", sh_unop_name(op));
   int keeps = op == SH_OP_NEG || op == SH_OP_ABS || op == SH_OP_SQUARE || op == SH_OP_SIGN;
   *out = (keeps || sh_dtype_is_float(da)) ? da : SH_F32;
   return SH_OK;
@@ -120,7 +118,7 @@ static int unary_result(int op, int da, int *out) {
       case SH_OP_EQ: BIN_LOOP(T, (T)(x == y)); break;                                     \
       case SH_OP_LT: BIN_LOOP(T, (T)(x < y)); break;                                      \
       case SH_OP_GT: BIN_LOOP(T, (T)(x > y)); break;                                      \
-      case OP_AXPY: BIN_LOOP(T, x + alpha * y); break;                                    \
+      case SH_OP_AXPY: BIN_LOOP(T, x + alpha * y); break;                                    \
     }                                                                                     \
   }
 
@@ -149,7 +147,7 @@ static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int 
     case SH_OP_EQ: BIN_LOOP(int64_t, x == y); break;
     case SH_OP_LT: BIN_LOOP(int64_t, x < y); break;
     case SH_OP_GT: BIN_LOOP(int64_t, x > y); break;
-    case OP_AXPY: BIN_LOOP(int64_t, x + alpha * y); break;
+    case SH_OP_AXPY: BIN_LOOP(int64_t, x + alpha * y); break;
   }
 }
 
@@ -476,12 +474,12 @@ int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
   if (a && a->storage && a->device >= 0) return sh_cuda_binary(out, op, a, b);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary"));
-  const char *name = binop_name(op);
+  const char *name = sh_binop_name(op);
   SH_TRY(sh_require_cpu(a, name));
   SH_TRY(sh_require_cpu(b, name));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
-  SH_TRY(binary_result(op, a->dtype, b->dtype, &rdt));
+  SH_TRY(sh_binary_result(op, a->dtype, b->dtype, &rdt));
   SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
   SH_TRY(sh_new_like_shape(out, ndim, shape, rdt, -1));
   ew_plan p = {.ndim = ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
@@ -507,10 +505,10 @@ int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int 
   if (a && a->storage && a->device >= 0) return sh_cuda_binary_scalar(out, op, a, s, scalar_first);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_scalar"));
-  const char *name = binop_name(op);
+  const char *name = sh_binop_name(op);
   SH_TRY(sh_require_cpu(a, name));
   int rdt = 0;
-  SH_TRY(binary_result(op, a->dtype, scalar_dtype(a->dtype, s), &rdt));
+  SH_TRY(sh_binary_result(op, a->dtype, scalar_dtype(a->dtype, s), &rdt));
   SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
   ew_plan p = {.ndim = a->ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
   memcpy(p.shape, a->shape, sizeof p.shape);
@@ -525,9 +523,9 @@ int sh_unary(sh_tensor **out, int op, const sh_tensor *a) {
   if (a && a->storage && a->device >= 0) return sh_cuda_unary(out, op, a);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_NEG, SH_OP_SIGN, "unary"));
-  SH_TRY(sh_require_cpu(a, unop_name(op)));
+  SH_TRY(sh_require_cpu(a, sh_unop_name(op)));
   int rdt = 0;
-  SH_TRY(unary_result(op, a->dtype, &rdt));
+  SH_TRY(sh_unary_result(op, a->dtype, &rdt));
   SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
   ew_plan p = {.ndim = a->ndim, .nin = 1, .ct = sh_compute_dtype(rdt), .op = op, .unary = 1};
   memcpy(p.shape, a->shape, sizeof p.shape);
@@ -540,12 +538,12 @@ int sh_unary(sh_tensor **out, int op, const sh_tensor *a) {
 /* dst = dst op b in place: b must broadcast to dst, and the result must fit dst's dtype
  * (no float result into an integer tensor), as in torch. */
 static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
-  const char *name = op == OP_AXPY ? "axpy_" : binop_name(op);
+  const char *name = op == SH_OP_AXPY ? "axpy_" : sh_binop_name(op);
   SH_TRY(sh_require_cpu(dst, name));
   SH_TRY(sh_require_cpu(b, name));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
-  SH_TRY(binary_result(op, dst->dtype, b->dtype, &rdt));
+  SH_TRY(sh_binary_result(op, dst->dtype, b->dtype, &rdt));
   if (sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
     return sh_fail(SH_ERR_ARG, "%s: result %s cannot be stored in place into %s", name, sh_dtype_name(rdt), sh_desc(dst));
   SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
@@ -569,7 +567,7 @@ int sh_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
 
 int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) {
   if (dst && dst->storage && dst->device >= 0) return sh_cuda_axpy_(dst, alpha, x);
-  return inplace(dst, OP_AXPY, x, alpha);
+  return inplace(dst, SH_OP_AXPY, x, alpha);
 }
 
 int sh_scale_(sh_tensor *dst, double alpha) {

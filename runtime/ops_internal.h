@@ -6,6 +6,17 @@
  * float wins, bf16 with f16 gives f32; among integers the wider wins and bool is the lowest. */
 int sh_promote(int a, int b);
 
+/* Internal binary ops beyond sh_binop: a + alpha * b, and copy (the second operand). */
+enum { SH_OP_AXPY = 100, SH_OP_COPY = 101 };
+
+/* Elementwise result dtypes, the same on every backend: `a op b` promotes (a division of
+ * integers gives f32; arithmetic on bool fails, naming the op), a unary op keeps its dtype
+ * when it is a float or the op is neg/abs/square/sign, else gives f32. */
+int sh_binary_result(int op, int da, int db, int *out);
+int sh_unary_result(int op, int da, int *out);
+const char *sh_binop_name(int op);
+const char *sh_unop_name(int op);
+
 /* The dtype the CPU computes in for results of `dtype`: f64 for f64, f32 for every other
  * float (bf16/f16 math runs in f32), i64 for integers and bool. */
 int sh_compute_dtype(int dtype);
