@@ -104,6 +104,9 @@ for it = 0, cfg.max_iters do
   loss:free(); x:free(); y:free()
 end
 
+-- where memory went on this rank (peak and the bytes by tag at the peak)
+if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end
+
 if cfg.sample_tokens > 0 then   -- every rank runs it: a sharded model's forward is collective
   local start = shard.tensor({ { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
   local out = model:generate(start, cfg.sample_tokens, 0.8, 200)
