@@ -4,7 +4,7 @@
 --   shard run bench/cpu_train.lua [--iters=50]
 local shard = require "shard"
 local timer = require "shard.timer"
-local cfg = shard.config{ iters = 50, warmup = 5, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
+local cfg = shard.config{ iters = 50, warmup = 5, profile = false, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
                           batch_size = 12, vocab_size = 65, seed = 1337 }
 shard.manual_seed(cfg.seed)
 local model = shard.nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
@@ -35,9 +35,11 @@ local function step()
 end
 
 for _ = 1, cfg.warmup do step() end
+if cfg.profile then shard.profile.start() end
 local t0 = timer.now()
 for _ = 1, cfg.iters do step() end
 local dt = timer.now() - t0
+if cfg.profile then shard.profile.stop(); print(shard.profile.report()) end
 print(("tokens_per_s %.1f"):format(cfg.iters * cfg.batch_size * cfg.block_size / dt))
 print(("ms_per_iter %.3f"):format(dt / cfg.iters * 1000))
 print(("peak_bytes %d"):format(shard.memory.stats().peak))

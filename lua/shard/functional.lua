@@ -8,7 +8,7 @@ local tensor = require "shard.tensor"
 local A = require "shard.autograd"
 local C, check = rt.C, rt.check
 local Tensor, new_from, wrap = tensor.Tensor, tensor.new_from, tensor.wrap
-local needs, requires, record, track = A.needs_grad, A.requires, A.record, A.track
+local requires, track = A.requires, A.track
 
 local F = {}
 
@@ -19,7 +19,7 @@ local function take(box, i) local p = box[i]; return p ~= nil and wrap(p) or nil
 -- out is recorded with a backward when the inputs need it, else tracked by the scope.
 local function result(out, inputs, backward, saved, name)
   if backward and A.needs_grad(inputs[1], inputs[2], inputs[3], inputs[4]) then
-    return record(out, inputs, backward, saved, name)
+    return A.record(out, inputs, backward, saved, name)   -- looked up each time: shard.profile wraps it
   end
   if saved then for _, s in pairs(saved) do s:free() end end
   return track(out)
