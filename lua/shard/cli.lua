@@ -10,7 +10,7 @@ usage: shard <command> [args]
   repl                                 interactive Lua with shard loaded (reads stdin when piped)
   launch --nproc N FILE [...]          run a recipe on N local ranks
   bench ...                            benchmarks
-  estimate ...                         memory estimate for a recipe
+  estimate [--key=value ...]           per-rank memory of a GPT under FSDP
   --version                            print the version
   help                                 this text
 
