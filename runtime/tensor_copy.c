@@ -72,7 +72,9 @@ static void convert_contiguous(void *dst, int dt, const void *src, int st, int64
 /* One row of a strided copy: n elements at element strides ds and ss. */
 static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
   if (dt == st) {
-    switch (sh_dtype_size(dt)) {
+    int size = sh_dtype_size(dt);
+    if (ds == 1 && ss == 1) { memcpy(d, s, (size_t)(n * size)); return; }
+    switch (size) {
       case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)d)[i * ds] = ((const uint32_t *)s)[i * ss]; return;
       case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)d)[i * ds] = ((const uint64_t *)s)[i * ss]; return;
       case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i * ds] = ((const uint16_t *)s)[i * ss]; return;
@@ -80,6 +82,20 @@ static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int
     }
   }
   for (int64_t i = 0; i < n; i++) sh_store(d, dt, i * ds, sh_load(s, st, i * ss));
+}
+
+/* Element offsets of row r (the index over every dim but the last) in both operands. */
+static void row_offsets(int64_t r, int last, const int64_t *shape, const int64_t *dstride,
+                        const int64_t *sstride, int64_t *doff, int64_t *soff) {
+  int64_t od = 0, os = 0;
+  for (int d = last - 1; d >= 0; d--) {
+    int64_t i = r % shape[d];
+    r /= shape[d];
+    od += i * dstride[d];
+    os += i * sstride[d];
+  }
+  *doff = od;
+  *soff = os;
 }
 
 static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
@@ -96,14 +112,15 @@ static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
   const char *s = sh_tensor_data(src);
   int dsz = sh_dtype_size(dst->dtype), ssz = sh_dtype_size(src->dtype);
   if (dst->ndim == 0) { copy_row(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
-  /* rows along the last dim; the N-d walk covers the outer dims only */
+  /* rows along the last dim, spread over the threads when the copy is big */
   int last = dst->ndim - 1;
   int64_t row = dst->shape[last], rows = n / row;
-  const int64_t *strides[2] = {dst->stride, sstride};
-  sh_nditer it;
-  sh_nditer_init(&it, last, dst->shape, 2, strides, NULL);
-  for (int64_t r = 0; r < rows; r++, sh_nditer_next(&it))
-    copy_row(d + it.off[0] * dsz, dst->stride[last], dst->dtype, s + it.off[1] * ssz, sstride[last], src->dtype, row);
+  #pragma omp parallel for if (n > (1 << 16)) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t od, os;
+    row_offsets(r, last, dst->shape, dst->stride, sstride, &od, &os);
+    copy_row(d + od * dsz, dst->stride[last], dst->dtype, s + os * ssz, sstride[last], src->dtype, row);
+  }
   return SH_OK;
 }
 
