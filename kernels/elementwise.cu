@@ -198,29 +198,9 @@ static void arg_scalar(ew_arg *g, double s) {
   g->dtype = SH_F64;
 }
 
-/* Drops size-1 dims and merges dims contiguous for every operand (as the CPU engine). */
 static void collapse(ew_plan *p) {
-  int nargs = p->nin + 1, n = 0;
-  for (int d = 0; d < p->ndim; d++) {
-    if (p->shape[d] == 1) continue;
-    int merge = n > 0;
-    for (int k = 0; k < nargs && merge; k++)
-      merge = p->arg[k].stride[n - 1] == p->arg[k].stride[d] * p->shape[d];
-    if (merge) {
-      p->shape[n - 1] *= p->shape[d];
-      for (int k = 0; k < nargs; k++) p->arg[k].stride[n - 1] = p->arg[k].stride[d];
-    } else {
-      p->shape[n] = p->shape[d];
-      for (int k = 0; k < nargs; k++) p->arg[k].stride[n] = p->arg[k].stride[d];
-      n++;
-    }
-  }
-  if (n == 0) {
-    p->shape[0] = 1;
-    for (int k = 0; k < nargs; k++) p->arg[k].stride[0] = 0;
-    n = 1;
-  }
-  p->ndim = n;
+  int64_t *strides[3] = {p->arg[0].stride, p->arg[1].stride, p->arg[2].stride};
+  p->ndim = sh_collapse_dims(p->ndim, p->shape, p->nin + 1, strides);
 }
 
 /* Dense (stride 1 over one collapsed dim) or a scalar. */

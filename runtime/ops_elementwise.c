@@ -325,29 +325,32 @@ static void arg_scalar(ew_arg *g, const double *s) {
   g->dtype = SH_F64;
 }
 
-/* Drops size-1 dims and merges dims that are contiguous for every operand. */
-static void collapse(ew_plan *p) {
-  int nargs = p->nin + 1, n = 0;
-  for (int d = 0; d < p->ndim; d++) {
-    if (p->shape[d] == 1) continue;
+int sh_collapse_dims(int ndim, int64_t *shape, int nargs, int64_t *const *strides) {
+  int n = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue;
     int merge = n > 0;
-    for (int k = 0; k < nargs && merge; k++)
-      merge = p->arg[k].stride[n - 1] == p->arg[k].stride[d] * p->shape[d];
+    for (int k = 0; k < nargs && merge; k++) merge = strides[k][n - 1] == strides[k][d] * shape[d];
     if (merge) {
-      p->shape[n - 1] *= p->shape[d];
-      for (int k = 0; k < nargs; k++) p->arg[k].stride[n - 1] = p->arg[k].stride[d];
+      shape[n - 1] *= shape[d];
+      for (int k = 0; k < nargs; k++) strides[k][n - 1] = strides[k][d];
     } else {
-      p->shape[n] = p->shape[d];
-      for (int k = 0; k < nargs; k++) p->arg[k].stride[n] = p->arg[k].stride[d];
+      shape[n] = shape[d];
+      for (int k = 0; k < nargs; k++) strides[k][n] = strides[k][d];
       n++;
     }
   }
   if (n == 0) {            /* one element */
-    p->shape[0] = 1;
-    for (int k = 0; k < nargs; k++) p->arg[k].stride[0] = 0;
+    shape[0] = 1;
+    for (int k = 0; k < nargs; k++) strides[k][0] = 0;
     n = 1;
   }
-  p->ndim = n;
+  return n;
+}
+
+static void collapse(ew_plan *p) {
+  int64_t *strides[3] = {p->arg[0].stride, p->arg[1].stride, p->arg[2].stride};
+  p->ndim = sh_collapse_dims(p->ndim, p->shape, p->nin + 1, strides);
 }
 
 static void run_kernel(const ew_plan *p, void *o, const void *a, int sa, const void *b, int sb, int64_t n) {

@@ -17,6 +17,11 @@ int sh_unary_result(int op, int da, int *out);
 const char *sh_binop_name(int op);
 const char *sh_unop_name(int op);
 
+/* Drops size-1 dims of an N-d walk and merges neighbouring dims that are contiguous for
+ * every operand (strides[k] is operand k's stride array, updated in place). Returns the new
+ * number of dims (at least 1: a single element is one dim of size 1 with stride 0). */
+int sh_collapse_dims(int ndim, int64_t *shape, int nargs, int64_t *const *strides);
+
 /* The dtype the CPU computes in for results of `dtype`: f64 for f64, f32 for every other
  * float (bf16/f16 math runs in f32), i64 for integers and bool. */
 int sh_compute_dtype(int dtype);
