@@ -8,6 +8,9 @@
  * inner); pass 2 combines the chunks of each output in order and converts to the result
  * dtype. No atomics, so results are the same from run to run. */
 #include "common.cuh"
+extern "C" {
+#include "ops_internal.h"
+}
 #include <string.h>
 
 enum { RED_THREADS = 256, RED_SUMSQ = 100, MAX_CHUNKS = 512 };
@@ -120,32 +123,9 @@ static int reduce_core(const char *name, cudaStream_t st, const sh_tensor *x, in
   return SH_OK;
 }
 
-static const char *reduce_name(int op) {
-  static const char *names[] = {"sum", "mean", "max", "min"};
-  return op >= 0 && op <= SH_OP_MIN ? names[op] : "reduce";
-}
 static int dense_dtype(int dt) { return (dt == SH_F32 || dt == SH_BF16 || dt == SH_F16) ? SH_F32 : SH_F64; }
-static int result_dtype(int op, int dt) {
-  if (op == SH_OP_SUM) return sh_dtype_is_float(dt) ? dt : SH_I64;
-  if (op == SH_OP_MEAN) return sh_dtype_is_float(dt) ? dt : SH_F32;
-  return dt;
-}
 
-static int norm_dim(const char *op, const sh_tensor *a, int *dim) {
-  int d = *dim < 0 ? *dim + a->ndim : *dim;
-  if (d < 0 || d >= a->ndim) return sh_fail(SH_ERR_ARG, "%s: dim %d out of range for %s", op, *dim, sh_desc(a));
-  *dim = d;
-  return SH_OK;
-}
 
-static int reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape) {
-  int n = 0;
-  for (int d = 0; d < a->ndim; d++) {
-    if (d != dim) shape[n++] = a->shape[d];
-    else if (keepdim) shape[n++] = 1;
-  }
-  return n;
-}
 
 static int reduce_into(const char *name, sh_tensor *out, int op, const sh_tensor *a, int64_t outer, int64_t R, int64_t inner) {
   cudaStream_t st;
@@ -158,22 +138,22 @@ static int reduce_into(const char *name, sh_tensor *out, int op, const sh_tensor
 
 static int check_reduce(int op, const sh_tensor *a) {
   if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
-  return sh_tensor_check(a, reduce_name(op));
+  return sh_tensor_check(a, sh_reduce_name(op));
 }
 
 extern "C" int sh_cuda_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
   *out = NULL;
   SH_TRY(check_reduce(op, a));
-  const char *name = reduce_name(op);
-  SH_TRY(norm_dim(name, a, &dim));
+  const char *name = sh_reduce_name(op);
+  SH_TRY(sh_reduce_dim(name, a, &dim));
   if (a->shape[dim] == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
     return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", name, sh_desc(a));
   int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1;
   for (int d = 0; d < dim; d++) outer *= a->shape[d];
   for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = reduced_shape(a, dim, keepdim, shape);
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
   sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), n, shape, result_dtype(op, a->dtype), a->device));
+  SH_TRY(sh_tensor_empty(o.out(), n, shape, sh_reduce_result_dtype(op, a->dtype), a->device));
   SH_TRY(reduce_into(name, o.t, op, a, outer, a->shape[dim], inner));
   *out = o.take();
   return SH_OK;
@@ -182,11 +162,11 @@ extern "C" int sh_cuda_reduce(sh_tensor **out, int op, const sh_tensor *a, int d
 extern "C" int sh_cuda_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
   *out = NULL;
   SH_TRY(check_reduce(op, a));
-  const char *name = reduce_name(op);
+  const char *name = sh_reduce_name(op);
   if (sh_tensor_numel(a) == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
     return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", name, sh_desc(a));
   sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), 0, NULL, result_dtype(op, a->dtype), a->device));
+  SH_TRY(sh_tensor_empty(o.out(), 0, NULL, sh_reduce_result_dtype(op, a->dtype), a->device));
   SH_TRY(reduce_into(name, o.t, op, a, 1, sh_tensor_numel(a), 1));
   *out = o.take();
   return SH_OK;
@@ -245,12 +225,12 @@ extern "C" int sh_cuda_argmax(sh_tensor **out, const sh_tensor *a, int dim, int 
   const char *name = "argmax";
   *out = NULL;
   SH_TRY(sh_tensor_check(a, name));
-  SH_TRY(norm_dim(name, a, &dim));
+  SH_TRY(sh_reduce_dim(name, a, &dim));
   if (a->shape[dim] == 0) return sh_fail(SH_ERR_ARG, "argmax: the reduced dim of %s is empty", sh_desc(a));
   int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1, R = a->shape[dim];
   for (int d = 0; d < dim; d++) outer *= a->shape[d];
   for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = reduced_shape(a, dim, keepdim, shape);
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(name, a->device, &st));
   sh_tguard x, o;

@@ -22,6 +22,15 @@ const char *sh_unop_name(int op);
  * number of dims (at least 1: a single element is one dim of size 1 with stride 0). */
 int sh_collapse_dims(int ndim, int64_t *shape, int nargs, int64_t *const *strides);
 
+/* Reductions, the same on every backend: the op's name, the result dtype (floats keep theirs,
+ * as do max/min; an integer sum is i64, an integer mean f32), the dim (negative from the end;
+ * out of range fails naming op and tensor) and the output shape (the dim kept as 1 or dropped;
+ * returns the number of dims). */
+const char *sh_reduce_name(int op);
+int sh_reduce_result_dtype(int op, int dtype);
+int sh_reduce_dim(const char *op, const sh_tensor *a, int *dim);
+int sh_reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape);
+
 /* The dtype the CPU computes in for results of `dtype`: f64 for f64, f32 for every other
  * float (bf16/f16 math runs in f32), i64 for integers and bool. */
 int sh_compute_dtype(int dtype);

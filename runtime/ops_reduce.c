@@ -23,7 +23,7 @@
 enum { ICHUNK = 1024, PAR_MIN = 32768 };
 enum { RED_SUMSQ = 100 };  /* internal: sum of squares */
 
-static const char *reduce_name(int op) {
+const char *sh_reduce_name(int op) {
   static const char *names[] = {"sum", "mean", "max", "min"};
   if (op == RED_SUMSQ) return "sumsq";
   return op >= 0 && op <= SH_OP_MIN ? names[op] : "reduce";
@@ -158,7 +158,7 @@ static int reduce_core(const red_plan *p, double *res) {
   }
   double *part = splits > 1 ? malloc(sizeof(double) * (size_t)(splits * nout)) : res;
   if (!part) return sh_fail(SH_ERR_OOM, "%s: out of host memory for %lld partial results",
-                            reduce_name(p->op), (long long)(splits * nout));
+                            sh_reduce_name(p->op), (long long)(splits * nout));
   /* a task is one outer index and one slice of R, all inner chunks in turn */
   int64_t ntasks = p->outer * splits;
   #pragma omp parallel for schedule(static) if (numel > PAR_MIN && ntasks > 1)
@@ -184,12 +184,12 @@ static int reduce_core(const red_plan *p, double *res) {
 
 static int dense_dtype(int dtype) { return dtype == SH_F32 || dtype == SH_BF16 || dtype == SH_F16 ? SH_F32 : SH_F64; }
 
-static int result_dtype(int op, int dtype) {
+int sh_reduce_result_dtype(int op, int dtype) {
   if (sh_dtype_is_float(dtype) || op == SH_OP_MAX || op == SH_OP_MIN) return dtype;
   return op == SH_OP_MEAN ? SH_F32 : SH_I64;
 }
 
-static int norm_dim(const char *op, const sh_tensor *a, int *dim) {
+int sh_reduce_dim(const char *op, const sh_tensor *a, int *dim) {
   int d = *dim < 0 ? *dim + a->ndim : *dim;
   if (d < 0 || d >= a->ndim)
     return sh_fail(SH_ERR_ARG, "%s: dim %d out of range for %s", op, *dim, sh_desc(a));
@@ -198,7 +198,7 @@ static int norm_dim(const char *op, const sh_tensor *a, int *dim) {
 }
 
 /* The output shape of reducing dim of a (kept as 1 or dropped). */
-static int reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape) {
+int sh_reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape) {
   int n = 0;
   for (int d = 0; d < a->ndim; d++) {
     if (d != dim) shape[n++] = a->shape[d];
@@ -223,7 +223,7 @@ static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer
   sh_tensor *x = NULL;
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
   double *res = malloc(sizeof(double) * (size_t)(outer * inner > 0 ? outer * inner : 1));
-  int rc = res ? SH_OK : sh_fail(SH_ERR_OOM, "%s: out of host memory for the result of %s", reduce_name(op), sh_desc(a));
+  int rc = res ? SH_OK : sh_fail(SH_ERR_OOM, "%s: out of host memory for the result of %s", sh_reduce_name(op), sh_desc(a));
   red_plan p = {.x = sh_tensor_data(x), .dt = x->dtype, .outer = outer, .R = R, .inner = inner, .op = op};
   if (!rc) rc = reduce_core(&p, res);
   if (!rc) store_result(out, res, op == SH_OP_MEAN ? (double)R : 1.0);
@@ -234,9 +234,9 @@ static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer
 
 static int check_reduce(int op, const sh_tensor *a, int64_t R) {
   if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
-  SH_TRY(sh_require_cpu(a, reduce_name(op)));
+  SH_TRY(sh_require_cpu(a, sh_reduce_name(op)));
   if (R == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
-    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", reduce_name(op), sh_desc(a));
+    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", sh_reduce_name(op), sh_desc(a));
   return SH_OK;
 }
 
@@ -246,13 +246,13 @@ int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim)
   if (a && a->storage && a->device >= 0) return sh_cuda_reduce(out, op, a, dim, keepdim);
   *out = NULL;
   SH_TRY(check_reduce(op, a, 1));
-  SH_TRY(norm_dim(reduce_name(op), a, &dim));
+  SH_TRY(sh_reduce_dim(sh_reduce_name(op), a, &dim));
   SH_TRY(check_reduce(op, a, a->shape[dim]));
   int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1;
   for (int d = 0; d < dim; d++) outer *= a->shape[d];
   for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = reduced_shape(a, dim, keepdim, shape);
-  SH_TRY(sh_new_like_shape(out, n, shape, result_dtype(op, a->dtype), -1));
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
+  SH_TRY(sh_new_like_shape(out, n, shape, sh_reduce_result_dtype(op, a->dtype), -1));
   int rc = reduce_into(*out, op, a, outer, a->shape[dim], inner);
   if (rc) { sh_tensor_destroy(*out); *out = NULL; }
   return rc;
@@ -263,7 +263,7 @@ int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
   *out = NULL;
   SH_TRY(check_reduce(op, a, 1));
   SH_TRY(check_reduce(op, a, sh_tensor_numel(a)));
-  SH_TRY(sh_new_like_shape(out, 0, a->shape, result_dtype(op, a->dtype), -1));
+  SH_TRY(sh_new_like_shape(out, 0, a->shape, sh_reduce_result_dtype(op, a->dtype), -1));
   int rc = reduce_into(*out, op, a, 1, sh_tensor_numel(a), 1);
   if (rc) { sh_tensor_destroy(*out); *out = NULL; }
   return rc;
@@ -287,12 +287,12 @@ int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
   if (a && a->storage && a->device >= 0) return sh_cuda_argmax(out, a, dim, keepdim);
   *out = NULL;
   SH_TRY(sh_require_cpu(a, "argmax"));
-  SH_TRY(norm_dim("argmax", a, &dim));
+  SH_TRY(sh_reduce_dim("argmax", a, &dim));
   if (a->shape[dim] == 0) return sh_fail(SH_ERR_ARG, "argmax: the reduced dim of %s is empty", sh_desc(a));
   int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1, R = a->shape[dim];
   for (int d = 0; d < dim; d++) outer *= a->shape[d];
   for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = reduced_shape(a, dim, keepdim, shape);
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
   sh_tensor *x = NULL;
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
   int rc = sh_new_like_shape(out, n, shape, SH_I64, -1);
