@@ -9,6 +9,7 @@
  *   libm ones are opaque calls), and SH_NN_SIMD, which compiles a hot kernel twice (AVX-512
  *   and baseline x86-64) and picks one at load time from the CPU's features. */
 #pragma once
+#include "fastmath_internal.h"
 #include <stdint.h>
 #include <string.h>
 #include "tensor_internal.h"
@@ -68,30 +69,6 @@ static inline int64_t sh_nn_rows(const sh_tensor *t) {
 }
 
 static inline float *sh_nn_ptr(const sh_tensor *t) { return (float *)sh_tensor_data(t); }
-
-/* exp(x) in f32 to within about 2 ulp, branch-free so loops over it vectorize
- * (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, 2^n by
- * exponent bits). Below -87.3 it returns 0, above 88.3 it saturates at e^88.3. */
-static inline float sh_expf(float x) {
-  float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
-  /* round to nearest through the 1.5 * 2^23 trick: floorf would be a call without SSE4.1 */
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } s = { .i = ((int32_t)n + 127) << 23 };
-  float y = p * s.f;
-  return x < -87.3f ? 0.0f : y;
-}
-
-/* tanh through exp: 1 - 2 / (e^{2u} + 1). Its absolute error is a few f32 ulps of 1, which
- * is what gelu's 0.5 x (1 + tanh) can resolve anyway. */
-static inline float sh_tanhf(float u) { return 1.0f - 2.0f / (sh_expf(2.0f * u) + 1.0f); }
 
 static inline float sh_sigmoidf(float x) { return 1.0f / (1.0f + sh_expf(-x)); }
 

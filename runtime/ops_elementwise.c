@@ -20,6 +20,7 @@
  * Integers compute in i64, so i64 add/sub/mul are exact. Comparisons and maximum/minimum
  * propagate NaN as torch does (maximum(NaN, 1) = NaN; NaN == NaN is 0). */
 #include "ops_internal.h"
+#include "fastmath_internal.h"
 #include "ops.h"
 #include "cuda_internal.h"
 #include <math.h>
@@ -153,49 +154,6 @@ static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int 
 
 #define UN_LOOP(EXPR) do { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { __typeof__(a[0]) x = a[i]; o[i] = (EXPR); } } while (0)
 
-/* exp(x) = 2^n e^r with |r| <= ln2/2 (Cephes' degree-6 polynomial, within 1.4 ulp of the
- * true value for normal results), written without branches or calls so the loops around it
- * vectorize. 2^n is built in two halves, so results that underflow into denormals or
- * overflow to inf come out as they should; NaN passes through. */
-static inline __attribute__((always_inline)) float exp_f32(float x) {
-  float xc = x < -104.0f ? -104.0f : x;
-  xc = xc > 89.0f ? 89.0f : xc;
-  float t = xc * 1.44269504088896341f + 12582912.0f;   /* 1.5 * 2^23 + n: rounds to n */
-  float n = t - 12582912.0f;
-  uint32_t tb;
-  memcpy(&tb, &t, sizeof tb);
-  int32_t ni = (int32_t)(tb - 0x4B400000u);             /* n sits in t's low bits */
-  float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t h = ni >> 1;
-  uint32_t b1 = (uint32_t)(h + 127) << 23, b2 = (uint32_t)(ni - h + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &b1, sizeof s1);
-  memcpy(&s2, &b2, sizeof s2);
-  float y = p * s1 * s2;
-  return x != x ? x : y;
-}
-
-/* tanh: Cephes' odd polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1) with the
- * sign; within 2.3 ulp, +-1 at +-inf, NaN through. */
-static inline __attribute__((always_inline)) float tanh_f32(float x) {
-  float ax = fabsf(x), z = x * x;
-  float ps = -5.70498872745e-3f;
-  ps = ps * z + 2.06390887954e-2f;
-  ps = ps * z - 5.37397155531e-2f;
-  ps = ps * z + 1.33314422036e-1f;
-  ps = ps * z - 3.33332819422e-1f;
-  float small = ps * z * x + x;
-  float big = 1.0f - 2.0f / (exp_f32(2.0f * ax) + 1.0f);
-  big = x < 0 ? -big : big;
-  return ax < 0.625f ? small : big;
-}
 
 /* no-trapping-math lets gcc if-convert the selects above (shard never reads FP exception
  * flags; the values are the same), which is what makes the exp and tanh loops vectorize. */
@@ -203,11 +161,11 @@ SH_CLONES __attribute__((optimize("no-trapping-math")))
 static void unary_f32(int op, float *o, const float *a, int64_t n) {
   switch (op) {
     case SH_OP_NEG: UN_LOOP(-x); break;
-    case SH_OP_EXP: UN_LOOP(exp_f32(x)); break;
+    case SH_OP_EXP: UN_LOOP(sh_expf(x)); break;
     case SH_OP_LOG: UN_LOOP(logf(x)); break;
     case SH_OP_SQRT: UN_LOOP(sqrtf(x)); break;
     case SH_OP_RSQRT: UN_LOOP(1.0f / sqrtf(x)); break;
-    case SH_OP_TANH: UN_LOOP(tanh_f32(x)); break;
+    case SH_OP_TANH: UN_LOOP(sh_tanhf(x)); break;
     case SH_OP_ABS: UN_LOOP(fabsf(x)); break;
     case SH_OP_SQUARE: UN_LOOP(x * x); break;
     case SH_OP_RECIPROCAL: UN_LOOP(1.0f / x); break;
