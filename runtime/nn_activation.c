@@ -26,7 +26,7 @@ SH_NN_SIMD static void gelu_fwd(const void *arg, int64_t i0, int64_t i1) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) {
     float x = a->x[i];
-    a->out[i] = 0.5f * x * (1.0f + sh_tanhf(GELU_K * (x + GELU_A * x * x * x)));
+    a->out[i] = 0.5f * x * (1.0f + sh_tanhf_abs(GELU_K * (x + GELU_A * x * x * x)));
   }
 }
 
@@ -36,7 +36,7 @@ SH_NN_SIMD static void gelu_bwd(const void *arg, int64_t i0, int64_t i1) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) {
     float x = a->x[i];
-    float t = sh_tanhf(GELU_K * (x + GELU_A * x * x * x));
+    float t = sh_tanhf_abs(GELU_K * (x + GELU_A * x * x * x));
     float d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
     a->out[i] = a->dy[i] * d;
   }
