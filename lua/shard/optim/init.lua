@@ -46,49 +46,52 @@ end
 
 function Optimizer:set_lr(lr) self.lr = lr end
 
+-- One step: update(self, entry, grad, grad_scale) for every entry that has a gradient.
+function Optimizer:step(grad_scale)
+  self.step_count = self.step_count + 1
+  for _, e in ipairs(self.entries) do
+    local g, owned = grad_of(e)
+    if g then
+      self:update(e, g, grad_scale or 1)
+      if owned then g:free() end
+    end
+  end
+end
+
+local function new_optimizer(params, fields, update)
+  fields.entries = collect(params)
+  fields.model = params.parameters and params or nil
+  fields.step_count = 0
+  fields.update = update
+  return setmetatable(fields, Optimizer)
+end
+
 -- AdamW (torch.optim.AdamW semantics: decoupled decay, bias correction).
 function O.AdamW(params, opts)
   opts = opts or {}
-  local self = setmetatable({
-    lr = opts.lr or 1e-3, beta1 = (opts.betas or {})[1] or 0.9, beta2 = (opts.betas or {})[2] or 0.999,
-    eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.01, step_count = 0,
-    entries = collect(params), model = params.parameters and params or nil,
-  }, Optimizer)
+  local betas = opts.betas or {}
+  local self = new_optimizer(params, {
+    lr = opts.lr or 1e-3, beta1 = betas[1] or 0.9, beta2 = betas[2] or 0.999,
+    eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.01,
+  }, function(s, e, g, grad_scale)
+    check(C.sh_adamw_step_(e.tensor.p, g.p, e.m.p, e.v.p, e.shadow and e.shadow.p or nil, s.lr,
+      s.beta1, s.beta2, s.eps, e.decay and s.weight_decay or 0, s.step_count, grad_scale))
+  end)
   for _, e in ipairs(self.entries) do e.m = state_like(e.tensor); e.v = state_like(e.tensor) end
-  self.step = function(s, grad_scale)
-    s.step_count = s.step_count + 1
-    for _, e in ipairs(s.entries) do
-      local g, owned = grad_of(e)
-      if g then
-        check(C.sh_adamw_step_(e.tensor.p, g.p, e.m.p, e.v.p, e.shadow and e.shadow.p or nil, s.lr,
-          s.beta1, s.beta2, s.eps, e.decay and s.weight_decay or 0, s.step_count, grad_scale or 1))
-        if owned then g:free() end
-      end
-    end
-  end
   return self
 end
 
 -- SGD with momentum (torch.optim.SGD semantics).
 function O.SGD(params, opts)
   opts = opts or {}
-  local self = setmetatable({
+  local self = new_optimizer(params, {
     lr = opts.lr or 1e-2, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
-    weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov and 1 or 0, step_count = 0,
-    entries = collect(params), model = params.parameters and params or nil,
-  }, Optimizer)
-  for _, e in ipairs(self.entries) do if self.momentum ~= 0 then e.m = state_like(e.tensor) end end
-  self.step = function(s, grad_scale)
-    s.step_count = s.step_count + 1
-    for _, e in ipairs(s.entries) do
-      local g, owned = grad_of(e)
-      if g then
-        check(C.sh_sgd_step_(e.tensor.p, g.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
-          s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale or 1))
-        if owned then g:free() end
-      end
-    end
-  end
+    weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov and 1 or 0,
+  }, function(s, e, g, grad_scale)
+    check(C.sh_sgd_step_(e.tensor.p, g.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
+      s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale))
+  end)
+  if self.momentum ~= 0 then for _, e in ipairs(self.entries) do e.m = state_like(e.tensor) end end
   return self
 end
 
