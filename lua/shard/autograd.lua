@@ -7,7 +7,6 @@
 --
 -- Ownership: the tape owns every tensor an op produced while recording. Tensors the user
 -- keeps past backward (besides the loss) must be kept with t:retain().
-local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
 local C, check = rt.C, rt.check

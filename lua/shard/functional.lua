@@ -36,7 +36,6 @@ F.OP, F.UN, F.RED = OP, UN, RED
 local function bin(op, a, b) return new_from(C.sh_binary, op, a.p, b.p) end
 local function bins(op, a, s, first) return new_from(C.sh_binary_scalar, op, a.p, s, first and 1 or 0) end
 local function un(op, a) return new_from(C.sh_unary, op, a.p) end
-local shape_args = tensor.shape_args
 -- the tensor module's non-recording views, captured before this module replaces them
 local raw_view, raw_reshape, raw_transpose = Tensor.view, Tensor.reshape, Tensor.transpose
 local raw_permute, raw_narrow, raw_unsqueeze = Tensor.permute, Tensor.narrow, Tensor.unsqueeze
