@@ -74,7 +74,11 @@ end
 -- idx [B, T] (i64/i32). With targets: the mean cross-entropy loss (0-dim); without: the
 -- logits of the last position [B, V] (what generation needs).
 function G.GPT:forward(idx, targets)
+  if idx:dim() ~= 2 then error("GPT: idx must be [batch, time] token ids, got " .. idx:describe(), 2) end
   local B, T = idx:size(1), idx:size(2)
+  if targets and (targets:dim() ~= 2 or targets:size(1) ~= B or targets:size(2) ~= T) then
+    error(("GPT: targets %s must have the shape of idx %s"):format(targets:describe(), idx:describe()), 2)
+  end
   if T > self.config.block_size then
     error(("GPT: sequence length %d is longer than block_size %d"):format(T, self.config.block_size), 2)
   end
