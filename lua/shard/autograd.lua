@@ -15,6 +15,7 @@ local Tensor = tensor.Tensor
 local A = {}
 local tape = {}
 A.tape = tape
+local R = require "shard.random"
 A.grad_enabled = true
 
 local produced = setmetatable({}, { __mode = "k" })  -- non-leaf tensors (made by a node)
@@ -86,7 +87,7 @@ end
 ---------------------------------------------------------------------------------------------
 -- gradient accumulation
 
-local grads = {}   -- gradient of each non-leaf output, during backward
+local grads = {}   -- gradient of each non-leaf output, during the current backward
 
 -- The tensor into which t's gradient accumulates: a leaf's .grad (created as zeros on first
 -- use), or the running gradient of a non-leaf. Fused backward kernels add into it directly.
@@ -156,6 +157,8 @@ function A.backward(root, gradient)
   if not produced[root] then error("backward: the tensor was not produced by a recorded op (does anything require grad?)", 2) end
   retained[root] = true
   local needed = reachable_from(root)
+  local outer_grads = grads          -- a checkpoint's backward runs a nested backward
+  grads = {}
   grads[root] = gradient and gradient:clone() or tensor.ones(root:shape(), { dtype = root:dtype(), device = root:device() })
   local was = A.grad_enabled
   A.grad_enabled = false
@@ -189,8 +192,57 @@ function A.backward(root, gradient)
   end)
   A.grad_enabled = was
   for t, g in pairs(grads) do g:free(); grads[t] = nil end
+  grads = outer_grads
   for i = #kept, 1, -1 do tape[#tape + 1] = kept[i] end
   if not ok then A.clear(); error(err, 0) end
+end
+
+-- Activation checkpointing: runs fn(...) keeping none of its activations and records one
+-- node; its backward re-runs fn on a nested tape (same random numbers) and backpropagates
+-- through it. Every tensor fn differentiates must come in through its arguments (parameters
+-- of modules it calls are fine: they are leaves).
+function A.checkpoint(fn, ...)
+  if not A.grad_enabled then return fn(...) end
+  local args = { ... }
+  local rng = R.get_state()
+  local out = A.no_grad(fn, ...)
+  return A.record(out, args, function(node, gout)
+    local after = R.get_state()
+    R.set_state(rng)
+    local leaves = {}
+    for i, a in pairs(args) do
+      if tensor.is_tensor(a) then
+        leaves[i] = a:alias()
+        leaves[i].p.requires_grad = a.p.requires_grad
+      else
+        leaves[i] = a
+      end
+    end
+    local outer = tape
+    tape = {}
+    A.tape = tape
+    local ok, err = pcall(function()
+      A.grad_enabled = true
+      local again = fn(unpack(leaves, 1, table.maxn(args)))
+      A.grad_enabled = false
+      A.backward(again, gout)
+      again:free()
+    end)
+    A.clear()
+    tape = outer
+    A.tape = outer
+    A.grad_enabled = false
+    R.set_state(after)
+    local gins = {}
+    for i, l in pairs(leaves) do
+      if tensor.is_tensor(l) then
+        if ok and l.p.grad ~= nil then gins[i] = l.grad end
+        l:free()
+      end
+    end
+    if not ok then error(err, 0) end
+    return gins
+  end, nil, "checkpoint")
 end
 
 -- Drops the tape without running it (a forward whose backward will not come).

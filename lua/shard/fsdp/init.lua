@@ -234,6 +234,7 @@ function fsdp.wrap(model, opts)
     model = m
   end
   if opts.sync_module_states then fsdp.sync_module_states(model) end
+  if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
   local units = {}
   apply_policy(model, "", opts.policy, opts, nil, units)
   local root = Unit(model, "", opts, nil)

@@ -118,6 +118,24 @@ function Module:repr(indent)
   return table.concat(lines, "\n")
 end
 
+-- Activation checkpointing for every module of the given classes under root: their forward
+-- keeps no activations and is re-run during backward (shard.autograd.checkpoint).
+function Module.checkpoint(root, classes)
+  local A = require "shard.autograd"
+  local set = {}
+  for _, c in ipairs(classes) do set[c] = true end
+  root:apply(function(m)
+    local cls = getmetatable(m)
+    if set[cls] then
+      local forward = cls.forward
+      m.forward = function(self, ...)
+        return A.checkpoint(function(...) return forward(self, ...) end, ...)
+      end
+    end
+  end)
+  return root
+end
+
 -- Creates a parameter-tagged tensor (memory stats count it under "param").
 function Module.new_param(shape, opts)
   local old = C.sh_mem_set_tag(C.SH_TAG_PARAM)
