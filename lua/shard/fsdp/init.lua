@@ -71,13 +71,13 @@ local function is_unit(m) return rawget(m, "fsdp_unit") == true end
 
 -- Parameters the module holds outside any unit below it, in registration order (tied ones
 -- appear once per holder; the FlatParameter stores a repeated tensor once).
-local function own_params(module, out, seen)
-  out, seen = out or {}, seen or {}
+local function own_params(module, out)
+  out = out or {}
   for _, p in ipairs(module._params) do
     out[#out + 1] = p.tensor
   end
   for _, c in ipairs(module._children) do
-    if not is_unit(c.module) then own_params(c.module, out, seen) end
+    if not is_unit(c.module) then own_params(c.module, out) end
   end
   return out
 end
@@ -197,7 +197,7 @@ function Unit:named_parameters(prefix, out, seen) return self.module:named_param
 -- wrap
 
 -- Post-order walk: children first, so a policy sees how many parameters are still unwrapped.
-local function apply_policy(module, name, policy, opts, root_box, units)
+local function apply_policy(module, name, policy, opts, units)
   local unwrapped = 0
   for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
   for _, c in ipairs(module._children) do
@@ -205,7 +205,7 @@ local function apply_policy(module, name, policy, opts, root_box, units)
     if is_unit(c.module) then
       for _, u in ipairs(c.module.all_units or { c.module }) do units[#units + 1] = u end
     else
-      local n, wrapped = apply_policy(c.module, child_name, policy, opts, root_box, units)
+      local n, wrapped = apply_policy(c.module, child_name, policy, opts, units)
       if wrapped then
         module:replace_child(c.name, wrapped)
       else
@@ -236,7 +236,7 @@ function fsdp.wrap(model, opts)
   if opts.sync_module_states then fsdp.sync_module_states(model) end
   if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
   local units = {}
-  apply_policy(model, "", opts.policy, opts, nil, units)
+  apply_policy(model, "", opts.policy, opts, units)
   local root = Unit(model, "", opts, nil)
   root.units = units
   for _, u in ipairs(units) do u.root = root end
