@@ -184,11 +184,29 @@ function Unit:pre_backward()
   end
 end
 
+-- Gradient reductions run asynchronously behind the rest of the backward: at most
+-- MAX_REDUCES_IN_FLIGHT units' flat grads are alive at once, and the root's post-backward
+-- (the last marker of the backward) waits for all of them.
+local MAX_REDUCES_IN_FLIGHT = 2
+
+local function wait_reduces(root, keep)
+  local pending = root.pending_reduces
+  while #pending > keep do
+    local u = table.remove(pending, 1)
+    check(C.sh_flatparam_reduce_grad_wait(u.fp))
+  end
+end
+
 function Unit:post_backward()
-  if not self.fp then return end
-  local op = C.SH_RED_AVG
-  check(C.sh_flatparam_reduce_grad(self.fp, op, self.replicate))
-  self:reshard()
+  local root = self.root
+  root.pending_reduces = root.pending_reduces or {}
+  if self.fp then
+    wait_reduces(root, MAX_REDUCES_IN_FLIGHT - 1)
+    check(C.sh_flatparam_reduce_grad_start(self.fp, C.SH_RED_AVG, self.replicate))
+    table.insert(root.pending_reduces, self)
+    self:reshard()
+  end
+  if self == root then wait_reduces(root, 0) end
 end
 
 function Unit:named_parameters(prefix, out, seen) return self.module:named_parameters(prefix, out, seen) end
