@@ -23,6 +23,8 @@ shard.scope = autograd.scope
 shard.random = require "shard.random"
 shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
+function shard.save(model, path, metadata) return require("shard.io.checkpoint").save(model, path, metadata) end
+function shard.load(model, path, opts) return require("shard.io.checkpoint").load(model, path, opts) end
 
 -- The process's place in the job, from mpirun / torchrun-style env / SLURM (else a world of
 -- one): rank, world, local_rank, the device, the world group, and helpers recipes need.

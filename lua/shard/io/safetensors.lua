@@ -58,6 +58,8 @@ function S.save(path, tensors, metadata)
   local header, blobs, offset = {}, {}, 0
   for _, name in ipairs(names) do
     local t = tensors[name]
+    if not tensor.is_tensor(t) then error(("safetensors: '%s' is not a tensor (%s)"):format(name, type(t)), 2) end
+    check(C.sh_tensor_check(t.p, "safetensors save '" .. name .. "'"), 2)
     local host = (t.p.device >= 0 or not t:is_contiguous()) and t:to{ device = "cpu" }:contiguous() or t
     local nbytes = host:numel() * C.sh_dtype_size(host.p.dtype)
     blobs[#blobs + 1] = nbytes > 0 and ffi.string(C.sh_tensor_data(host.p), nbytes) or ""
