@@ -142,25 +142,33 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
     return sh_fail(SH_ERR_ARG, "copy_: source %s does not broadcast to destination %s", sh_desc(src), sh_desc(dst));
   dst->version++;
   if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
-  /* Across devices: stage through contiguous tensors of the same dtype and shape. */
   if (dst->device == src->device) return sh_cuda_copy_(dst, src);
-  sh_tensor *s = NULL, *d = NULL;
+  /* Across devices: the bytes move between contiguous images of the same dtype and shape;
+   * dtype conversion and any striding happen on one side (the host, or the device's copy_). */
+  sh_tensor *host = NULL, *dev = NULL;
   int rc = SH_OK;
-  if (src->device < 0) {   /* host -> device: convert on the host, then transfer */
-    rc = sh_tensor_empty(&s, dst->ndim, dst->shape, dst->dtype, -1);
-    if (!rc) rc = copy_cpu(s, src);
-    if (!rc && sh_tensor_is_contiguous(dst)) rc = copy_across(dst, s);
-    else if (!rc) rc = sh_fail(SH_ERR_ARG, "copy_: host to device needs a contiguous destination, got %s", sh_desc(dst));
-  } else {                 /* device -> host: transfer a contiguous image, then convert */
+  if (src->device < 0) {   /* host -> device: convert on the host, transfer, place on the device */
+    rc = sh_tensor_empty(&host, dst->ndim, dst->shape, dst->dtype, -1);
+    if (!rc) rc = copy_cpu(host, src);
+    if (!rc && sh_tensor_is_contiguous(dst)) rc = copy_across(dst, host);
+    else if (!rc) {
+      rc = sh_tensor_empty(&dev, dst->ndim, dst->shape, dst->dtype, dst->device);
+      if (!rc) rc = copy_across(dev, host);
+      if (!rc) rc = sh_cuda_copy_(dst, dev);
+    }
+  } else {                 /* device -> host: make a contiguous image on the device, transfer, convert */
     const sh_tensor *img = src;
-    if (!sh_tensor_is_contiguous(src) || src->ndim != dst->ndim)
-      rc = sh_fail(SH_ERR_ARG, "copy_: device to host needs a contiguous source of the same shape, got %s", sh_desc(src));
-    if (!rc) rc = sh_tensor_empty(&d, src->ndim, src->shape, src->dtype, -1);
-    if (!rc) rc = copy_across(d, img);
-    if (!rc) rc = copy_cpu(dst, d);
+    if (!sh_tensor_is_contiguous(src)) {
+      rc = sh_tensor_empty(&dev, src->ndim, src->shape, src->dtype, src->device);
+      if (!rc) rc = sh_cuda_copy_(dev, src);
+      img = dev;
+    }
+    if (!rc) rc = sh_tensor_empty(&host, src->ndim, src->shape, src->dtype, -1);
+    if (!rc) rc = copy_across(host, img);
+    if (!rc) rc = copy_cpu(dst, host);
   }
-  sh_tensor_destroy(s);
-  sh_tensor_destroy(d);
+  sh_tensor_destroy(host);
+  sh_tensor_destroy(dev);
   return rc;
 }
 

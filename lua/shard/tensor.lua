@@ -159,9 +159,18 @@ function Tensor:describe()
   return ffi.string(buf)
 end
 
+-- A device tensor is copied to the host first (a synchronising read).
+local function on_host(t)
+  if t.p.device < 0 then return t, false end
+  return t:to("cpu"), true
+end
+
 function Tensor:item()
+  local host, copied = on_host(self)
   local v = ffi.new("double[1]")
-  check(C.sh_tensor_item(self.p, v), 2)
+  local rc = C.sh_tensor_item(host.p, v)
+  if copied then host:free() end
+  check(rc, 2)
   return v[0]
 end
 
@@ -261,8 +270,11 @@ local function fill_index(t, idx)
 end
 function Tensor:get(idx)
   fill_index(self, idx)
+  local host, copied = on_host(self)
   local v = ffi.new("double[1]")
-  check(C.sh_tensor_get(self.p, index_buf, v), 2)
+  local rc = C.sh_tensor_get(host.p, index_buf, v)
+  if copied then host:free() end
+  check(rc, 2)
   return v[0]
 end
 function Tensor:set(idx, value)
