@@ -19,10 +19,10 @@ local cfg = shard.config{
   n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12, dropout = 0.0, bias = false,
   lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
-  seed = 1337, sample_tokens = 300, strategy = "none", device = "cpu",
+  seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
 }
 
-local env = shard.init()
+local env = shard.init{ device = cfg.device }
 shard.manual_seed(cfg.seed)
 
 -- data: characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
@@ -53,7 +53,7 @@ local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, 
 local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
 -- batch_size is the global batch; each rank takes its share of the same windows.
 local function loader(src, seed)
-  local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world }
+  local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world, device = env.device }
   if type(src) == "string" then o.path = src else o.tokens = src end
   return data.tokens(o)
 end

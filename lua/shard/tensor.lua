@@ -114,7 +114,7 @@ function M.tensor(data, opts)
   end
   walk(data, 1)
   local dtype, device = opts_of(opts)
-  local host = M.empty(shape, { dtype = dtype })
+  local host = M.empty(shape, { dtype = dtype, device = "cpu" })
   local buf = ffi.new("double[?]", math.max(#flat, 1))
   for i = 1, #flat do buf[i - 1] = flat[i] end
   check(C.sh_tensor_write_f64(host.p, buf), 2)

@@ -109,7 +109,7 @@ function D.tokens(opts)
   end
   local self = { tokens = toks, block = block, batch = batch, seed = opts.seed or 1337,
                  rank = rank, world = world, step = 0, device = opts.device }
-  local u = tensor.empty({ global }, { dtype = "f64" })
+  local u = tensor.empty({ global }, { dtype = "f64", device = "cpu" })   -- read through a host pointer
   local ubuf = ffi.cast("double*", C.sh_tensor_data(u.p))
   -- This rank's window offsets at a step: generator key = seed, counter = the step.
   function self:offsets(step)
@@ -120,8 +120,8 @@ function D.tokens(opts)
   end
   function self:batch_at(step)
     local offs = self:offsets(step)
-    local x = tensor.empty({ batch, block }, { dtype = "i64" })
-    local y = tensor.empty({ batch, block }, { dtype = "i64" })
+    local x = tensor.empty({ batch, block }, { dtype = "i64", device = "cpu" })
+    local y = tensor.empty({ batch, block }, { dtype = "i64", device = "cpu" })
     local xp = ffi.cast("int64_t*", C.sh_tensor_data(x.p))
     local yp = ffi.cast("int64_t*", C.sh_tensor_data(y.p))
     local src = toks.buf

@@ -37,7 +37,7 @@ function S.load(path)
       local dtype = TO_SHARD[info.dtype]
       if not dtype then error(("safetensors: %s: tensor %s has unsupported dtype %s"):format(path, name, tostring(info.dtype)), 2) end
       local a, b = info.data_offsets[1], info.data_offsets[2]
-      local t = tensor.empty(info.shape, { dtype = dtype })
+      local t = tensor.empty(info.shape, { dtype = dtype, device = "cpu" })
       local nbytes = t:numel() * C.sh_dtype_size(t.p.dtype)
       if b - a ~= nbytes or base + b > #bytes then
         error(("safetensors: %s: tensor %s: offsets [%d, %d) do not hold %s %s"):format(path, name, a, b, dtype,

@@ -14,7 +14,7 @@ local L = {}
 local function param_with(shape, recipe)
   if Module.deferred_inits then
     local n, s = tensor.shape_args(shape)
-    local t = tensor.new_from(rt.C.sh_tensor_meta, n, s, rt.C.SH_F32, -1)
+    local t = tensor.new_from(rt.C.sh_tensor_meta, n, s, rt.C.SH_F32, tensor.device_id(tensor.default_device))
     Module.deferred_inits[t] = recipe
     return t
   end
