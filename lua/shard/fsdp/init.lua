@@ -136,16 +136,28 @@ end
 
 function Unit:numel() return tonumber(self.info.numel) end
 
+-- Collectives are issued with the Lua GC stopped, so no finalizer runs while one is being
+-- set up. Work handles already keep their buffers' storages alive and finalizers only return
+-- memory to the cache (never a synchronising CUDA call); this keeps GC timing out of the
+-- issue path altogether.
+local function issuing(fn, ...)
+  local was = collectgarbage("isrunning")
+  collectgarbage("stop")
+  local ok, err = pcall(fn, ...)
+  if was then collectgarbage("restart") end
+  if not ok then error(err, 0) end
+end
+
 function Unit:unshard()
   if self.state == "full" or not self.fp then return end
   if self.state == "gathering" then check(C.sh_flatparam_unshard_wait(self.fp))
-  else check(C.sh_flatparam_unshard(self.fp)) end
+  else issuing(function() check(C.sh_flatparam_unshard(self.fp)) end) end
   self.state = "full"
 end
 
 function Unit:prefetch()
   if self.state == "full" or self.state == "gathering" or not self.fp then return end
-  check(C.sh_flatparam_unshard_start(self.fp))
+  issuing(function() check(C.sh_flatparam_unshard_start(self.fp)) end)
   self.state = "gathering"
 end
 
@@ -202,7 +214,7 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   if self.fp then
     wait_reduces(root, MAX_REDUCES_IN_FLIGHT - 1)
-    check(C.sh_flatparam_reduce_grad_start(self.fp, C.SH_RED_AVG, self.replicate))
+    issuing(function() check(C.sh_flatparam_reduce_grad_start(self.fp, C.SH_RED_AVG, self.replicate)) end)
     table.insert(root.pending_reduces, self)
     self:reshard()
   end
@@ -361,7 +373,7 @@ function Unit:grad_norm(norm_type)
     if norm_type == math.huge then part = math.max(part, p) else part = part + p / replicas end
   end
   local t = tensor.tensor({ part }, { dtype = "f64" })
-  check(C.sh_comm_all_reduce(w, t.p, norm_type == math.huge and C.SH_RED_MAX or C.SH_RED_SUM, -1))
+  issuing(function() check(C.sh_comm_all_reduce(w, t.p, norm_type == math.huge and C.SH_RED_MAX or C.SH_RED_SUM, -1)) end)
   part = t:get({ 1 })
   t:free()
   return norm_type == 2 and math.sqrt(part) or part
