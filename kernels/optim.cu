@@ -8,10 +8,12 @@
  * shard each) cut into chunks, one chunk per block, reading grad (f32 or bf16), p, m, v once
  * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once. */
 #include "common.cuh"
+extern "C" {
+#include "optim_internal.h"
+}
 
 enum { MT_MAX = 16, MT_CHUNK = 8192, OPT_THREADS = 256 };
 
-struct adamw_hyper { float scale, decay, b1, omb1, b2, omb2, step_size, bc2_sqrt, eps; };
 
 struct adamw_table {
   int n;
@@ -23,7 +25,7 @@ struct adamw_table {
   int64_t first_chunk[MT_MAX + 1];   /* prefix sums of chunks per buffer */
 };
 
-__global__ void adamw_mt_kernel(const adamw_table t, const adamw_hyper h) {
+__global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
   int64_t c = blockIdx.x;
   int b = 0;
   while (b + 1 < t.n && c >= t.first_chunk[b + 1]) b++;
@@ -40,43 +42,16 @@ __global__ void adamw_mt_kernel(const adamw_table t, const adamw_hyper h) {
   }
 }
 
-static int check_flat(const sh_tensor *t, const char *op, const char *name, int dtype, int64_t n, int device) {
-  SH_TRY(sh_cuda_check_float(t, op, name, device));
-  if (dtype >= 0 && t->dtype != dtype) return sh_fail(SH_ERR_ARG, "%s: %s must be %s, got %s", op, name, sh_dtype_name(dtype), sh_desc(t));
-  if (!sh_tensor_is_contiguous(t))
-    return sh_fail(SH_ERR_ARG, "%s: %s must be contiguous (a flat buffer), got a strided %s", op, name, sh_desc(t));
-  if (n >= 0 && sh_tensor_numel(t) != n)
-    return sh_fail(SH_ERR_ARG, "%s: %s has %lld elements, param has %lld", op, name, (long long)sh_tensor_numel(t), (long long)n);
-  return SH_OK;
-}
 
 extern "C" int sh_cuda_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                                    double weight_decay, int64_t step, double grad_scale) {
   const char *op = "adamw";
-  SH_TRY(check_flat(param, op, "param", SH_F32, -1, param ? param->device : -1));
+  sh_adamw_hyper h;
+  SH_TRY(sh_adamw_prepare(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale, &h));
   int64_t n = sh_tensor_numel(param);
-  int dev = param->device;
-  SH_TRY(check_flat(grad, op, "grad", -1, n, dev));
-  if (grad->dtype != SH_F32 && grad->dtype != SH_BF16) return sh_fail(SH_ERR_ARG, "%s: grad must be f32 or bf16, got %s", op, sh_desc(grad));
-  SH_TRY(check_flat(m, op, "m", SH_F32, n, dev));
-  SH_TRY(check_flat(v, op, "v", SH_F32, n, dev));
-  if (shadow) SH_TRY(check_flat(shadow, op, "shadow", -1, n, dev));
-  if (step < 1) return sh_fail(SH_ERR_ARG, "%s: step is 1-based, got %lld", op, (long long)step);
-  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
-    return sh_fail(SH_ERR_ARG, "%s: betas must be in [0, 1), got (%g, %g)", op, beta1, beta2);
-  if (!(lr >= 0 && eps >= 0 && weight_decay >= 0))
-    return sh_fail(SH_ERR_ARG, "%s: lr, eps and weight_decay must be >= 0, got %g, %g, %g", op, lr, eps, weight_decay);
   cudaStream_t st;
-  SH_TRY(sh_cuda_enter(op, dev, &st));
-  adamw_hyper h;
-  h.scale = (float)grad_scale;
-  h.decay = (float)(1.0 - lr * weight_decay);
-  h.b1 = (float)beta1; h.omb1 = (float)(1.0 - beta1);
-  h.b2 = (float)beta2; h.omb2 = (float)(1.0 - beta2);
-  h.step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
-  h.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-  h.eps = (float)eps;
+  SH_TRY(sh_cuda_enter(op, param->device, &st));
   adamw_table t;
   memset(&t, 0, sizeof t);
   t.n = 1;
@@ -116,28 +91,17 @@ extern "C" int sh_cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_ten
                                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
                                  double grad_scale) {
   const char *op = "sgd";
-  SH_TRY(check_flat(param, op, "param", SH_F32, -1, param ? param->device : -1));
+  sh_sgd_hyper h;
+  SH_TRY(sh_sgd_prepare(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale, &h));
   int64_t n = sh_tensor_numel(param);
   int dev = param->device;
-  SH_TRY(check_flat(grad, op, "grad", -1, n, dev));
-  if (grad->dtype != SH_F32 && grad->dtype != SH_BF16) return sh_fail(SH_ERR_ARG, "%s: grad must be f32 or bf16, got %s", op, sh_desc(grad));
-  if (!(lr >= 0 && momentum >= 0 && weight_decay >= 0))
-    return sh_fail(SH_ERR_ARG, "%s: lr, momentum and weight_decay must be >= 0, got %g, %g, %g", op, lr, momentum, weight_decay);
-  if (nesterov && (momentum <= 0 || dampening != 0))
-    return sh_fail(SH_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0, got momentum %g, dampening %g", op, momentum, dampening);
-  float *buf = NULL;
-  if (momentum != 0) {
-    if (!momentum_buf) return sh_fail(SH_ERR_ARG, "%s: momentum %g needs a momentum_buf, got nil", op, momentum);
-    SH_TRY(check_flat(momentum_buf, op, "momentum_buf", SH_F32, n, dev));
-    buf = (float *)sh_tensor_data(momentum_buf);
-  }
+  float *buf = h.has_buf ? (float *)sh_tensor_data(momentum_buf) : NULL;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
   if (n > 0) {
     sgd_kernel<<<sh_blocks(n, OPT_THREADS), OPT_THREADS, 0, st>>>((float *)sh_tensor_data(param), sh_tensor_data(grad),
-                                                                  grad->dtype == SH_BF16, buf, n, (float)grad_scale, (float)lr,
-                                                                  (float)weight_decay, (float)momentum, (float)(1.0 - dampening),
-                                                                  nesterov != 0, first_step != 0);
+                                                                  grad->dtype == SH_BF16, buf, n, h.scale, h.lr, h.wd,
+                                                                  h.momentum, h.omd, h.nesterov, h.first);
     CU_LAUNCHED(op);
   }
   param->version++;

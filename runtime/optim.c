@@ -10,6 +10,7 @@
 #include <math.h>
 #include "nn_internal.h"
 #include "optim.h"
+#include "optim_internal.h"
 #include "cuda_internal.h"
 
 typedef struct opt_args {
@@ -18,9 +19,8 @@ typedef struct opt_args {
   const uint16_t *g16;       /* bf16 grad when g32 is NULL */
   void *shadow;
   int shadow_dtype;
-  float scale, decay, b1, omb1, b2, omb2, step_size, bc2_sqrt, eps;
-  float lr, wd, momentum, omd;
-  int nesterov, first;
+  sh_adamw_hyper h;          /* AdamW's constants */
+  sh_sgd_hyper s;            /* SGD's */
 } opt_args;
 
 static void write_shadow(const opt_args *a, int64_t i0, int64_t i1) {
@@ -53,8 +53,8 @@ static void write_shadow(const opt_args *a, int64_t i0, int64_t i1) {
 SH_NN_SIMD static void adamw_range(const void *arg, int64_t i0, int64_t i1) {
   const opt_args *a = arg;
   float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
-  const float scale = a->scale, decay = a->decay, b1 = a->b1, omb1 = a->omb1, b2 = a->b2, omb2 = a->omb2;
-  const float step_size = a->step_size, bc2_sqrt = a->bc2_sqrt, eps = a->eps;
+  const float scale = a->h.scale, decay = a->h.decay, b1 = a->h.b1, omb1 = a->h.omb1, b2 = a->h.b2, omb2 = a->h.omb2;
+  const float step_size = a->h.step_size, bc2_sqrt = a->h.bc2_sqrt, eps = a->h.eps;
   if (a->g32) {
     const float *restrict g32 = a->g32;
     ADAMW_LOOP(g32[i])
@@ -81,8 +81,8 @@ SH_NN_SIMD static void adamw_range(const void *arg, int64_t i0, int64_t i1) {
 SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
   const opt_args *a = arg;
   float *restrict p = a->p, *restrict buf = a->buf;
-  const float scale = a->scale, wd = a->wd, momentum = a->momentum, omd = a->omd, lr = a->lr;
-  const int first = a->first, nesterov = a->nesterov;
+  const float scale = a->s.scale, wd = a->s.wd, momentum = a->s.momentum, omd = a->s.omd, lr = a->s.lr;
+  const int first = a->s.first, nesterov = a->s.nesterov;
   const float *restrict g32 = a->g32;
   const uint16_t *restrict g16 = a->g16;
   if (g32 && buf) { SGD_MOMENTUM_LOOP(g32[i]) }
@@ -91,24 +91,73 @@ SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
   else { SGD_LOOP(sh_nn_bf16_to_f32(g16[i])) }
 }
 
-/* t must be a live, contiguous cpu tensor of `dtype` with n elements. */
-static int check_flat(const sh_tensor *t, const char *op, const char *name, int dtype, int64_t n) {
-  SH_TRY(sh_nn_check_float(t, op, name));
-  if (dtype >= 0 && t->dtype != dtype)
-    return sh_fail(SH_ERR_ARG, "%s: %s must be %s, got %s", op, name, sh_dtype_name(dtype), sh_desc(t));
+/* t is a flat float buffer of n elements (n < 0: any) on `device`, of `dtype` (< 0: any float). */
+static int check_flat(const sh_tensor *t, const char *op, const char *name, int dtype, int64_t n, int device) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
+  SH_TRY(sh_tensor_check(t, op));
+  if (dtype >= 0 ? t->dtype != dtype : !sh_dtype_is_float(t->dtype))
+    return sh_fail(SH_ERR_ARG, "%s: %s must be %s, got %s", op, name, dtype >= 0 ? sh_dtype_name(dtype) : "a float tensor", sh_desc(t));
   if (!sh_tensor_is_contiguous(t))
     return sh_fail(SH_ERR_ARG, "%s: %s must be contiguous (a flat buffer), got a strided %s", op, name, sh_desc(t));
   if (n >= 0 && sh_tensor_numel(t) != n)
-    return sh_fail(SH_ERR_ARG, "%s: %s has %lld elements, param has %lld (%s vs %s)", op, name,
-                   (long long)sh_tensor_numel(t), (long long)n, sh_desc(t), "param");
+    return sh_fail(SH_ERR_ARG, "%s: %s has %lld elements, param has %lld (%s)", op, name,
+                   (long long)sh_tensor_numel(t), (long long)n, sh_desc(t));
+  if (t->device != device) return sh_fail(SH_ERR_DEVICE, "%s: %s %s is not on the param's device", op, name, sh_desc(t));
   return SH_OK;
 }
 
-static int check_grad(opt_args *a, const sh_tensor *grad, const char *op, int64_t n) {
-  SH_TRY(check_flat(grad, op, "grad", -1, n));
-  if (grad->dtype == SH_F32) a->g32 = sh_nn_ptr(grad);
-  else if (grad->dtype == SH_BF16) a->g16 = sh_tensor_data(grad);
-  else return sh_fail(SH_ERR_ARG, "%s: grad must be f32 or bf16, got %s", op, sh_desc(grad));
+static int check_param_grad(const char *op, const sh_tensor *param, const sh_tensor *grad) {
+  SH_TRY(check_flat(param, op, "param", SH_F32, -1, param ? param->device : -1));
+  SH_TRY(check_flat(grad, op, "grad", -1, sh_tensor_numel(param), param->device));
+  if (grad->dtype != SH_F32 && grad->dtype != SH_BF16)
+    return sh_fail(SH_ERR_ARG, "%s: grad must be f32 or bf16, got %s", op, sh_desc(grad));
+  return SH_OK;
+}
+
+int sh_adamw_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *m, const sh_tensor *v,
+                     const sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, int64_t step, double grad_scale, sh_adamw_hyper *h) {
+  const char *op = "adamw";
+  SH_TRY(check_param_grad(op, param, grad));
+  int64_t n = sh_tensor_numel(param);
+  SH_TRY(check_flat(m, op, "m", SH_F32, n, param->device));
+  SH_TRY(check_flat(v, op, "v", SH_F32, n, param->device));
+  if (shadow) SH_TRY(check_flat(shadow, op, "shadow", -1, n, param->device));
+  if (step < 1) return sh_fail(SH_ERR_ARG, "%s: step is 1-based, got %lld", op, (long long)step);
+  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+    return sh_fail(SH_ERR_ARG, "%s: betas must be in [0, 1), got (%g, %g)", op, beta1, beta2);
+  if (!(lr >= 0 && eps >= 0 && weight_decay >= 0))
+    return sh_fail(SH_ERR_ARG, "%s: lr, eps and weight_decay must be >= 0, got %g, %g, %g", op, lr, eps, weight_decay);
+  h->scale = (float)grad_scale;
+  h->decay = (float)(1.0 - lr * weight_decay);
+  h->b1 = (float)beta1; h->omb1 = (float)(1.0 - beta1);
+  h->b2 = (float)beta2; h->omb2 = (float)(1.0 - beta2);
+  h->step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
+  h->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+  h->eps = (float)eps;
+  return SH_OK;
+}
+
+int sh_sgd_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *momentum_buf, double lr,
+                   double momentum, double dampening, double weight_decay, int nesterov, int first_step,
+                   double grad_scale, sh_sgd_hyper *h) {
+  const char *op = "sgd";
+  SH_TRY(check_param_grad(op, param, grad));
+  if (!(lr >= 0 && momentum >= 0 && weight_decay >= 0))
+    return sh_fail(SH_ERR_ARG, "%s: lr, momentum and weight_decay must be >= 0, got %g, %g, %g", op, lr, momentum, weight_decay);
+  if (nesterov && (momentum <= 0 || dampening != 0))
+    return sh_fail(SH_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0, got momentum %g, dampening %g",
+                   op, momentum, dampening);
+  if (momentum != 0) {
+    if (!momentum_buf) return sh_fail(SH_ERR_ARG, "%s: momentum %g needs a momentum_buf, got nil", op, momentum);
+    SH_TRY(check_flat(momentum_buf, op, "momentum_buf", SH_F32, sh_tensor_numel(param), param->device));
+  }
+  h->scale = (float)grad_scale;
+  h->lr = (float)lr; h->wd = (float)weight_decay;
+  h->momentum = (float)momentum; h->omd = (float)(1.0 - dampening);
+  h->nesterov = nesterov != 0;
+  h->first = first_step != 0;
+  h->has_buf = momentum != 0;
   return SH_OK;
 }
 
@@ -116,29 +165,15 @@ int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_ten
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                    double weight_decay, int64_t step, double grad_scale) {
   if (param && param->device >= 0) return sh_cuda_adamw_step_(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  const char *op = "adamw";
-  SH_TRY(check_flat(param, op, "param", SH_F32, -1));
+  sh_adamw_hyper h;
+  SH_TRY(sh_adamw_prepare(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale, &h));
   int64_t n = sh_tensor_numel(param);
   opt_args a = {0};
-  SH_TRY(check_grad(&a, grad, op, n));
-  SH_TRY(check_flat(m, op, "m", SH_F32, n));
-  SH_TRY(check_flat(v, op, "v", SH_F32, n));
-  if (shadow) SH_TRY(check_flat(shadow, op, "shadow", -1, n));
-  if (step < 1) return sh_fail(SH_ERR_ARG, "%s: step is 1-based, got %lld", op, (long long)step);
-  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
-    return sh_fail(SH_ERR_ARG, "%s: betas must be in [0, 1), got (%g, %g)", op, beta1, beta2);
-  if (!(lr >= 0 && eps >= 0 && weight_decay >= 0))
-    return sh_fail(SH_ERR_ARG, "%s: lr, eps and weight_decay must be >= 0, got %g, %g, %g", op, lr, eps, weight_decay);
+  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad); else a.g16 = sh_tensor_data(grad);
   a.p = sh_nn_ptr(param); a.m = sh_nn_ptr(m); a.v = sh_nn_ptr(v);
   a.shadow = shadow ? sh_tensor_data(shadow) : NULL;
   a.shadow_dtype = shadow ? shadow->dtype : SH_F32;
-  a.scale = (float)grad_scale;
-  a.decay = (float)(1.0 - lr * weight_decay);
-  a.b1 = (float)beta1; a.omb1 = (float)(1.0 - beta1);
-  a.b2 = (float)beta2; a.omb2 = (float)(1.0 - beta2);
-  a.step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
-  a.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-  a.eps = (float)eps;
+  a.h = h;
   sh_nn_parallel_for(n, n * 4, adamw_range, &a);
   param->version++; m->version++; v->version++;
   if (shadow) shadow->version++;
@@ -149,27 +184,14 @@ int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_bu
                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
                  double grad_scale) {
   if (param && param->device >= 0) return sh_cuda_sgd_step_(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
-  const char *op = "sgd";
-  SH_TRY(check_flat(param, op, "param", SH_F32, -1));
+  sh_sgd_hyper h;
+  SH_TRY(sh_sgd_prepare(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale, &h));
   int64_t n = sh_tensor_numel(param);
   opt_args a = {0};
-  SH_TRY(check_grad(&a, grad, op, n));
-  if (!(lr >= 0 && momentum >= 0 && weight_decay >= 0))
-    return sh_fail(SH_ERR_ARG, "%s: lr, momentum and weight_decay must be >= 0, got %g, %g, %g", op, lr, momentum, weight_decay);
-  if (nesterov && (momentum <= 0 || dampening != 0))
-    return sh_fail(SH_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0, got momentum %g, dampening %g",
-                   op, momentum, dampening);
-  if (momentum != 0) {
-    if (!momentum_buf) return sh_fail(SH_ERR_ARG, "%s: momentum %g needs a momentum_buf, got nil", op, momentum);
-    SH_TRY(check_flat(momentum_buf, op, "momentum_buf", SH_F32, n));
-    a.buf = sh_nn_ptr(momentum_buf);
-  }
+  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad); else a.g16 = sh_tensor_data(grad);
   a.p = sh_nn_ptr(param);
-  a.scale = (float)grad_scale;
-  a.lr = (float)lr; a.wd = (float)weight_decay;
-  a.momentum = (float)momentum; a.omd = (float)(1.0 - dampening);
-  a.nesterov = nesterov != 0;
-  a.first = first_step != 0;
+  a.buf = h.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
+  a.s = h;
   sh_nn_parallel_for(n, n * 4, sgd_range, &a);
   param->version++;
   if (a.buf) momentum_buf->version++;
