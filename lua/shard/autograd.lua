@@ -98,7 +98,10 @@ function A.grad_buffer(t)
     return g
   end
   if t.p.grad == nil then
-    local g = tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
+    local old = C.sh_mem_set_tag(C.SH_TAG_GRAD)     -- memory stats count it as a gradient
+    local ok, g = pcall(tensor.zeros, t:shape(), { dtype = t:dtype(), device = t:device() })
+    C.sh_mem_set_tag(old)
+    if not ok then error(g, 0) end
     check(C.sh_tensor_set_grad(t.p, g.p))
     g:free()
   end
