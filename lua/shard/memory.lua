@@ -63,15 +63,19 @@ end
 M.format_bytes = bytes
 
 -- One line: "allocated 1.5 MiB (param 1.0 MiB, grad 512.0 KiB), peak 2.0 MiB, reserved 4.0 MiB"
-function M.format(s)
+-- " (param 3.1 MiB, grad ...)" for the non-zero tags of a by-tag table
+local function tag_list(by_tag)
   local parts = {}
   for _, name in ipairs(M.TAGS) do
-    if s.by_tag[name] ~= 0 then parts[#parts + 1] = name .. " " .. bytes(s.by_tag[name]) end
+    if by_tag[name] ~= 0 then parts[#parts + 1] = name .. " " .. bytes(by_tag[name]) end
   end
-  local tags = #parts > 0 and " (" .. table.concat(parts, ", ") .. ")" or ""
+  return #parts > 0 and " (" .. table.concat(parts, ", ") .. ")" or ""
+end
+
+function M.format(s)
   local limit = s.limit > 0 and ", limit " .. bytes(s.limit) or ""
-  return ("allocated %s%s, peak %s, reserved %s%s"):format(bytes(s.allocated), tags, bytes(s.peak),
-    bytes(s.reserved), limit)
+  return ("allocated %s%s, peak %s%s, reserved %s%s"):format(bytes(s.allocated), tag_list(s.by_tag), bytes(s.peak),
+    tag_list(s.peak_by_tag), bytes(s.reserved), limit)
 end
 
 return M
