@@ -1,12 +1,6 @@
 -- `shard bench`: lists the benchmarks, runs one by name, refuses an unknown one.
-local SHARD = os.getenv("SHARD_BIN") or "bin/shard"
-
-local function run(cmd)
-  local p = io.popen(SHARD .. " " .. cmd .. " 2>&1; echo EXIT=$?")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("EXIT=(%d+)"))
-end
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+local run = support.shard
 
 describe("shard bench", function()
   it("lists the benchmarks", function()

@@ -2,39 +2,13 @@
 -- tests/run.sh exports SHARD_BIN (bin/shard, or bin/shard-asan under make test-asan).
 local shard = require "shard"
 
-local ROOT = os.getenv("SHARD_HOME") or "."
-local BIN = os.getenv("SHARD_BIN") or (ROOT .. "/bin/shard")
-if not BIN:match("^/") then BIN = ROOT .. "/" .. BIN end
-
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
--- Runs a shell command line; returns exit code, stdout, stderr.
-local function sh(cmd, input)
-  local out, err = os.tmpname(), os.tmpname()
-  local full = cmd .. " >" .. out .. " 2>" .. err
-  if input then
-    local inp = os.tmpname()
-    local f = assert(io.open(inp, "w")); f:write(input); f:close()
-    full = full .. " <" .. inp
-  end
-  local p = assert(io.popen(full .. "; echo $?"))
-  local code = tonumber(p:read("*a"):match("(%d+)%s*$"))
-  p:close()
-  local function slurp(path)
-    local f = assert(io.open(path)); local s = f:read("*a"); f:close(); os.remove(path); return s
-  end
-  return code, slurp(out), slurp(err)
-end
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+local BIN, quote, sh, script = support.BIN, support.quote, support.sh, support.script
 
 local function shard_cmd(args, input, env)
   return sh((env or "") .. " " .. quote(BIN) .. " " .. args, input)
 end
 
-local function script(text)
-  local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w")); f:write(text); f:close()
-  return path
-end
 
 describe("bin/shard", function()
   it("prints its version", function()

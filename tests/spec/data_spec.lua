@@ -22,16 +22,17 @@ describe("char data", function()
     assert.equal(tok.stoi["h"], train.buf[0])
   end)
 
-  it("gives 65 characters and nanoGPT's token counts on tinyshakespeare (when present)", function()
-    local path = (os.getenv("SHARD_HOME") or ".") .. "/../shared/data/tinyshakespeare.txt"
-    local f = io.open(path, "rb")
-    if not f then pending("tinyshakespeare.txt is not on this machine"); return end
-    f:close()
-    local tok, ntrain, nval = data.prepare_char(path, dir .. "_shakespeare")
-    assert.equal(65, tok.vocab_size)
-    assert.equal(1003854, ntrain)
-    assert.equal(111540, nval)
-  end)
+  -- The full corpus is shared with this machine but not committed (CI lacks it), so this
+  -- check exists only where the file does; the counts are nanoGPT's published ones.
+  local corpus = (os.getenv("SHARD_HOME") or ".") .. "/../shared/data/tinyshakespeare.txt"
+  if io.open(corpus, "rb") then
+    it("gives 65 characters and nanoGPT's token counts on tinyshakespeare", function()
+      local tok, ntrain, nval = data.prepare_char(corpus, dir .. "_shakespeare")
+      assert.equal(65, tok.vocab_size)
+      assert.equal(1003854, ntrain)
+      assert.equal(111540, nval)
+    end)
+  end
 
   it("samples the same windows for the same (seed, step) and splits them across ranks", function()
     local toks = data.load_tokens(dir .. "/train.bin")

@@ -1,16 +1,9 @@
 -- FSDP's bad input and faults: clear errors, never a crash or a hang.
 local shard = require "shard"
 local fsdp, nn = shard.fsdp, shard.nn
-local SHARD = os.getenv("SHARD_BIN") or "bin/shard"
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 
-local function run(cmd)
-  local t0 = os.time()
-  local p = io.popen(cmd .. " 2>&1; echo EXIT=$?")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("EXIT=(%d+)")), os.time() - t0
-end
 
 local function tiny() return nn.GPT{ n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 11, block_size = 8, bias = false } end
 
@@ -66,14 +59,14 @@ end)
 
 describe("faults across ranks", function()
   it("a rank failing mid-step stops launch quickly, showing that rank's error", function()
-    local out, code, dt = run(SHARD .. " launch --nproc 2 tests/fixtures/recipes/fail_mid_step.lua --mode=error")
+    local out, code, dt = support.shard("launch --nproc 2 tests/fixtures/recipes/fail_mid_step.lua --mode=error")
     assert.are_not.equal(0, code)
     assert.is_truthy(out:find("injected failure on rank 1", 1, true), out)
     assert.is_true(dt < 30, "took " .. dt .. " s")
   end)
 
   it("a rank that stops issuing collectives makes the others fail with a timeout naming op, group and rank", function()
-    local out, code, dt = run("SHARD_COMM_TIMEOUT=3 " .. MPIRUN .. " -np 2 " .. SHARD ..
+    local out, code, dt = support.run("SHARD_COMM_TIMEOUT=3 " .. MPIRUN .. " -np 2 " .. support.quote(support.BIN) ..
       " run tests/fixtures/recipes/fail_mid_step.lua --mode=hang")
     assert.are_not.equal(0, code)
     assert.is_truthy(out:find("timed out", 1, true) or out:find("timeout", 1, true), out)

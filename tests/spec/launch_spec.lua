@@ -1,28 +1,8 @@
 -- `shard launch` from the outside: rank 0's output, --all prefixes, and a failing rank ending
 -- the job within seconds with its error shown (the others sit in a collective with the
 -- default 600 s timeout, so only launch/mpirun can stop them that fast).
-local ROOT = os.getenv("SHARD_HOME") or "."
-local BIN = os.getenv("SHARD_BIN") or (ROOT .. "/bin/shard")
-if not BIN:match("^/") then BIN = ROOT .. "/" .. BIN end
-
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function sh(cmd)
-  local out, err = os.tmpname(), os.tmpname()
-  local p = assert(io.popen(cmd .. " >" .. out .. " 2>" .. err .. "; echo $?"))
-  local code = tonumber(p:read("*a"):match("(%d+)%s*$"))
-  p:close()
-  local function slurp(path)
-    local f = assert(io.open(path)); local s = f:read("*a"); f:close(); os.remove(path); return s
-  end
-  return code, slurp(out), slurp(err)
-end
-
-local function script(text)
-  local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w")); f:write(text); f:close()
-  return path
-end
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+local BIN, quote, sh, script = support.BIN, support.quote, support.sh, support.script
 
 local function launch(args) return sh(quote(BIN) .. " launch " .. args) end
 

@@ -1,17 +1,12 @@
 -- The Shakespeare recipe end to end, small: single process against `shard launch` at 2 and
 -- 4 ranks under FSDP strategies. batch_size is the global batch and every rank takes its
 -- share of the same windows, so the loss curves must match the single process's.
-local SHARD = os.getenv("SHARD_BIN") or "bin/shard"
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local TEXT = "/usr/share/common-licenses/GPL-3"
 local ARGS = " --data=" .. TEXT .. " --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4"
   .. " --max_iters=6 --eval_interval=3 --eval_iters=1 --log_interval=1 --sample_tokens=20 --warmup=2"
 
-local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo EXIT=$?")
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("EXIT=(%d+)"))
-end
+local run = support.shard
 
 local function losses(out)
   local t = {}
@@ -23,7 +18,7 @@ local function losses(out)
 end
 
 describe("gpt_shakespeare_char recipe", function()
-  local single, rc = run(SHARD .. " run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_1" .. ARGS)
+  local single, rc = run("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_1" .. ARGS)
 
   it("trains, evaluates and samples in one process", function()
     assert.equal(0, rc, single)
@@ -34,8 +29,8 @@ describe("gpt_shakespeare_char recipe", function()
   for _, case in ipairs { { 2, "full_shard" }, { 2, "shard_grad_op" }, { 4, "no_shard" }, { 4, "hybrid_shard" } } do
     local n, strategy = case[1], case[2]
     it(("gives the same loss curve under launch --nproc %d --strategy=%s"):format(n, strategy), function()
-      local out, code = run(("%s launch --nproc %d recipes/gpt_shakespeare_char.lua --strategy=%s --out_dir=/tmp/shard_recipe_%d%s")
-        :format(SHARD, n, strategy, n, ARGS))
+      local out, code = run(("launch --nproc %d recipes/gpt_shakespeare_char.lua --strategy=%s --out_dir=/tmp/shard_recipe_%d%s")
+        :format(n, strategy, n, ARGS))
       assert.equal(0, code, out)
       local a, b = losses(single), losses(out)
       assert.equal(#a, #b, out)
@@ -44,7 +39,7 @@ describe("gpt_shakespeare_char recipe", function()
   end
 
   it("refuses several ranks without a strategy, naming the choices", function()
-    local out, code = run(SHARD .. " launch --nproc 2 recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_x" .. ARGS)
+    local out, code = run("launch --nproc 2 recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_x" .. ARGS)
     assert.are_not.equal(0, code)
     assert.is_truthy(out:find("need a sharding strategy", 1, true), out)
   end)
