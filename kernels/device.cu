@@ -12,6 +12,7 @@
  * Each device has three streams created non-blocking (no implicit sync with the legacy
  * default stream): compute, all-gather and reduce-scatter. */
 #include "common.cuh"
+#include "backend_internal.h"
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -63,6 +64,25 @@ struct device_scope {
   }
   ~device_scope() { int now; if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev); }
 };
+
+/* The CUDA kernel table, filled once from every op family (backend_internal.h). */
+static void register_kernels(void) {
+  static sh_backend table = { "cuda" };
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sh_elementwise_register_cuda(&table);
+    sh_reduce_register_cuda(&table);
+    sh_matmul_register_cuda(&table);
+    sh_random_register_cuda(&table);
+    sh_norm_register_cuda(&table);
+    sh_activation_register_cuda(&table);
+    sh_attention_register_cuda(&table);
+    sh_embedding_register_cuda(&table);
+    sh_loss_register_cuda(&table);
+    sh_optim_register_cuda(&table);
+  });
+  sh_backend_register_cuda(&table);
+}
 
 static int ensure_device(int device);
 
@@ -191,6 +211,7 @@ static int ensure_device(int device) {
   }
   d->ready = true;
   if (!sh_mem_cuda()) sh_mem_register_cuda(&backend);
+  register_kernels();
   return SH_OK;
 }
 

@@ -5,6 +5,7 @@
  * last bit in f32, up to the device's sqrtf/logf/sincos rounding). Dropout's mask is
  * recomputed from (seed, offset) in backward, never stored. */
 #include "common.cuh"
+#include "backend_internal.h"
 #include "philox_internal.h"
 
 enum { RNG_THREADS = 256, RNG_NORMAL = 0, RNG_UNIFORM = 1 };
@@ -119,3 +120,6 @@ extern "C" int sh_cuda_arange(sh_tensor **out, double start, double end, double 
   *out = o.take();
   return SH_OK;
 }
+
+/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
+extern "C" void sh_random_register_cuda(sh_backend *b) { (void)b; }

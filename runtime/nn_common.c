@@ -20,11 +20,19 @@ void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *
 int sh_nn_check_float(const sh_tensor *t, const char *op, const char *name) {
   if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
   if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: %s %s was used after :free()", op, name, sh_desc(t));
-  if (t->device >= 0)
-    return sh_fail(SH_ERR_DEVICE, "%s: %s is %s; this build runs it on cpu tensors only", op, name, sh_desc(t));
   if (!sh_dtype_is_float(t->dtype))
     return sh_fail(SH_ERR_ARG, "%s: %s must be a float tensor (f32, bf16, f16, f64), got %s", op, name, sh_desc(t));
   return SH_OK;
+}
+
+int sh_check_on(const sh_tensor *t, int device, const char *op, const char *name) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
+  if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: %s %s was used after :free()", op, name, sh_desc(t));
+  if (t->device == device) return SH_OK;
+  char want[16];
+  if (device < 0) snprintf(want, sizeof want, "cpu");
+  else snprintf(want, sizeof want, "cuda:%d", device);
+  return sh_fail(SH_ERR_DEVICE, "%s: %s is %s but the op runs on %s: move it first", op, name, sh_desc(t), want);
 }
 
 int sh_nn_check_shape(const sh_tensor *t, const char *op, const char *name, int ndim, const int64_t *shape) {
@@ -91,6 +99,13 @@ int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char
   if (dst->dtype == SH_F32 && sh_tensor_is_contiguous(dst)) return sh_tensor_alias(&a->buf, dst);
   int rc = sh_tensor_to(&a->buf, dst, SH_F32, -1);
   return rc ? sh_fail_context("%s: staging %s: ", op, name) : SH_OK;
+}
+
+int sh_nn_out_begin(sh_nn_accum *a, sh_tensor *dst) {
+  a->dst = dst;
+  a->buf = NULL;
+  if (dst->dtype == SH_F32 && sh_tensor_is_contiguous(dst)) return sh_tensor_alias(&a->buf, dst);
+  return sh_tensor_empty(&a->buf, dst->ndim, dst->shape, SH_F32, -1);
 }
 
 int sh_nn_accum_end(sh_nn_accum *a) {

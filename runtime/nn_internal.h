@@ -34,7 +34,7 @@ enum { SH_NN_PAR_MIN = 1 << 15 };
 typedef void (*sh_nn_range_fn)(const void *arg, int64_t i0, int64_t i1);
 void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg);
 
-/* Fails unless t is a live cpu tensor of a float dtype; `name` says which argument. */
+/* Fails unless t is a live tensor of a float dtype; `name` says which argument. */
 int sh_nn_check_float(const sh_tensor *t, const char *op, const char *name);
 /* Fails unless t has exactly `ndim` dims with these sizes (-1 = any size). */
 int sh_nn_check_shape(const sh_tensor *t, const char *op, const char *name, int ndim, const int64_t *shape);
@@ -58,6 +58,10 @@ int sh_nn_finish(sh_tensor **t, int dtype);
  * copy) and bumps dst's version. */
 typedef struct sh_nn_accum { sh_tensor *dst, *buf; } sh_nn_accum;
 int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char *name);
+/* The same for an output the kernel overwrites (a front-allocated tensor): buf is dst itself
+ * when dst is f32 contiguous, else an uninitialised f32 buffer that sh_nn_accum_end copies
+ * into dst. */
+int sh_nn_out_begin(sh_nn_accum *a, sh_tensor *dst);
 int sh_nn_accum_end(sh_nn_accum *a);
 void sh_nn_accum_drop(sh_nn_accum *a);   /* on an error path: forget without writing back */
 

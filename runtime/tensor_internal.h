@@ -35,5 +35,8 @@ void sh_nditer_init(sh_nditer *it, int ndim, const int64_t *shape, int nops,
                     const int64_t *const *strides, const int64_t *offsets);
 void sh_nditer_next(sh_nditer *it);
 
+/* Fails unless t is a live tensor on `device` (-1 cpu), naming op, argument and devices:
+ * every front checks its tensors against the device of its first input. */
+int sh_check_on(const sh_tensor *t, int device, const char *op, const char *name);
 /* Both operands on the same device, else an error naming op and devices. */
 int sh_check_same_device(const char *op, const sh_tensor *a, const sh_tensor *b);
