@@ -11,6 +11,14 @@
 int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b);
 int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                        const sh_tensor *x, const sh_tensor *w);
+/* Fusions that equal their compositions (one cuBLASLt call with an epilogue on CUDA):
+ * - linear_gelu_forward: pre = x @ w^T + b and y = gelu(pre).
+ * - linear_backward_dgelu: the backward of a linear layer whose input x was gelu(pre):
+ *   dw += dy^T x, db += colsum(dy), and instead of dx, dpre = (dy @ w) * gelu'(pre). */
+int sh_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w,
+                           const sh_tensor *b);
+int sh_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre);
 
 /* layernorm over the last dim; mean and rstd [rows] (f32) are saved for backward. */
 int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
@@ -18,6 +26,10 @@ int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, cons
 int sh_layernorm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
                           const sh_tensor *rstd);
+/* r = x + res and y = layernorm(r) in one pass; r feeds the next residual. */
+int sh_layernorm_residual_forward(sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd,
+                                  const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                  const sh_tensor *b, double eps);
 int sh_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps);
 int sh_rmsnorm_backward(sh_tensor **dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
                         const sh_tensor *w, const sh_tensor *rstd);
