@@ -83,15 +83,16 @@ deps:
 run: deps all
 	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 $(ARGS)
 
+# T=NAME[:CASE] runs only the matching tests (tests/run.sh says how).
 test: deps all $(C_TESTS)
-	@sh tests/run.sh $(BUILD) bin/shard
+	@sh tests/run.sh $(BUILD) bin/shard $(T)
 
 # Everything again under AddressSanitizer and UBSan, in its own build tree.
 test-asan: deps
 	$(MAKE) BUILD=build-asan OPT=-O1 NVCC= HOST=bin/shard-asan \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  bin/shard-asan c-tests
-	@ASAN_OPTIONS=detect_leaks=0 sh tests/run.sh build-asan bin/shard-asan
+	@ASAN_OPTIONS=detect_leaks=0 sh tests/run.sh build-asan bin/shard-asan $(T)
 
 test-gpu: all $(GPU_TESTS)
 	@sh tests/run_gpu.sh bin/shard $(BUILD)

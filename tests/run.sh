@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/run.sh BUILD_DIR SHARD_BIN: every test of shard, one summary.
+# tests/run.sh BUILD_DIR SHARD_BIN [FILTER]: every test of shard, one summary.
 #   BUILD_DIR/tests/test_*       C unit tests (each prints "C name: N passed, N failed")
 #   BUILD_DIR/tests/test_mpi_*   the same under mpirun at world sizes 1..4
 #   tests/spec/*_spec.lua        busted specs, one process per file, run through SHARD_BIN
@@ -7,8 +7,16 @@
 # A passing runner prints one line; a failing one prints its output. A runner that crashes
 # or times out counts as one failure. The last line is exactly "N passed, N failed", and the
 # exit status is non-zero if anything failed.
+# FILTER (make test T=...) is NAME or NAME:CASE: only runners whose file name contains NAME
+# run; CASE goes to each of them (C tests run only the functions whose name contains it,
+# busted only the tests whose name matches it, as --filter). Examples: T=ops, T=test_nn:linear,
+# T=fsdp_parity, T=tensor_spec:view.
 BUILD=${1:-build}
 SHARD=${2:-bin/shard}
+FILTER=${3:-}
+NAME=${FILTER%%:*}
+CASE=""
+case $FILTER in *:*) CASE=${FILTER#*:} ;; esac
 TIMEOUT=${SHARD_TEST_TIMEOUT:-600}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 
@@ -63,24 +71,29 @@ c_test() {   # name, command...
   fi
 }
 
+# True when runner $1 is selected by the filter's NAME.
+selected() {
+  case $1 in *"$NAME"*) return 0 ;; *) return 1 ;; esac
+}
+
 for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] || continue
+  [ -x "$t" ] && selected "$t" || continue
   case $(basename "$t") in test_mpi_*) continue ;; esac
-  c_test "$(basename "$t")" "$t"
+  c_test "$(basename "$t")" "$t" $CASE
 done
 
 for t in "$BUILD"/tests/test_mpi_*; do
-  [ -x "$t" ] || continue
+  [ -x "$t" ] && selected "$t" || continue
   for n in 1 2 3 4; do
-    c_test "$(basename "$t") -np $n" $MPIRUN -np "$n" "$t"
+    c_test "$(basename "$t") -np $n" $MPIRUN -np "$n" "$t" $CASE
   done
 done
 
 # busted's TAP output: "ok N - name", "not ok N - name" (then "# ..." details), and
 # "ok N - # SKIP ..." for pending tests, which count as neither.
 for spec in tests/spec/*_spec.lua; do
-  [ -f "$spec" ] || continue
-  run_captured "$SHARD" run tests/busted.lua -o TAP "$spec"
+  [ -f "$spec" ] && selected "$spec" || continue
+  run_captured "$SHARD" run tests/busted.lua -o TAP ${CASE:+--filter="$CASE"} "$spec"
   ok=$(grep -c '^ok ' "$out")
   skip=$(grep -c '^ok [0-9]* - # SKIP' "$out")
   bad=$(grep -c '^not ok ' "$out")
@@ -88,7 +101,9 @@ for spec in tests/spec/*_spec.lua; do
   passed=$((passed + ok))
   failed=$((failed + bad))
   # No plan line ("1..N") means busted never finished the file (an os.exit, a crash).
-  if [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ] || ! grep -q '^1\.\.[0-9]' "$out"; }; then
+  if [ -n "$CASE" ] && [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+    echo "--   $spec (no test matches $CASE)"
+  elif [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ] || ! grep -q '^1\.\.[0-9]' "$out"; }; then
     failed=$((failed + 1))
     report_fail "$spec" "$(why), $ok passed, no test failed: the runner itself broke"
   elif [ "$bad" -ne 0 ]; then
@@ -100,7 +115,7 @@ for spec in tests/spec/*_spec.lua; do
 done
 
 for script in tests/mpi/*.lua; do
-  [ -f "$script" ] || continue
+  [ -f "$script" ] && selected "$script" || continue
   for n in 1 2 3 4; do
     run_captured $MPIRUN -np "$n" "$SHARD" run "$script"
     if [ "$rc" -eq 0 ]; then

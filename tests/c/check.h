@@ -1,10 +1,18 @@
 /* check.h: a minimal C test harness. Each CHECK prints "ok"/"not ok" with its location;
- * main returns check_summary(), which prints "C <file>: N passed, N failed" and fails if any did. */
+ * main returns check_summary(), which prints "C <file>: N passed, N failed" and fails if any did.
+ * main calls check_args(argc, argv) and runs each test function through RUN, so that
+ * `build/tests/test_ops matmul` runs only the functions whose name contains "matmul". */
 #pragma once
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 static int check_passed, check_failed;
+static const char *check_only;
+
+static inline void check_args(int argc, char **argv) { check_only = argc > 1 && argv[1][0] ? argv[1] : NULL; }
+
+#define RUN(test, ...) do { if (!check_only || strstr(#test, check_only)) test(__VA_ARGS__); } while (0)
 
 #define CHECK(cond, ...) do { \
     if (cond) check_passed++; \

@@ -291,7 +291,8 @@ static void test_timeout(sh_comm *w, int rank, int size) {
   sh_tensor_destroy(t);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  check_args(argc, argv);
   sh_comm *w = NULL;
   CHECK_OK(sh_comm_init_world(&w));
   if (!w) return check_summary("test_mpi_comm");
@@ -307,15 +308,15 @@ int main(void) {
   CHECK(again == w, "init_world twice gives the same group");
   sh_comm_destroy(again);
 
-  test_all_gather(w, rank, size);
-  test_reductions(w, rank, size);
-  test_bf16_accumulates_in_f32(w, rank, size);
-  test_broadcast_barrier(w, rank, size);
-  test_async(w, rank, size);
-  test_errors(w, rank, size);
-  test_split(w, rank, size);
-  test_counters(w, rank, size);
-  test_timeout(w, rank, size);
+  RUN(test_all_gather, w, rank, size);
+  RUN(test_reductions, w, rank, size);
+  RUN(test_bf16_accumulates_in_f32, w, rank, size);
+  RUN(test_broadcast_barrier, w, rank, size);
+  RUN(test_async, w, rank, size);
+  RUN(test_errors, w, rank, size);
+  RUN(test_split, w, rank, size);
+  RUN(test_counters, w, rank, size);
+  RUN(test_timeout, w, rank, size);
   CHECK_OK(sh_comm_barrier(w));
   sh_comm_destroy(w);
   CHECK_OK(sh_comm_finalize());

@@ -321,18 +321,19 @@ static void test_errors(sh_comm *w) {
   sh_tensor_destroy(i); sh_tensor_destroy(b); sh_tensor_destroy(a);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  check_args(argc, argv);
   sh_comm *w = NULL;
   CHECK_OK(sh_comm_init_world(&w));
   if (!w) return check_summary("test_mpi_flatparam");
   int rank = sh_comm_rank(w), size = sh_comm_size(w);
-  test_layout_roundtrip(w, rank, size);
-  test_mixed_precision(w, rank, size);
-  test_grads(w, rank, size);
-  test_no_shard(w, rank, size);
-  test_hybrid(w, rank, size);
-  test_sharded_init(w, rank, size);
-  test_errors(w);
+  RUN(test_layout_roundtrip, w, rank, size);
+  RUN(test_mixed_precision, w, rank, size);
+  RUN(test_grads, w, rank, size);
+  RUN(test_no_shard, w, rank, size);
+  RUN(test_hybrid, w, rank, size);
+  RUN(test_sharded_init, w, rank, size);
+  RUN(test_errors, w);
   sh_comm_destroy(w);
   sh_comm_finalize();
   return check_summary("test_mpi_flatparam");

@@ -943,23 +943,24 @@ static void test_memory(void) {
         (long long)s2.reserved, (long long)s2.allocated);
 }
 
-int main(void) {
-  test_broadcasting();
-  test_strided_inputs();
-  test_dtypes();
-  test_scalars();
-  test_unary();
-  test_exp_tanh_range();
-  test_nan_inf();
-  test_inplace();
-  test_elementwise_errors();
-  test_reduce();
-  test_argmax();
-  test_sum_to_shape();
-  test_matmul();
-  test_gemm();
-  test_arange();
-  test_random();
-  test_memory();
+int main(int argc, char **argv) {
+  check_args(argc, argv);
+  RUN(test_broadcasting);
+  RUN(test_strided_inputs);
+  RUN(test_dtypes);
+  RUN(test_scalars);
+  RUN(test_unary);
+  RUN(test_exp_tanh_range);
+  RUN(test_nan_inf);
+  RUN(test_inplace);
+  RUN(test_elementwise_errors);
+  RUN(test_reduce);
+  RUN(test_argmax);
+  RUN(test_sum_to_shape);
+  RUN(test_matmul);
+  RUN(test_gemm);
+  RUN(test_arange);
+  RUN(test_random);
+  RUN(test_memory);
   return check_summary("ops");
 }

@@ -498,12 +498,13 @@ static void test_allocator(void) {
   CHECK_FAILS(sh_mem_stats_get(3, &s2), SH_ERR_DEVICE, "cuda:3");
 }
 
-int main(void) {
-  test_create();
-  test_views();
-  test_copy_all_pairs();
-  test_rounding();
-  test_lifetime();
-  test_allocator();
+int main(int argc, char **argv) {
+  check_args(argc, argv);
+  RUN(test_create);
+  RUN(test_views);
+  RUN(test_copy_all_pairs);
+  RUN(test_rounding);
+  RUN(test_lifetime);
+  RUN(test_allocator);
   return check_summary("test_tensor");
 }
