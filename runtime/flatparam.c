@@ -26,9 +26,9 @@ struct sh_flatparam {
   sh_tensor *shard;             /* master dtype, shard_numel (PARAM) */
   sh_tensor *grad;              /* master dtype, shard_numel (GRAD); valid when has_grad */
   int has_grad;
-  sh_tensor *full;              /* param dtype, padded (PARAM) while unsharding or unsharded */
-  sh_comm_work *gather;         /* the all-gather in flight */
-  int unsharded;
+  sh_fp_state state;            /* see flatparam.h */
+  sh_tensor *full;              /* param dtype, padded (PARAM) unless SH_FP_SHARDED */
+  sh_comm_work *gather;         /* the all-gather in flight (SH_FP_GATHERING only) */
   sh_tensor *flat_grad;         /* reduce dtype, padded (GRAD) while a reduce is in flight */
   sh_tensor *red_out;           /* its reduced shard (or flat_grad itself) */
   sh_comm_work *reduce;
@@ -200,10 +200,12 @@ int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out) {
   *out = (sh_flatparam_info){ .numel = fp->numel, .padded_numel = fp->padded, .shard_numel = fp->shard_numel,
                               .n_params = fp->n, .n_unique = fp->n_unique, .group_size = fp->group_size,
                               .rank = fp->rank, .master_dtype = fp->master, .param_dtype = fp->pdt,
-                              .reduce_dtype = fp->rdt, .no_shard = fp->no_shard, .unsharded = fp->unsharded,
+                              .reduce_dtype = fp->rdt, .no_shard = fp->no_shard, .state = fp->state,
                               .has_grad = fp->has_grad, .device = fp->device };
   return SH_OK;
 }
+
+int sh_flatparam_state(const sh_flatparam *fp) { return fp ? (int)fp->state : -1; }
 
 int sh_flatparam_get_slot(const sh_flatparam *fp, int i, int rank, sh_flatparam_slot *out) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam slot: expected a FlatParameter, got nil");
@@ -258,13 +260,17 @@ int sh_flatparam_init_param(sh_flatparam *fp, int i, const sh_tensor *value) {
 static void point_params(sh_flatparam *fp) {
   for (int i = 0; i < fp->n; i++)
     if (fp->slots[i].tied_to < 0) point_into(fp->slots[i].p, fp->full, fp->slots[i].offset);
-  fp->unsharded = 1;
+  fp->state = SH_FP_UNSHARDED;
 }
 
 int sh_flatparam_unshard_start(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
-  if (fp->unsharded || fp->gather) return SH_OK;
-  if (fp->no_shard && fp->pdt == fp->master) return sh_tensor_alias(&fp->full, fp->shard);
+  if (fp->state != SH_FP_SHARDED) return SH_OK;
+  if (fp->no_shard && fp->pdt == fp->master) {
+    SH_TRY(sh_tensor_alias(&fp->full, fp->shard));
+    fp->state = SH_FP_GATHERING;
+    return SH_OK;
+  }
   SH_TRY(new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM));
   sh_tensor *slot = NULL;
   int rc = sh_view_narrow(&slot, fp->full, 0, fp->rank * fp->shard_numel, fp->shard_numel);
@@ -272,13 +278,14 @@ int sh_flatparam_unshard_start(sh_flatparam *fp) {
   if (!rc && !fp->no_shard && fp->group) rc = sh_comm_all_gather_into_async(&fp->gather, fp->group, fp->full, slot);
   sh_tensor_destroy(slot);
   if (rc) { sh_tensor_destroy(fp->full); fp->full = NULL; return sh_fail_context("flatparam unshard: "); }
+  fp->state = SH_FP_GATHERING;
   return SH_OK;
 }
 
 int sh_flatparam_unshard_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
-  if (fp->unsharded) return SH_OK;
-  if (!fp->full) SH_TRY(sh_flatparam_unshard_start(fp));
+  if (fp->state == SH_FP_UNSHARDED) return SH_OK;
+  if (fp->state == SH_FP_SHARDED) SH_TRY(sh_flatparam_unshard_start(fp));
   if (fp->gather) {
     int rc = sh_comm_wait(fp->gather);
     if (rc) return sh_fail_context("flatparam unshard: ");
@@ -305,7 +312,7 @@ int sh_flatparam_reshard(sh_flatparam *fp) {
   for (int i = 0; i < fp->n; i++) if (fp->slots[i].tied_to < 0) drop_storage(fp->slots[i].p);
   sh_tensor_destroy(fp->full);
   fp->full = NULL;
-  fp->unsharded = 0;
+  fp->state = SH_FP_SHARDED;
   return SH_OK;
 }
 
@@ -325,7 +332,7 @@ static int is_flat_view(const sh_flatparam *fp, const fp_slot *s, const sh_tenso
 int sh_flatparam_prepare_grads(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: expected a FlatParameter, got nil");
   if (fp->reduce) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: a reduce_grad is still in flight; wait for it first");
-  if (!fp->unsharded) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: unshard first (the parameters have no storage)");
+  if (fp->state != SH_FP_UNSHARDED) return sh_fail(SH_ERR_ARG, "flatparam prepare_grads: unshard first (the parameters have no storage)");
   if (fp->flat_grad || fp->rdt != fp->pdt) return SH_OK;   /* prepared already, or grads need a cast */
   SH_TRY(new_flat_grad(fp));
   for (int i = 0; i < fp->n; i++) {

@@ -23,6 +23,15 @@
  * reduce_grad_wait with nothing started does nothing. With `replicate`, the all-reduce
  * across it runs inside reduce_grad_wait.
  *
+ * Gather state (sh_flatparam_state; FSDP2's ShardedState), kept here and nowhere else:
+ *   SH_FP_SHARDED    only the shard: the parameters have no storage
+ *   SH_FP_GATHERING  unshard_start ran: the full buffer exists and its all-gather may be in
+ *                    flight; the parameters still have no storage
+ *   SH_FP_UNSHARDED  the parameters are views of the full buffer
+ * unshard_start moves SHARDED -> GATHERING and does nothing in the other two; unshard_wait
+ * moves either to UNSHARDED; reshard moves any state to SHARDED (finishing a gather that
+ * nobody waited for).
+ *
  * Memory tags: the shard and the full gathered buffer are SH_TAG_PARAM (the full buffer is
  * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD (MPI's staging
  * for bf16 reductions is SH_TAG_COMM).
@@ -37,6 +46,8 @@
 
 typedef struct sh_flatparam sh_flatparam;
 
+typedef enum sh_fp_state { SH_FP_SHARDED = 0, SH_FP_GATHERING = 1, SH_FP_UNSHARDED = 2 } sh_fp_state;
+
 typedef struct sh_flatparam_info {
   int64_t numel;          /* elements of the unique parameters */
   int64_t padded_numel;   /* numel rounded up to a multiple of the group size */
@@ -47,7 +58,7 @@ typedef struct sh_flatparam_info {
   int32_t rank;           /* this rank's shard index */
   int32_t master_dtype, param_dtype, reduce_dtype;
   int32_t no_shard;
-  int32_t unsharded;      /* 1 while the full buffer exists */
+  int32_t state;          /* sh_fp_state */
   int32_t has_grad;       /* 1 when the sharded grad holds a value */
   int32_t device;
 } sh_flatparam_info;
@@ -74,6 +85,8 @@ int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, str
 void sh_flatparam_destroy(sh_flatparam *fp);
 
 int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out);
+/* The gather state (sh_fp_state); -1 for a NULL FlatParameter. */
+int sh_flatparam_state(const sh_flatparam *fp);
 int sh_flatparam_get_slot(const sh_flatparam *fp, int i, int rank, sh_flatparam_slot *out);
 
 int sh_flatparam_unshard(sh_flatparam *fp);

@@ -17,10 +17,7 @@ local MiB = 1024 * 1024
 local function mib(b) return ("%10.1f MiB"):format(b / MiB) end
 
 local function gpt_units(cfg)
-  Module.deferred_inits = setmetatable({}, { __mode = "k" })
-  local ok, model = pcall(nn.GPT, cfg)
-  Module.deferred_inits = nil
-  if not ok then error(model, 0) end
+  local model = Module.deferred(nn.GPT, cfg)
   local units, root = {}, 0
   local seen = {}
   for _, c in ipairs(model.transformer.h._children) do

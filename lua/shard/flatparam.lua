@@ -1,6 +1,7 @@
--- shard.flatparam: the FlatParameter (runtime/flatparam.h) seen from Lua. It keeps the
--- parameter tensors it was built from alive (the C side re-points their structs in place),
--- and hands the optimizer aliases of the local shards.
+-- shard.flatparam: the FlatParameter (runtime/flatparam.h) seen from Lua, the one binding of
+-- sh_flatparam_* (shard.fsdp drives its units through it). It keeps the parameter tensors it
+-- was built from alive (the C side re-points their structs in place) and hands out aliases
+-- of the local shards. The gather state lives in C only: fp:state() reads it.
 --
 --   local fp = flatparam.new(params, { group = shard_group, param = "bf16", reduce = "f32" })
 --   fp:unshard()  ...forward/backward...  fp:reduce_grad("avg"); fp:reshard()
@@ -15,28 +16,46 @@ local FlatParam = {}
 FlatParam.__index = FlatParam
 M.FlatParam = FlatParam
 
-local OPS = { sum = 0, avg = 1 }
+local STATES = { [C.SH_FP_SHARDED] = "sharded", [C.SH_FP_GATHERING] = "gathering", [C.SH_FP_UNSHARDED] = "unsharded" }
+local REDUCE_OPS = { sum = C.SH_RED_SUM, avg = C.SH_RED_AVG }
 
 local function dtype_or_default(d) return d and tensor.dtype_id(d) or -1 end
+local function group_ptr(g) return g and g.p or nil end
+
+-- The parameters' C-side grads were dropped or replaced behind Lua's back: end the views
+-- that t.grad handed out for them (shard.tensor keeps one per tensor).
+local function grads_changed(self)
+  for _, t in ipairs(self.params) do tensor.grad_changed(t) end
+end
+
+-- Like new, but returns nil and the runtime's message when the runtime refuses the
+-- parameters (shard.fsdp names the unit in its own error).
+function M.create(params, opts)
+  opts = opts or {}
+  local n = #params
+  local arr = ffi.new("sh_tensor*[?]", math.max(n, 1))
+  for i = 1, n do
+    if not tensor.is_tensor(params[i]) then return nil, ("flatparam: parameter %d is not a tensor"):format(i) end
+    arr[i - 1] = params[i].p
+  end
+  local box = ffi.new("sh_flatparam*[1]")
+  local rc = C.sh_flatparam_create(box, arr, n, group_ptr(opts.group), dtype_or_default(opts.master),
+                                   dtype_or_default(opts.param), dtype_or_default(opts.reduce), opts.no_shard and 1 or 0)
+  if rc ~= 0 then return nil, ffi.string(C.sh_last_error()) end
+  local params_copy = {}
+  for i = 1, n do params_copy[i] = params[i] end
+  local self = setmetatable({ p = ffi.gc(box[0], C.sh_flatparam_destroy), params = params_copy, group = opts.group }, FlatParam)
+  grads_changed(self)     -- create released the parameters, grads included
+  return self
+end
 
 -- params: a list of Tensors in registration order (the same Tensor twice = tied).
 -- opts: group (a shard.comm Group or nil for a group of one), master, param, reduce (dtype
 -- names; default: the first parameter's dtype, then master, then param), no_shard.
 function M.new(params, opts)
-  opts = opts or {}
-  local n = #params
-  local arr = ffi.new("sh_tensor*[?]", math.max(n, 1))
-  for i = 1, n do
-    if not tensor.is_tensor(params[i]) then error(("flatparam: parameter %d is not a tensor"):format(i), 2) end
-    arr[i - 1] = params[i].p
-  end
-  local box = ffi.new("sh_flatparam*[1]")
-  check(C.sh_flatparam_create(box, arr, n, opts.group and opts.group.p or nil,
-                              dtype_or_default(opts.master), dtype_or_default(opts.param),
-                              dtype_or_default(opts.reduce), opts.no_shard and 1 or 0), 2)
-  local params_copy = {}
-  for i = 1, n do params_copy[i] = params[i] end
-  return setmetatable({ p = ffi.gc(box[0], C.sh_flatparam_destroy), params = params_copy, group = opts.group }, FlatParam)
+  local fp, err = M.create(params, opts)
+  if not fp then error(err, 2) end
+  return fp
 end
 
 function FlatParam:info()
@@ -46,14 +65,19 @@ function FlatParam:info()
            padding = tonumber(i.padded_numel - i.numel), n_params = i.n_params, n_unique = i.n_unique,
            group_size = i.group_size, rank = i.rank, master_dtype = tensor.dtype_name(i.master_dtype),
            param_dtype = tensor.dtype_name(i.param_dtype), reduce_dtype = tensor.dtype_name(i.reduce_dtype),
-           no_shard = i.no_shard ~= 0, unsharded = i.unsharded ~= 0, has_grad = i.has_grad ~= 0,
-           device = tensor.device_name(i.device) }
+           no_shard = i.no_shard ~= 0, state = STATES[i.state], unsharded = i.state == C.SH_FP_UNSHARDED,
+           has_grad = i.has_grad ~= 0, device = tensor.device_name(i.device) }
 end
 
+-- "sharded", "gathering" (an unshard_start not yet waited for) or "unsharded".
+function FlatParam:state() return STATES[C.sh_flatparam_state(self.p)] end
+
 -- Parameter i (1-based): its place in the flat buffer and the part `rank` (0-based; default
--- this rank) owns: elements own_start+1 .. own_start+own_numel of the flattened parameter.
+-- this rank) owns: elements own_start+1 .. own_start+own_numel of the flattened parameter,
+-- at shard_offset in that rank's shard.
+local slot_box = ffi.new("sh_flatparam_slot")
 function FlatParam:slot(i, rank)
-  local s = ffi.new("sh_flatparam_slot")
+  local s = slot_box
   check(C.sh_flatparam_get_slot(self.p, i - 1, rank or -1, s), 2)
   return { offset = tonumber(s.offset), numel = tonumber(s.numel), own_start = tonumber(s.own_start),
            own_numel = tonumber(s.own_numel), shard_offset = tonumber(s.shard_offset),
@@ -65,25 +89,38 @@ function FlatParam:unshard_start() check(C.sh_flatparam_unshard_start(self.p), 2
 function FlatParam:unshard_wait() check(C.sh_flatparam_unshard_wait(self.p), 2); return self end
 function FlatParam:reshard() check(C.sh_flatparam_reshard(self.p), 2); return self end
 
+-- Before a backward: each trainable parameter's .grad becomes a view of one flat buffer.
+function FlatParam:prepare_grads()
+  check(C.sh_flatparam_prepare_grads(self.p), 2)
+  grads_changed(self)
+  return self
+end
+
 local function op_id(op)
-  local id = OPS[op or "avg"]
+  local id = REDUCE_OPS[op or "avg"]
   if not id then error("flatparam: grads reduce with 'sum' or 'avg', got '" .. tostring(op) .. "'", 3) end
   return id
 end
 
--- op "avg" (default) or "sum"; replicate: the group to all-reduce the shard across (hybrid).
+-- op "avg" (default) or "sum"; replicate: the Group to all-reduce the shard across (hybrid).
+-- The parameters' grads are taken (and freed) by the start.
 function FlatParam:reduce_grad(op, replicate)
-  check(C.sh_flatparam_reduce_grad(self.p, op_id(op), replicate and replicate.p or nil), 2)
+  local rc = C.sh_flatparam_reduce_grad(self.p, op_id(op), group_ptr(replicate))
+  grads_changed(self)
+  check(rc, 2)
   return self
 end
 function FlatParam:reduce_grad_start(op, replicate)
-  check(C.sh_flatparam_reduce_grad_start(self.p, op_id(op), replicate and replicate.p or nil), 2)
+  local rc = C.sh_flatparam_reduce_grad_start(self.p, op_id(op), group_ptr(replicate))
+  grads_changed(self)
+  check(rc, 2)
   return self
 end
 function FlatParam:reduce_grad_wait() check(C.sh_flatparam_reduce_grad_wait(self.p), 2); return self end
 function FlatParam:zero_grad(free_it) check(C.sh_flatparam_zero_grad(self.p, free_it and 1 or 0), 2); return self end
 
--- Aliases of the local shards (in-place updates reach the FlatParameter).
+-- Aliases of the local shards (in-place updates reach the FlatParameter); the caller frees
+-- them. grad_shard is nil while there is no sharded grad.
 function FlatParam:shard() return tensor.new_from(C.sh_flatparam_shard, self.p) end
 function FlatParam:grad_shard()
   local box = ffi.new("sh_tensor*[1]")

@@ -47,6 +47,10 @@ function M.borrow(p)
   return ffi.gc(Handle(p), nil)
 end
 
+-- The C-side grad of t was replaced or dropped (by the runtime, e.g. a FlatParameter taking
+-- the parameters' grads): nothing to do yet.
+function M.grad_changed(t) end
+
 -- Calls a C function whose first argument is an sh_tensor** out-parameter.
 local function new_from(fn, ...)
   box[0] = nil

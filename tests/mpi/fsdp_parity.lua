@@ -11,7 +11,7 @@ local ffi = require "ffi"
 local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
 local C = shard.C
 
-local world = fsdp.world()
+local world = fsdp.world().p   -- the raw sh_comm* for the C calls below
 local rank, size = C.sh_comm_rank(world), C.sh_comm_size(world)
 -- No biases, as the recipe: the key projection's bias gets a gradient that is pure rounding
 -- noise (softmax ignores it), which AdamW then turns into lr-sized random steps.

@@ -9,13 +9,12 @@
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, all-reduce across the groups).
-local ffi = require "ffi"
-local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
-local C, check = rt.C, rt.check
+local comm = require "shard.comm"
+local flatparam = require "shard.flatparam"
 
 local fsdp = { policy = require "shard.fsdp.policy" }
 
@@ -31,32 +30,20 @@ fsdp.STRATEGIES = STRATEGIES
 ---------------------------------------------------------------------------------------------
 -- process groups
 
-local world_box = ffi.new("sh_comm*[1]")
-local world = nil
-function fsdp.world()
-  if world == nil then
-    check(C.sh_comm_init_world(world_box))
-    world = world_box[0]
-  end
-  return world
-end
+-- The world group (shard.comm's).
+function fsdp.world() return comm.world() end
 
 local mesh_cache = {}
 -- Shard and replicate groups for hybrid sharding with groups of G consecutive ranks.
 local function hybrid_mesh(G)
   if mesh_cache[G] then return mesh_cache[G] end
   local w = fsdp.world()
-  local rank, size = C.sh_comm_rank(w), C.sh_comm_size(w)
+  local rank, size = w:rank(), w:size()
   if G < 1 or size % G ~= 0 then
     error(("fsdp: world size %d is not a multiple of the hybrid group size %d (rank %d)"):format(size, G, rank), 0)
   end
-  local box = ffi.new("sh_comm*[1]")
-  check(C.sh_comm_split(box, w, math.floor(rank / G), rank % G))
-  local shard_group = box[0]
-  C.sh_comm_set_name(shard_group, ("shard group %d"):format(math.floor(rank / G)))
-  check(C.sh_comm_split(box, w, rank % G, math.floor(rank / G)))
-  local replicate = box[0]
-  C.sh_comm_set_name(replicate, ("replicate group %d"):format(rank % G))
+  local shard_group = w:split(math.floor(rank / G), rank % G, ("shard group %d"):format(math.floor(rank / G)))
+  local replicate = w:split(rank % G, math.floor(rank / G), ("replicate group %d"):format(rank % G))
   mesh_cache[G] = { shard = shard_group, replicate = replicate }
   return mesh_cache[G]
 end
@@ -94,8 +81,6 @@ local function param_names(module, prefix, out)
   return out
 end
 
-local function dtype_or(name) return name and tensor.dtype_id(name) or -1 end
-
 function Unit:init(module, name, opts, root)
   self.fsdp_unit = true
   self:child("module", module)
@@ -116,55 +101,31 @@ function Unit:init(module, name, opts, root)
   end
   local group, replicate = fsdp.world(), nil
   if self.mode.hybrid then
-    local mesh = hybrid_mesh(opts.hybrid_group or C.sh_comm_size(fsdp.world()))
+    local mesh = hybrid_mesh(opts.hybrid_group or fsdp.world():size())
     group, replicate = mesh.shard, mesh.replicate
   end
   self.group, self.replicate = group, replicate
   self.params = own_params(module)
-  self.info = ffi.new("sh_flatparam_info")
+  self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
   local mp = opts.mixed_precision or {}
-  local arr = ffi.new("sh_tensor*[?]", math.max(#self.params, 1))
-  for i, t in ipairs(self.params) do arr[i - 1] = t.p end
-  local box = ffi.new("sh_flatparam*[1]")
-  local rc = C.sh_flatparam_create(box, arr, #self.params, group, -1, dtype_or(mp.param),
-                                   dtype_or(mp.reduce), self.mode.shard and 0 or 1)
-  if rc ~= 0 then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, ffi.string(C.sh_last_error())), 0) end
-  self.fp = ffi.gc(box[0], C.sh_flatparam_destroy)
-  check(C.sh_flatparam_get_info(self.fp, self.info))
+  local fp, err = flatparam.create(self.params, { group = group, param = mp.param, reduce = mp.reduce,
+                                                  no_shard = not self.mode.shard })
+  if not fp then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, err), 0) end
+  self.fp = fp
+  local i = fp:info()
+  self.info = { numel = i.numel, padded_numel = i.padded_numel, shard_numel = i.shard_numel, padding = i.padding }
 end
 
-function Unit:numel() return tonumber(self.info.numel) end
+function Unit:numel() return self.info.numel end
 
--- Collectives are issued with the Lua GC stopped, so no finalizer runs while one is being
--- set up. Work handles already keep their buffers' storages alive and finalizers only return
--- memory to the cache (never a synchronising CUDA call); this keeps GC timing out of the
--- issue path altogether.
-local function issuing(fn, ...)
-  local was = collectgarbage("isrunning")
-  collectgarbage("stop")
-  local ok, err = pcall(fn, ...)
-  if was then collectgarbage("restart") end
-  if not ok then error(err, 0) end
-end
-
-function Unit:unshard()
-  if self.state == "full" or not self.fp then return end
-  if self.state == "gathering" then check(C.sh_flatparam_unshard_wait(self.fp))
-  else issuing(function() check(C.sh_flatparam_unshard(self.fp)) end) end
-  self.state = "full"
-end
-
-function Unit:prefetch()
-  if self.state == "full" or self.state == "gathering" or not self.fp then return end
-  issuing(function() check(C.sh_flatparam_unshard_start(self.fp)) end)
-  self.state = "gathering"
-end
-
+-- The gather state is the FlatParameter's (fp:state()); these only say what the schedule
+-- wants. unshard waits for a prefetch or gathers now; prefetch starts a gather unless one
+-- is started or done; reshard frees the full parameters of a sharded unit.
+function Unit:unshard() if self.fp then self.fp:unshard() end end
+function Unit:prefetch() if self.fp then self.fp:unshard_start() end end
 function Unit:reshard()
-  if not self.mode.shard or self.state ~= "full" then return end
-  check(C.sh_flatparam_reshard(self.fp))
-  self.state = nil
+  if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
 end
 
 function Unit:forward(...)
@@ -189,7 +150,7 @@ end
 
 function Unit:pre_backward()
   self:unshard()
-  if self.fp then check(C.sh_flatparam_prepare_grads(self.fp)) end
+  if self.fp then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
     local prev = self.root.order[(self.index or 1) - 1]
     if prev then prev:prefetch() end
@@ -205,7 +166,7 @@ local function wait_reduces(root, keep)
   local pending = root.pending_reduces
   while #pending > keep do
     local u = table.remove(pending, 1)
-    check(C.sh_flatparam_reduce_grad_wait(u.fp))
+    u.fp:reduce_grad_wait()
   end
 end
 
@@ -214,7 +175,7 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   if self.fp then
     wait_reduces(root, MAX_REDUCES_IN_FLIGHT - 1)
-    issuing(function() check(C.sh_flatparam_reduce_grad_start(self.fp, C.SH_RED_AVG, self.replicate)) end)
+    self.fp:reduce_grad_start("avg", self.replicate)
     table.insert(root.pending_reduces, self)
     self:reshard()
   end
@@ -257,12 +218,8 @@ end
 -- the full parameters, and each fills its shard with the values an eager init would give.
 function fsdp.wrap(model, opts)
   opts = opts or {}
-  if type(model) == "function" then
-    Module.deferred_inits = setmetatable({}, { __mode = "k" })
-    local ok, m = pcall(model)
-    if not ok then Module.deferred_inits = nil; error(m, 0) end
-    model = m
-  end
+  local recipes
+  if type(model) == "function" then model, recipes = Module.deferred(model) end
   if opts.sync_module_states then fsdp.sync_module_states(model) end
   if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
   local units = {}
@@ -274,34 +231,32 @@ function fsdp.wrap(model, opts)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
-  fsdp.init_shards(root)
-  Module.deferred_inits = nil
+  fsdp.init_shards(root, recipes)
   return root
 end
 
 -- Broadcasts rank 0's parameters to every rank (before wrapping).
 function fsdp.sync_module_states(model)
   local w = fsdp.world()
-  for _, t in ipairs(model:parameters()) do check(C.sh_comm_broadcast(w, t.p, 0)) end
+  for _, t in ipairs(model:parameters()) do w:broadcast(t, 0) end
 end
 
 ---------------------------------------------------------------------------------------------
--- sharded init: parameters created under nn's deferred init hold no storage, only a recipe
--- (normal with its generator counters, or a constant); each rank draws just its own slice,
--- which gives the same values as drawing the whole tensor.
+-- sharded init: parameters created under a deferred build (Module.deferred) hold no storage,
+-- only a recipe (normal with its generator counters, or a constant); each rank draws just
+-- its own slice, which gives the same values as drawing the whole tensor. recipes: the
+-- build's tensor -> recipe table (nil: nothing to do).
 
-function fsdp.init_shards(root)
-  local init = Module.deferred_inits
-  if not init then return end
-  local slot = ffi.new("sh_flatparam_slot")
+function fsdp.init_shards(root, recipes)
+  if not recipes then return end
   for _, u in ipairs(root.all_units) do
     for i, t in ipairs(u.params) do
-      local recipe = init[t]
+      local recipe = recipes[t]
       if recipe then
-        check(C.sh_flatparam_get_slot(u.fp, i - 1, -1, slot))
-        if slot.tied_to < 0 and slot.own_numel > 0 then
-          local view = tensor.new_from(C.sh_flatparam_shard_view, u.fp, i - 1)
-          recipe(view, tonumber(slot.own_start))
+        local slot = u.fp:slot(i)
+        if not slot.tied_to and slot.own_numel > 0 then
+          local view = u.fp:shard_view(i)
+          recipe(view, slot.own_start)
           view:free()
         end
       end
@@ -316,23 +271,20 @@ end
 -- in place), its grad (the matching slice of the sharded grad), nanoGPT's decay rule (dims
 -- >= 2), and where the slice starts in the parameter.
 local function unit_entries(u, names, entries)
-  if not u.fp then return entries end
-  local slot = ffi.new("sh_flatparam_slot")
   local fp = u.fp
+  if not fp then return entries end
   for i, t in ipairs(u.params) do
-    check(C.sh_flatparam_get_slot(fp, i - 1, -1, slot))
-    if slot.tied_to < 0 and slot.frozen == 0 and slot.own_numel > 0 then
-      local off, n = tonumber(slot.shard_offset), tonumber(slot.own_numel)
+    local slot = fp:slot(i)
+    if not slot.tied_to and not slot.frozen and slot.own_numel > 0 then
+      local off, n = slot.shard_offset, slot.own_numel
       entries[#entries + 1] = {
-        tensor = tensor.new_from(C.sh_flatparam_shard_view, fp, i - 1),
+        tensor = fp:shard_view(i),
         decay = t.p.ndim >= 2,
         name = names and names[t],
-        start = tonumber(slot.own_start),
+        start = slot.own_start,
         grad = function()
-          local box = ffi.new("sh_tensor*[1]")
-          check(C.sh_flatparam_grad_shard(box, fp))
-          if box[0] == nil then return nil end
-          local g = tensor.wrap(box[0])
+          local g = fp:grad_shard()
+          if not g then return nil end
           local v = g:narrow(1, off + 1, n)
           g:free()
           return v
@@ -351,7 +303,7 @@ end
 
 function Unit:zero_grad(set_to_none)
   for _, u in ipairs(self.all_units or { self }) do
-    if u.fp then check(C.sh_flatparam_zero_grad(u.fp, set_to_none == false and 0 or 1)) end
+    if u.fp then u.fp:zero_grad(set_to_none ~= false) end
   end
 end
 
@@ -360,7 +312,7 @@ end
 function Unit:grad_norm(norm_type)
   norm_type = norm_type or 2
   local w = fsdp.world()
-  local world_size = C.sh_comm_size(w)
+  local world_size = w:size()
   local part = 0
   for _, u in ipairs(self.all_units) do
     local entries = unit_entries(u, nil, {})
@@ -369,11 +321,11 @@ function Unit:grad_norm(norm_type)
     local p = optim.local_norm_part(grads, norm_type)
     for _, g in ipairs(grads) do g:free() end
     for _, e in ipairs(entries) do e.tensor:free() end
-    local replicas = world_size / (u.mode.shard and C.sh_comm_size(u.group) or 1)
+    local replicas = world_size / (u.mode.shard and u.group:size() or 1)
     if norm_type == math.huge then part = math.max(part, p) else part = part + p / replicas end
   end
   local t = tensor.tensor({ part }, { dtype = "f64" })
-  issuing(function() check(C.sh_comm_all_reduce(w, t.p, norm_type == math.huge and C.SH_RED_MAX or C.SH_RED_SUM, -1)) end)
+  w:all_reduce(t, norm_type == math.huge and "max" or "sum")
   part = t:get({ 1 })
   t:free()
   return norm_type == 2 and math.sqrt(part) or part
@@ -384,9 +336,8 @@ function Unit:clip_grad_norm(max_norm, norm_type)
   local coef = max_norm / (total + 1e-6)
   if coef < 1 then
     for _, u in ipairs(self.all_units) do
-      local box = ffi.new("sh_tensor*[1]")
-      if u.fp then check(C.sh_flatparam_grad_shard(box, u.fp)) end
-      if box[0] ~= nil then local g = tensor.wrap(box[0]); check(C.sh_scale_(g.p, coef)); g:free() end
+      local g = u.fp and u.fp:grad_shard()
+      if g then g:scale_(coef); g:free() end
     end
   end
   return total
@@ -403,7 +354,7 @@ function fsdp.summary(root)
   for _, u in ipairs(root.all_units) do
     local i = u.info
     lines[#lines + 1] = ("%-28s %12d %12d %8d  %s"):format(u.name == "" and "(root)" or u.name,
-      tonumber(i.numel), tonumber(i.shard_numel), tonumber(i.padded_numel - i.numel), u.strategy)
+      i.numel, i.shard_numel, i.padding, u.strategy)
   end
   return table.concat(lines, "\n")
 end

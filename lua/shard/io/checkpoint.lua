@@ -3,24 +3,21 @@
 -- so mixed precision loses nothing) and rank 0 writes, atomically; loading copies into each
 -- rank just the slice of the FlatParameter it owns, so a checkpoint written at one world size
 -- loads at any other.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
 local safetensors = require "shard.io.safetensors"
-local C, check = rt.C, rt.check
 
 local M = {}
 
 local function is_fsdp(model) return model.all_units ~= nil end
 
--- Calls fn(unit, i, param, slot, name) for every stored (untied) parameter of an FSDP model.
+-- Calls fn(unit, i, param, slot, name) for every stored (untied) parameter of an FSDP model
+-- (slot: shard.flatparam's FlatParam:slot).
 local function each_slot(model, fn)
-  local slot = ffi.new("sh_flatparam_slot")
   for _, u in ipairs(model.all_units) do
     if u.fp then
       for i, t in ipairs(u.params) do
-        check(C.sh_flatparam_get_slot(u.fp, i - 1, -1, slot))
-        if slot.tied_to < 0 then fn(u, i, t, slot, model.names[t]) end
+        local slot = u.fp:slot(i)
+        if not slot.tied_to then fn(u, i, t, slot, model.names[t]) end
       end
     end
   end
@@ -37,17 +34,17 @@ function M.state_dict(model)
   each_slot(model, function(u, i, t, slot, name)
     local full = gathered[u]
     if not full then
-      local shard = tensor.new_from(C.sh_flatparam_shard, u.fp)
+      local shard = u.fp:shard()
       if u.mode.shard then
-        full = tensor.empty({ tonumber(u.info.padded_numel) }, { dtype = shard:dtype(), device = shard:device() })
-        check(C.sh_comm_all_gather_into(u.group, full.p, shard.p))
+        full = tensor.empty({ u.info.padded_numel }, { dtype = shard:dtype(), device = shard:device() })
+        u.group:all_gather(full, shard)
         shard:free()
       else
         full = shard
       end
       gathered[u] = full
     end
-    local part = full:narrow(1, tonumber(slot.offset) + 1, tonumber(slot.numel))
+    local part = full:narrow(1, slot.offset + 1, slot.numel)
     local value = part:reshape(t:shape())
     out[name] = value:to{ dtype = "f32", device = "cpu" }
     part:free(); value:free()
@@ -80,7 +77,7 @@ function M.load(model, path, opts)
   end
   if is_fsdp(model) then
     each_slot(model, function(u, i, t, slot, name)
-      check(C.sh_flatparam_init_param(u.fp, i - 1, value_for(name, t).p))
+      u.fp:init_param(i, value_for(name, t))
     end)
     for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
   else

@@ -4,24 +4,13 @@ local Module = require "shard.nn.module"
 local F = require "shard.functional"
 local R = require "shard.random"
 local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
 
 local L = {}
 
--- Under deferred init (fsdp.wrap given a constructor) parameters get a shape and a recipe
--- instead of values; recipe(view, start) fills elements [start, start + numel(view)) of the
--- flattened parameter, drawing the same generator counters an eager init would.
-local function param_with(shape, recipe)
-  if Module.deferred_inits then
-    local n, s = tensor.shape_args(shape)
-    local t = tensor.new_from(rt.C.sh_tensor_meta, n, s, rt.C.SH_F32, tensor.device_id(tensor.default_device))
-    Module.deferred_inits[t] = recipe
-    return t
-  end
-  local t = Module.new_param(shape)
-  recipe(t, 0)
-  return t
-end
+-- recipe(view, start) fills elements [start, start + numel(view)) of the flattened
+-- parameter, drawing the same generator counters an eager init would, so a deferred build
+-- (Module.deferred: fsdp.wrap given a constructor) can fill each rank's shard alone.
+local param_with = Module.init_param
 
 local function random_param(shape, fill, a, b)
   local numel = 1

@@ -145,4 +145,36 @@ function Module.new_param(shape, opts)
   return t
 end
 
+-- Deferred init. Module.deferred(build, ...) runs build(...) so that the parameters made
+-- inside (through Module.init_param) get a shape and a recipe instead of values, and returns
+-- build's result and the recipes (tensor -> recipe). The context is open only while build
+-- runs (nested calls each get their own; an error closes it too), so nothing outside a
+-- deferred build ever sees it.
+local recipes_of_build = nil
+
+function Module.deferred(build, ...)
+  local outer = recipes_of_build
+  local recipes = setmetatable({}, { __mode = "k" })
+  recipes_of_build = recipes
+  local ok, m = pcall(build, ...)
+  recipes_of_build = outer
+  if not ok then error(m, 0) end
+  return m, recipes
+end
+
+-- A parameter of `shape` (f32, default device) whose values recipe(t, start) writes:
+-- elements [start, start + numel(t)) of the flattened parameter into t. Eagerly the recipe
+-- fills it at once; inside Module.deferred the tensor has no storage and the recipe is kept.
+function Module.init_param(shape, recipe)
+  if recipes_of_build then
+    local n, s = tensor.shape_args(shape)
+    local t = tensor.new_from(C.sh_tensor_meta, n, s, C.SH_F32, tensor.device_id(tensor.default_device))
+    recipes_of_build[t] = recipe
+    return t
+  end
+  local t = Module.new_param(shape)
+  recipe(t, 0)
+  return t
+end
+
 return Module
