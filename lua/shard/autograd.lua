@@ -130,6 +130,23 @@ local function release(t)
   if t and not retained[t] then C.sh_tensor_release(t.p) end
 end
 
+-- Runs one node's backward in its own scope: the temporaries the formula makes (what it
+-- passes to A.track: shard.functional's backward helpers, and ops run as methods, grad
+-- being off) are released when it returns, except the gradients it returns, which
+-- accumulate hands on.
+local function run_node(node, gout)
+  local outer = arena
+  arena = {}
+  local made = arena
+  local ok, gins = pcall(node.backward, node, gout)
+  arena = outer
+  local keep = {}
+  if ok and gins then for _, g in pairs(gins) do keep[g] = true end end
+  for _, t in ipairs(made) do if not keep[t] then release(t) end end
+  if not ok then error(gins, 0) end
+  return gins
+end
+
 local function release_node(node)
   if node.out then release(node.out) end
   if node.saved then for _, s in pairs(node.saved) do if tensor.is_tensor(s) then release(s) end end end
@@ -178,7 +195,7 @@ function A.backward(root, gradient)
         local gout = grads[node.out]
         if gout then
           grads[node.out] = nil
-          local gins = node.backward(node, gout)
+          local gins = run_node(node, gout)
           gout:free()
           if gins then
             for j, inp in pairs(node.inputs) do

@@ -14,8 +14,10 @@ local C, check = rt.C, rt.check
 
 local M = {}
 
-local OPS = { sum = 0, avg = 1, max = 2, min = 3 }
-local KINDS = { all_gather = 0, reduce_scatter = 1, all_reduce = 2, broadcast = 3, barrier = 4 }
+-- The codes of comm.h's enums.
+local OPS = { sum = C.SH_RED_SUM, avg = C.SH_RED_AVG, max = C.SH_RED_MAX, min = C.SH_RED_MIN }
+local KINDS = { all_gather = C.SH_COLL_ALL_GATHER, reduce_scatter = C.SH_COLL_REDUCE_SCATTER,
+                all_reduce = C.SH_COLL_ALL_REDUCE, broadcast = C.SH_COLL_BROADCAST, barrier = C.SH_COLL_BARRIER }
 M.KINDS = KINDS
 
 local function op_id(op)
@@ -181,7 +183,8 @@ end
 M.world = M.init
 
 -- How this process was launched, without initialising anything.
-local LAUNCHERS = { [0] = "none", "mpi", "torchrun", "slurm" }
+local LAUNCHERS = { [C.SH_LAUNCH_NONE] = "none", [C.SH_LAUNCH_MPI] = "mpi", [C.SH_LAUNCH_TORCHRUN] = "torchrun",
+                    [C.SH_LAUNCH_SLURM] = "slurm" }
 function M.env()
   local e = ffi.new("sh_comm_env")
   check(C.sh_comm_read_env(e), 2)

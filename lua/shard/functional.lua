@@ -1,14 +1,21 @@
--- shard.functional: the differentiable ops. Each runs its C kernel, then, when an input
--- requires grad, records a tape node whose backward calls the matching backward kernel.
--- Inputs are captured by the node's closure (their producers release them); tensors the
--- node creates for backward alone go in `saved`, released right after the node runs.
+-- shard.functional: the differentiable ops, and the Tensor methods they are (a:add(b),
+-- a:sum(dim), a:view(...), ...; each defined here only). Each runs its C kernel (the
+-- bindings of shard.ops and shard.tensor's views), then, when an input requires grad,
+-- records a tape node whose backward calls the matching backward kernel. Inputs are captured
+-- by the node's closure (their producers release them); tensors the node creates for
+-- backward alone go in `saved`, released right after the node runs. A backward formula runs
+-- in a per-node scope (shard.autograd): every temporary it makes through the tracked helpers
+-- below is released when it returns, except the gradients it returns.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
+local ops = require "shard.ops"
 local A = require "shard.autograd"
 local C, check = rt.C, rt.check
 local Tensor, new_from, wrap = tensor.Tensor, tensor.new_from, tensor.wrap
 local requires, track = A.requires, A.track
+local V = tensor.views
+local BIN, UN, RED = ops.BINARY, ops.UNARY, ops.REDUCE
 
 local F = {}
 
@@ -26,35 +33,29 @@ local function result(out, inputs, backward, saved, name)
 end
 
 ---------------------------------------------------------------------------------------------
--- raw math used by the backward passes (no recording: backward runs with grad disabled)
+-- tracked helpers for backward formulas: each result goes to the node's scope
 
-local OP = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6, eq = 7, lt = 8, gt = 9 }
-local UN = { neg = 0, exp = 1, log = 2, sqrt = 3, rsqrt = 4, tanh = 5, abs = 6, square = 7, reciprocal = 8, sign = 9 }
-local RED = { sum = 0, mean = 1, max = 2, min = 3 }
-F.OP, F.UN, F.RED = OP, UN, RED
+local function bin(op, a, b) return track(ops.binary(op, a, b)) end
+local function bins(op, a, s, first) return track(ops.binary_scalar(op, a, s, first)) end
+local function un(op, a) return track(ops.unary(op, a)) end
+local function tv(view, ...) return track(view(...)) end      -- a view from tensor.views
+local function alias(g) return track(g:alias()) end
+local function taken(box, i) local t = take(box, i); return t and track(t) end
 
-local function bin(op, a, b) return new_from(C.sh_binary, op, a.p, b.p) end
-local function bins(op, a, s, first) return new_from(C.sh_binary_scalar, op, a.p, s, first and 1 or 0) end
-local function un(op, a) return new_from(C.sh_unary, op, a.p) end
--- the tensor module's non-recording views, captured before this module replaces them
-local raw_view, raw_reshape, raw_transpose = Tensor.view, Tensor.reshape, Tensor.transpose
-local raw_permute, raw_narrow, raw_unsqueeze = Tensor.permute, Tensor.narrow, Tensor.unsqueeze
-local raw_squeeze, raw_contiguous, raw_expand, raw_select = Tensor.squeeze, Tensor.contiguous, Tensor.expand, Tensor.select
-
--- Sums g down to `shape` (undoing broadcasting); gives back g itself when nothing to do.
+-- Sums g down to t's shape (undoing broadcasting); an alias of g when nothing to do.
 local function sum_to(g, t)
   local gs, ts = g.p, t.p
   if gs.ndim == ts.ndim then
     local same = true
     for d = 0, gs.ndim - 1 do if gs.shape[d] ~= ts.shape[d] then same = false; break end end
-    if same then return g:alias() end
+    if same then return alias(g) end
   end
-  return new_from(C.sh_sum_to_shape, g.p, ts.ndim, ts.shape)
+  return track(ops.sum_to_shape(g, ts.ndim, ts.shape))
 end
 
 -- g broadcast (copied) to the shape of t.
 local function expand_to(g, t)
-  local out = tensor.empty(t:shape(), { dtype = g:dtype(), device = g:device() })
+  local out = track(tensor.empty(t:shape(), { dtype = g:dtype(), device = g:device() }))
   check(C.sh_tensor_copy_(out.p, g.p))
   return out
 end
@@ -66,99 +67,90 @@ local function binary_backward(op)
   return function(node, g)
     local a, b = node.inputs[1], node.inputs[2]
     local ga, gb
-    if op == OP.add then
+    if op == BIN.add then
       ga = requires(a) and sum_to(g, a); gb = requires(b) and sum_to(g, b)
-    elseif op == OP.sub then
-      ga = requires(a) and sum_to(g, a)
-      if requires(b) then local n = un(UN.neg, g); gb = sum_to(n, b); n:free() end
-    elseif op == OP.mul then
-      if requires(a) then local t = bin(OP.mul, g, b); ga = sum_to(t, a); t:free() end
-      if requires(b) then local t = bin(OP.mul, g, a); gb = sum_to(t, b); t:free() end
-    elseif op == OP.div then
-      if requires(a) then local t = bin(OP.div, g, b); ga = sum_to(t, a); t:free() end
-      if requires(b) then   -- -g * a / b^2 = -(g * out) / b
-        local t = bin(OP.mul, g, node.out); local u = bin(OP.div, t, b); t:free()
-        local n = un(UN.neg, u); u:free(); gb = sum_to(n, b); n:free()
-      end
+    elseif op == BIN.sub then
+      ga = requires(a) and sum_to(g, a); gb = requires(b) and sum_to(un(UN.neg, g), b)
+    elseif op == BIN.mul then
+      ga = requires(a) and sum_to(bin(BIN.mul, g, b), a); gb = requires(b) and sum_to(bin(BIN.mul, g, a), b)
+    elseif op == BIN.div then
+      ga = requires(a) and sum_to(bin(BIN.div, g, b), a)
+      -- -g * a / b^2 = -(g * out) / b
+      gb = requires(b) and sum_to(un(UN.neg, bin(BIN.div, bin(BIN.mul, g, node.out), b)), b)
     else
       error("no gradient for binary op " .. op)
     end
     return { ga or nil, gb or nil }
   end
 end
-local binary_backwards = { [OP.add] = binary_backward(OP.add), [OP.sub] = binary_backward(OP.sub),
-                           [OP.mul] = binary_backward(OP.mul), [OP.div] = binary_backward(OP.div) }
+local binary_backwards = { [BIN.add] = binary_backward(BIN.add), [BIN.sub] = binary_backward(BIN.sub),
+                           [BIN.mul] = binary_backward(BIN.mul), [BIN.div] = binary_backward(BIN.div) }
 
 local function scalar_backward(op, s, first)
   return function(node, g)
     local a = node.inputs[1]
-    if op == OP.add then return { g:alias() } end
-    if op == OP.sub then return { first and un(UN.neg, g) or g:alias() } end
-    if op == OP.mul then return { bins(OP.mul, g, s) } end
-    if op == OP.div then
-      if not first then return { bins(OP.mul, g, 1 / s) } end
-      local t = bin(OP.div, node.out, a); local u = bin(OP.mul, g, t); t:free()   -- d(s/a) = -s/a^2 = -out/a
-      local n = un(UN.neg, u); u:free(); return { n }
+    if op == BIN.add then return { alias(g) } end
+    if op == BIN.sub then return { first and un(UN.neg, g) or alias(g) } end
+    if op == BIN.mul then return { bins(BIN.mul, g, s) } end
+    if op == BIN.div then
+      if not first then return { bins(BIN.mul, g, 1 / s) } end
+      return { un(UN.neg, bin(BIN.mul, g, bin(BIN.div, node.out, a))) }   -- d(s/a) = -s/a^2 = -out/a
     end
-    if op == OP.pow and not first then        -- d(a^s) = s * a^(s-1)
-      local t = bins(OP.pow, a, s - 1); local u = bins(OP.mul, t, s); t:free()
-      local r = bin(OP.mul, g, u); u:free(); return { r }
+    if op == BIN.pow and not first then        -- d(a^s) = s * a^(s-1)
+      return { bin(BIN.mul, g, bins(BIN.mul, bins(BIN.pow, a, s - 1), s)) }
     end
-    if op == OP.pow and first then            -- d(s^a) = out * ln s
-      local t = bin(OP.mul, g, node.out); local r = bins(OP.mul, t, math.log(s)); t:free(); return { r }
+    if op == BIN.pow and first then            -- d(s^a) = out * ln s
+      return { bins(BIN.mul, bin(BIN.mul, g, node.out), math.log(s)) }
     end
     error("no gradient for scalar op " .. op)
   end
 end
 
 local function binary(opname)
-  local op = OP[opname]
+  local op = BIN[opname]
   return function(a, b)
     if type(b) ~= "number" and not tensor.is_tensor(b) then
       error(("%s: the operand must be a tensor or a number, got %s"):format(opname, type(b)), 3)
     end
     if type(b) == "number" then
-      return result(bins(op, a, b, false), { a }, scalar_backward(op, b, false), nil, opname)
+      return result(ops.binary_scalar(op, a, b, false), { a }, scalar_backward(op, b, false), nil, opname)
     end
-    return result(bin(op, a, b), { a, b }, binary_backwards[op], nil, opname)
+    return result(ops.binary(op, a, b), { a, b }, binary_backwards[op], nil, opname)
   end
 end
 for _, name in ipairs { "add", "sub", "mul", "div" } do F[name] = binary(name) end
 function F.pow(a, b)
   if type(b) ~= "number" then error("pow: the exponent must be a number", 2) end
-  return result(bins(OP.pow, a, b, false), { a }, scalar_backward(OP.pow, b, false), nil, "pow")
+  return result(ops.binary_scalar(BIN.pow, a, b, false), { a }, scalar_backward(BIN.pow, b, false), nil, "pow")
 end
 for _, name in ipairs { "maximum", "minimum", "eq", "lt", "gt" } do
-  local op = OP[name]
+  local op = BIN[name]
   F[name] = function(a, b)
-    if type(b) == "number" then return track(bins(op, a, b, false)) end
-    return track(bin(op, a, b))
+    if type(b) == "number" then return track(ops.binary_scalar(op, a, b, false)) end
+    return track(ops.binary(op, a, b))
   end
 end
 -- number OP tensor
 for _, name in ipairs { "add", "sub", "mul", "div", "pow" } do
-  local op = OP[name]
+  local op = BIN[name]
   F["r" .. name] = function(a, s)
-    return result(bins(op, a, s, true), { a }, scalar_backward(op, s, true), nil, "r" .. name)
+    return result(ops.binary_scalar(op, a, s, true), { a }, scalar_backward(op, s, true), nil, "r" .. name)
   end
 end
 
 local unary_grad = {
   [UN.neg] = function(a, out, g) return un(UN.neg, g) end,
-  [UN.exp] = function(a, out, g) return bin(OP.mul, g, out) end,
-  [UN.log] = function(a, out, g) return bin(OP.div, g, a) end,
-  [UN.sqrt] = function(a, out, g) local t = bin(OP.div, g, out); local r = bins(OP.mul, t, 0.5); t:free(); return r end,
-  [UN.tanh] = function(a, out, g)
-    local sq = un(UN.square, out); local one = bins(OP.sub, sq, 1, true); sq:free()
-    local r = bin(OP.mul, g, one); one:free(); return r
-  end,
-  [UN.square] = function(a, out, g) local t = bin(OP.mul, g, a); local r = bins(OP.mul, t, 2); t:free(); return r end,
-  [UN.abs] = function(a, out, g) local s = un(UN.sign, a); local r = bin(OP.mul, g, s); s:free(); return r end,
+  [UN.exp] = function(a, out, g) return bin(BIN.mul, g, out) end,
+  [UN.log] = function(a, out, g) return bin(BIN.div, g, a) end,
+  [UN.sqrt] = function(a, out, g) return bins(BIN.mul, bin(BIN.div, g, out), 0.5) end,
+  [UN.tanh] = function(a, out, g) return bin(BIN.mul, g, bins(BIN.sub, un(UN.square, out), 1, true)) end,
+  [UN.square] = function(a, out, g) return bins(BIN.mul, bin(BIN.mul, g, a), 2) end,
+  [UN.abs] = function(a, out, g) return bin(BIN.mul, g, un(UN.sign, a)) end,
 }
 for name, op in pairs(UN) do
   local grad = unary_grad[op]
   F[name] = function(a)
-    return result(un(op, a), { a }, grad and function(node, g) return { grad(a, node.out, g) } end, nil, name)
+    return result(ops.unary(op, a), { a }, grad and function(node, g) return { grad(a, node.out, g) } end, nil, name)
   end
 end
 
@@ -179,16 +171,13 @@ end
 local function reduce(opname)
   local op = RED[opname]
   return function(a, dim, keepdim)
-    local out
-    if dim == nil then out = new_from(C.sh_reduce_all, op, a.p)
-    else out = new_from(C.sh_reduce, op, a.p, cdim(a, dim, opname), keepdim and 1 or 0) end
+    local out = ops.reduce(op, a, cdim(a, dim, opname), keepdim)
     local backward
     if op == RED.sum or op == RED.mean then
       backward = function(node, g)
         local gk = g
-        if dim ~= nil and not keepdim then gk = g:unsqueeze(dim < 0 and dim + a.p.ndim + 1 or dim) end
+        if dim ~= nil and not keepdim then gk = tv(V.unsqueeze, g, dim < 0 and dim + a.p.ndim + 1 or dim) end
         local r = expand_to(gk, a)
-        if gk ~= g then gk:free() end
         if op == RED.mean then
           local n = dim == nil and a:numel() or a:size(dim)
           check(C.sh_scale_(r.p, 1 / n))
@@ -203,28 +192,36 @@ for name in pairs(RED) do F[name] = reduce(name) end
 -- argmax over a dim, or (no dim) the index into the flattened tensor, as torch.
 function F.argmax(a, dim, keepdim)
   if dim == nil then
-    local flat = raw_reshape(a, a:numel())
-    local r = new_from(C.sh_argmax, flat.p, 0, 0)
+    local flat = V.reshape(a, a:numel())
+    local ok, r = pcall(ops.argmax, flat, 0, false)
     flat:free()
+    if not ok then error(r, 2) end
     return track(r)
   end
-  return track(new_from(C.sh_argmax, a.p, cdim(a, dim, "argmax"), keepdim and 1 or 0))
+  return track(ops.argmax(a, cdim(a, dim, "argmax"), keepdim))
 end
 
 ---------------------------------------------------------------------------------------------
 -- matmul
 
-local function mT(t) return t:transpose(-1, -2) end
+local function mT(t) return tv(V.transpose, t, -1, -2) end
 
 function F.matmul(a, b)
-  local out = new_from(C.sh_matmul, a.p, b.p)
+  local out = ops.matmul(a, b)
   return result(out, { a, b }, function(node, g)
     if a.p.ndim < 2 or b.p.ndim < 2 then error("matmul backward: 1-D operands are not differentiable yet; unsqueeze them") end
-    local ga, gb
-    if requires(a) then local bt = mT(b); local t = new_from(C.sh_matmul, g.p, bt.p); bt:free(); ga = sum_to(t, a); t:free() end
-    if requires(b) then local at = mT(a); local t = new_from(C.sh_matmul, at.p, g.p); at:free(); gb = sum_to(t, b); t:free() end
-    return { ga, gb }
+    local ga = requires(a) and sum_to(track(ops.matmul(g, mT(b))), a)
+    local gb = requires(b) and sum_to(track(ops.matmul(mT(a), g)), b)
+    return { ga or nil, gb or nil }
   end, nil, "matmul")
+end
+function F.mm(a, b)
+  if a.p.ndim ~= 2 or b.p.ndim ~= 2 then error(("mm: needs 2-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
+  return F.matmul(a, b)
+end
+function F.bmm(a, b)
+  if a.p.ndim ~= 3 or b.p.ndim ~= 3 then error(("bmm: needs 3-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
+  return F.matmul(a, b)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -238,41 +235,42 @@ local function viewlike(name, make, grad)
   end
 end
 
-local function reshape_back(a, g) return raw_reshape(g, a:shape()) end
-viewlike("view", raw_view, reshape_back)
-viewlike("reshape", raw_reshape, reshape_back)
-viewlike("flatten", function(a) return raw_reshape(a, a:numel()) end, reshape_back)
-viewlike("unsqueeze", raw_unsqueeze, reshape_back)
-viewlike("squeeze", raw_squeeze, reshape_back)
-viewlike("contiguous", raw_contiguous, function(a, g) return g:alias() end)
-viewlike("transpose", raw_transpose, function(a, g, d0, d1) return raw_transpose(g, d0, d1) end)
+local function reshape_back(a, g) return tv(V.reshape, g, a:shape()) end
+viewlike("view", V.view, reshape_back)
+viewlike("reshape", V.reshape, reshape_back)
+viewlike("flatten", function(a) return V.reshape(a, a:numel()) end, reshape_back)
+viewlike("unsqueeze", V.unsqueeze, reshape_back)
+viewlike("squeeze", V.squeeze, reshape_back)
+viewlike("contiguous", V.contiguous, function(a, g) return alias(g) end)
+viewlike("transpose", V.transpose, function(a, g, d0, d1) return tv(V.transpose, g, d0, d1) end)
 viewlike("t", function(a)
   if a.p.ndim ~= 2 then error("t(): needs a 2-D tensor, got " .. a:describe(), 3) end
-  return raw_transpose(a, 1, 2)
-end, function(a, g) return raw_transpose(g, 1, 2) end)
-viewlike("permute", raw_permute, function(a, g, ...)
+  return V.transpose(a, 1, 2)
+end, function(a, g) return tv(V.transpose, g, 1, 2) end)
+viewlike("permute", V.permute, function(a, g, ...)
   local order = type((...)) == "table" and (...) or { ... }
   local inv = {}
   for i, d in ipairs(order) do inv[d < 0 and d + #order + 1 or d] = i end
-  return raw_permute(g, inv)
+  return tv(V.permute, g, inv)
 end)
-viewlike("narrow", raw_narrow, function(a, g, dim, start, length)
-  local full = tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() })
-  local v = raw_narrow(full, dim, start, length); v:copy_(g); v:free()
+viewlike("narrow", V.narrow, function(a, g, dim, start, length)
+  local full = track(tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() }))
+  tv(V.narrow, full, dim, start, length):copy_(g)
   return full
 end)
-viewlike("select", raw_select, function(a, g, dim, index)
-  local full = tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() })
-  local v = raw_select(full, dim, index); v:copy_(g); v:free()
+viewlike("select", V.select, function(a, g, dim, index)
+  local full = track(tensor.zeros(a:shape(), { dtype = g:dtype(), device = g:device() }))
+  tv(V.select, full, dim, index):copy_(g)
   return full
 end)
-viewlike("expand", raw_expand, function(a, g) return sum_to(g, a) end)
+viewlike("expand", V.expand, function(a, g) return sum_to(g, a) end)
 
 -- dtype conversion keeps the graph (bf16 compute copies of f32 parameters)
+local raw_to = Tensor.to
 function F.to(a, what)
-  local out = Tensor.to_raw(a, what)
-  if out:dtype() == a:dtype() then return result(out, { a }, function(node, g) return { g:alias() } end, nil, "to") end
-  return result(out, { a }, function(node, g) return { g:to(a:dtype()) } end, nil, "to")
+  local out = raw_to(a, what)
+  if out:dtype() == a:dtype() then return result(out, { a }, function(node, g) return { alias(g) } end, nil, "to") end
+  return result(out, { a }, function(node, g) return { track(raw_to(g, a:dtype())) } end, nil, "to")
 end
 
 ---------------------------------------------------------------------------------------------
@@ -285,7 +283,7 @@ function F.linear(x, w, b)
     check(C.sh_linear_backward(requires(x) and box or nil,
       requires(w) and A.grad_buffer(w).p or nil, (b and requires(b)) and A.grad_buffer(b).p or nil,
       dy.p, x.p, w.p))
-    return { take(box, 0) }
+    return { taken(box, 0) }
   end, nil, "linear")
 end
 
@@ -298,7 +296,7 @@ function F.layernorm(x, w, b, eps)
     check(C.sh_layernorm_backward(requires(x) and dx or nil,
       requires(w) and A.grad_buffer(w).p or nil, (b and requires(b)) and A.grad_buffer(b).p or nil,
       dy.p, x.p, w.p, mean.p, rstd.p))
-    return { take(dx, 0) }
+    return { taken(dx, 0) }
   end, { mean, rstd }, "layernorm")
 end
 
@@ -310,13 +308,13 @@ function F.rmsnorm(x, w, eps)
     local dx = slots(1)
     check(C.sh_rmsnorm_backward(requires(x) and dx or nil, requires(w) and A.grad_buffer(w).p or nil,
       dy.p, x.p, w.p, rstd.p))
-    return { take(dx, 0) }
+    return { taken(dx, 0) }
   end, { rstd }, "rmsnorm")
 end
 
 local function activation(name, fwd, bwd)
   F[name] = function(x)
-    return result(new_from(fwd, x.p), { x }, function(node, dy) return { new_from(bwd, dy.p, x.p) } end, nil, name)
+    return result(new_from(fwd, x.p), { x }, function(node, dy) return { track(new_from(bwd, dy.p, x.p)) } end, nil, name)
   end
 end
 activation("gelu", C.sh_gelu_forward, C.sh_gelu_backward)
@@ -326,13 +324,13 @@ function F.swiglu(a, b)
   return result(new_from(C.sh_swiglu_forward, a.p, b.p), { a, b }, function(node, dy)
     local box = slots(2)
     check(C.sh_swiglu_backward(requires(a) and box or nil, requires(b) and box + 1 or nil, dy.p, a.p, b.p))
-    return { take(box, 0), take(box, 1) }
+    return { taken(box, 0), taken(box, 1) }
   end, nil, "swiglu")
 end
 
 function F.softmax(x)
   local y = new_from(C.sh_softmax_forward, x.p)
-  return result(y, { x }, function(node, dy) return { new_from(C.sh_softmax_backward, dy.p, node.out.p) } end, nil, "softmax")
+  return result(y, { x }, function(node, dy) return { track(new_from(C.sh_softmax_backward, dy.p, node.out.p)) } end, nil, "softmax")
 end
 
 -- Causal attention over q, k, v [B, H, T, D].
@@ -345,7 +343,7 @@ function F.attention(q, k, v, scale)
     local g = slots(3)
     check(C.sh_attention_backward(requires(q) and g or nil, requires(k) and g + 1 or nil,
       requires(v) and g + 2 or nil, dout.p, q.p, k.p, v.p, node.out.p, lse.p, scale))
-    return { take(g, 0), take(g, 1), take(g, 2) }
+    return { taken(g, 0), taken(g, 1), taken(g, 2) }
   end, { lse }, "attention")
 end
 
@@ -358,9 +356,9 @@ function F.causal_attention(qkv, n_head, scale)
   local Cn = C3 / 3
   local D = Cn / n_head
   local function heads(i) -- [B, H, T, D] view of slice i (0, 1, 2)
-    local part = raw_narrow(qkv, 3, i * Cn + 1, Cn)
-    local v4 = raw_view(part, B, T, n_head, D)
-    local h = raw_transpose(v4, 2, 3)
+    local part = V.narrow(qkv, 3, i * Cn + 1, Cn)
+    local v4 = V.view(part, B, T, n_head, D)
+    local h = V.transpose(v4, 2, 3)
     part:free(); v4:free()
     return h
   end
@@ -368,25 +366,19 @@ function F.causal_attention(qkv, n_head, scale)
   local box = slots(2)
   check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
   local out, lse = take(box, 0), take(box, 1)
-  local ot = raw_transpose(out, 2, 3)
-  local oc = raw_contiguous(ot)
-  local y = raw_view(oc, B, T, Cn)
+  local ot = V.transpose(out, 2, 3)
+  local oc = V.contiguous(ot)
+  local y = V.view(oc, B, T, Cn)
   ot:free(); oc:free()
   return result(y, { qkv }, function(node, dy)
-    local d4 = raw_view(dy, B, T, n_head, D)
-    local dout = raw_transpose(d4, 2, 3)
-    d4:free()
+    local dout = tv(V.transpose, tv(V.view, dy, B, T, n_head, D), 2, 3)
     local g = slots(3)
     check(C.sh_attention_backward(g, g + 1, g + 2, dout.p, q.p, k.p, v.p, out.p, lse.p, scale))
-    dout:free()
-    local dqkv = tensor.empty({ B, T, C3 }, { dtype = dy:dtype(), device = dy:device() })
+    local gs = { taken(g, 0), taken(g, 1), taken(g, 2) }
+    local dqkv = track(tensor.empty({ B, T, C3 }, { dtype = dy:dtype(), device = dy:device() }))
     for i = 0, 2 do
-      local part = raw_narrow(dqkv, 3, i * Cn + 1, Cn)
-      local v4 = raw_view(part, B, T, n_head, D)
-      local dst = raw_transpose(v4, 2, 3)
-      local gi = take(g, i)
-      dst:copy_(gi)
-      gi:free(); dst:free(); v4:free(); part:free()
+      local part = tv(V.narrow, dqkv, 3, i * Cn + 1, Cn)
+      tv(V.transpose, tv(V.view, part, B, T, n_head, D), 2, 3):copy_(gs[i + 1])
     end
     return { dqkv }
   end, { q, k, v, out, lse }, "causal_attention")
@@ -407,7 +399,7 @@ function F.cross_entropy(logits, targets, ignore_index)
   check(C.sh_cross_entropy_forward(box, box + 1, logits.p, targets.p, ignore_index))
   local loss, lse = take(box, 0), take(box, 1)
   return result(loss, { logits }, function(node, dloss)
-    return { new_from(C.sh_cross_entropy_backward, logits.p, targets.p, lse.p, dloss:item(), ignore_index) }
+    return { track(new_from(C.sh_cross_entropy_backward, logits.p, targets.p, lse.p, dloss:item(), ignore_index)) }
   end, { lse }, "cross_entropy")
 end
 
@@ -418,29 +410,21 @@ function F.dropout(x, p, training)
   local seed, offset = gen.reserve(x:numel())
   local y = new_from(C.sh_dropout_forward, x.p, p, seed, offset)
   return result(y, { x }, function(node, dy)
-    return { new_from(C.sh_dropout_backward, dy.p, p, seed, offset) }
+    return { track(new_from(C.sh_dropout_backward, dy.p, p, seed, offset)) }
   end, nil, "dropout")
 end
 
 ---------------------------------------------------------------------------------------------
--- Tensor methods become differentiable.
+-- the Tensor methods that are these ops
 
-Tensor.to_raw = Tensor.to
 for _, name in ipairs { "add", "sub", "mul", "div", "pow", "radd", "rsub", "rmul", "rdiv", "rpow",
                         "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "square", "reciprocal", "sign",
                         "sum", "mean", "max", "min", "argmax", "maximum", "minimum", "eq", "lt", "gt",
-                        "matmul", "view", "reshape", "flatten", "unsqueeze", "squeeze", "contiguous",
+                        "matmul", "mm", "bmm", "view", "reshape", "flatten", "unsqueeze", "squeeze", "contiguous",
                         "transpose", "t", "permute", "narrow", "select", "expand",
                         "softmax", "gelu", "silu" } do
+  assert(Tensor[name] == nil, "Tensor." .. name .. " is defined twice")
   Tensor[name] = F[name]
-end
-function Tensor.mm(a, b)
-  if a.p.ndim ~= 2 or b.p.ndim ~= 2 then error(("mm: needs 2-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
-  return F.matmul(a, b)
-end
-function Tensor.bmm(a, b)
-  if a.p.ndim ~= 3 or b.p.ndim ~= 3 then error(("bmm: needs 3-D tensors, got %s and %s"):format(a:describe(), b:describe()), 2) end
-  return F.matmul(a, b)
 end
 
 return F

@@ -10,9 +10,12 @@ local C, check = rt.C, rt.check
 
 local M = {}
 
-M.TAGS = { "other", "param", "grad", "optim", "activation", "comm" }   -- in sh_mem_tag order
-local TAG_ID = {}
-for i, name in ipairs(M.TAGS) do TAG_ID[name] = i - 1 end
+-- The tags of alloc.h's sh_mem_tag, in its order (ids from the enum itself).
+local TAG_ID = { other = C.SH_TAG_OTHER, param = C.SH_TAG_PARAM, grad = C.SH_TAG_GRAD, optim = C.SH_TAG_OPTIM,
+                 activation = C.SH_TAG_ACTIVATION, comm = C.SH_TAG_COMM }
+M.TAGS = {}
+for name, id in pairs(TAG_ID) do M.TAGS[id + 1] = name end
+assert(#M.TAGS == C.SH_N_TAGS, "shard.memory: alloc.h's tags changed")
 
 local function tag_id(name)
   local id = TAG_ID[name]
@@ -25,9 +28,9 @@ local raw = ffi.new("sh_mem_stats")
 function M.stats(device)
   check(C.sh_mem_stats_get(tensor.device_id(device), raw), 2)
   local by_tag, peak_by_tag = {}, {}
-  for i, name in ipairs(M.TAGS) do
-    by_tag[name] = tonumber(raw.by_tag[i - 1])
-    peak_by_tag[name] = tonumber(raw.peak_by_tag[i - 1])
+  for name, id in pairs(TAG_ID) do
+    by_tag[name] = tonumber(raw.by_tag[id])
+    peak_by_tag[name] = tonumber(raw.peak_by_tag[id])
   end
   return {
     allocated = tonumber(raw.allocated), peak = tonumber(raw.peak), reserved = tonumber(raw.reserved),

@@ -1,7 +1,9 @@
--- shard.ops: tensor math as Tensor methods. Each method is one call into the C runtime
--- (runtime/ops.h), so autograd can wrap them one by one. Dims are 1-based (negative counts
--- from the end) and become 0-based for C; indices that are data (argmax's result) stay
--- 0-based, as token ids are. Random numbers come from shard.random's generator.
+-- shard.ops: the bindings of runtime/ops.h, one per C entry point, and the tensor math that
+-- is not differentiable as Tensor methods (in-place updates, sumsq, sum_to, random fills).
+-- The differentiable methods (a:add(b), a:sum(dim), a:matmul(b), ...) are shard.functional's,
+-- built on these bindings; ops.raw holds their non-recording forms. Dims are 1-based
+-- (negative counts from the end) and become 0-based for C; indices that are data (argmax's
+-- result) stay 0-based, as token ids are. Random numbers come from shard.random's generator.
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
 local random = require "shard.random"
@@ -10,17 +12,29 @@ local Tensor, new_from, is_tensor = tensor.Tensor, tensor.new_from, tensor.is_te
 
 local M = {}
 
--- Every method defined here, also kept in M.raw: autograd replaces some Tensor methods with
--- differentiable versions, and its backward passes (and the specs) can still reach these.
-local raw = {}
-M.raw = raw
-local function def(name, fn) raw[name] = fn; Tensor[name] = fn end
+-- The op codes of ops.h, read from its enums (shard.ffi declares the header).
+M.BINARY = { add = C.SH_OP_ADD, sub = C.SH_OP_SUB, mul = C.SH_OP_MUL, div = C.SH_OP_DIV, pow = C.SH_OP_POW,
+             maximum = C.SH_OP_MAXIMUM, minimum = C.SH_OP_MINIMUM, eq = C.SH_OP_EQ, lt = C.SH_OP_LT, gt = C.SH_OP_GT }
+M.UNARY = { neg = C.SH_OP_NEG, exp = C.SH_OP_EXP, log = C.SH_OP_LOG, sqrt = C.SH_OP_SQRT, rsqrt = C.SH_OP_RSQRT,
+            tanh = C.SH_OP_TANH, abs = C.SH_OP_ABS, square = C.SH_OP_SQUARE, reciprocal = C.SH_OP_RECIPROCAL,
+            sign = C.SH_OP_SIGN }
+M.REDUCE = { sum = C.SH_OP_SUM, mean = C.SH_OP_MEAN, max = C.SH_OP_MAX, min = C.SH_OP_MIN }
+local BINARY, UNARY, REDUCE = M.BINARY, M.UNARY, M.REDUCE
 
--- The op codes of ops.h.
-local OP = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6, eq = 7, lt = 8, gt = 9 }
-local UN = { neg = 0, exp = 1, log = 2, sqrt = 3, rsqrt = 4, tanh = 5, abs = 6, square = 7, reciprocal = 8, sign = 9 }
-local RED = { sum = 0, mean = 1, max = 2, min = 3 }
-M.OP, M.UN, M.RED = OP, UN, RED
+---------------------------------------------------------------------------------------------
+-- the bindings: one per entry point of ops.h that makes a new tensor (dims 0-based here)
+
+function M.binary(op, a, b) return new_from(C.sh_binary, op, a.p, b.p) end
+function M.binary_scalar(op, a, s, scalar_first) return new_from(C.sh_binary_scalar, op, a.p, s, scalar_first and 1 or 0) end
+function M.unary(op, a) return new_from(C.sh_unary, op, a.p) end
+-- Over C dim `dim` (0-based or negative), or over everything into a 0-dim tensor when nil.
+function M.reduce(op, a, dim, keepdim)
+  if dim == nil then return new_from(C.sh_reduce_all, op, a.p) end
+  return new_from(C.sh_reduce, op, a.p, dim, keepdim and 1 or 0)
+end
+function M.argmax(a, dim, keepdim) return new_from(C.sh_argmax, a.p, dim, keepdim and 1 or 0) end
+function M.matmul(a, b) return new_from(C.sh_matmul, a.p, b.p) end
+function M.sum_to_shape(a, ndim, shape) return new_from(C.sh_sum_to_shape, a.p, ndim, shape) end
 
 -- A Lua dim (1-based, or negative from the end) as a C dim; C checks the range.
 local function cdim(d, op)
@@ -35,30 +49,69 @@ local function operand_error(op, x)
 end
 
 ---------------------------------------------------------------------------------------------
--- elementwise
+-- raw math: the non-differentiable forms of the ops shard.functional makes Tensor methods of
+-- (a:add(b), a:sum(dim), ...). Its forward and backward passes use these bindings, and the
+-- specs reach them as ops.raw where the binding itself is the point.
 
--- a:add(b) with b a tensor or a number; the r-forms are number OP tensor (operators use them).
-for name, op in pairs(OP) do
-  def(name, function(a, b)
-    if type(b) == "number" then return new_from(C.sh_binary_scalar, op, a.p, b, 0) end
+local raw = {}
+M.raw = raw
+
+-- raw.add(a, b) with b a tensor or a number; the r-forms are number OP tensor.
+for name, op in pairs(BINARY) do
+  raw[name] = function(a, b)
+    if type(b) == "number" then return M.binary_scalar(op, a, b, false) end
     if not is_tensor(b) then operand_error(name, b) end
-    return new_from(C.sh_binary, op, a.p, b.p)
-  end)
+    return M.binary(op, a, b)
+  end
 end
 for _, name in ipairs { "add", "sub", "mul", "div", "pow" } do
-  local op = OP[name]
-  def("r" .. name, function(a, s)
+  local op = BINARY[name]
+  raw["r" .. name] = function(a, s)
     if type(s) ~= "number" then operand_error(name, s) end
-    return new_from(C.sh_binary_scalar, op, a.p, s, 1)
-  end)
+    return M.binary_scalar(op, a, s, true)
+  end
 end
 
-for name, op in pairs(UN) do
-  def(name, function(a) return new_from(C.sh_unary, op, a.p) end)
+for name, op in pairs(UNARY) do
+  raw[name] = function(a) return M.unary(op, a) end
 end
+
+-- raw.sum(t) over everything (a 0-dim tensor), raw.sum(t, dim, keepdim) over one dim.
+for name, op in pairs(REDUCE) do
+  raw[name] = function(a, dim, keepdim)
+    return M.reduce(op, a, dim ~= nil and cdim(dim, name) or nil, keepdim)
+  end
+end
+
+-- 0-based i64 indices of the first max; over everything when dim is nil.
+function raw.argmax(a, dim, keepdim)
+  if dim ~= nil then return M.argmax(a, cdim(dim, "argmax"), keepdim) end
+  local flat = tensor.views.reshape(a, a:numel())
+  local ok, r = pcall(M.argmax, flat, 0, false)
+  flat:free()
+  if not ok then error(r, 2) end
+  return r
+end
+
+function raw.matmul(a, b)
+  if not is_tensor(b) then operand_error("matmul", b) end
+  return M.matmul(a, b)
+end
+
+local function ndim_matmul(name, nd)
+  return function(a, b)
+    if not is_tensor(b) then operand_error(name, b) end
+    if a.p.ndim ~= nd or b.p.ndim ~= nd then
+      error(("%s: needs two %d-D tensors, got %s and %s"):format(name, nd, a:describe(), b:describe()), 2)
+    end
+    return M.matmul(a, b)
+  end
+end
+raw.mm = ndim_matmul("mm", 2)
+raw.bmm = ndim_matmul("bmm", 3)
 
 ---------------------------------------------------------------------------------------------
--- in place
+-- Tensor methods that are not differentiable: in place updates, sums of squares, sum_to.
 
 -- A scalar as a one-element tensor that broadcasts into dst without widening its dtype
 -- (f32 stays f32; bf16 computes in f32; an integer dst takes integral scalars only). One
@@ -82,90 +135,48 @@ local function inplace(name, op)
     return self
   end
 end
-def("sub_", inplace("sub_", OP.sub))
-def("div_", inplace("div_", OP.div))
-local add_ = inplace("add_", OP.add)
+Tensor.sub_ = inplace("sub_", BINARY.sub)
+Tensor.div_ = inplace("div_", BINARY.div)
+local add_, mul_ = inplace("add_", BINARY.add), inplace("mul_", BINARY.mul)
 
 -- t:add_(x) or t:add_(x, alpha) (t += alpha * x) or t:add_(number)
-def("add_", function(self, x, alpha)
+function Tensor:add_(x, alpha)
   if alpha == nil then return add_(self, x) end
   if not is_tensor(x) then operand_error("add_", x) end
   check(C.sh_axpy_(self.p, alpha, x.p), 2)
   return self
-end)
+end
 
 -- t:axpy_(alpha, x): t += alpha * x, x broadcast to t (the argument order of sh_axpy_).
-def("axpy_", function(self, alpha, x)
+function Tensor:axpy_(alpha, x)
   if not is_tensor(x) then operand_error("axpy_", x) end
   check(C.sh_axpy_(self.p, alpha, x.p), 2)
   return self
-end)
-
-def("scale_", function(self, alpha) check(C.sh_scale_(self.p, alpha), 2); return self end)
-
--- t:mul_(tensor) or t:mul_(number)
-local mul_ = inplace("mul_", OP.mul)
-def("mul_", function(self, x)
-  if type(x) == "number" then return raw.scale_(self, x) end
-  return mul_(self, x)
-end)
-
-def("fill_", function(self, v) check(C.sh_tensor_fill_(self.p, v), 2); return self end)
-
----------------------------------------------------------------------------------------------
--- reductions
-
--- t:sum() over everything (a 0-dim tensor), t:sum(dim, keepdim) over one dim.
-for name, op in pairs(RED) do
-  def(name, function(a, dim, keepdim)
-    if dim == nil then return new_from(C.sh_reduce_all, op, a.p) end
-    return new_from(C.sh_reduce, op, a.p, cdim(dim, name), keepdim and 1 or 0)
-  end)
 end
 
--- 0-based i64 indices of the first max; over everything when dim is nil.
-def("argmax", function(self, dim, keepdim)
-  if dim ~= nil then return new_from(C.sh_argmax, self.p, cdim(dim, "argmax"), keepdim and 1 or 0) end
-  local flat = self:reshape(self:numel())
-  local ok, r = pcall(new_from, C.sh_argmax, flat.p, 0, 0)
-  flat:free()
-  if not ok then error(r, 2) end
-  return r
-end)
+function Tensor:scale_(alpha) check(C.sh_scale_(self.p, alpha), 2); return self end
+
+-- t:mul_(tensor) or t:mul_(number)
+function Tensor:mul_(x)
+  if type(x) == "number" then return self:scale_(x) end
+  return mul_(self, x)
+end
+
+function Tensor:fill_(v) check(C.sh_tensor_fill_(self.p, v), 2); return self end
 
 -- Sum of squares in f64, as a Lua number (grad-norm clipping).
 local status = require("ffi").new("int[1]")
-def("sumsq", function(self)
+function Tensor:sumsq()
   local v = C.sh_sumsq(self.p, status)
   check(status[0], 2)
   return v
-end)
+end
 
 -- Sums self down to `shape` (a table), undoing broadcasting.
-def("sum_to", function(self, shape)
+function Tensor:sum_to(shape)
   local n, s = tensor.shape_args(shape)
-  return new_from(C.sh_sum_to_shape, self.p, n, s)
-end)
-
----------------------------------------------------------------------------------------------
--- matrix products
-
-def("matmul", function(self, b)
-  if not is_tensor(b) then operand_error("matmul", b) end
-  return new_from(C.sh_matmul, self.p, b.p)
-end)
-
-local function ndim_matmul(name, nd)
-  return function(a, b)
-    if not is_tensor(b) then operand_error(name, b) end
-    if a.p.ndim ~= nd or b.p.ndim ~= nd then
-      error(("%s: needs two %d-D tensors, got %s and %s"):format(name, nd, a:describe(), b:describe()), 2)
-    end
-    return new_from(C.sh_matmul, a.p, b.p)
-  end
+  return M.sum_to_shape(self, n, s)
 end
-def("mm", ndim_matmul("mm", 2))
-def("bmm", ndim_matmul("bmm", 3))
 
 ---------------------------------------------------------------------------------------------
 -- creation and random numbers
@@ -181,8 +192,8 @@ local function shape_opts(first, ...)
   return shape, nil
 end
 
-def("normal_", function(self, mean, std) return random.normal_(self, mean, std) end)
-def("uniform_", function(self, low, high) return random.uniform_(self, low, high) end)
+function Tensor:normal_(mean, std) return random.normal_(self, mean, std) end
+function Tensor:uniform_(low, high) return random.uniform_(self, low, high) end
 
 function M.randn(...)
   local shape, opts = shape_opts(...)

@@ -8,10 +8,19 @@ local C, check = rt.C, rt.check
 ffi.cdef "typedef struct sh_handle { sh_tensor *p; } sh_handle;"
 
 local M = {}
-local Tensor = {}            -- methods; other modules (ops, autograd) add to it
+-- Methods. Each is defined once, by the module that owns it: this one (queries, lifetime,
+-- copies), shard.ops (in-place and other non-differentiable math), shard.functional (the
+-- differentiable ops and views) and shard.autograd (backward, retain, zero_grad, ...).
+local Tensor = {}
 M.Tensor = Tensor
 
-local DTYPES = { [0] = "f64", "f32", "bf16", "f16", "i64", "i32", "u8", "bool" }
+-- dtype id -> name, from the runtime (dtype.h's enum, named by sh_dtype_name).
+local DTYPES = {}
+for id = 0, 63 do
+  local name = ffi.string(C.sh_dtype_name(id))
+  if name == "?" then break end
+  DTYPES[id] = name
+end
 M.default_dtype = "f32"
 M.default_device = "cpu"   -- shard.init picks cuda:N when a GPU is there
 
@@ -216,35 +225,34 @@ end
 function Tensor:alias() return new_from(C.sh_tensor_alias, self.p) end
 
 ---------------------------------------------------------------------------------------------
--- views
+-- views: the bindings of the sh_view_* calls (and contiguous/reshape, which copy only when
+-- they must). They record nothing; shard.functional makes the Tensor methods (t:view(...),
+-- t:narrow(...), ...) of them, differentiable.
 
-function Tensor:view(...) local n, s = shape_args(...); return new_from(C.sh_view_reshape, self.p, n, s) end
-function Tensor:reshape(...) local n, s = shape_args(...); return new_from(C.sh_tensor_reshape, self.p, n, s) end
-function Tensor:expand(...) local n, s = shape_args(...); return new_from(C.sh_view_expand, self.p, n, s) end
+local V = {}
+M.views = V
+function V.view(t, ...) local n, s = shape_args(...); return new_from(C.sh_view_reshape, t.p, n, s) end
+function V.reshape(t, ...) local n, s = shape_args(...); return new_from(C.sh_tensor_reshape, t.p, n, s) end
+function V.expand(t, ...) local n, s = shape_args(...); return new_from(C.sh_view_expand, t.p, n, s) end
 -- Dims are 1-based in Lua (negative counts from the end), 0-based in C.
-local function cdim(d, ndim_extra)
+local function cdim(d)
   if d < 0 then return d end
   if d == 0 then error("dims are 1-based: dim 0 does not exist", 3) end
   return d - 1
 end
-function Tensor:narrow(dim, start, length) return new_from(C.sh_view_narrow, self.p, cdim(dim), start - 1, length) end
-function Tensor:select(dim, index) return new_from(C.sh_view_select, self.p, cdim(dim), index < 0 and index or index - 1) end
-function Tensor:transpose(d0, d1) return new_from(C.sh_view_transpose, self.p, cdim(d0), cdim(d1)) end
-function Tensor:t()
-  if self.p.ndim ~= 2 then error("t(): needs a 2-D tensor, got " .. self:describe(), 2) end
-  return self:transpose(1, 2)
-end
-function Tensor:unsqueeze(dim) return new_from(C.sh_view_unsqueeze, self.p, cdim(dim)) end
-function Tensor:squeeze(dim) return new_from(C.sh_view_squeeze, self.p, cdim(dim)) end
-function Tensor:permute(...)
+function V.narrow(t, dim, start, length) return new_from(C.sh_view_narrow, t.p, cdim(dim), start - 1, length) end
+function V.select(t, dim, index) return new_from(C.sh_view_select, t.p, cdim(dim), index < 0 and index or index - 1) end
+function V.transpose(t, d0, d1) return new_from(C.sh_view_transpose, t.p, cdim(d0), cdim(d1)) end
+function V.unsqueeze(t, dim) return new_from(C.sh_view_unsqueeze, t.p, cdim(dim)) end
+function V.squeeze(t, dim) return new_from(C.sh_view_squeeze, t.p, cdim(dim)) end
+function V.permute(t, ...)
   local order = type((...)) == "table" and (...) or { ... }
-  if #order ~= self.p.ndim then error(("permute: %d dims given for %s"):format(#order, self:describe()), 2) end
+  if #order ~= t.p.ndim then error(("permute: %d dims given for %s"):format(#order, t:describe()), 2) end
   local perm = ffi.new("int[8]")
   for i = 1, #order do perm[i - 1] = cdim(order[i]) end
-  return new_from(C.sh_view_permute, self.p, perm)
+  return new_from(C.sh_view_permute, t.p, perm)
 end
-function Tensor:contiguous() return new_from(C.sh_tensor_contiguous, self.p) end
-function Tensor:flatten() return self:reshape(self:numel()) end
+function V.contiguous(t) return new_from(C.sh_tensor_contiguous, t.p) end
 
 ---------------------------------------------------------------------------------------------
 -- copies and conversions
@@ -291,9 +299,17 @@ end
 -- the metatype
 
 local mt = {}
+local complete = false   -- the modules defining the other methods are loaded
 function mt.__index(self, k)
   local m = Tensor[k]
   if m ~= nil then return m end
+  if not complete then
+    complete = true
+    require "shard.ops"
+    require "shard.functional"
+    m = Tensor[k]
+    if m ~= nil then return m end
+  end
   if type(k) == "number" then            -- t[i]: a view of row i, or a number for 1-D t
     local p = self.p
     if p.ndim == 0 then error("cannot index a 0-dim tensor; use :item()", 2) end
