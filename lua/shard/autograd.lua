@@ -57,7 +57,7 @@ end
 
 local function close_scope(list, ok, a, b, c)
   for _, t in ipairs(list) do
-    if t ~= a and t ~= b and t ~= c and not retained[t] then C.sh_tensor_release(t.p) end
+    if t ~= a and t ~= b and t ~= c and not retained[t] then t:free() end
   end
   if not ok then error(a, 0) end
   if arena then for _, r in ipairs({ a, b, c }) do if tensor.is_tensor(r) then arena[#arena + 1] = r end end end
@@ -102,7 +102,7 @@ function A.grad_buffer(t)
     local ok, g = pcall(tensor.zeros, t:shape(), { dtype = t:dtype(), device = t:device() })
     C.sh_mem_set_tag(old)
     if not ok then error(g, 0) end
-    check(C.sh_tensor_set_grad(t.p, g.p))
+    tensor.set_grad(t, g)
     g:free()
   end
   return tensor.borrow(t.p.grad)
@@ -118,7 +118,7 @@ local function accumulate(t, g)
   end
   if t.p.grad == nil then
     if g:dtype() ~= t:dtype() then local c = g:to(t:dtype()); g:free(); g = c end
-    check(C.sh_tensor_set_grad(t.p, g.p))
+    tensor.set_grad(t, g)
   else
     tensor.borrow(t.p.grad):add_(g)
   end
@@ -127,7 +127,7 @@ end
 A.accumulate = accumulate
 
 local function release(t)
-  if t and not retained[t] then C.sh_tensor_release(t.p) end
+  if t and not retained[t] then t:free() end
 end
 
 -- Runs one node's backward in its own scope: the temporaries the formula makes (what it
@@ -256,7 +256,8 @@ function A.checkpoint(fn, ...)
     local gins = {}
     for i, l in pairs(leaves) do
       if tensor.is_tensor(l) then
-        if ok and l.p.grad ~= nil then gins[i] = l.grad end
+        -- an alias of its own: l:free() ends l.grad's view
+        if ok and l.p.grad ~= nil then gins[i] = tensor.borrow(l.p.grad):alias() end
         l:free()
       end
     end
@@ -283,7 +284,7 @@ end
 
 function Tensor:zero_grad(set_to_none)
   if self.p.grad == nil then return end
-  if set_to_none == false then check(C.sh_tensor_fill_(self.p.grad, 0)) else check(C.sh_tensor_set_grad(self.p, nil)) end
+  if set_to_none == false then check(C.sh_tensor_fill_(self.p.grad, 0)) else tensor.set_grad(self, nil) end
 end
 
 function Tensor:detach() local a = self:alias(); a.p.requires_grad = 0; return a end

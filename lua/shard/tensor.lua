@@ -51,14 +51,12 @@ local function wrap(p)
 end
 M.wrap = wrap
 
--- A handle to a tensor owned by someone else (a .grad owned by its tensor): no finalizer.
+-- A handle to a tensor struct owned by someone else (a .grad owned by its tensor): no
+-- finalizer, no reference of its own. Only for use right away, within the call that made
+-- it (the struct goes when its owner replaces or frees it); t.grad is the form to keep.
 function M.borrow(p)
   return ffi.gc(Handle(p), nil)
 end
-
--- The C-side grad of t was replaced or dropped (by the runtime, e.g. a FlatParameter taking
--- the parameters' grads): nothing to do yet.
-function M.grad_changed(t) end
 
 -- Calls a C function whose first argument is an sh_tensor** out-parameter.
 local function new_from(fn, ...)
@@ -217,7 +215,56 @@ end
 ---------------------------------------------------------------------------------------------
 -- lifetime
 
+-- t.grad: a borrowed view of the gradient t owns (the C struct's .grad).
+-- Each tensor handle caches one alias of its grad, made on the first t.grad and handed out
+-- again while it still views that grad. The alias is ended (sh_tensor_release: its storage
+-- reference is dropped at once) when t is freed, when the grad is replaced or dropped
+-- (t.grad = g, zero_grad, shard.flatparam taking the parameters' grads: grad_changed), or
+-- when whoever holds it frees it; a later t.grad makes a fresh one. So a view kept past any
+-- of these fails with SH_ERR_FREED on use and never holds the gradient's memory, and
+-- nothing but the alias's small host struct is left to the GC, as for any handle.
+-- Why an alias and not a borrowed handle of the grad struct itself: that struct is
+-- destroyed whenever the grad is replaced or t is freed, so a handle to it kept by the
+-- caller would read freed host memory; the alias struct lives as long as its handle and is
+-- only ever emptied. Why cached: a new alias per access would hold the grad's storage
+-- until the GC found it.
+local grad_views = setmetatable({}, { __mode = "k" })   -- tensor handle -> its grad view
+
+local function end_grad_view(t)
+  local v = grad_views[t]
+  if v then grad_views[t] = nil; C.sh_tensor_release(v.p) end
+end
+
+-- t's C-side grad was replaced or dropped behind t.grad's back: end the view.
+M.grad_changed = end_grad_view
+
+local function same_view(a, b)
+  if a.storage ~= b.storage or a.offset ~= b.offset or a.dtype ~= b.dtype or a.ndim ~= b.ndim then return false end
+  for d = 0, a.ndim - 1 do
+    if a.shape[d] ~= b.shape[d] or a.stride[d] ~= b.stride[d] then return false end
+  end
+  return true
+end
+
+local function grad_view(t)
+  local g, v = t.p.grad, grad_views[t]
+  if v and g ~= nil and v.p.storage ~= nil and same_view(v.p, g) then return v end
+  if v then end_grad_view(t) end
+  if g == nil then return nil end
+  v = new_from(C.sh_tensor_alias, g)
+  grad_views[t] = v
+  return v
+end
+
+-- Sets (a view of g) or clears t's C-side grad.
+function M.set_grad(t, g)
+  check(C.sh_tensor_set_grad(t.p, g and g.p or nil), 3)
+  end_grad_view(t)
+end
+
+-- Drops the storage (and grad) now; the handle stays, and a later use is an error.
 function Tensor:free()
+  if grad_views[self] then end_grad_view(self) end
   C.sh_tensor_release(self.p)
   return nil
 end
@@ -320,9 +367,7 @@ function mt.__index(self, k)
     return self:select(1, i)
   end
   if k == "grad" then
-    local g = self.p.grad
-    if g == nil then return nil end
-    return new_from(C.sh_tensor_alias, g)
+    return grad_view(self)
   elseif k == "requires_grad" then
     return self.p.requires_grad ~= 0
   end
@@ -336,7 +381,7 @@ function mt.__newindex(self, k, v)
     if type(v) == "number" then check(C.sh_tensor_fill_(row.p, v), 2) else row:copy_(v) end
     row:free()
   elseif k == "grad" then
-    check(C.sh_tensor_set_grad(self.p, v and v.p or nil), 2)
+    M.set_grad(self, v)
   elseif k == "requires_grad" then
     self.p.requires_grad = v and 1 or 0
   else

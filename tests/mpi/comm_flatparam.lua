@@ -72,12 +72,25 @@ assert(fi.numel == 11 and fi.n_unique == 2 and fi.shard_numel == math.ceil(11 / 
 assert(a:is_freed(), "sharded parameters have no storage")
 assert(not pcall(function() return a:tolist() end), "using a resharded parameter is an error")
 assert(fp:slot(3).tied_to == 1, "tied")
-fp:unshard_start():unshard_wait()
+-- the gather state is the runtime's: sharded -> gathering -> unsharded, one all-gather
+assert(fp:state() == "sharded" and fi.state == "sharded", "state after create: " .. tostring(fp:state()))
+comm.reset_counts()
+fp:unshard_start()
+assert(fp:state() == "gathering", "state after unshard_start: " .. tostring(fp:state()))
+fp:unshard_start()              -- started already: nothing more
+fp:unshard_wait()
+assert(fp:state() == "unsharded" and fp:info().state == "unsharded", "state after unshard_wait: " .. tostring(fp:state()))
+fp:unshard_start()              -- unsharded already: nothing
+fp:unshard()
+assert(comm.count("all_gather") == 1, "one all-gather for one unshard, got " .. comm.count("all_gather"))
 assert(a:tolist()[2][3] == 6 and c[5] == 11, "unshard values")
 a.grad = shard.full({ 2, 3 }, rank + 1)
 c.grad = shard.full({ 5 }, 2 * (rank + 1))
+local a_grad = a.grad            -- a view of a's grad, which reduce_grad takes
 fp:reduce_grad_start("sum"):reduce_grad_wait()
+assert(a_grad:is_freed() and a.grad == nil, "reduce_grad took the grads, ending their views")
 fp:reshard()
+assert(fp:state() == "sharded", "state after reshard: " .. tostring(fp:state()))
 local g = fp:grad_shard()
 local S = fi.shard_numel
 local total = size * (size + 1) / 2

@@ -173,8 +173,82 @@ describe("tape", function()
     assert.equal(0, #shard.autograd.tape)
   end)
 
+  it("frees a backward formula's temporaries when it returns (a scope per node)", function()
+    local a = (shard.rand({ 64, 64 }) + 1):requires_grad_()
+    local b = (shard.rand({ 64, 64 }) + 1):requires_grad_()
+    collectgarbage("stop")       -- nothing may be left for the GC to free
+    local ok, err = pcall(function()
+      local before = shard.memory.stats().allocated
+      local l = (a / b):sum()    -- div's backward makes four temporaries
+      l:backward()
+      l:free()
+      assert.equal(before + 2 * 64 * 64 * 4, shard.memory.stats().allocated)   -- just the two grads
+    end)
+    collectgarbage("restart")
+    assert(ok, err)
+  end)
+
   it("backward of something not recorded is a clear error", function()
     local a = shard.randn({ 2 })
     assert.has_error(function() a:sum():backward() end)
+  end)
+end)
+
+describe("t.grad", function()
+  local function with_grad(n)
+    local a = shard.randn({ n, n }):requires_grad_()
+    local l = (a * 2):sum()
+    l:backward()
+    l:free()
+    return a
+  end
+
+  it("is one borrowed view: the same handle each time, allocating nothing", function()
+    local a = with_grad(16)
+    local before = shard.memory.stats().allocated
+    local g = a.grad
+    assert.is_true(rawequal(g, a.grad))
+    assert.equal(before, shard.memory.stats().allocated)
+    g:free()                       -- ends the view, not the gradient
+    assert.is_true(g:is_freed())
+    assert.equal(2, a.grad:tolist()[1][1])
+    assert.equal(before, shard.memory.stats().allocated)
+  end)
+
+  it("ends when the gradient goes, so a view kept never holds its memory", function()
+    local base = shard.memory.stats().allocated
+    local a = with_grad(64)
+    local kept = a.grad
+    a:zero_grad()
+    assert.is_true(kept:is_freed())
+    assert.is_nil(a.grad)
+    a:free()
+    assert.equal(base, shard.memory.stats().allocated)
+  end)
+
+  it("ends when the gradient is replaced or the tensor freed", function()
+    local a = with_grad(8)
+    local kept = a.grad
+    a.grad = shard.full({ 8, 8 }, 5)
+    assert.is_true(kept:is_freed())
+    assert.equal(5, a.grad:tolist()[8][8])
+    kept = a.grad
+    a:free()
+    assert.is_true(kept:is_freed())
+    assert.is_nil(a.grad)
+  end)
+
+  it("survives the GC running all the time", function()
+    local pause = collectgarbage("setpause", 0)
+    local ok, err = pcall(function()
+      local a = with_grad(8)
+      for _ = 1, 200 do
+        local g = a.grad
+        assert.equal(2, g:tolist()[3][4])
+        collectgarbage()
+      end
+    end)
+    collectgarbage("setpause", pause)
+    assert(ok, err)
   end)
 end)

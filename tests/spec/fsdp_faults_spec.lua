@@ -32,6 +32,30 @@ describe("fsdp.wrap", function()
     assert.is_truthy(fsdp.summary(model):find("(root)", 1, true))
   end)
 
+  it("closes the deferred-init context of a constructor it refused, and nests it", function()
+    local Pair = nn.Module:extend("Pair")
+    function Pair:init()
+      self:child("a", nn.Linear(4, 4))
+      self:child("b", nn.Linear(4, 4))
+      self.b:param("weight", self.a.weight)
+    end
+    assert.is_false(pcall(fsdp.wrap, function() return Pair() end, { policy = fsdp.policy.transformer{ nn.Linear } }))
+    assert.is_false(pcall(fsdp.wrap, function() error("no model today") end))
+    assert.is_false(nn.Linear(4, 4).weight:is_freed())          -- built eagerly again
+    local inner_recipes
+    local outer, recipes = nn.Module.deferred(function()
+      local m = nn.Linear(2, 2)
+      local _, r = nn.Module.deferred(function() return nn.Linear(3, 3) end)
+      inner_recipes = r
+      return m
+    end)
+    assert.is_true(outer.weight:is_freed() and recipes[outer.weight] ~= nil)
+    local n = 0
+    for _ in pairs(inner_recipes) do n = n + 1 end
+    assert.equal(2, n)                                          -- the inner build's weight and bias only
+    assert.is_nil(recipes[next(inner_recipes)])
+  end)
+
   it("refuses a world size the hybrid group does not divide", function()
     local ok, err = pcall(fsdp.wrap, tiny(), { strategy = "hybrid_shard", hybrid_group = 2 })
     assert.is_false(ok)
