@@ -1,7 +1,7 @@
 -- Tensor math from Lua (shard.ops): operators and methods against f64 references computed
 -- here in Lua, broadcasting, reductions over 1-based and negative dims, matmul shapes,
 -- in-place forms, arange and the seeded generator, and runtime errors as Lua errors.
--- Autograd replaces some methods with differentiable versions; `raw` reaches the bindings
+-- The methods are the differentiable ops of shard.functional; `raw` (shard.ops) reaches the bindings
 -- themselves where their behaviour is the point (tensor exponents, argmax over everything).
 local shard = require "shard"
 local raw = require("shard.ops").raw
