@@ -7,9 +7,8 @@
 --
 -- Ownership: the tape owns every tensor an op produced while recording. Tensors the user
 -- keeps past backward (besides the loss) must be kept with t:retain().
-local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
-local C, check = rt.C, rt.check
+local memory = require "shard.memory"
 local Tensor = tensor.Tensor
 
 local A = {}
@@ -98,10 +97,8 @@ function A.grad_buffer(t)
     return g
   end
   if t.p.grad == nil then
-    local old = C.sh_mem_set_tag(C.SH_TAG_GRAD)     -- memory stats count it as a gradient
-    local ok, g = pcall(tensor.zeros, t:shape(), { dtype = t:dtype(), device = t:device() })
-    C.sh_mem_set_tag(old)
-    if not ok then error(g, 0) end
+    -- memory stats count it as a gradient
+    local g = memory.with_tag("grad", tensor.zeros, t:shape(), { dtype = t:dtype(), device = t:device() })
     tensor.set_grad(t, g)
     g:free()
   end
@@ -284,7 +281,7 @@ end
 
 function Tensor:zero_grad(set_to_none)
   if self.p.grad == nil then return end
-  if set_to_none == false then check(C.sh_tensor_fill_(self.p.grad, 0)) else tensor.set_grad(self, nil) end
+  if set_to_none == false then tensor.borrow(self.p.grad):fill_(0) else tensor.set_grad(self, nil) end
 end
 
 function Tensor:detach() local a = self:alias(); a.p.requires_grad = 0; return a end

@@ -56,8 +56,7 @@ end
 -- g broadcast (copied) to the shape of t.
 local function expand_to(g, t)
   local out = track(tensor.empty(t:shape(), { dtype = g:dtype(), device = g:device() }))
-  check(C.sh_tensor_copy_(out.p, g.p))
-  return out
+  return out:copy_(g)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -180,7 +179,7 @@ local function reduce(opname)
         local r = expand_to(gk, a)
         if op == RED.mean then
           local n = dim == nil and a:numel() or a:size(dim)
-          check(C.sh_scale_(r.p, 1 / n))
+          r:scale_(1 / n)
         end
         return { r }
       end

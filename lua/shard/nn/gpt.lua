@@ -6,6 +6,7 @@ local L = require "shard.nn.layers"
 local F = require "shard.functional"
 local tensor = require "shard.tensor"
 local A = require "shard.autograd"
+local memory = require "shard.memory"
 local C = require("shard.ffi").C
 
 local G = {}
@@ -82,11 +83,7 @@ function G.GPT:forward(idx, targets)
   if T > self.config.block_size then
     error(("GPT: sequence length %d is longer than block_size %d"):format(T, self.config.block_size), 2)
   end
-  local old = C.sh_mem_set_tag(C.SH_TAG_ACTIVATION)
-  local ok, out = pcall(self.forward_tagged, self, idx, targets, B, T)
-  C.sh_mem_set_tag(old)
-  if not ok then error(out, 0) end
-  return out
+  return memory.with_tag("activation", self.forward_tagged, self, idx, targets, B, T)
 end
 
 -- The final hidden states [B, T, C].

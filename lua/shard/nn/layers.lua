@@ -21,7 +21,7 @@ end
 local function normal_param(shape, std) return random_param(shape, rt.C.sh_random_normal_, 0, std) end
 local function uniform_param(shape, low, high) return random_param(shape, rt.C.sh_random_uniform_, low, high) end
 local function const_param(shape, v)
-  return param_with(shape, function(t) rt.check(rt.C.sh_tensor_fill_(t.p, v)) end)
+  return param_with(shape, function(t) t:fill_(v) end)
 end
 L.normal_param, L.const_param = normal_param, const_param
 

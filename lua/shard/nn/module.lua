@@ -2,6 +2,7 @@
 -- order; named_parameters() walks them depth-first with dotted names, counting a tied
 -- parameter once (under its first name). Calling a module calls its forward.
 local tensor = require "shard.tensor"
+local memory = require "shard.memory"
 local C = require("shard.ffi").C
 
 local Module = {}
@@ -138,11 +139,7 @@ end
 
 -- Creates a parameter-tagged tensor (memory stats count it under "param").
 function Module.new_param(shape, opts)
-  local old = C.sh_mem_set_tag(C.SH_TAG_PARAM)
-  local ok, t = pcall(tensor.empty, shape, opts)
-  C.sh_mem_set_tag(old)
-  if not ok then error(t, 2) end
-  return t
+  return memory.with_tag("param", tensor.empty, shape, opts)
 end
 
 -- Deferred init. Module.deferred(build, ...) runs build(...) so that the parameters made

@@ -2,6 +2,7 @@
 -- schedules and gradient clipping. Each update is one fused C pass per tensor (optim.h).
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
+local memory = require "shard.memory"
 local C, check = rt.C, rt.check
 
 local O = {}
@@ -20,10 +21,7 @@ local function collect(params)
 end
 
 local function state_like(t)
-  local old = C.sh_mem_set_tag(C.SH_TAG_OPTIM)
-  local s = tensor.zeros(t:shape(), { dtype = "f32", device = t:device() })
-  C.sh_mem_set_tag(old)
-  return s
+  return memory.with_tag("optim", tensor.zeros, t:shape(), { dtype = "f32", device = t:device() })
 end
 
 -- The gradient of an entry: its own .grad (borrowed), or a view the owner (FSDP) hands out,
@@ -141,7 +139,7 @@ function O.clip_grad_norm(params, max_norm, norm_type, combine)
   local total = norm_type == 2 and math.sqrt(part) or part
   local coef = max_norm / (total + 1e-6)
   for i, g in ipairs(grads) do
-    if coef < 1 then check(C.sh_scale_(g.p, coef)) end
+    if coef < 1 then g:scale_(coef) end
     if owned[i] then g:free() end
   end
   return total
