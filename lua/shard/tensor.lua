@@ -1,6 +1,7 @@
 -- shard.tensor: the Tensor type. A tensor is an FFI struct (sh_handle) holding the one
 -- pointer to its C sh_tensor; the struct's metatype gives it methods, operators, indexing
--- and a __gc that is only a backstop: :free() releases the storage at once.
+-- and a __gc that is only a backstop: :free() releases the storage at once. Who owns what,
+-- and when it is freed: docs/OWNERSHIP.md.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local C, check = rt.C, rt.check
