@@ -99,3 +99,10 @@ static inline uint16_t sh_nn_f32_to_bf16(float x) {
   uint32_t nan = (v.u >> 16) | 0x40u;
   return (uint16_t)(x != x ? nan : rounded);
 }
+
+/* A float tensor on the op's device (sh_check_on, then sh_nn_check_float): how a front checks
+ * every tensor argument after its first. */
+static inline int sh_nn_check_float_on(const sh_tensor *t, int device, const char *op, const char *name) {
+  int rc = sh_check_on(t, device, op, name);
+  return rc ? rc : sh_nn_check_float(t, op, name);
+}
