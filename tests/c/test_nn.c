@@ -15,6 +15,7 @@
 #include "tensor.h"
 #include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
 #include "optim.h"
+#include "ops.h"
 #include "philox_internal.h"
 #include <math.h>
 #include <stdint.h>
@@ -331,6 +332,80 @@ static void test_norms(void) {
   CHECK(y == NULL && m == NULL && r == NULL, "layernorm: outputs must be NULL after an error");
   CHECK_FAILS(sh_rmsnorm_forward(&y, &r, x, NULL, -1), SH_ERR_ARG, "eps");
   sh_tensor_destroy(x); sh_tensor_destroy(w);
+}
+
+/* layernorm_residual: r = x + res and y = layernorm(r). Against the composition (an add,
+ * then layernorm: the same bits, which is what the CPU kernel is), and against f64: r
+ * against x + res, y, mean and rstd against the f64 layernorm of r as stored. res is a
+ * transposed view when strided. bf16 outputs are rounded to 8 bits: 8e-3 of their max. */
+static void test_layernorm_residual_case(int64_t rows, int64_t C, int dtype, int has_w, int has_b, int strided) {
+  norm_ctx c = {rows, C, 1, has_w, has_b, 1e-5};
+  int64_t n = rows * C, xs[2] = {rows, C}, ts[2] = {C, rows}, cs[1] = {C};
+  double *xv = rvec(n, -2, 3), *resv = rvec(n, -1, 1), *w = rvec(C, 0.5, 1.5), *b = rvec(C, -1, 1);
+  round_f32(w, C); round_f32(b, C);
+  sh_tensor *tx = mk(2, xs, dtype, xv), *tw = mkf(1, cs, w), *tb = mkf(1, cs, b), *resbuf = NULL, *tres = NULL;
+  if (strided) {
+    double *resT = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < rows; i++) for (int64_t j = 0; j < C; j++) resT[j * rows + i] = resv[i * C + j];
+    resbuf = mk(2, ts, dtype, resT);
+    CHECK_OK(sh_view_transpose(&tres, resbuf, 0, 1));
+    free(resT);
+  } else tres = mk(2, xs, dtype, resv);
+  const sh_tensor *pw = has_w ? tw : NULL, *pb = has_b ? tb : NULL;
+  char what[120];
+  snprintf(what, sizeof what, "layernorm_residual rows=%lld C=%lld %s w=%d b=%d strided=%d", (long long)rows,
+           (long long)C, sh_dtype_name(dtype), has_w, has_b, strided);
+
+  sh_tensor *y = NULL, *r = NULL, *mean = NULL, *rstd = NULL, *sum = NULL, *y2 = NULL, *m2 = NULL, *rs2 = NULL;
+  CHECK_OK(sh_layernorm_residual_forward(&y, &r, &mean, &rstd, tx, tres, pw, pb, c.eps));
+  CHECK_OK(sh_binary(&sum, SH_OP_ADD, tx, tres));
+  CHECK_OK(sh_layernorm_forward(&y2, &m2, &rs2, sum, pw, pb, c.eps));
+  if (!y || !r || !mean || !rstd || !sum || !y2 || !m2 || !rs2) return;
+  CHECK(y->dtype == dtype && r->dtype == dtype && mean->dtype == SH_F32 && rstd->dtype == SH_F32,
+        "%s: output dtypes %d %d %d %d", what, y->dtype, r->dtype, mean->dtype, rstd->dtype);
+  double *xq = rd(tx), *resq = rd(tres), *rv = rd(r), *sumv = rd(sum), *y2v = rd(y2), *m2v = rd(m2), *rs2v = rd(rs2);
+  check_vals("layernorm_residual r = the add", r, sumv, 0);
+  check_vals("layernorm_residual y = the composition", y, y2v, 0);
+  check_vals("layernorm_residual mean = the composition", mean, m2v, 0);
+  check_vals("layernorm_residual rstd = the composition", rstd, rs2v, 0);
+
+  double tol = dtype == SH_BF16 ? 8e-3 : TOL;
+  double *exact = malloc(sizeof(double) * (size_t)n), *yref = malloc(sizeof(double) * (size_t)n);
+  double *mref = malloc(sizeof(double) * (size_t)rows), *rref = malloc(sizeof(double) * (size_t)rows);
+  for (int64_t i = 0; i < n; i++) exact[i] = xq[i] + resq[i];
+  check_vals(what, r, exact, tol);
+  double *in[3] = {rv, w, b};
+  norm_ref(&c, in, yref);
+  for (int64_t i = 0; i < rows; i++) norm_stats(&c, rv, i, &mref[i], &rref[i]);
+  check_vals(what, y, yref, tol);
+  check_vals("layernorm_residual mean", mean, mref, TOL);
+  check_vals("layernorm_residual rstd", rstd, rref, TOL);
+
+  sh_tensor *outs[] = {y, r, mean, rstd, sum, y2, m2, rs2, tx, tw, tb, tres, resbuf};
+  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) sh_tensor_destroy(outs[i]);
+  double *bufs[] = {xv, resv, w, b, xq, resq, rv, sumv, y2v, m2v, rs2v, exact, yref, mref, rref};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+static void test_layernorm_residual(void) {
+  test_layernorm_residual_case(6, 7, SH_F32, 1, 1, 0);
+  test_layernorm_residual_case(5, 3, SH_F32, 0, 0, 1);
+  test_layernorm_residual_case(9, 33, SH_BF16, 1, 0, 0);
+  test_layernorm_residual_case(768, 128, SH_F32, 1, 1, 1);   /* threaded */
+  test_layernorm_residual_case(64, 96, SH_BF16, 1, 1, 1);
+
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *res = mkf(2, (int64_t[]){5, 3}, NULL), *w = mkf(1, (int64_t[]){4}, NULL);
+  sh_tensor *y = NULL, *r = NULL, *m = NULL, *s = NULL;
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, NULL, NULL, NULL, 1e-5), SH_ERR_ARG, "res is missing");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, res, NULL, NULL, 1e-5), SH_ERR_ARG,
+              "res and x must have the same shape, got f32[5,3]");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, x, w, NULL, 1e-5), SH_ERR_ARG, "w must have shape [5], got f32[4]");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, x, NULL, NULL, -1), SH_ERR_ARG, "eps");
+  CHECK(y == NULL && r == NULL && m == NULL && s == NULL, "layernorm_residual: outputs must be NULL after an error");
+  /* r and mean may be skipped */
+  CHECK_OK(sh_layernorm_residual_forward(&y, NULL, NULL, &s, x, x, NULL, NULL, 1e-5));
+  sh_tensor_destroy(y); sh_tensor_destroy(s);
+  sh_tensor_destroy(x); sh_tensor_destroy(res); sh_tensor_destroy(w);
 }
 
 /* ---- elementwise activations and softmax ------------------------------------------------ */
@@ -854,6 +929,7 @@ static void test_optim(void) {
 int main(void) {
   test_linear();
   test_norms();
+  test_layernorm_residual();
   test_activations();
   test_dropout();
   test_attention();
