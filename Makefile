@@ -66,12 +66,12 @@ $(HOST): runtime/host.c $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p bin
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -Wl,--push-state,--no-as-needed -lreadline -Wl,--pop-state $(LIBS) -ldl
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
 # CUDA op tests (tests/gpu): built with the same objects, run by `make test-gpu` on a GPU.
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
