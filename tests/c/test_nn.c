@@ -510,6 +510,98 @@ static void test_activations(void) {
   sh_tensor_destroy(a); sh_tensor_destroy(b); sh_tensor_destroy(i);
 }
 
+/* ---- linear fused with gelu ------------------------------------------------------------- */
+
+static double gelu64_grad(double x) {
+  double k = sqrt(2 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+/* On the CPU a fusion is its composition: the same values, bit for bit. */
+static void check_same(const char *what, const sh_tensor *t, const sh_tensor *ref) {
+  int64_t n = sh_tensor_numel(t), bad = t->dtype != ref->dtype || sh_tensor_numel(ref) != n;
+  double *v = rd(t), *r = rd(ref);
+  for (int64_t i = 0; !bad && i < n; i++) bad = memcmp(&v[i], &r[i], sizeof(double)) != 0;
+  CHECK(!bad, "%s: differs from the composition", what);
+  free(v); free(r);
+}
+
+/* x [A, M/A, K] in xdtype, w [N, K], b [N]: pre = x w^T + b and y = gelu(pre). Then the
+ * backward of a projection w2 [P, N] of y (an MLP's second linear): dpre = (dy2 @ w2) *
+ * gelu'(pre), dw2 += dy2^T y, db2 += colsum(dy2). Each against its composition and an f64
+ * reference computed from the values the kernels saw. */
+static void test_linear_gelu_case(int64_t A, int64_t M, int64_t K, int64_t N, int64_t P, int xdtype) {
+  double tol = xdtype == SH_BF16 ? 1.6e-2 : TOL;  /* bf16 outputs: 8 bits of mantissa, rounded twice */
+  double *x = rvec(M * K, -1, 1), *w = rvec(N * K, -1, 1), *b = rvec(N, -1, 1);
+  double *w2 = rvec(P * N, -1, 1), *r = rvec(M * P, -1, 1);
+  round_f32(x, M * K); round_f32(w, N * K); round_f32(b, N); round_f32(w2, P * N); round_f32(r, M * P);
+  int64_t xs[3] = {A, M / A, K}, hs[3] = {A, M / A, N}, ys[3] = {A, M / A, P};
+  sh_tensor *tx = mk(3, xs, xdtype, x), *tw = mkf(2, (int64_t[]){N, K}, w), *tb = mkf(1, (int64_t[]){N}, b);
+  sh_tensor *tw2 = mkf(2, (int64_t[]){P, N}, w2), *tr = mkf(3, ys, r);
+  char what[120];
+  snprintf(what, sizeof what, "linear_gelu M=%lld K=%lld N=%lld P=%lld %s", (long long)M, (long long)K, (long long)N,
+           (long long)P, xdtype == SH_BF16 ? "bf16" : "f32");
+
+  /* forward */
+  sh_tensor *y = NULL, *pre = NULL, *cpre = NULL, *cy = NULL;
+  CHECK_OK(sh_linear_gelu_forward(&y, &pre, tx, tw, tb));
+  CHECK_OK(sh_linear_forward(&cpre, tx, tw, tb));
+  CHECK_OK(sh_gelu_forward(&cy, cpre));
+  if (!y || !pre) return;
+  check_same(what, pre, cpre);
+  check_same(what, y, cy);
+  double *xs64 = rd(tx), *pre64 = malloc(sizeof(double) * (size_t)(M * N)), *y64 = malloc(sizeof(double) * (size_t)(M * N));
+  lin_ctx c = {M, K, N, 1};
+  lin_ref(&c, (double *[]){xs64, w, b}, pre64);
+  for (int64_t i = 0; i < M * N; i++) y64[i] = gelu64(pre64[i]);
+  check_vals("linear_gelu pre vs f64", pre, pre64, tol);
+  check_vals("linear_gelu y vs f64", y, y64, tol);
+
+  /* backward through the projection of y, dw2 and db2 accumulating from zero */
+  sh_tensor *dw2 = mkf(2, (int64_t[]){P, N}, NULL), *db2 = mkf(1, (int64_t[]){P}, NULL);
+  sh_tensor *cdw2 = mkf(2, (int64_t[]){P, N}, NULL), *cdb2 = mkf(1, (int64_t[]){P}, NULL);
+  sh_tensor *dpre = NULL, *cdh = NULL, *cdpre = NULL;
+  CHECK_OK(sh_linear_backward_dgelu(&dpre, dw2, db2, tr, y, tw2, pre));
+  CHECK_OK(sh_linear_backward(&cdh, cdw2, cdb2, tr, y, tw2));
+  CHECK_OK(sh_gelu_backward(&cdpre, cdh, pre));
+  CHECK(!dpre || (dpre->dtype == xdtype && dpre->ndim == 3 && dpre->shape[2] == N), "%s: dpre is x's dtype, pre's shape", what);
+  if (dpre) check_same(what, dpre, cdpre);
+  check_same(what, dw2, cdw2);
+  check_same(what, db2, cdb2);
+  double *h = rd(y), *p = rd(pre), *dh = malloc(sizeof(double) * (size_t)(M * N));
+  double *dw = malloc(sizeof(double) * (size_t)(P * N)), *db = malloc(sizeof(double) * (size_t)P);
+  lin_ctx c2 = {M, N, P, 1};
+  lin_ref_bwd(&c2, (double *[]){h, w2, NULL}, r, dh, dw, db);
+  for (int64_t i = 0; i < M * N; i++) dh[i] *= gelu64_grad(p[i]);
+  if (dpre) check_tensor("linear_backward_dgelu dpre vs f64", dpre, dh, 3, hs, tol);
+  check_vals("linear_backward_dgelu dw vs f64", dw2, dw, TOL);
+  check_vals("linear_backward_dgelu db vs f64", db2, db, TOL);
+
+  sh_tensor *ts[] = {tx, tw, tb, tw2, tr, y, pre, cpre, cy, dw2, db2, cdw2, cdb2, cdh, cdpre};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sh_tensor_destroy(ts[i]);
+  double *vs[] = {x, w, b, w2, r, xs64, pre64, y64, h, p, dh, dw, db};
+  for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) free(vs[i]);
+}
+
+static void test_linear_gelu(void) {
+  test_linear_gelu_case(2, 6, 5, 4, 3, SH_F32);
+  test_linear_gelu_case(3, 3 * 65, 33, 17, 9, SH_F32);   /* threaded, ragged */
+  test_linear_gelu_case(2, 8, 16, 12, 5, SH_BF16);
+
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(2, (int64_t[]){4, 5}, NULL), *b3 = mkf(1, (int64_t[]){3}, NULL);
+  sh_tensor *dy = mkf(2, (int64_t[]){3, 4}, NULL), *pre = mkf(2, (int64_t[]){3, 4}, NULL);
+  sh_tensor *y = (sh_tensor *)1, *p = (sh_tensor *)1, *d = (sh_tensor *)1;
+  CHECK_FAILS(sh_linear_gelu_forward(&y, &p, x, w, b3), SH_ERR_ARG, "linear_gelu: b must have shape [4]");
+  CHECK(y == NULL && p == NULL, "linear_gelu: outputs must be NULL after an error");
+  CHECK_FAILS(sh_linear_gelu_forward(&y, NULL, x, w, NULL), SH_ERR_ARG, "linear_gelu: pre is an output");
+  CHECK_FAILS(sh_linear_backward_dgelu(NULL, NULL, NULL, dy, x, w, pre), SH_ERR_ARG, "dpre is the point of this op");
+  CHECK_FAILS(sh_linear_backward_dgelu(&d, NULL, NULL, dy, x, w, NULL), SH_ERR_ARG, "linear_backward_dgelu: pre is missing");
+  CHECK(d == NULL, "linear_backward_dgelu: dpre must be NULL after an error");
+  CHECK_FAILS(sh_linear_backward_dgelu(&d, NULL, NULL, dy, x, w, dy), SH_ERR_ARG,
+              "linear_backward_dgelu: pre and x must have the same shape, got f32[3,4] cpu and f32[3,5] cpu");
+  sh_tensor_destroy(x); sh_tensor_destroy(w); sh_tensor_destroy(b3); sh_tensor_destroy(dy); sh_tensor_destroy(pre);
+}
+
 /* ---- dropout --------------------------------------------------------------------------- */
 
 static void test_dropout_case(int64_t n, double p, uint64_t seed, uint64_t offset) {
@@ -931,6 +1023,7 @@ int main(void) {
   test_norms();
   test_layernorm_residual();
   test_activations();
+  test_linear_gelu();
   test_dropout();
   test_attention();
   test_embedding();
