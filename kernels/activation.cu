@@ -107,13 +107,6 @@ static int cuda_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *d
   return run_act("swiglu_backward", ACT_SWIGLU_B, da, db, a, dy, b);
 }
 
-/* TRANSITION: kernels/matmul.cu's unfused gelu paths still call these; they go when it
- * calls the public ops (or the table) instead. */
-extern "C" int sh_cuda_gelu_forward(sh_tensor **y, const sh_tensor *x) { return sh_gelu_forward(y, x); }
-extern "C" int sh_cuda_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
-  return sh_gelu_backward(dx, dy, x);
-}
-
 /* ---- softmax ----------------------------------------------------------------------------- */
 
 template <typename T>

@@ -348,8 +348,3 @@ int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src) {
   return rc ? sh_fail_context("%s: ", op) : SH_OK;
 }
 
-/* TRANSITION: matmul.cu, reduce.cu, layernorm.cu and embedding.cu still call these; they go
- * once those files use the public ops (or the table) instead. */
-extern "C" int sh_cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return sh_tensor_copy_(dst, src); }
-extern "C" int sh_cuda_fill_(sh_tensor *t, double value) { return sh_tensor_fill_(t, value); }
-extern "C" int sh_cuda_scale_(sh_tensor *dst, double alpha) { return sh_scale_(dst, alpha); }

@@ -84,26 +84,6 @@ static int cuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, u
   return dropout("dropout_backward", dx, dy, p, seed, offset);
 }
 
-/* TRANSITION: nn_activation.c's dropout front calls these until it dispatches through the
- * table; then they go. They check and allocate as that front will. */
-static int dropout_legacy(const char *op, sh_tensor **out, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  *out = NULL;
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  if (!(p >= 0 && p < 1)) return sh_fail(SH_ERR_ARG, "%s: p must be in [0, 1), got %g", op, p);
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), x->ndim, x->shape, x->dtype, x->device));
-  SH_TRY(dropout(op, o.t, x, p, seed, offset));
-  *out = o.take();
-  return SH_OK;
-}
-
-extern "C" int sh_cuda_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  return dropout_legacy("dropout", y, x, p, seed, offset);
-}
-extern "C" int sh_cuda_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
-  return dropout_legacy("dropout_backward", dx, dy, p, seed, offset);
-}
-
 /* ---- arange -------------------------------------------------------------------------------- */
 
 __global__ void arange_kernel(char *base, int dtype, int64_t n, double start, double step) {
