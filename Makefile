@@ -21,15 +21,13 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nv
 NVFLAGS   ?= -O2 -std=c++17 -Xcompiler -fPIC -Iruntime -Ikernels \
              -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 
-RUNTIME_SRC := $(filter-out runtime/host.c runtime/cuda_none.c,$(wildcard runtime/*.c))
+RUNTIME_SRC := $(filter-out runtime/host.c,$(wildcard runtime/*.c))
 RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
 ifneq ($(NVCC),)
   CUDA_SRC  := $(wildcard kernels/*.cu)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
-else
-  CUDA_OBJ  := $(BUILD)/runtime/cuda_none.o
 endif
 LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
 
@@ -66,12 +64,12 @@ $(HOST): runtime/host.c $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p bin
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -Wl,--push-state,--no-as-needed -lreadline -Wl,--pop-state $(LIBS) -ldl
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
 # CUDA op tests (tests/gpu): built with the same objects, run by `make test-gpu` on a GPU.
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 

@@ -55,32 +55,25 @@ __global__ void act_kernel(int op, const T *x, const T *u, const T *w, T *o0, T 
   }
 }
 
-/* Stages the inputs to x's dtype and contiguity, allocates the outputs in x's dtype and
- * launches. out1 may be NULL (one output); in the swiglu backward either may be. */
-static int run_act(const char *op, int act, sh_tensor **out0, sh_tensor **out1, const sh_tensor *x,
+/* The table's pointwise kernels (runtime/nn_activation.c checked the arguments and
+ * allocated the outputs, contiguous, of x's shape). Stages the inputs to x's dtype and
+ * contiguity and launches; out1 may be NULL (one output), and in the swiglu backward either
+ * may be. out0 has x's dtype; out1 (swiglu's db) has b's, so it goes through a scratch of
+ * x's dtype when they differ. */
+static int run_act(const char *op, int act, sh_tensor *out0, sh_tensor *out1, const sh_tensor *x,
                    const sh_tensor *u, const sh_tensor *w) {
-  if (out0) *out0 = NULL;
-  if (out1) *out1 = NULL;
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  const sh_tensor *in[2] = {u, w};
-  for (int k = 0; k < 2; k++) {
-    if (!in[k]) continue;
-    SH_TRY(sh_cuda_check_float(in[k], op, k ? "b" : "dy", x->device));
-    if (in[k]->ndim != x->ndim || memcmp(in[k]->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
-      return sh_fail(SH_ERR_ARG, "%s: %s and %s must have the same shape", op, sh_desc(x), sh_desc(in[k]));
-  }
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, x->device, &st));
-  sh_tguard xc, uc, wc, o0, o1;
+  sh_tguard xc, uc, wc, o1c;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
   if (u) SH_TRY(sh_cuda_contiguous_as(uc.out(), u, x->dtype));
   if (w) SH_TRY(sh_cuda_contiguous_as(wc.out(), w, x->dtype));
-  if (out0) SH_TRY(sh_tensor_empty(o0.out(), x->ndim, x->shape, x->dtype, x->device));
-  if (out1) SH_TRY(sh_tensor_empty(o1.out(), x->ndim, x->shape, x->dtype, x->device));
+  if (out1 && out1->dtype != x->dtype) SH_TRY(sh_tensor_empty(o1c.out(), x->ndim, x->shape, x->dtype, x->device));
+  sh_tensor *o1 = o1c.t ? o1c.t : out1;
   int64_t n = sh_tensor_numel(x);
   if (n > 0) {
     const void *px = sh_tensor_data(xc.t), *pu = uc.t ? sh_tensor_data(uc.t) : NULL, *pw = wc.t ? sh_tensor_data(wc.t) : NULL;
-    void *p0 = o0.t ? sh_tensor_data(o0.t) : NULL, *p1 = o1.t ? sh_tensor_data(o1.t) : NULL;
+    void *p0 = out0 ? sh_tensor_data(out0) : NULL, *p1 = o1 ? sh_tensor_data(o1) : NULL;
     int vec = sh_aligned16(px) && (!pu || sh_aligned16(pu)) && (!pw || sh_aligned16(pw)) &&
               (!p0 || sh_aligned16(p0)) && (!p1 || sh_aligned16(p1));
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
@@ -90,28 +83,27 @@ static int run_act(const char *op, int act, sh_tensor **out0, sh_tensor **out1, 
     });
     CU_LAUNCHED(op);
   }
-  if (out0) *out0 = o0.take();
-  if (out1) *out1 = o1.take();
+  if (o1c.t) SH_TRY(sh_tensor_copy_(out1, o1c.t));
   return SH_OK;
 }
 
-extern "C" int sh_cuda_gelu_forward(sh_tensor **y, const sh_tensor *x) {
+static int cuda_gelu_forward(sh_tensor *y, const sh_tensor *x) {
   return run_act("gelu", ACT_GELU_F, y, NULL, x, NULL, NULL);
 }
-extern "C" int sh_cuda_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+static int cuda_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   return run_act("gelu_backward", ACT_GELU_B, dx, NULL, x, dy, NULL);
 }
-extern "C" int sh_cuda_silu_forward(sh_tensor **y, const sh_tensor *x) {
+static int cuda_silu_forward(sh_tensor *y, const sh_tensor *x) {
   return run_act("silu", ACT_SILU_F, y, NULL, x, NULL, NULL);
 }
-extern "C" int sh_cuda_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+static int cuda_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   return run_act("silu_backward", ACT_SILU_B, dx, NULL, x, dy, NULL);
 }
-extern "C" int sh_cuda_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
+static int cuda_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   return run_act("swiglu", ACT_SWIGLU_F, y, NULL, a, b, NULL);
 }
-extern "C" int sh_cuda_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a,
-                                       const sh_tensor *b) {
+static int cuda_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
+                                const sh_tensor *b) {
   return run_act("swiglu_backward", ACT_SWIGLU_B, da, db, a, dy, b);
 }
 
@@ -144,40 +136,40 @@ __global__ void softmax_bwd_kernel(const T *dy, const T *y, T *dx, int64_t C) {
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dxr[i] = from_f<T>(to_f(yr[i]) * (to_f(dyr[i]) - s));
 }
 
-static int softmax_run(const char *op, sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
-  *out = NULL;
-  SH_TRY(sh_cuda_check_float(a, op, "x", a ? a->device : -1));
-  if (b) {
-    SH_TRY(sh_cuda_check_float(b, op, "y", a->device));
-    if (b->ndim != a->ndim || memcmp(b->shape, a->shape, sizeof(int64_t) * a->ndim) != 0)
-      return sh_fail(SH_ERR_ARG, "%s: dy %s and y %s must have the same shape", op, sh_desc(a), sh_desc(b));
-  }
+/* backward (b = y given): a = dy, and dx takes y's dtype */
+static int softmax_run(const char *op, sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, a->device, &st));
-  int dt = b ? b->dtype : a->dtype;   /* backward: dx takes y's dtype */
-  sh_tguard ac, bc, o;
+  int dt = out->dtype;
+  sh_tguard ac, bc;
   SH_TRY(sh_cuda_contiguous_as(ac.out(), a, dt));
   if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, dt));
-  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, dt, a->device));
-  int64_t C = a->ndim ? a->shape[a->ndim - 1] : 1, rows = C ? sh_tensor_numel(a) / C : 0;
+  int64_t C = a->shape[a->ndim - 1], rows = C ? sh_tensor_numel(a) / C : 0;
   int threads = C >= 1024 ? 512 : C >= 256 ? 256 : 64;
   for (int64_t r0 = 0; r0 < rows; r0 += 2147483647LL) {
     unsigned nb = (unsigned)sh_min64(2147483647LL, rows - r0);
     SH_DISPATCH_FLOAT(dt, T, op, {
       if (b) softmax_bwd_kernel<T><<<nb, threads, 0, st>>>((const T *)sh_tensor_data(ac.t) + r0 * C,
-                                                           (const T *)sh_tensor_data(bc.t) + r0 * C, (T *)sh_tensor_data(o.t) + r0 * C, C);
-      else softmax_fwd_kernel<T><<<nb, threads, 0, st>>>((const T *)sh_tensor_data(ac.t) + r0 * C, (T *)sh_tensor_data(o.t) + r0 * C, C);
+                                                           (const T *)sh_tensor_data(bc.t) + r0 * C, (T *)sh_tensor_data(out) + r0 * C, C);
+      else softmax_fwd_kernel<T><<<nb, threads, 0, st>>>((const T *)sh_tensor_data(ac.t) + r0 * C, (T *)sh_tensor_data(out) + r0 * C, C);
     });
     CU_LAUNCHED(op);
   }
-  *out = o.take();
   return SH_OK;
 }
 
-extern "C" int sh_cuda_softmax_forward(sh_tensor **y, const sh_tensor *x) { return softmax_run("softmax", y, x, NULL); }
-extern "C" int sh_cuda_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
+static int cuda_softmax_forward(sh_tensor *y, const sh_tensor *x) { return softmax_run("softmax", y, x, NULL); }
+static int cuda_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
   return softmax_run("softmax_backward", dx, dy, y);
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_activation_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_activation_register_cuda(sh_backend *b) {
+  b->gelu_forward = cuda_gelu_forward;
+  b->gelu_backward = cuda_gelu_backward;
+  b->silu_forward = cuda_silu_forward;
+  b->silu_backward = cuda_silu_backward;
+  b->swiglu_forward = cuda_swiglu_forward;
+  b->swiglu_backward = cuda_swiglu_backward;
+  b->softmax_forward = cuda_softmax_forward;
+  b->softmax_backward = cuda_softmax_backward;
+}

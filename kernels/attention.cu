@@ -401,13 +401,6 @@ __global__ void attn_bwd_kv_simple_kernel(const T *q, const T *k, const T *v, co
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-static int check_qkv(const char *op, const sh_tensor *t, const char *name, const sh_tensor *q) {
-  SH_TRY(sh_cuda_check_float(t, op, name, q->device));
-  if (t->ndim != 4 || memcmp(t->shape, q->shape, sizeof(int64_t) * 4) != 0)
-    return sh_fail(SH_ERR_ARG, "%s: %s must be [B, H, T, D] like q %s, got %s", op, name, sh_desc(q), sh_desc(t));
-  return SH_OK;
-}
-
 /* The tensor-core path reads a view in place when its rows are 16-byte aligned. */
 static bool tc_readable(const sh_tensor *t) {
   return t->dtype == SH_BF16 && t->stride[3] == 1 && sh_aligned16(sh_tensor_data(t)) && t->stride[0] % 8 == 0 &&
@@ -435,137 +428,153 @@ static int tc_smem(const char *op, int device, int D, size_t *bytes) {
   return SH_OK;
 }
 
-extern "C" int sh_cuda_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
-                                         const sh_tensor *v, double scale) {
-  const char *op = "attention";
-  *out = NULL;
-  *lse = NULL;
-  SH_TRY(sh_cuda_check_float(q, op, "q", q ? q->device : -1));
-  if (q->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: q must be [B, H, T, D], got %s", op, sh_desc(q));
-  SH_TRY(check_qkv(op, k, "k", q));
-  SH_TRY(check_qkv(op, v, "v", q));
-  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
-  float sc = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(D > 0 ? D : 1)));
-  cudaStream_t st;
-  SH_TRY(sh_cuda_enter(op, q->device, &st));
-  sh_tguard o, l, qc, kc, vc;
-  SH_TRY(sh_tensor_empty(o.out(), 4, q->shape, q->dtype, q->device));
-  SH_TRY(sh_tensor_empty(l.out(), 3, q->shape, SH_F32, q->device));
-  int64_t rows = B * H * T;
-  if (rows > 0 && D > 0) {
-    if (use_tc(q)) {
-      const sh_tensor *Q, *K, *V;
-      SH_TRY(tc_input(qc, q, &Q));
-      SH_TRY(tc_input(kc, k, &K));
-      SH_TRY(tc_input(vc, v, &V));
-      size_t smem;
-      SH_TRY(tc_smem(op, q->device, (int)D, &smem));
-      CU_TRY(op, cudaFuncSetAttribute(attn_fwd_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(B * H));
-      attn_fwd_tc_kernel<<<grid, AT_THREADS, smem, st>>>(
-          (const __nv_bfloat16 *)sh_tensor_data(Q), (const __nv_bfloat16 *)sh_tensor_data(K), (const __nv_bfloat16 *)sh_tensor_data(V),
-          view_of(Q), view_of(K), view_of(V), (__nv_bfloat16 *)sh_tensor_data(o.t), (float *)sh_tensor_data(l.t), (int)H, T, (int)D, sc);
-      CU_LAUNCHED(op);
-    } else {
-      if (D > SIMPLE_MAX_D) return sh_fail(SH_ERR_ARG, "%s: head size %lld is above the cuda kernel's %d", op, (long long)D, SIMPLE_MAX_D);
-      SH_TRY(sh_cuda_contiguous_as(qc.out(), q, q->dtype));
-      SH_TRY(sh_cuda_contiguous_as(kc.out(), k, q->dtype));
-      SH_TRY(sh_cuda_contiguous_as(vc.out(), v, q->dtype));
-      unsigned blocks = (unsigned)((rows + 7) / 8);
-      SH_DISPATCH_FLOAT(q->dtype, Tt, op, {
-        attn_fwd_simple_kernel<Tt><<<blocks, 256, 0, st>>>((const Tt *)sh_tensor_data(qc.t), (const Tt *)sh_tensor_data(kc.t),
-                                                           (const Tt *)sh_tensor_data(vc.t), (Tt *)sh_tensor_data(o.t),
-                                                           (float *)sh_tensor_data(l.t), rows, T, (int)D, sc);
-      });
-      CU_LAUNCHED(op);
-    }
-  }
-  *out = o.take();
-  *lse = l.take();
+/* The tensor-core kernels put (b, h) on grid.y, which CUDA caps at 65535: they are launched
+ * on *per_launch whole batches at a time, with every pointer moved to the first one. */
+static int tc_batches(const char *op, const sh_tensor *q, int64_t *per_launch) {
+  enum { GRID_Y_MAX = 65535 };
+  if (q->shape[1] > GRID_Y_MAX)
+    return sh_fail(SH_ERR_ARG, "%s: q %s has more heads than the cuda kernel's grid allows (%d)", op, sh_desc(q), GRID_Y_MAX);
+  *per_launch = GRID_Y_MAX / q->shape[1];
   return SH_OK;
 }
 
-extern "C" int sh_cuda_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
-                                          const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
-                                          const sh_tensor *out, const sh_tensor *lse, double scale) {
-  const char *op = "attention_backward";
-  if (dq) *dq = NULL;
-  if (dk) *dk = NULL;
-  if (dv) *dv = NULL;
-  SH_TRY(sh_cuda_check_float(q, op, "q", q ? q->device : -1));
-  if (q->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: q must be [B, H, T, D], got %s", op, sh_desc(q));
-  SH_TRY(check_qkv(op, k, "k", q));
-  SH_TRY(check_qkv(op, v, "v", q));
-  SH_TRY(check_qkv(op, out, "out", q));
-  SH_TRY(check_qkv(op, dout, "dout", q));
-  SH_TRY(sh_cuda_check_float(lse, op, "lse", q->device));
+static int simple_fits(const char *op, int64_t D) {
+  if (D > SIMPLE_MAX_D) return sh_fail(SH_ERR_ARG, "%s: head size %lld is above the cuda kernel's %d", op, (long long)D, SIMPLE_MAX_D);
+  return SH_OK;
+}
+
+/* A bf16 tensor's data moved to batch b0 of its [B, H, T, D] view. */
+static const __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) {
+  return (const __nv_bfloat16 *)sh_tensor_data(t) + b0 * t->stride[0];
+}
+
+/* Kernels get the front's outputs and the scale it resolved (> 0). */
+static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                                  double scale) {
+  const char *op = "attention";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
-  if (sh_tensor_numel(lse) != rows) return sh_fail(SH_ERR_ARG, "%s: lse must be [B, H, T], got %s", op, sh_desc(lse));
-  float sc = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(D > 0 ? D : 1)));
+  float sc = (float)scale;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, q->device, &st));
-  bool tc = use_tc(q);
-  int dt = tc ? SH_BF16 : q->dtype;
-  sh_tguard dqo, dko, dvo, lc, oc, dqrow, qc, kc, vc, doc;
-  SH_TRY(sh_tensor_empty(dqo.out(), 4, q->shape, q->dtype, q->device));
-  SH_TRY(sh_tensor_empty(dko.out(), 4, q->shape, q->dtype, q->device));
-  SH_TRY(sh_tensor_empty(dvo.out(), 4, q->shape, q->dtype, q->device));
-  if (rows > 0 && D > 0) {
-    if (!tc && D > SIMPLE_MAX_D) return sh_fail(SH_ERR_ARG, "%s: head size %lld is above the cuda kernel's %d", op, (long long)D, SIMPLE_MAX_D);
-    const sh_tensor *Q, *K, *V, *dO;
-    if (tc) {
-      SH_TRY(tc_input(qc, q, &Q));
-      SH_TRY(tc_input(kc, k, &K));
-      SH_TRY(tc_input(vc, v, &V));
-      SH_TRY(tc_input(doc, dout, &dO));
-    } else {
-      SH_TRY(sh_cuda_contiguous_as(qc.out(), q, dt)); Q = qc.t;
-      SH_TRY(sh_cuda_contiguous_as(kc.out(), k, dt)); K = kc.t;
-      SH_TRY(sh_cuda_contiguous_as(vc.out(), v, dt)); V = vc.t;
-      SH_TRY(sh_cuda_contiguous_as(doc.out(), dout, dt)); dO = doc.t;
+  if (rows == 0) return SH_OK;
+  sh_tguard qc, kc, vc;
+  if (use_tc(q)) {
+    const sh_tensor *Q, *K, *V;
+    SH_TRY(tc_input(qc, q, &Q));
+    SH_TRY(tc_input(kc, k, &K));
+    SH_TRY(tc_input(vc, v, &V));
+    size_t smem;
+    int64_t nb;
+    SH_TRY(tc_smem(op, q->device, (int)D, &smem));
+    SH_TRY(tc_batches(op, q, &nb));
+    CU_TRY(op, cudaFuncSetAttribute(attn_fwd_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    for (int64_t b0 = 0; b0 < B; b0 += nb) {
+      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(sh_min64(nb, B - b0) * H));
+      attn_fwd_tc_kernel<<<grid, AT_THREADS, smem, st>>>(
+          bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), view_of(Q), view_of(K), view_of(V),
+          (__nv_bfloat16 *)sh_tensor_data(out) + b0 * H * T * D, (float *)sh_tensor_data(lse) + b0 * H * T, (int)H, T, (int)D, sc);
+      CU_LAUNCHED(op);
     }
-    SH_TRY(sh_cuda_contiguous_as(lc.out(), lse, SH_F32));
-    SH_TRY(sh_cuda_contiguous_as(oc.out(), out, dt));
-    SH_TRY(sh_tensor_empty(dqrow.out(), 1, &rows, SH_F32, q->device));
-    float *Dq = (float *)sh_tensor_data(dqrow.t);
-    const float *L = (const float *)sh_tensor_data(lc.t);
-    SH_DISPATCH_FLOAT(dt, Tt, op, {
-      attn_dq_rowdot_kernel<Tt><<<dim3((unsigned)((rows + 7) / 8), 1), 256, 0, st>>>(
-          (const Tt *)sh_tensor_data(dO), view_of(dO), (const Tt *)sh_tensor_data(oc.t), rows, (int)H, T, (int)D, Dq);
+  } else {
+    SH_TRY(simple_fits(op, D));
+    SH_TRY(sh_cuda_contiguous_as(qc.out(), q, q->dtype));
+    SH_TRY(sh_cuda_contiguous_as(kc.out(), k, q->dtype));
+    SH_TRY(sh_cuda_contiguous_as(vc.out(), v, q->dtype));
+    unsigned blocks = (unsigned)((rows + 7) / 8);
+    SH_DISPATCH_FLOAT(q->dtype, Tt, op, {
+      attn_fwd_simple_kernel<Tt><<<blocks, 256, 0, st>>>((const Tt *)sh_tensor_data(qc.t), (const Tt *)sh_tensor_data(kc.t),
+                                                         (const Tt *)sh_tensor_data(vc.t), (Tt *)sh_tensor_data(out),
+                                                         (float *)sh_tensor_data(lse), rows, T, (int)D, sc);
     });
     CU_LAUNCHED(op);
-    if (tc) {
-      size_t smem;
-      SH_TRY(tc_smem(op, q->device, (int)D, &smem));
-      CU_TRY(op, cudaFuncSetAttribute(attn_bwd_kv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      CU_TRY(op, cudaFuncSetAttribute(attn_bwd_q_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(B * H));
-      const __nv_bfloat16 *qp = (const __nv_bfloat16 *)sh_tensor_data(Q), *kp = (const __nv_bfloat16 *)sh_tensor_data(K);
-      const __nv_bfloat16 *vp = (const __nv_bfloat16 *)sh_tensor_data(V), *dop = (const __nv_bfloat16 *)sh_tensor_data(dO);
-      attn_bwd_kv_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO), L, Dq,
-                                                            (__nv_bfloat16 *)sh_tensor_data(dko.t), (__nv_bfloat16 *)sh_tensor_data(dvo.t),
-                                                            (int)H, T, (int)D, sc);
-      CU_LAUNCHED(op);
-      attn_bwd_q_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO), L, Dq,
-                                                           (__nv_bfloat16 *)sh_tensor_data(dqo.t), (int)H, T, (int)D, sc);
-      CU_LAUNCHED(op);
-    } else {
-      unsigned blocks = (unsigned)((rows + 7) / 8);
-      SH_DISPATCH_FLOAT(dt, Tt, op, {
-        const Tt *qp = (const Tt *)sh_tensor_data(Q), *kp = (const Tt *)sh_tensor_data(K);
-        const Tt *vp = (const Tt *)sh_tensor_data(V), *dop = (const Tt *)sh_tensor_data(dO);
-        attn_bwd_q_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(dqo.t), rows, T, (int)D, sc);
-        attn_bwd_kv_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(dko.t),
-                                                              (Tt *)sh_tensor_data(dvo.t), rows, T, (int)D, sc);
-      });
-      CU_LAUNCHED(op);
-    }
   }
-  if (dq) *dq = dqo.take();
-  if (dk) *dk = dko.take();
-  if (dv) *dv = dvo.take();
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_attention_register_cuda(sh_backend *b) { (void)b; }
+/* The contiguous tensor of q's dtype a backward kernel writes gradient dst into: dst itself
+ * when it has that dtype, else scratch (converted into dst after; dst may be NULL, not asked for). */
+static int grad_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *q, sh_tensor **out) {
+  *out = dst;
+  if (dst && dst->dtype == q->dtype) return SH_OK;
+  SH_TRY(sh_tensor_empty(g.out(), 4, q->shape, q->dtype, q->device));
+  *out = g.t;
+  return SH_OK;
+}
+
+static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout, const sh_tensor *q,
+                                   const sh_tensor *k, const sh_tensor *v, const sh_tensor *out, const sh_tensor *lse,
+                                   double scale) {
+  const char *op = "attention_backward";
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
+  float sc = (float)scale;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, q->device, &st));
+  if (rows == 0) return SH_OK;
+  bool tc = use_tc(q);
+  if (!tc) SH_TRY(simple_fits(op, D));
+  int dt = tc ? SH_BF16 : q->dtype;
+  sh_tensor *dst[3] = {dq, dk, dv}, *G[3];
+  sh_tguard gs[3], lc, oc, dqrow, qc, kc, vc, doc;
+  for (int i = 0; i < 3; i++) SH_TRY(grad_target(gs[i], dst[i], q, &G[i]));
+  const sh_tensor *Q, *K, *V, *dO;
+  if (tc) {
+    SH_TRY(tc_input(qc, q, &Q));
+    SH_TRY(tc_input(kc, k, &K));
+    SH_TRY(tc_input(vc, v, &V));
+    SH_TRY(tc_input(doc, dout, &dO));
+  } else {
+    SH_TRY(sh_cuda_contiguous_as(qc.out(), q, dt)); Q = qc.t;
+    SH_TRY(sh_cuda_contiguous_as(kc.out(), k, dt)); K = kc.t;
+    SH_TRY(sh_cuda_contiguous_as(vc.out(), v, dt)); V = vc.t;
+    SH_TRY(sh_cuda_contiguous_as(doc.out(), dout, dt)); dO = doc.t;
+  }
+  SH_TRY(sh_cuda_contiguous_as(lc.out(), lse, SH_F32));
+  SH_TRY(sh_cuda_contiguous_as(oc.out(), out, dt));
+  SH_TRY(sh_tensor_empty(dqrow.out(), 1, &rows, SH_F32, q->device));
+  float *Dq = (float *)sh_tensor_data(dqrow.t);
+  const float *L = (const float *)sh_tensor_data(lc.t);
+  SH_DISPATCH_FLOAT(dt, Tt, op, {
+    attn_dq_rowdot_kernel<Tt><<<dim3((unsigned)((rows + 7) / 8), 1), 256, 0, st>>>(
+        (const Tt *)sh_tensor_data(dO), view_of(dO), (const Tt *)sh_tensor_data(oc.t), rows, (int)H, T, (int)D, Dq);
+  });
+  CU_LAUNCHED(op);
+  if (tc) {
+    size_t smem;
+    int64_t nb;
+    SH_TRY(tc_smem(op, q->device, (int)D, &smem));
+    SH_TRY(tc_batches(op, q, &nb));
+    CU_TRY(op, cudaFuncSetAttribute(attn_bwd_kv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CU_TRY(op, cudaFuncSetAttribute(attn_bwd_q_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    for (int64_t b0 = 0; b0 < B; b0 += nb) {
+      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(sh_min64(nb, B - b0) * H));
+      const __nv_bfloat16 *qp = bf16_at(Q, b0), *kp = bf16_at(K, b0), *vp = bf16_at(V, b0), *dop = bf16_at(dO, b0);
+      int64_t row0 = b0 * H * T;   /* lse, Dq and the (contiguous) gradients */
+      __nv_bfloat16 *dqp = (__nv_bfloat16 *)sh_tensor_data(G[0]) + row0 * D;
+      __nv_bfloat16 *dkp = (__nv_bfloat16 *)sh_tensor_data(G[1]) + row0 * D, *dvp = (__nv_bfloat16 *)sh_tensor_data(G[2]) + row0 * D;
+      attn_bwd_kv_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO),
+                                                            L + row0, Dq + row0, dkp, dvp, (int)H, T, (int)D, sc);
+      CU_LAUNCHED(op);
+      attn_bwd_q_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO),
+                                                           L + row0, Dq + row0, dqp, (int)H, T, (int)D, sc);
+      CU_LAUNCHED(op);
+    }
+  } else {
+    unsigned blocks = (unsigned)((rows + 7) / 8);
+    SH_DISPATCH_FLOAT(dt, Tt, op, {
+      const Tt *qp = (const Tt *)sh_tensor_data(Q), *kp = (const Tt *)sh_tensor_data(K);
+      const Tt *vp = (const Tt *)sh_tensor_data(V), *dop = (const Tt *)sh_tensor_data(dO);
+      attn_bwd_q_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(G[0]), rows, T, (int)D, sc);
+      attn_bwd_kv_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(G[1]),
+                                                            (Tt *)sh_tensor_data(G[2]), rows, T, (int)D, sc);
+    });
+    CU_LAUNCHED(op);
+  }
+  for (int i = 0; i < 3; i++)
+    if (dst[i] && dst[i] != G[i]) SH_TRY(sh_tensor_copy_(dst[i], G[i]));
+  return SH_OK;
+}
+
+extern "C" void sh_attention_register_cuda(sh_backend *b) {
+  b->attention_forward = cuda_attention_forward;
+  b->attention_backward = cuda_attention_backward;
+}

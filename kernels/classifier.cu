@@ -6,8 +6,8 @@
  * The loss is the mean over rows whose target is not ignore_index, 0 when there are none
  * (and the gradient then is 0). Row losses are summed in f64 by one block in a fixed order,
  * so the loss is the same from run to run. A target outside [0, V) that is not
- * ignore_index makes its row loss NaN (the CPU op reports it as an error; checking here
- * would need a host sync). */
+ * ignore_index makes its row loss NaN (the front, runtime/nn_loss.c, reports it as an
+ * error for cpu targets; checking here would need a host sync). */
 #include "common.cuh"
 #include "backend_internal.h"
 
@@ -98,94 +98,74 @@ __global__ void ce_bwd_kernel(const T *x, const I *targets, const float *lse, co
   }
 }
 
-static int check_ce(const char *op, const sh_tensor *logits, const sh_tensor *targets, int64_t *V, int64_t *n) {
-  SH_TRY(sh_cuda_check_float(logits, op, "logits", logits ? logits->device : -1));
-  SH_TRY(sh_tensor_check(targets, op));
-  if (targets->dtype != SH_I64 && targets->dtype != SH_I32)
-    return sh_fail(SH_ERR_ARG, "%s: targets must be i64 or i32, got %s", op, sh_desc(targets));
-  if (targets->device != logits->device)
-    return sh_fail(SH_ERR_DEVICE, "%s: targets %s and logits %s are on different devices", op, sh_desc(targets), sh_desc(logits));
-  int ok = logits->ndim == targets->ndim + 1;
-  for (int d = 0; ok && d < targets->ndim; d++) ok = logits->shape[d] == targets->shape[d];
-  if (!ok) return sh_fail(SH_ERR_ARG, "%s: logits %s must be targets' shape %s plus [V]", op, sh_desc(logits), sh_desc(targets));
-  *V = logits->shape[logits->ndim - 1];
-  *n = sh_tensor_numel(targets);
-  if (*n > 2147483647LL) return sh_fail(SH_ERR_ARG, "%s: %lld rows are too many for the cuda kernel", op, (long long)*n);
+/* One block per row: grid.x takes up to 2^31 - 1 of them. */
+static int check_rows(const char *op, int64_t n) {
+  if (n > 2147483647LL) return sh_fail(SH_ERR_ARG, "%s: %lld rows are too many for the cuda kernel", op, (long long)n);
   return SH_OK;
 }
 
-extern "C" int sh_cuda_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor *logits,
-                                             const sh_tensor *targets, int64_t ignore_index) {
+/* Outputs come from runtime/nn_loss.c's front, which checked shapes and dtypes (and that
+ * logits has classes when there are rows). */
+static int cuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits, const sh_tensor *targets,
+                                      int64_t ignore_index) {
   const char *op = "cross_entropy";
-  *loss = NULL;
-  *lse = NULL;
-  int64_t V, n;
-  SH_TRY(check_ce(op, logits, targets, &V, &n));
+  int64_t V = logits->shape[logits->ndim - 1], n = sh_tensor_numel(targets);
+  SH_TRY(check_rows(op, n));
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, logits->device, &st));
-  sh_tguard xc, tc, lo, lseo, rl;
+  sh_tguard xc, tc, rl;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), logits, logits->dtype));
   SH_TRY(sh_cuda_contiguous_as(tc.out(), targets, targets->dtype));
-  SH_TRY(sh_tensor_empty(lo.out(), 0, NULL, SH_F32, logits->device));
-  SH_TRY(sh_tensor_empty(lseo.out(), targets->ndim, targets->shape, SH_F32, logits->device));
   int64_t n1 = n > 0 ? n : 1;
   SH_TRY(sh_tensor_empty(rl.out(), 1, &n1, SH_F64, logits->device));
   double *rlp = (double *)sh_tensor_data(rl.t);
   bool i64 = targets->dtype == SH_I64;
-  if (n > 0 && V > 0) {
+  if (n > 0) {
     SH_DISPATCH_FLOAT(logits->dtype, T, op, {
       const T *xp = (const T *)sh_tensor_data(xc.t);
-      float *lp = (float *)sh_tensor_data(lseo.t);
+      float *lp = (float *)sh_tensor_data(lse);
       if (i64) ce_fwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
       else ce_fwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
     });
     CU_LAUNCHED(op);
-  } else if (n > 0) {
-    return sh_fail(SH_ERR_ARG, "%s: logits %s have no classes", op, sh_desc(logits));
   }
-  float *lossp = (float *)sh_tensor_data(lo.t);
+  float *lossp = (float *)sh_tensor_data(loss);
   if (i64) ce_finish_kernel<int64_t><<<1, 1024, 0, st>>>(rlp, (const int64_t *)sh_tensor_data(tc.t), n, ignore_index, lossp, nullptr);
   else ce_finish_kernel<int32_t><<<1, 1024, 0, st>>>(rlp, (const int32_t *)sh_tensor_data(tc.t), n, ignore_index, lossp, nullptr);
   CU_LAUNCHED(op);
-  *loss = lo.take();
-  *lse = lseo.take();
   return SH_OK;
 }
 
-extern "C" int sh_cuda_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
-                                              const sh_tensor *lse, double dloss, int64_t ignore_index) {
+static int cuda_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                                       const sh_tensor *lse, double dloss, int64_t ignore_index) {
   const char *op = "cross_entropy_backward";
-  *dlogits = NULL;
-  int64_t V, n;
-  SH_TRY(check_ce(op, logits, targets, &V, &n));
-  SH_TRY(sh_cuda_check_float(lse, op, "lse", logits->device));
-  if (sh_tensor_numel(lse) != n) return sh_fail(SH_ERR_ARG, "%s: lse %s must have targets' shape %s", op, sh_desc(lse), sh_desc(targets));
+  int64_t V = logits->shape[logits->ndim - 1], n = sh_tensor_numel(targets);
+  SH_TRY(check_rows(op, n));
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, logits->device, &st));
-  sh_tguard xc, tc, lc, o, cnt;
+  if (n == 0) return SH_OK;
+  sh_tguard xc, tc, lc, cnt;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), logits, logits->dtype));
   SH_TRY(sh_cuda_contiguous_as(tc.out(), targets, targets->dtype));
   SH_TRY(sh_cuda_contiguous_as(lc.out(), lse, SH_F32));
-  SH_TRY(sh_tensor_empty(o.out(), logits->ndim, logits->shape, logits->dtype, logits->device));
   SH_TRY(sh_tensor_empty(cnt.out(), 0, NULL, SH_I64, logits->device));
   int64_t *cp = (int64_t *)sh_tensor_data(cnt.t);
   bool i64 = targets->dtype == SH_I64;
-  if (n > 0 && V > 0) {
-    if (i64) ce_finish_kernel<int64_t><<<1, 1024, 0, st>>>(nullptr, (const int64_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
-    else ce_finish_kernel<int32_t><<<1, 1024, 0, st>>>(nullptr, (const int32_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
-    CU_LAUNCHED(op);
-    SH_DISPATCH_FLOAT(logits->dtype, T, op, {
-      const T *xp = (const T *)sh_tensor_data(xc.t);
-      const float *lp = (const float *)sh_tensor_data(lc.t);
-      T *dp = (T *)sh_tensor_data(o.t);
-      if (i64) ce_bwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
-      else ce_bwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
-    });
-    CU_LAUNCHED(op);
-  }
-  *dlogits = o.take();
+  if (i64) ce_finish_kernel<int64_t><<<1, 1024, 0, st>>>(nullptr, (const int64_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
+  else ce_finish_kernel<int32_t><<<1, 1024, 0, st>>>(nullptr, (const int32_t *)sh_tensor_data(tc.t), n, ignore_index, nullptr, cp);
+  CU_LAUNCHED(op);
+  SH_DISPATCH_FLOAT(logits->dtype, T, op, {
+    const T *xp = (const T *)sh_tensor_data(xc.t);
+    const float *lp = (const float *)sh_tensor_data(lc.t);
+    T *dp = (T *)sh_tensor_data(dlogits);
+    if (i64) ce_bwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+    else ce_bwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+  });
+  CU_LAUNCHED(op);
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_loss_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_loss_register_cuda(sh_backend *b) {
+  b->cross_entropy_forward = cuda_cross_entropy_forward;
+  b->cross_entropy_backward = cuda_cross_entropy_backward;
+}

@@ -237,7 +237,7 @@ static int post(sh_comm_work *w, nccl_work *m) {
   sh_cuda_stream *cs = NULL;
   int kind = w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST ? SH_STREAM_ALL_GATHER : SH_STREAM_REDUCE_SCATTER;
   SH_TRY(sh_cuda_stream_get(&cs, m->device, kind));
-  cudaStream_t s = (cudaStream_t)sh_cuda_stream_raw(cs);
+  cudaStream_t s = sh_cuda_stream_raw(cs);
   /* The collective must see everything the caller's stream wrote into its inputs. */
   cudaEvent_t ready;
   CU_TRY("nccl", cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));

@@ -6,9 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "cuda_internal.h"
 extern "C" {
 #include "tensor_internal.h"
+#include "cuda.h"
 #include "alloc_internal.h"
 #include "ops.h"
 #include "nn.h"
@@ -26,6 +26,8 @@ int sh_cuda_fail(const char *op, cudaError_t err, const char *file, int line);
 /* Makes `device` current on this thread (initialising it on first use) and returns the
  * thread's current stream there. */
 int sh_cuda_enter(const char *op, int device, cudaStream_t *stream);
+/* The raw stream behind a runtime stream (the NCCL backend issues its collectives on it). */
+cudaStream_t sh_cuda_stream_raw(const sh_cuda_stream *s);
 /* Properties read once per device. */
 const cudaDeviceProp *sh_cuda_props(int device);
 
@@ -45,9 +47,6 @@ struct sh_tguard {
 int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);
 /* dst (contiguous) += src (contiguous, same numel), any float dtypes, on `stream`. */
 int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src);
-
-/* Fails unless t is a live tensor on `device` with a float dtype the kernels take. */
-int sh_cuda_check_float(const sh_tensor *t, const char *op, const char *name, int device);
 
 /* ---- element types ---------------------------------------------------------------- */
 

@@ -308,9 +308,7 @@ extern "C" int sh_cuda_stream_wait_event(sh_cuda_stream *s, sh_cuda_event *e) {
   return SH_OK;
 }
 
-extern "C" void *sh_cuda_stream_raw(const sh_cuda_stream *s) { return s ? (void *)s->s : NULL; }
-extern "C" int sh_cuda_stream_device(const sh_cuda_stream *s) { return s ? s->device : -1; }
-extern "C" void *sh_cuda_event_raw(const sh_cuda_event *e) { return e ? (void *)e->e : NULL; }
+cudaStream_t sh_cuda_stream_raw(const sh_cuda_stream *s) { return s ? s->s : NULL; }
 
 extern "C" int sh_cuda_event_create(sh_cuda_event **out, int device, int timing) {
   const char *op = "event_create";
@@ -438,15 +436,5 @@ extern "C" int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src) {
     CU_TRY(op, cudaMemcpyPeerAsync(sh_tensor_data(dst), dst->device, sh_tensor_data(src), src->device, n, st));
   else
     CU_TRY(op, cudaMemcpyAsync(sh_tensor_data(dst), sh_tensor_data(src), n, cudaMemcpyDefault, st));
-  return SH_OK;
-}
-
-int sh_cuda_check_float(const sh_tensor *t, const char *op, const char *name, int device) {
-  if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
-  if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: %s %s was used after :free()", op, name, sh_desc(t));
-  if (t->device != device)
-    return sh_fail(SH_ERR_DEVICE, "%s: %s is %s but the op runs on cuda:%d", op, name, sh_desc(t), device);
-  if (t->dtype != SH_F32 && t->dtype != SH_BF16 && t->dtype != SH_F16)
-    return sh_fail(SH_ERR_ARG, "%s: %s must be f32, bf16 or f16 on cuda, got %s", op, name, sh_desc(t));
   return SH_OK;
 }

@@ -247,164 +247,104 @@ static int run_plan(const char *op, int device, ew_plan *p, int ct) {
   return SH_OK;
 }
 
-static int check_live(const sh_tensor *t, const char *op, int device) {
-  SH_TRY(sh_tensor_check(t, op));
-  if (t->device != device)
-    return sh_fail(SH_ERR_DEVICE, "%s: %s is not on cuda:%d", op, sh_desc(t), device);
-  return SH_OK;
-}
-
-/* ---- entry points ------------------------------------------------------------------------ */
-
-extern "C" int sh_cuda_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
-  *out = NULL;
-  const char *name = sh_binop_name(op);
-  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary: unknown op code %d", op);
-  SH_TRY(check_live(a, name, a->device));
-  SH_TRY(check_live(b, name, a->device));
-  int rdt = 0, ndim;
-  int64_t shape[SH_MAX_DIMS];
-  SH_TRY(sh_binary_result(op, a->dtype, b->dtype, &rdt));
-  SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), ndim, shape, rdt, a->device));
+/* A plan over out's shape, with out as operand 0; the caller adds the inputs. */
+static ew_plan plan_for(const sh_tensor *out, int nin, int op, double alpha) {
   ew_plan p;
   memset(&p, 0, sizeof p);
-  p.ndim = ndim; p.nin = 2; p.op = op;
-  memcpy(p.shape, shape, sizeof shape);
-  arg_from(&p.arg[0], o.t, ndim, shape);
-  arg_from(&p.arg[1], a, ndim, shape);
-  arg_from(&p.arg[2], b, ndim, shape);
-  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
-  *out = o.take();
-  return SH_OK;
+  p.ndim = out->ndim; p.nin = nin; p.op = op; p.unary = nin == 1; p.alpha = alpha;
+  memcpy(p.shape, out->shape, sizeof p.shape);
+  arg_from(&p.arg[0], out, p.ndim, p.shape);
+  return p;
 }
 
-extern "C" int sh_cuda_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
-  *out = NULL;
-  const char *name = sh_binop_name(op);
-  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary_scalar: unknown op code %d", op);
-  SH_TRY(check_live(a, name, a->device));
-  int sdt = sh_dtype_is_float(a->dtype) ? a->dtype : (s == floor(s) ? a->dtype : SH_F32);
-  int rdt = 0;
-  SH_TRY(sh_binary_result(op, a->dtype, sdt, &rdt));
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
-  ew_plan p;
-  memset(&p, 0, sizeof p);
-  p.ndim = a->ndim; p.nin = 2; p.op = op;
-  memcpy(p.shape, a->shape, sizeof p.shape);
-  arg_from(&p.arg[0], o.t, a->ndim, a->shape);
-  arg_from(&p.arg[scalar_first ? 2 : 1], a, a->ndim, a->shape);
+static void plan_arg(ew_plan *p, int k, const sh_tensor *t) { arg_from(&p->arg[k], t, p->ndim, p->shape); }
+
+/* ---- kernels of the table: outputs planned and allocated by the fronts ---------------------- */
+
+static int cuda_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
+  ew_plan p = plan_for(out, 2, op, 0);
+  plan_arg(&p, 1, a);
+  plan_arg(&p, 2, b);
+  return run_plan(sh_binop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
+}
+
+static int cuda_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
+  ew_plan p = plan_for(out, 2, op, 0);
+  plan_arg(&p, scalar_first ? 2 : 1, a);
   arg_scalar(&p.arg[scalar_first ? 1 : 2], s);
-  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
-  *out = o.take();
-  return SH_OK;
+  return run_plan(sh_binop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
 }
 
-extern "C" int sh_cuda_unary(sh_tensor **out, int op, const sh_tensor *a) {
-  *out = NULL;
-  if (op < SH_OP_NEG || op > SH_OP_SIGN) return sh_fail(SH_ERR_ARG, "unary: unknown op code %d", op);
-  const char *name = sh_unop_name(op);
-  SH_TRY(check_live(a, name, a->device));
-  int rdt = 0;
-  SH_TRY(sh_unary_result(op, a->dtype, &rdt));
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), a->ndim, a->shape, rdt, a->device));
-  ew_plan p;
-  memset(&p, 0, sizeof p);
-  p.ndim = a->ndim; p.nin = 1; p.op = op; p.unary = 1;
-  memcpy(p.shape, a->shape, sizeof p.shape);
-  arg_from(&p.arg[0], o.t, a->ndim, a->shape);
-  arg_from(&p.arg[1], a, a->ndim, a->shape);
-  SH_TRY(run_plan(name, a->device, &p, sh_compute_dtype(rdt)));
-  *out = o.take();
-  return SH_OK;
+static int cuda_unary(sh_tensor *out, int op, const sh_tensor *a) {
+  ew_plan p = plan_for(out, 1, op, 0);
+  plan_arg(&p, 1, a);
+  return run_plan(sh_unop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
 }
 
-/* dst = dst op b (b broadcast to dst); the result must fit dst's dtype. */
-static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
-  const char *name = sh_binop_name(op);
-  SH_TRY(check_live(dst, name, dst->device));
-  SH_TRY(check_live(b, name, dst->device));
-  int rdt = 0, ndim;
-  int64_t shape[SH_MAX_DIMS];
-  if (op == SH_OP_COPY) rdt = dst->dtype;
-  else SH_TRY(sh_binary_result(op, dst->dtype, b->dtype, &rdt));
-  if (op != SH_OP_COPY && sh_dtype_is_float(rdt) && !sh_dtype_is_float(dst->dtype))
-    return sh_fail(SH_ERR_ARG, "%s: result %s cannot be stored in place into %s", name, sh_dtype_name(rdt), sh_desc(dst));
-  SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
-  if (ndim != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * ndim) != 0)
-    return sh_fail(SH_ERR_ARG, "%s: %s does not broadcast to the in-place destination %s", name, sh_desc(b), sh_desc(dst));
-  ew_plan p;
-  memset(&p, 0, sizeof p);
-  p.ndim = ndim; p.nin = 2; p.op = op; p.alpha = alpha;
-  memcpy(p.shape, shape, sizeof shape);
-  arg_from(&p.arg[0], dst, ndim, shape);
-  arg_from(&p.arg[1], dst, ndim, shape);
-  arg_from(&p.arg[2], b, ndim, shape);
-  /* A copy between an integer and a float dtype computes in the wider kind of the two. */
-  int ct = sh_compute_dtype(rdt);
-  if (op == SH_OP_COPY) {
-    if (dst->dtype == SH_F64 || b->dtype == SH_F64) ct = SH_F64;
-    else if (sh_dtype_is_float(dst->dtype) || sh_dtype_is_float(b->dtype)) ct = sh_dtype_is_float(dst->dtype) ? SH_F32 : SH_F64;
-  }
-  dst->version++;
-  return run_plan(name, dst->device, &p, ct);
+/* A copy between an integer and a float dtype computes in the wider kind of the two. */
+static int copy_compute_dtype(int dst, int src) {
+  if (dst == SH_F64 || src == SH_F64) return SH_F64;
+  if (sh_dtype_is_float(dst)) return SH_F32;
+  return sh_dtype_is_float(src) ? SH_F64 : SH_I64;
 }
 
-extern "C" int sh_cuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
-  if (op < SH_OP_ADD || op > SH_OP_GT) return sh_fail(SH_ERR_ARG, "binary_: unknown op code %d", op);
-  return inplace(dst, op, b, 0);
+/* dst = dst op b (b broadcast to dst). Arithmetic computes in the dtype the two promote to:
+ * the front refused every result that differs from it. */
+static int cuda_inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
+  ew_plan p = plan_for(dst, 2, op, alpha);
+  plan_arg(&p, 1, dst);
+  plan_arg(&p, 2, b);
+  int ct = op == SH_OP_COPY ? copy_compute_dtype(dst->dtype, b->dtype)
+                            : sh_compute_dtype(sh_promote(dst->dtype, b->dtype));
+  return run_plan(sh_binop_name(op), dst->device, &p, ct);
 }
 
-extern "C" int sh_cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return inplace(dst, SH_OP_AXPY, x, alpha); }
+static int cuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cuda_inplace(dst, op, b, 0); }
 
-extern "C" int sh_cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return inplace(dst, SH_OP_COPY, src, 0); }
+static int cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cuda_inplace(dst, SH_OP_AXPY, x, alpha); }
 
-extern "C" int sh_cuda_scale_(sh_tensor *dst, double alpha) {
-  SH_TRY(check_live(dst, "scale_", dst->device));
-  if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
-  if (!sh_dtype_is_float(dst->dtype) && alpha != floor(alpha))
-    return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s by the fraction %g in place", sh_desc(dst), alpha);
-  ew_plan p;
-  memset(&p, 0, sizeof p);
-  p.ndim = dst->ndim; p.nin = 2; p.op = SH_OP_MUL;
-  memcpy(p.shape, dst->shape, sizeof p.shape);
-  arg_from(&p.arg[0], dst, dst->ndim, dst->shape);
-  arg_from(&p.arg[1], dst, dst->ndim, dst->shape);
+static int cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return cuda_inplace(dst, SH_OP_COPY, src, 0); }
+
+static int cuda_scale_(sh_tensor *dst, double alpha) {
+  ew_plan p = plan_for(dst, 2, SH_OP_MUL, 0);
+  plan_arg(&p, 1, dst);
   arg_scalar(&p.arg[2], alpha);
-  dst->version++;
   return run_plan("scale_", dst->device, &p, sh_compute_dtype(dst->dtype));
 }
 
-extern "C" int sh_cuda_fill_(sh_tensor *t, double value) {
-  SH_TRY(check_live(t, "fill_", t->device));
-  ew_plan p;
-  memset(&p, 0, sizeof p);
-  p.ndim = t->ndim; p.nin = 1; p.op = SH_OP_COPY; p.unary = 1;
-  memcpy(p.shape, t->shape, sizeof p.shape);
-  arg_from(&p.arg[0], t, t->ndim, t->shape);
+/* The value is a scalar operand copied into every element (f64 carries it to integers exactly). */
+static int cuda_fill_(sh_tensor *t, double value) {
+  ew_plan p = plan_for(t, 1, SH_OP_COPY, 0);
   arg_scalar(&p.arg[1], value);
-  t->version++;
-  int ct = t->dtype == SH_F64 ? SH_F64 : sh_dtype_is_float(t->dtype) ? SH_F32 : SH_F64;
-  return run_plan("fill_", t->device, &p, ct);
+  return run_plan("fill_", t->device, &p, sh_dtype_is_float(t->dtype) && t->dtype != SH_F64 ? SH_F32 : SH_F64);
 }
+
+extern "C" void sh_elementwise_register_cuda(sh_backend *b) {
+  b->copy_ = cuda_copy_;
+  b->fill_ = cuda_fill_;
+  b->binary = cuda_binary;
+  b->binary_scalar = cuda_binary_scalar;
+  b->unary = cuda_unary;
+  b->binary_ = cuda_binary_;
+  b->axpy_ = cuda_axpy_;
+  b->scale_ = cuda_scale_;
+}
+
+/* ---- helpers for the other kernels (common.cuh) --------------------------------------------- */
 
 int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
   *out = NULL;
   if (t->dtype == dtype && sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
   sh_tguard o;
   SH_TRY(sh_tensor_empty(o.out(), t->ndim, t->shape, dtype, t->device));
-  SH_TRY(sh_cuda_copy_(o.t, t));
+  SH_TRY(cuda_copy_(o.t, t));
   *out = o.take();
   return SH_OK;
 }
 
 int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src) {
-  int rc = inplace(dst, SH_OP_AXPY, src, 1.0);
+  dst->version++;
+  int rc = cuda_axpy_(dst, 1.0, src);
   return rc ? sh_fail_context("%s: ", op) : SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_elementwise_register_cuda(sh_backend *b) { (void)b; }

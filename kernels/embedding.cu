@@ -5,9 +5,9 @@
  * equal indices is summed in f32 by one block, row by row, then added into dw once. The
  * same index therefore always sums in the same order, whatever the scheduling.
  *
- * Indices are not range-checked on the device (that would need a host sync per call); an
- * index outside [0, V) is skipped rather than read or written out of bounds. The CPU op
- * checks them and fails cleanly. */
+ * Indices are not range-checked on the device (that would need a host sync per call): an
+ * index outside [0, V) gives a zero row forward and is skipped backward, never read or
+ * written out of bounds. The front (runtime/nn_embedding.c) checks cpu indices and fails. */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <cub/cub.cuh>
@@ -51,62 +51,37 @@ __global__ void embedding_bwd_kernel(const int32_t *keys, const int32_t *rows, i
   }
 }
 
-static int check_idx(const sh_tensor *idx, const char *op, int device) {
-  SH_TRY(sh_tensor_check(idx, op));
-  if (idx->dtype != SH_I64 && idx->dtype != SH_I32)
-    return sh_fail(SH_ERR_ARG, "%s: idx must be i64 or i32, got %s", op, sh_desc(idx));
-  if (idx->device != device) return sh_fail(SH_ERR_DEVICE, "%s: idx %s is not on cuda:%d", op, sh_desc(idx), device);
-  return SH_OK;
-}
-
-extern "C" int sh_cuda_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w) {
+/* Outputs come from runtime/nn_embedding.c's front, which checked shapes and dtypes. */
+static int cuda_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
-  *y = NULL;
-  SH_TRY(sh_cuda_check_float(w, op, "w", w ? w->device : -1));
-  if (w->ndim != 2) return sh_fail(SH_ERR_ARG, "%s: w must be [V, C], got %s", op, sh_desc(w));
-  SH_TRY(check_idx(idx, op, w->device));
-  if (idx->ndim >= SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "%s: idx %s has too many dims", op, sh_desc(idx));
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, w->device, &st));
   int64_t V = w->shape[0], C = w->shape[1], n = sh_tensor_numel(idx);
-  int64_t shape[SH_MAX_DIMS];
-  memcpy(shape, idx->shape, sizeof(int64_t) * idx->ndim);
-  shape[idx->ndim] = C;
-  sh_tguard ic, wc, o;
+  if (n == 0 || C == 0) return SH_OK;
+  sh_tguard ic, wc;
   SH_TRY(sh_cuda_contiguous_as(ic.out(), idx, idx->dtype));
   SH_TRY(sh_cuda_contiguous_as(wc.out(), w, w->dtype));
-  SH_TRY(sh_tensor_empty(o.out(), idx->ndim + 1, shape, w->dtype, w->device));
-  if (n > 0 && C > 0) {
-    for (int64_t r0 = 0; r0 < n; r0 += 2147483647LL) {
-      unsigned nb = (unsigned)sh_min64(2147483647LL, n - r0);
-      SH_DISPATCH_FLOAT(w->dtype, T, op, {
-        T *yp = (T *)sh_tensor_data(o.t) + r0 * C;
-        if (idx->dtype == SH_I64)
-          embedding_fwd_kernel<int64_t, T><<<nb, EMB_THREADS, 0, st>>>((const int64_t *)sh_tensor_data(ic.t) + r0, (const T *)sh_tensor_data(wc.t), yp, V, C);
-        else
-          embedding_fwd_kernel<int32_t, T><<<nb, EMB_THREADS, 0, st>>>((const int32_t *)sh_tensor_data(ic.t) + r0, (const T *)sh_tensor_data(wc.t), yp, V, C);
-      });
-      CU_LAUNCHED(op);
-    }
+  for (int64_t r0 = 0; r0 < n; r0 += 2147483647LL) {
+    unsigned nb = (unsigned)sh_min64(2147483647LL, n - r0);
+    SH_DISPATCH_FLOAT(w->dtype, T, op, {
+      T *yp = (T *)sh_tensor_data(y) + r0 * C;
+      if (idx->dtype == SH_I64)
+        embedding_fwd_kernel<int64_t, T><<<nb, EMB_THREADS, 0, st>>>((const int64_t *)sh_tensor_data(ic.t) + r0, (const T *)sh_tensor_data(wc.t), yp, V, C);
+      else
+        embedding_fwd_kernel<int32_t, T><<<nb, EMB_THREADS, 0, st>>>((const int32_t *)sh_tensor_data(ic.t) + r0, (const T *)sh_tensor_data(wc.t), yp, V, C);
+    });
+    CU_LAUNCHED(op);
   }
-  *y = o.take();
   return SH_OK;
 }
 
-extern "C" int sh_cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
+static int cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
   const char *op = "embedding_backward";
-  SH_TRY(sh_cuda_check_float(dw, op, "dw", dw ? dw->device : -1));
-  if (dw->ndim != 2) return sh_fail(SH_ERR_ARG, "%s: dw must be [V, C], got %s", op, sh_desc(dw));
-  SH_TRY(check_idx(idx, op, dw->device));
-  SH_TRY(sh_cuda_check_float(dy, op, "dy", dw->device));
   int64_t V = dw->shape[0], C = dw->shape[1], n = sh_tensor_numel(idx);
-  if (sh_tensor_numel(dy) != n * C || dy->shape[dy->ndim - 1] != C)
-    return sh_fail(SH_ERR_ARG, "%s: dy %s must be idx's shape %s plus [%lld]", op, sh_desc(dy), sh_desc(idx), (long long)C);
   if (n > INT32_MAX || V > INT32_MAX) return sh_fail(SH_ERR_ARG, "%s: %s is too large for the cuda kernel", op, sh_desc(idx));
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dw->device, &st));
-  dw->version++;
-  if (n == 0 || C == 0) return SH_OK;
+  if (n == 0 || C == 0) { dw->version++; return SH_OK; }
   sh_tguard ic, dyc, keys, rows, keys2, rows2, temp, dwc;
   SH_TRY(sh_cuda_contiguous_as(ic.out(), idx, idx->dtype));
   SH_TRY(sh_cuda_contiguous_as(dyc.out(), dy, dy->dtype));
@@ -137,9 +112,12 @@ extern "C" int sh_cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, co
                                                                  (char *)sh_tensor_data(g), g->dtype, V, C);
   });
   CU_LAUNCHED(op);
-  if (!direct) SH_TRY(sh_cuda_copy_(dw, g));
+  if (direct) dw->version++;
+  else SH_TRY(sh_tensor_copy_(dw, g));   /* which counts dw's version */
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_embedding_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_embedding_register_cuda(sh_backend *b) {
+  b->embedding_forward = cuda_embedding_forward;
+  b->embedding_backward = cuda_embedding_backward;
+}

@@ -101,92 +101,48 @@ __global__ void norm_param_finish_kernel(const float *part, int nblocks, int C, 
   ew_store<float>(dst, dt, i, ew_load<float>(dst, dt, i) + s);
 }
 
-/* ---- host side ------------------------------------------------------------------------- */
+/* ---- host side: the table's kernels (runtime/nn_norm.c checked the arguments and
+ * allocated the outputs: y and r of x's dtype, mean and rstd f32, all contiguous) -------- */
 
-static int check_row_param(const sh_tensor *p, const char *op, const char *name, const sh_tensor *x) {
-  SH_TRY(sh_cuda_check_float(p, op, name, x->device));
-  if (p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1])
-    return sh_fail(SH_ERR_ARG, "%s: %s must have shape [%lld], got %s", op, name, (long long)x->shape[x->ndim - 1], sh_desc(p));
-  return SH_OK;
-}
-
-static int check_stat(const sh_tensor *s, const char *op, const char *name, const sh_tensor *x) {
-  SH_TRY(sh_tensor_check(s, op));
-  if (s->device != x->device || sh_tensor_numel(s) * (x->ndim ? x->shape[x->ndim - 1] : 1) != sh_tensor_numel(x))
-    return sh_fail(SH_ERR_ARG, "%s: %s must have one value per row of %s, got %s", op, name, sh_desc(x), sh_desc(s));
-  return SH_OK;
-}
-
-static int norm_forward(const char *op, sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd,
+/* res != NULL: the fused residual add; mean == NULL: not kept; rms: no centring, no b. */
+static int norm_forward(const char *op, sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
                         const sh_tensor *x, const sh_tensor *res, const sh_tensor *w, const sh_tensor *b, double eps, int rms) {
-  *y = NULL;
-  if (r) *r = NULL;
-  if (mean) *mean = NULL;
-  *rstd = NULL;
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim, got %s", op, sh_desc(x));
-  if (res) {
-    SH_TRY(sh_cuda_check_float(res, op, "residual", x->device));
-    if (res->ndim != x->ndim || memcmp(res->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
-      return sh_fail(SH_ERR_ARG, "%s: residual %s must match x %s", op, sh_desc(res), sh_desc(x));
-  }
-  if (w) SH_TRY(check_row_param(w, op, "w", x));
-  if (b) SH_TRY(check_row_param(b, op, "b", x));
   int64_t C = x->shape[x->ndim - 1], rows = C ? sh_tensor_numel(x) / C : 0;
   if (C > INT32_MAX) return sh_fail(SH_ERR_ARG, "%s: rows of %lld elements are too long", op, (long long)C);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, x->device, &st));
-  sh_tguard xc, rc_, wc, bc, yo, ro, mo, so;
+  sh_tguard xc, rc_, wc, bc;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
   if (res) SH_TRY(sh_cuda_contiguous_as(rc_.out(), res, x->dtype));
   if (w) SH_TRY(sh_cuda_contiguous_as(wc.out(), w, SH_F32));
   if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, SH_F32));
-  SH_TRY(sh_tensor_empty(yo.out(), x->ndim, x->shape, x->dtype, x->device));
-  if (res) SH_TRY(sh_tensor_empty(ro.out(), x->ndim, x->shape, x->dtype, x->device));
-  if (mean) SH_TRY(sh_tensor_empty(mo.out(), x->ndim - 1, x->shape, SH_F32, x->device));
-  SH_TRY(sh_tensor_empty(so.out(), x->ndim - 1, x->shape, SH_F32, x->device));
   if (rows > 0 && C > 0) {
     unsigned blocks = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
     const float *pw = wc.t ? (const float *)sh_tensor_data(wc.t) : nullptr, *pb = bc.t ? (const float *)sh_tensor_data(bc.t) : nullptr;
-    float *pm = mo.t ? (float *)sh_tensor_data(mo.t) : nullptr;
+    float *pm = mean ? (float *)sh_tensor_data(mean) : nullptr;
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
       norm_fwd_kernel<T><<<blocks, LN_WARPS * 32, 0, st>>>(
           (const T *)sh_tensor_data(xc.t), rc_.t ? (const T *)sh_tensor_data(rc_.t) : nullptr,
-          ro.t ? (T *)sh_tensor_data(ro.t) : nullptr, pw, pb, (T *)sh_tensor_data(yo.t), pm,
-          (float *)sh_tensor_data(so.t), rows, (int)C, (float)eps, rms);
+          r ? (T *)sh_tensor_data(r) : nullptr, pw, pb, (T *)sh_tensor_data(y), pm,
+          (float *)sh_tensor_data(rstd), rows, (int)C, (float)eps, rms);
     });
     CU_LAUNCHED(op);
   }
-  *y = yo.take();
-  if (r) *r = ro.take();
-  if (mean) *mean = mo.take();
-  *rstd = so.take();
   return SH_OK;
 }
 
-static int norm_backward(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+/* dx may be NULL; dw and db (NULL: skipped) are accumulated into, in any float dtype. */
+static int norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean, const sh_tensor *rstd, int rms) {
-  if (dx) *dx = NULL;
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim, got %s", op, sh_desc(x));
-  SH_TRY(sh_cuda_check_float(dy, op, "dy", x->device));
-  if (dy->ndim != x->ndim || memcmp(dy->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
-    return sh_fail(SH_ERR_ARG, "%s: dy %s must match x %s", op, sh_desc(dy), sh_desc(x));
-  if (w) SH_TRY(check_row_param(w, op, "w", x));
-  if (dw) SH_TRY(check_row_param(dw, op, "dw", x));
-  if (db) SH_TRY(check_row_param(db, op, "db", x));
-  if (!rms) SH_TRY(check_stat(mean, op, "mean", x));
-  SH_TRY(check_stat(rstd, op, "rstd", x));
   int64_t C = x->shape[x->ndim - 1], rows = C ? sh_tensor_numel(x) / C : 0;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, x->device, &st));
-  sh_tguard xc, dyc, wc, mc, sc, dxo, pw, pb;
+  sh_tguard xc, dyc, wc, mc, sc, pw, pb;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
   SH_TRY(sh_cuda_contiguous_as(dyc.out(), dy, x->dtype));
   if (w) SH_TRY(sh_cuda_contiguous_as(wc.out(), w, SH_F32));
   if (!rms) SH_TRY(sh_cuda_contiguous_as(mc.out(), mean, SH_F32));
   SH_TRY(sh_cuda_contiguous_as(sc.out(), rstd, SH_F32));
-  if (dx) SH_TRY(sh_tensor_empty(dxo.out(), x->ndim, x->shape, x->dtype, x->device));
   if (rows > 0 && C > 0) {
     /* Shared memory holds 2 f32 rows per warp: fewer warps for wide rows. */
     int warps = LN_WARPS;
@@ -207,7 +163,7 @@ static int norm_backward(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tenso
       norm_bwd_kernel<T><<<(unsigned)nblocks, warps * 32, smem, st>>>(
           (const T *)sh_tensor_data(dyc.t), (const T *)sh_tensor_data(xc.t), wc.t ? (const float *)sh_tensor_data(wc.t) : nullptr,
           mc.t ? (const float *)sh_tensor_data(mc.t) : nullptr, (const float *)sh_tensor_data(sc.t),
-          dxo.t ? (T *)sh_tensor_data(dxo.t) : nullptr, (float *)sh_tensor_data(pw.t), (float *)sh_tensor_data(pb.t),
+          dx ? (T *)sh_tensor_data(dx) : nullptr, (float *)sh_tensor_data(pw.t), (float *)sh_tensor_data(pb.t),
           rows, per, (int)C, rms);
     });
     CU_LAUNCHED(op);
@@ -222,40 +178,43 @@ static int norm_backward(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tenso
       norm_param_finish_kernel<<<sh_blocks(C, 256), 256, 0, st>>>((const float *)sh_tensor_data(parts[k]), (int)nblocks,
                                                                   (int)C, (char *)sh_tensor_data(g), g->dtype);
       CU_LAUNCHED(op);
-      if (!direct) SH_TRY(sh_cuda_copy_(grads[k], g));
+      if (!direct) SH_TRY(sh_tensor_copy_(grads[k], g));
       grads[k]->version++;
     }
   }
-  if (dx) *dx = dxo.take();
   return SH_OK;
 }
 
-extern "C" int sh_cuda_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
-                                         const sh_tensor *w, const sh_tensor *b, double eps) {
+static int cuda_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
+                                  const sh_tensor *w, const sh_tensor *b, double eps) {
   return norm_forward("layernorm", y, NULL, mean, rstd, x, NULL, w, b, eps, 0);
 }
 
-extern "C" int sh_cuda_layernorm_residual_forward(sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd,
-                                                  const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
-                                                  const sh_tensor *b, double eps) {
-  if (!res) return sh_fail(SH_ERR_ARG, "layernorm_residual: the residual is missing (got nil)");
+static int cuda_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
+                                           const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                           const sh_tensor *b, double eps) {
   return norm_forward("layernorm_residual", y, r, mean, rstd, x, res, w, b, eps, 0);
 }
 
-extern "C" int sh_cuda_layernorm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
-                                          const sh_tensor *rstd) {
+static int cuda_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                   const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                                   const sh_tensor *rstd) {
   return norm_backward("layernorm_backward", dx, dw, db, dy, x, w, mean, rstd, 0);
 }
 
-extern "C" int sh_cuda_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+static int cuda_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
   return norm_forward("rmsnorm", y, NULL, NULL, rstd, x, NULL, w, NULL, eps, 1);
 }
 
-extern "C" int sh_cuda_rmsnorm_backward(sh_tensor **dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
-                                        const sh_tensor *w, const sh_tensor *rstd) {
+static int cuda_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
+                                 const sh_tensor *w, const sh_tensor *rstd) {
   return norm_backward("rmsnorm_backward", dx, dw, NULL, dy, x, w, NULL, rstd, 1);
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_norm_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_norm_register_cuda(sh_backend *b) {
+  b->layernorm_forward = cuda_layernorm_forward;
+  b->layernorm_residual_forward = cuda_layernorm_residual_forward;
+  b->layernorm_backward = cuda_layernorm_backward;
+  b->rmsnorm_forward = cuda_rmsnorm_forward;
+  b->rmsnorm_backward = cuda_rmsnorm_backward;
+}

@@ -1,5 +1,6 @@
 /* matmul.cu: every matrix product on CUDA goes through cuBLASLt: linear forward/backward,
- * matmul (batched, broadcast batch dims) and gemm_. bf16 and f16 run on the tensor cores with
+ * matmul (batched, broadcast batch dims) and gemm_; their fronts (runtime/ops_matmul.c,
+ * runtime/nn_linear.c) checked the arguments and allocated the outputs. bf16 and f16 run on the tensor cores with
  * f32 accumulation (outputs in the input dtype, or f32 for gradient accumulation into an f32
  * dw); f32 runs in full f32 unless SHARD_TF32=1 allows TF32; f64 in f64.
  *
@@ -223,92 +224,65 @@ static int lt_gemm_epi(const char *op, int device, cudaStream_t st, lt_gemm g, i
 
 /* ---- linear ------------------------------------------------------------------------------- */
 
-static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  SH_TRY(sh_cuda_check_float(w, op, "w", x->device));
-  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., in], got %s", op, sh_desc(x));
-  int64_t in = x->shape[x->ndim - 1];
-  if (w->ndim != 2 || w->shape[1] != in)
-    return sh_fail(SH_ERR_ARG, "%s: w must have shape [*,%lld], got %s", op, (long long)in, sh_desc(w));
-  if (b) {
-    SH_TRY(sh_cuda_check_float(b, op, "b", x->device));
-    if (b->ndim != 1 || b->shape[0] != w->shape[0])
-      return sh_fail(SH_ERR_ARG, "%s: b must have shape [%lld], got %s", op, (long long)w->shape[0], sh_desc(b));
-  }
-  return SH_OK;
-}
-
 static int64_t rows_of(const sh_tensor *t) { int64_t n = 1; for (int d = 0; d + 1 < t->ndim; d++) n *= t->shape[d]; return n; }
 
-/* y = x w^T + b, optionally gelu'd (pre keeps x w^T + b). */
-static int linear_fwd(const char *op, sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
-  *y = NULL;
-  if (pre) *pre = NULL;
-  SH_TRY(check_linear(op, x, w, b));
+/* y = gelu(pre) through the public op: the composition the fused epilogue equals. */
+static int gelu_into(sh_tensor *y, const sh_tensor *pre) {
+  sh_tguard act;
+  SH_TRY(sh_gelu_forward(act.out(), pre));
+  return sh_tensor_copy_(y, act.t);
+}
+
+/* y = x w^T + b, or with pre: pre = x w^T + b and y = gelu(pre); y and pre are x's dtype. */
+static int linear_fwd(const char *op, sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
+                      const sh_tensor *b) {
   int dt = x->dtype, dev = x->device;
   int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
-  int64_t shape[SH_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[x->ndim - 1] = out;
+  if (rows == 0 || out == 0) return SH_OK;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
-  sh_tguard xc, wc, bc, yo, po;
+  sh_tguard xc, wc, bc;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), x, dt));
   SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
   if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, dt));
-  SH_TRY(sh_tensor_empty(yo.out(), x->ndim, shape, dt, dev));
-  if (pre) SH_TRY(sh_tensor_empty(po.out(), x->ndim, shape, dt, dev));
-  if (rows > 0 && out > 0) {
-    if (in == 0) {             /* an empty product: the bias alone (then gelu) */
-      sh_tensor *dst = pre ? po.t : yo.t;
-      SH_TRY(sh_cuda_fill_(dst, 0.0));
-      if (b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
-      if (pre) {
-        sh_tguard act;
-        SH_TRY(sh_cuda_gelu_forward(act.out(), po.t));
-        SH_TRY(sh_cuda_copy_(yo.t, act.t));
-      }
-    } else {
-      lt_gemm g;
-      memset(&g, 0, sizeof g);
-      g.M = rows; g.N = out; g.K = in;
-      g.A = sh_tensor_data(xc.t); g.lda = in; g.ta = 0;
-      g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 1;
-      g.D = sh_tensor_data(pre ? po.t : yo.t); g.ldd = out;
-      g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
-      g.bias = bc.t ? sh_tensor_data(bc.t) : NULL;
-      if (pre && b && (out % 8) == 0) {
-        g.epi = EPI_GELU_AUX_BIAS;
-        g.D = sh_tensor_data(yo.t);
-        g.aux = sh_tensor_data(po.t);
-      } else {
-        g.epi = b ? EPI_BIAS : EPI_NONE;
-      }
-      int fused = 0;
-      SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
-      sh_tensor *dst = (sh_tensor *)(g.D == sh_tensor_data(yo.t) ? yo.t : po.t);
-      /* Without the fused epilogue the plain product landed in D: add the bias there, and
-       * when D was y but pre was wanted, move it to pre. */
-      if (!fused && b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
-      if (pre && g.epi == EPI_GELU_AUX_BIAS && !fused) SH_TRY(sh_cuda_copy_(po.t, yo.t));
-      if (pre && !(g.epi == EPI_GELU_AUX_BIAS && fused)) {
-        sh_tguard act;
-        SH_TRY(sh_cuda_gelu_forward(act.out(), po.t));
-        SH_TRY(sh_cuda_copy_(yo.t, act.t));
-      }
-    }
+  if (in == 0) {             /* an empty product: the bias alone (then gelu) */
+    sh_tensor *dst = pre ? pre : y;
+    SH_TRY(sh_tensor_fill_(dst, 0.0));
+    if (b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
+    return pre ? gelu_into(y, pre) : SH_OK;
   }
-  *y = yo.take();
-  if (pre) *pre = po.take();
+  lt_gemm g;
+  memset(&g, 0, sizeof g);
+  g.M = rows; g.N = out; g.K = in;
+  g.A = sh_tensor_data(xc.t); g.lda = in; g.ta = 0;
+  g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 1;
+  g.D = sh_tensor_data(pre ? pre : y); g.ldd = out;
+  g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
+  g.bias = bc.t ? sh_tensor_data(bc.t) : NULL;
+  if (pre && b && (out % 8) == 0) {
+    g.epi = EPI_GELU_AUX_BIAS;
+    g.D = sh_tensor_data(y);
+    g.aux = sh_tensor_data(pre);
+  } else {
+    g.epi = b ? EPI_BIAS : EPI_NONE;
+  }
+  int fused = 0;
+  SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+  sh_tensor *dst = g.D == sh_tensor_data(y) ? y : pre;
+  /* Without the fused epilogue the plain product landed in D: add the bias there, and
+   * when D was y but pre was wanted, move it to pre. */
+  if (!fused && b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
+  if (pre && g.epi == EPI_GELU_AUX_BIAS && !fused) SH_TRY(sh_tensor_copy_(pre, y));
+  if (pre && !(g.epi == EPI_GELU_AUX_BIAS && fused)) SH_TRY(gelu_into(y, pre));
   return SH_OK;
 }
 
-extern "C" int sh_cuda_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+static int cuda_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   return linear_fwd("linear", y, NULL, x, w, b);
 }
 
-extern "C" int sh_cuda_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w,
-                                           const sh_tensor *b) {
+static int cuda_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
+                                    const sh_tensor *b) {
   return linear_fwd("linear_gelu", y, pre, x, w, b);
 }
 
@@ -352,98 +326,60 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
     sh_tguard v, s;
     int64_t s2[2] = {rows, out}, s1[1] = {out};
     SH_TRY(sh_view_reshape(v.out(), dyc, 2, s2));
-    SH_TRY(sh_cuda_sum_to_shape(s.out(), v.t, 1, s1));
+    SH_TRY(sh_sum_to_shape(s.out(), v.t, 1, s1));
     SH_TRY(sh_cuda_accumulate(op, db, s.t));
   }
   return SH_OK;
 }
 
-/* Shared by linear_backward (dx = dy w) and linear_backward_dgelu (dpre = (dy w) gelu'(pre)). */
-static int linear_bwd(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
+/* Shared by linear_backward (dx = dy w) and linear_backward_dgelu (dx is dpre = (dy w) gelu'(pre)). */
+static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
                       const sh_tensor *w, const sh_tensor *pre) {
-  if (dx) *dx = NULL;
-  SH_TRY(check_linear(op, x, w, NULL));
-  SH_TRY(sh_cuda_check_float(dy, op, "dy", x->device));
-  int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
-  int64_t shape[SH_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[x->ndim - 1] = out;
-  if (dy->ndim != x->ndim || memcmp(dy->shape, shape, sizeof(int64_t) * x->ndim) != 0)
-    return sh_fail(SH_ERR_ARG, "%s: dy must be x's shape with last dim %lld, got %s", op, (long long)out, sh_desc(dy));
-  if (dw) {
-    SH_TRY(sh_cuda_check_float(dw, op, "dw", x->device));
-    if (dw->ndim != 2 || dw->shape[0] != out || dw->shape[1] != in)
-      return sh_fail(SH_ERR_ARG, "%s: dw must have w's shape, got %s", op, sh_desc(dw));
-  }
-  if (db) {
-    SH_TRY(sh_cuda_check_float(db, op, "db", x->device));
-    if (db->ndim != 1 || db->shape[0] != out) return sh_fail(SH_ERR_ARG, "%s: db must have shape [%lld], got %s", op, (long long)out, sh_desc(db));
-  }
-  if (pre) {
-    SH_TRY(sh_cuda_check_float(pre, op, "pre", x->device));
-    if (pre->ndim != x->ndim || memcmp(pre->shape, x->shape, sizeof(int64_t) * x->ndim) != 0)
-      return sh_fail(SH_ERR_ARG, "%s: pre %s must have x's shape %s", op, sh_desc(pre), sh_desc(x));
-  }
   int dt = x->dtype, dev = x->device;
+  int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
-  sh_tguard dyc, xc, wc, pc, dxo;
+  sh_tguard dyc, xc, wc, pc;
   SH_TRY(sh_cuda_contiguous_as(dyc.out(), dy, dt));
   if (dw) SH_TRY(sh_cuda_contiguous_as(xc.out(), x, dt));
-  if (dx) {
-    SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
-    SH_TRY(sh_tensor_empty(dxo.out(), x->ndim, x->shape, dt, dev));
-    if (pre) SH_TRY(sh_cuda_contiguous_as(pc.out(), pre, dt));
-    if (rows > 0 && in > 0) {
-      if (out == 0) {
-        SH_TRY(sh_cuda_fill_(dxo.t, 0.0));
-      } else {
-        lt_gemm g;
-        memset(&g, 0, sizeof g);
-        g.M = rows; g.N = in; g.K = out;
-        g.A = sh_tensor_data(dyc.t); g.lda = out; g.ta = 0;
-        g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 0;   /* w [out, in] = [K, N] */
-        g.D = sh_tensor_data(dxo.t); g.ldd = in;
-        g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
-        if (pre && (in % 8) == 0) { g.epi = EPI_DGELU; g.aux = sh_tensor_data(pc.t); }
-        int fused = 0;
-        SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
-        if (pre && !fused) {
-          sh_tguard d;
-          SH_TRY(sh_cuda_gelu_backward(d.out(), dxo.t, pc.t));
-          sh_tensor_destroy(dxo.t);
-          dxo.t = d.take();
-        }
+  if (dx && rows > 0 && in > 0) {
+    if (out == 0) {
+      SH_TRY(sh_tensor_fill_(dx, 0.0));
+    } else {
+      SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
+      if (pre) SH_TRY(sh_cuda_contiguous_as(pc.out(), pre, dt));
+      lt_gemm g;
+      memset(&g, 0, sizeof g);
+      g.M = rows; g.N = in; g.K = out;
+      g.A = sh_tensor_data(dyc.t); g.lda = out; g.ta = 0;
+      g.B = sh_tensor_data(wc.t); g.ldb = in; g.tb = 0;   /* w [out, in] = [K, N] */
+      g.D = sh_tensor_data(dx); g.ldd = in;
+      g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0; g.batch = 1;
+      if (pre && (in % 8) == 0) { g.epi = EPI_DGELU; g.aux = sh_tensor_data(pc.t); }
+      int fused = 0;
+      SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
+      if (pre && !fused) {
+        sh_tguard d;
+        SH_TRY(sh_gelu_backward(d.out(), dx, pc.t));
+        SH_TRY(sh_tensor_copy_(dx, d.t));
       }
-    } else if (pre && sh_tensor_numel(dxo.t) > 0) {
-      SH_TRY(sh_cuda_fill_(dxo.t, 0.0));
     }
   }
   if (dw || db) SH_TRY(linear_param_grads(op, st, dw, db, dyc.t, dw ? xc.t : NULL, rows, in, out));
-  if (dx) *dx = dxo.take();
   return SH_OK;
 }
 
-extern "C" int sh_cuda_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                       const sh_tensor *x, const sh_tensor *w) {
+static int cuda_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                const sh_tensor *x, const sh_tensor *w) {
   return linear_bwd("linear_backward", dx, dw, db, dy, x, w, NULL);
 }
 
-extern "C" int sh_cuda_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
-  if (!dpre) return sh_fail(SH_ERR_ARG, "linear_backward_dgelu: dpre is the point of this op; got NULL");
-  if (!pre) return sh_fail(SH_ERR_ARG, "linear_backward_dgelu: pre is missing (got nil)");
+static int cuda_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
   return linear_bwd("linear_backward_dgelu", dpre, dw, db, dy, x, w, pre);
 }
 
 /* ---- matmul and gemm_ ------------------------------------------------------------------------ */
-
-static int float_rank(int d) { return d == SH_F64 ? 3 : d == SH_F32 ? 2 : (d == SH_BF16 || d == SH_F16) ? 1 : 0; }
-static int promote_float(int a, int b) {
-  int fa = float_rank(a), fb = float_rank(b);
-  if (fa == fb && a != b) return SH_F32;
-  return fa >= fb ? a : b;
-}
 
 /* A 2-D operand cuBLASLt can read in place: row-major (stride[1] == 1) or a transposed view
  * (stride[0] == 1); *ld and *trans describe it. */
@@ -455,23 +391,13 @@ static bool lt_operand(const sh_tensor *t, int64_t *ld, int *trans) {
   return false;
 }
 
-extern "C" int sh_cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
-                             double alpha, double beta) {
+static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+                      double alpha, double beta) {
   const char *op = "gemm_";
-  SH_TRY(sh_cuda_check_float(c, op, "c", c ? c->device : -1));
-  SH_TRY(sh_cuda_check_float(a, op, "a", c->device));
-  SH_TRY(sh_cuda_check_float(b, op, "b", c->device));
-  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
-    return sh_fail(SH_ERR_ARG, "%s: needs 2-D tensors, got %s, %s, %s", op, sh_desc(a), sh_desc(b), sh_desc(c));
-  int64_t M = trans_a ? a->shape[1] : a->shape[0], K = trans_a ? a->shape[0] : a->shape[1];
-  int64_t K2 = trans_b ? b->shape[1] : b->shape[0], N = trans_b ? b->shape[0] : b->shape[1];
-  if (K != K2 || c->shape[0] != M || c->shape[1] != N)
-    return sh_fail(SH_ERR_ARG, "%s: op(a) [%lld,%lld] @ op(b) [%lld,%lld] does not give c %s", op, (long long)M, (long long)K,
-                   (long long)K2, (long long)N, sh_desc(c));
+  int64_t M = c->shape[0], N = c->shape[1], K = trans_a ? a->shape[0] : a->shape[1];
   int dev = c->device;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
-  c->version++;
   if (M == 0 || N == 0) return SH_OK;
   /* Inputs in c's dtype, except bf16/f16 inputs may feed an f32 c directly. */
   int in_dt = c->dtype;
@@ -485,7 +411,7 @@ extern "C" int sh_cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *
   bool c_direct = lt_operand(c, &ldc, &tc) && tc == 0;
   if (!c_direct) { SH_TRY(sh_cuda_contiguous_as(cc.out(), c, c->dtype)); ldc = N; }
   if (K == 0) {
-    SH_TRY(sh_cuda_scale_(c_direct ? c : cc.t, beta));
+    SH_TRY(sh_scale_(c_direct ? c : cc.t, beta));
   } else {
     lt_gemm g;
     memset(&g, 0, sizeof g);
@@ -497,20 +423,17 @@ extern "C" int sh_cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *
     int fused;
     SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
   }
-  if (!c_direct) SH_TRY(sh_cuda_copy_(c, cc.t));
+  if (!c_direct) SH_TRY(sh_tensor_copy_(c, cc.t));
   return SH_OK;
 }
 
-/* Batched product of contiguous a [batch_a..., M, K] and b [batch_b..., K, N] where the
- * batch dims broadcast: one strided-batched call when each side's batch is either full or a
- * single matrix (stride 0); otherwise the operands are expanded into dense copies first. */
-extern "C" int sh_cuda_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+/* Batched product of contiguous a [batch_a..., M, K] and b [batch_b..., K, N] into o, whose
+ * leading dims are the batch dims the front broadcast: one strided-batched call when each
+ * side's batch is either full or a single matrix (stride 0); otherwise the operands are
+ * expanded into dense copies first. */
+static int cuda_matmul(sh_tensor *o, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "matmul";
-  *out = NULL;
-  SH_TRY(sh_cuda_check_float(a, op, "a", a ? a->device : -1));
-  SH_TRY(sh_cuda_check_float(b, op, "b", a->device));
-  if (a->ndim < 1 || b->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: needs at least 1-D operands, got %s and %s", op, sh_desc(a), sh_desc(b));
-  int dt = promote_float(a->dtype, b->dtype), dev = a->device;
+  int dt = o->dtype, dev = a->device;
   /* 1-D operands become [1, K] and [K, 1]; their unit dim is dropped from the result. */
   int64_t as[SH_MAX_DIMS + 1], bs[SH_MAX_DIMS + 1];
   int an = a->ndim, bn = b->ndim;
@@ -518,35 +441,24 @@ extern "C" int sh_cuda_matmul(sh_tensor **out, const sh_tensor *a, const sh_tens
   memcpy(bs, b->shape, sizeof(int64_t) * bn);
   if (an == 1) { as[1] = as[0]; as[0] = 1; an = 2; }
   if (bn == 1) { bs[1] = 1; bn = 2; }
-  int64_t M = as[an - 2], K = as[an - 1], K2 = bs[bn - 2], N = bs[bn - 1];
-  if (K != K2) return sh_fail(SH_ERR_ARG, "%s: %s @ %s: inner dims %lld and %lld differ", op, sh_desc(a), sh_desc(b), (long long)K, (long long)K2);
-  int nb;
-  int64_t batch_shape[SH_MAX_DIMS];
-  SH_TRY(sh_broadcast_shapes(op, an - 2, as, bn - 2, bs, &nb, batch_shape));
-  if (nb + 2 > SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "%s: the result of %s @ %s has too many dims", op, sh_desc(a), sh_desc(b));
+  int64_t M = as[an - 2], K = as[an - 1], N = bs[bn - 1];
+  int nb = o->ndim - (a->ndim > 1) - (b->ndim > 1);
   int64_t batch = 1, batch_a = 1, batch_b = 1;
-  for (int d = 0; d < nb; d++) batch *= batch_shape[d];
+  for (int d = 0; d < nb; d++) batch *= o->shape[d];
   for (int d = 0; d < an - 2; d++) batch_a *= as[d];
   for (int d = 0; d < bn - 2; d++) batch_b *= bs[d];
-  int64_t oshape[SH_MAX_DIMS];
-  int on = 0;
-  for (int d = 0; d < nb; d++) oshape[on++] = batch_shape[d];
-  if (a->ndim > 1) oshape[on++] = M;
-  if (b->ndim > 1) oshape[on++] = N;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
-  sh_tguard o, ac, bc, ae, be;
-  SH_TRY(sh_tensor_empty(o.out(), on, oshape, dt, dev));
-  if (batch == 0 || M == 0 || N == 0) { *out = o.take(); return SH_OK; }
-  if (K == 0) { SH_TRY(sh_cuda_fill_(o.t, 0.0)); *out = o.take(); return SH_OK; }
+  if (batch == 0 || M == 0 || N == 0) return SH_OK;
+  if (K == 0) return sh_tensor_fill_(o, 0.0);
   /* Views with the 1-D promotion applied, then dense copies in dt. */
-  sh_tguard av, bv;
+  sh_tguard av, bv, ae, be, ac, bc;
   SH_TRY(sh_view_reshape(av.out(), a, an, as));
   SH_TRY(sh_view_reshape(bv.out(), b, bn, bs));
   const sh_tensor *A = av.t, *B = bv.t;
   /* A side whose batch is neither full nor one matrix is expanded to the full batch. */
   int64_t full[SH_MAX_DIMS];
-  memcpy(full, batch_shape, sizeof(int64_t) * nb);
+  memcpy(full, o->shape, sizeof(int64_t) * nb);
   if (batch_a != batch && batch_a != 1) {
     full[nb] = M; full[nb + 1] = K;
     SH_TRY(sh_view_expand(ae.out(), A, nb + 2, full));
@@ -566,7 +478,7 @@ extern "C" int sh_cuda_matmul(sh_tensor **out, const sh_tensor *a, const sh_tens
   g.K = K; g.N = N;
   g.B = sh_tensor_data(bc.t); g.ldb = N; g.tb = 0;
   g.A = sh_tensor_data(ac.t); g.lda = K; g.ta = 0;
-  g.D = sh_tensor_data(o.t); g.ldd = N;
+  g.D = sh_tensor_data(o); g.ldd = N;
   g.in_dt = dt; g.out_dt = dt; g.alpha = 1; g.beta = 0;
   if (batch_b == 1) {         /* a shared right operand: fold the batch into the rows */
     g.M = batch * M; g.batch = 1;
@@ -577,10 +489,14 @@ extern "C" int sh_cuda_matmul(sh_tensor **out, const sh_tensor *a, const sh_tens
     g.sD = M * N;
   }
   int fused;
-  SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
-  *out = o.take();
-  return SH_OK;
+  return lt_gemm_epi(op, dev, st, g, &fused);
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_matmul_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_matmul_register_cuda(sh_backend *b) {
+  b->matmul = cuda_matmul;
+  b->gemm_ = cuda_gemm_;
+  b->linear_forward = cuda_linear_forward;
+  b->linear_backward = cuda_linear_backward;
+  b->linear_gelu_forward = cuda_linear_gelu_forward;
+  b->linear_backward_dgelu = cuda_linear_backward_dgelu;
+}

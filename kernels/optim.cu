@@ -44,12 +44,13 @@ __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
 }
 
 
-extern "C" int sh_cuda_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
-                                   sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                                   double weight_decay, int64_t step, double grad_scale) {
+/* The table's kernels: runtime/optim.c checked every buffer (flat, param's numel and
+ * device) and hyper-parameter, and bumps the versions. */
+static int cuda_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
+                            sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, int64_t step, double grad_scale) {
   const char *op = "adamw";
-  sh_adamw_hyper h;
-  SH_TRY(sh_adamw_prepare(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale, &h));
+  sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   int64_t n = sh_tensor_numel(param);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, param->device, &st));
@@ -69,8 +70,6 @@ extern "C" int sh_cuda_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_t
     adamw_mt_kernel<<<(unsigned)t.first_chunk[t.n], OPT_THREADS, 0, st>>>(t, h);
     CU_LAUNCHED(op);
   }
-  param->version++; m->version++; v->version++;
-  if (shadow) shadow->version++;
   return SH_OK;
 }
 
@@ -88,12 +87,11 @@ __global__ void sgd_kernel(float *p, const void *gp, int g_bf16, float *buf, int
   }
 }
 
-extern "C" int sh_cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
-                                 double momentum, double dampening, double weight_decay, int nesterov, int first_step,
-                                 double grad_scale) {
+static int cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
+                          double momentum, double dampening, double weight_decay, int nesterov, int first_step,
+                          double grad_scale) {
   const char *op = "sgd";
-  sh_sgd_hyper h;
-  SH_TRY(sh_sgd_prepare(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale, &h));
+  sh_sgd_hyper h = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
   int64_t n = sh_tensor_numel(param);
   int dev = param->device;
   float *buf = h.has_buf ? (float *)sh_tensor_data(momentum_buf) : NULL;
@@ -105,10 +103,10 @@ extern "C" int sh_cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_ten
                                                                   h.momentum, h.omd, h.nesterov, h.first);
     CU_LAUNCHED(op);
   }
-  param->version++;
-  if (buf) momentum_buf->version++;
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_optim_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_optim_register_cuda(sh_backend *b) {
+  b->adamw_step_ = cuda_adamw_step_;
+  b->sgd_step_ = cuda_sgd_step_;
+}

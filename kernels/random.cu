@@ -24,12 +24,9 @@ __global__ void random_fill_kernel(char *base, int dtype, rng_view v, int64_t n,
 }
 
 static int random_fill(const char *op, sh_tensor *t, uint64_t seed, uint64_t offset, double a, double b, int kind) {
-  SH_TRY(sh_tensor_check(t, op));
-  if (!sh_dtype_is_float(t->dtype)) return sh_fail(SH_ERR_ARG, "%s: needs a float tensor, got %s", op, sh_desc(t));
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, t->device, &st));
   int64_t n = sh_tensor_numel(t);
-  t->version++;
   if (n == 0) return SH_OK;
   rng_view v;
   memset(&v, 0, sizeof v);
@@ -42,13 +39,11 @@ static int random_fill(const char *op, sh_tensor *t, uint64_t seed, uint64_t off
   return SH_OK;
 }
 
-extern "C" int sh_cuda_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
-  if (!(std >= 0)) return sh_fail(SH_ERR_ARG, "normal_: std must be >= 0, got %g", std);
+static int cuda_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   return random_fill("normal_", t, seed, offset, mean, std, RNG_NORMAL);
 }
 
-extern "C" int sh_cuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
-  if (!(low <= high)) return sh_fail(SH_ERR_ARG, "uniform_: needs low <= high, got [%g, %g)", low, high);
+static int cuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
   return random_fill("uniform_", t, seed, offset, low, high, RNG_UNIFORM);
 }
 
@@ -63,34 +58,29 @@ __global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale
   }
 }
 
-static int dropout(const char *op, sh_tensor **out, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  *out = NULL;
-  SH_TRY(sh_cuda_check_float(x, op, "x", x ? x->device : -1));
-  if (!(p >= 0 && p < 1)) return sh_fail(SH_ERR_ARG, "%s: p must be in [0, 1), got %g", op, p);
+/* y = dropout of x; y is the front's output (contiguous, x's shape and dtype). */
+static int dropout(const char *op, sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  int64_t n = sh_tensor_numel(x);
+  if (n == 0) return SH_OK;
+  if (p == 0) return SH_KERNEL(op, y->device, copy_, y, x);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, x->device, &st));
-  sh_tguard xc, o;
+  sh_tguard xc;
   SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
-  SH_TRY(sh_tensor_empty(o.out(), x->ndim, x->shape, x->dtype, x->device));
-  int64_t n = sh_tensor_numel(x);
-  if (n > 0 && p == 0) {
-    SH_TRY(sh_cuda_copy_(o.t, xc.t));
-  } else if (n > 0) {
-    float scale = (float)(1.0 / (1.0 - p));
-    SH_DISPATCH_FLOAT(x->dtype, T, op, {
-      dropout_kernel<T><<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>(
-          (const T *)sh_tensor_data(xc.t), (T *)sh_tensor_data(o.t), n, (float)p, scale, seed, offset);
-    });
-    CU_LAUNCHED(op);
-  }
-  *out = o.take();
+  float scale = (float)(1.0 / (1.0 - p));
+  SH_DISPATCH_FLOAT(x->dtype, T, op, {
+    dropout_kernel<T><<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>(
+        (const T *)sh_tensor_data(xc.t), (T *)sh_tensor_data(y), n, (float)p, scale, seed, offset);
+  });
+  CU_LAUNCHED(op);
   return SH_OK;
 }
 
-extern "C" int sh_cuda_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+static int cuda_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
   return dropout("dropout", y, x, p, seed, offset);
 }
-extern "C" int sh_cuda_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+
+static int cuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
   return dropout("dropout_backward", dx, dy, p, seed, offset);
 }
 
@@ -101,25 +91,21 @@ __global__ void arange_kernel(char *base, int dtype, int64_t n, double start, do
     ew_store<double>(base, dtype, i, start + (double)i * step);
 }
 
-extern "C" int sh_cuda_arange(sh_tensor **out, double start, double end, double step, int dtype, int device) {
+static int cuda_arange(sh_tensor *out, double start, double step) {
   const char *op = "arange";
-  *out = NULL;
-  if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step))
-    return sh_fail(SH_ERR_ARG, "arange: needs finite start, end and a non-zero step, got (%g, %g, %g)", start, end, step);
-  if ((end - start) * step < 0) return sh_fail(SH_ERR_ARG, "arange: step %g never reaches %g from %g", step, end, start);
-  if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "arange: unknown dtype %d", dtype);
   cudaStream_t st;
-  SH_TRY(sh_cuda_enter(op, device, &st));
-  int64_t n = (int64_t)ceil((end - start) / step);
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), 1, &n, dtype, device));
-  if (n > 0) {
-    arange_kernel<<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>((char *)sh_tensor_data(o.t), dtype, n, start, step);
-    CU_LAUNCHED(op);
-  }
-  *out = o.take();
+  SH_TRY(sh_cuda_enter(op, out->device, &st));
+  int64_t n = out->shape[0];
+  if (n == 0) return SH_OK;
+  arange_kernel<<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>((char *)sh_tensor_data(out), out->dtype, n, start, step);
+  CU_LAUNCHED(op);
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_random_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_random_register_cuda(sh_backend *b) {
+  b->arange = cuda_arange;
+  b->random_normal_ = cuda_random_normal_;
+  b->random_uniform_ = cuda_random_uniform_;
+  b->dropout_forward = cuda_dropout_forward;
+  b->dropout_backward = cuda_dropout_backward;
+}

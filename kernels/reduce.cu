@@ -1,6 +1,7 @@
-/* reduce.cu: sum, mean, max, min, argmax, sum_to_shape and sumsq on CUDA, with the result
- * dtypes of runtime/ops_reduce.c (sum of integers -> i64, mean of integers -> f32, max/min
- * keep the dtype; NaN propagates; argmax points at the first NaN, else the first max).
+/* reduce.cu: the CUDA kernels of sum, mean, max, min, argmax, sum_to_shape and sumsq. The
+ * fronts in runtime/ops_reduce.c check the arguments and allocate the outputs in the result
+ * dtypes (sum of integers -> i64, mean of integers -> f32, max/min keep the dtype); NaN
+ * propagates; argmax points at the first NaN, else the first max.
  *
  * Every reduction is a dense [outer, R, inner] array reduced over R, accumulated in double
  * like the CPU, in two deterministic passes: pass 1 cuts R into chunks so that even a
@@ -12,7 +13,6 @@
 extern "C" {
 #include "ops_internal.h"
 }
-#include <string.h>
 
 enum { RED_THREADS = 256, RED_SUMSQ = 100, MAX_CHUNKS = 512 };
 
@@ -126,7 +126,12 @@ static int reduce_core(const char *name, cudaStream_t st, const sh_tensor *x, in
 
 static int dense_dtype(int dt) { return (dt == SH_F32 || dt == SH_BF16 || dt == SH_F16) ? SH_F32 : SH_F64; }
 
-
+/* A shape seen as [outer, shape[dim], inner]. */
+static void split_at(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int d = 0; d < dim; d++) *outer *= shape[d];
+  for (int d = dim + 1; d < ndim; d++) *inner *= shape[d];
+}
 
 static int reduce_into(const char *name, sh_tensor *out, int op, const sh_tensor *a, int64_t outer, int64_t R, int64_t inner) {
   cudaStream_t st;
@@ -137,40 +142,14 @@ static int reduce_into(const char *name, sh_tensor *out, int op, const sh_tensor
                      (char *)sh_tensor_data(out), out->dtype);
 }
 
-static int check_reduce(int op, const sh_tensor *a) {
-  if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
-  return sh_tensor_check(a, sh_reduce_name(op));
+static int cuda_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
+  int64_t outer, inner;
+  split_at(a->ndim, a->shape, dim, &outer, &inner);
+  return reduce_into(sh_reduce_name(op), out, op, a, outer, a->shape[dim], inner);
 }
 
-extern "C" int sh_cuda_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
-  *out = NULL;
-  SH_TRY(check_reduce(op, a));
-  const char *name = sh_reduce_name(op);
-  SH_TRY(sh_reduce_dim(name, a, &dim));
-  if (a->shape[dim] == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
-    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", name, sh_desc(a));
-  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1;
-  for (int d = 0; d < dim; d++) outer *= a->shape[d];
-  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = sh_reduced_shape(a, dim, keepdim, shape);
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), n, shape, sh_reduce_result_dtype(op, a->dtype), a->device));
-  SH_TRY(reduce_into(name, o.t, op, a, outer, a->shape[dim], inner));
-  *out = o.take();
-  return SH_OK;
-}
-
-extern "C" int sh_cuda_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
-  *out = NULL;
-  SH_TRY(check_reduce(op, a));
-  const char *name = sh_reduce_name(op);
-  if (sh_tensor_numel(a) == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
-    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", name, sh_desc(a));
-  sh_tguard o;
-  SH_TRY(sh_tensor_empty(o.out(), 0, NULL, sh_reduce_result_dtype(op, a->dtype), a->device));
-  SH_TRY(reduce_into(name, o.t, op, a, 1, sh_tensor_numel(a), 1));
-  *out = o.take();
-  return SH_OK;
+static int cuda_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
+  return reduce_into(sh_reduce_name(op), out, op, a, 1, sh_tensor_numel(a), 1);
 }
 
 /* ---- argmax -------------------------------------------------------------------------------- */
@@ -222,22 +201,15 @@ __global__ void argmax_cols_kernel(const T *x, int64_t outer, int64_t R, int64_t
   out[j] = i;
 }
 
-extern "C" int sh_cuda_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
+static int cuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
   const char *name = "argmax";
-  *out = NULL;
-  SH_TRY(sh_tensor_check(a, name));
-  SH_TRY(sh_reduce_dim(name, a, &dim));
-  if (a->shape[dim] == 0) return sh_fail(SH_ERR_ARG, "argmax: the reduced dim of %s is empty", sh_desc(a));
-  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1, R = a->shape[dim];
-  for (int d = 0; d < dim; d++) outer *= a->shape[d];
-  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = sh_reduced_shape(a, dim, keepdim, shape);
+  int64_t outer, inner, R = a->shape[dim];
+  split_at(a->ndim, a->shape, dim, &outer, &inner);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(name, a->device, &st));
-  sh_tguard x, o;
+  sh_tguard x;
   SH_TRY(sh_cuda_contiguous_as(x.out(), a, dense_dtype(a->dtype)));
-  SH_TRY(sh_tensor_empty(o.out(), n, shape, SH_I64, a->device));
-  int64_t *idx = (int64_t *)sh_tensor_data(o.t);
+  int64_t *idx = (int64_t *)sh_tensor_data(out);
   bool f64 = x.t->dtype == SH_F64;
   if (outer * inner > 0) {
     if (inner == 1) {
@@ -254,90 +226,61 @@ extern "C" int sh_cuda_argmax(sh_tensor **out, const sh_tensor *a, int dim, int 
       CU_LAUNCHED(name);
     }
   }
-  *out = o.take();
   return SH_OK;
 }
 
 /* ---- sum_to_shape ---------------------------------------------------------------------- */
 
-/* The dims a has beyond `shape` (or where shape is 1) are grouped into runs of kept and
- * summed dims ([B,T,C] -> [C] is one column reduction of [B*T, C]); each summed run is
- * reduced in turn into a double buffer, and the last pass writes a's dtype. */
-extern "C" int sh_cuda_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape) {
+/* out and a have the same dims (the front's runs of kept and summed dims, so [B,T,C] -> [C]
+ * is one column reduction of [B*T, C]); each dim where out is 1 and a is not is reduced in
+ * turn into a double buffer, and the last pass writes out. */
+static int cuda_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
   const char *name = "sum_to_shape";
-  *out = NULL;
-  SH_TRY(sh_tensor_check(a, name));
-  int lead = a->ndim - ndim, nb;
-  int64_t bshape[SH_MAX_DIMS];
-  char want[160];
-  if (ndim < 0 || lead < 0 || sh_broadcast_shapes(name, a->ndim, a->shape, ndim, shape, &nb, bshape) ||
-      memcmp(bshape, a->shape, sizeof(int64_t) * a->ndim) != 0)
-    return sh_fail(SH_ERR_ARG, "sum_to_shape: %s does not broadcast from shape %s", sh_desc(a),
-                   sh_shape_str(ndim < 0 ? 0 : ndim, shape, want, sizeof want));
   int64_t size[SH_MAX_DIMS];
-  int summed[SH_MAX_DIMS], nruns = 0, nsummed = 0;
-  for (int d = 0; d < a->ndim; d++) {
-    if (a->shape[d] == 1) continue;
-    int s = d < lead || shape[d - lead] == 1;
-    if (nruns && summed[nruns - 1] == s) size[nruns - 1] *= a->shape[d];
-    else { size[nruns] = a->shape[d]; summed[nruns++] = s; nsummed += s; }
-  }
+  int nsummed = 0;
+  for (int d = 0; d < a->ndim; d++) { size[d] = a->shape[d]; nsummed += out->shape[d] != size[d]; }
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(name, a->device, &st));
-  sh_tguard o, x;
-  SH_TRY(sh_tensor_empty(o.out(), ndim, shape, a->dtype, a->device));
-  if (nsummed == 0 || sh_tensor_numel(a) == 0) {
-    if (sh_tensor_numel(o.t) > 0) {
-      sh_tguard v;
-      SH_TRY(sh_tensor_reshape(v.out(), a, ndim, shape));
-      SH_TRY(sh_cuda_copy_(o.t, v.t));
-    }
-    *out = o.take();
-    return SH_OK;
-  }
+  sh_tguard x;
   SH_TRY(sh_cuda_contiguous_as(x.out(), a, dense_dtype(a->dtype)));
   int done = 0;
-  for (int r = 0; r < nruns; r++) {
-    if (!summed[r]) continue;
-    int64_t outer = 1, inner = 1;
-    for (int q = 0; q < r; q++) outer *= size[q];
-    for (int q = r + 1; q < nruns; q++) inner *= size[q];
+  for (int r = 0; r < a->ndim; r++) {
+    if (out->shape[r] == size[r]) continue;
+    int64_t outer, inner;
+    split_at(a->ndim, size, r, &outer, &inner);
     bool last = ++done == nsummed;
     sh_tguard next;
     if (!last) {
       int64_t n1[1] = {outer * inner};
       SH_TRY(sh_tensor_empty(next.out(), 1, n1, SH_F64, a->device));
     }
-    sh_tensor *dst = last ? o.t : next.t;
+    sh_tensor *dst = last ? out : next.t;
     SH_TRY(reduce_core(name, st, x.t, outer, size[r], inner, SH_OP_SUM, 1.0, (char *)sh_tensor_data(dst), dst->dtype));
     size[r] = 1;
     if (!last) { sh_tensor_destroy(x.t); x.t = next.take(); }
   }
-  *out = o.take();
   return SH_OK;
 }
 
 /* ---- sumsq (global gradient norm) ---------------------------------------------------------- */
 
-extern "C" double sh_cuda_sumsq(const sh_tensor *a, int *status) {
+static int cuda_sumsq(const sh_tensor *a, double *out) {
   const char *name = "sumsq";
-  double res = NAN;
-  int rc = sh_tensor_check(a, name);
-  cudaStream_t st = 0;
+  cudaStream_t st;
   sh_tguard x, o;
-  if (!rc) rc = sh_cuda_enter(name, a->device, &st);
-  if (!rc) rc = sh_cuda_contiguous_as(x.out(), a, dense_dtype(a->dtype));
-  if (!rc) rc = sh_tensor_empty(o.out(), 0, NULL, SH_F64, a->device);
-  if (!rc) rc = reduce_core(name, st, x.t, 1, sh_tensor_numel(a), 1, RED_SUMSQ, 1.0, (char *)sh_tensor_data(o.t), SH_F64);
-  if (!rc && sh_tensor_numel(a) == 0) res = 0;
-  else if (!rc) {
-    cudaError_t e = cudaMemcpyAsync(&res, sh_tensor_data(o.t), sizeof res, cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess) { rc = sh_cuda_fail(name, e, __FILE__, __LINE__); res = NAN; }
-  }
-  if (status) *status = rc;
-  return rc ? NAN : res;
+  SH_TRY(sh_cuda_enter(name, a->device, &st));
+  SH_TRY(sh_cuda_contiguous_as(x.out(), a, dense_dtype(a->dtype)));
+  SH_TRY(sh_tensor_empty(o.out(), 0, NULL, SH_F64, a->device));
+  SH_TRY(reduce_core(name, st, x.t, 1, sh_tensor_numel(a), 1, RED_SUMSQ, 1.0, (char *)sh_tensor_data(o.t), SH_F64));
+  CU_TRY(name, cudaMemcpyAsync(out, sh_tensor_data(o.t), sizeof *out, cudaMemcpyDeviceToHost, st));
+  CU_TRY(name, cudaStreamSynchronize(st));
+  return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-extern "C" void sh_reduce_register_cuda(sh_backend *b) { (void)b; }
+extern "C" void sh_reduce_register_cuda(sh_backend *b) {
+  b->reduce = cuda_reduce;
+  b->reduce_all = cuda_reduce_all;
+  b->argmax = cuda_argmax;
+  b->sum_to_shape = cuda_sum_to_shape;
+  b->sumsq = cuda_sumsq;
+}

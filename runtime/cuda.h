@@ -6,8 +6,9 @@
  * Memory freed while the current stream is S is reused on another stream only after that
  * stream waits for an event recorded on S at the free: reuse is safe and deterministic.
  * Nothing that may run in a finalizer (frees, event destroy, pinned free) synchronises.
- * Without CUDA (built without nvcc, or no GPU) sh_cuda_device_count() is 0 and the rest
- * fail with SH_ERR_DEVICE. */
+ * With no GPU, sh_cuda_device_count() is 0 and the rest fail with SH_ERR_DEVICE. A build
+ * without nvcc has none of these symbols (Lua asks shard.ffi.cuda_device_count(), which
+ * says 0 then); its ops have no CUDA table (backend_internal.h). */
 #pragma once
 #include <stdint.h>
 #include <stddef.h>

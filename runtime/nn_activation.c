@@ -1,13 +1,14 @@
 /* nn_activation.c: gelu (GPT-2's tanh form), silu, swiglu's gate, softmax over the last
  * dim, and seeded dropout; forward and backward. Each kernel is a range function run by
  * sh_nn_parallel_for, with exp/tanh from nn_internal.h so the loops vectorize. Outputs take
- * the dtype of the input they are the result or gradient of; math is f32. */
+ * the dtype of the input they are the result or gradient of; math is f32.
+ * The public ops at the end check, allocate on the input's device and dispatch
+ * (backend_internal.h); the cpu_ kernels above them stage through f32 (nn_internal.h). */
 #include <math.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
 #include "philox_internal.h"
-#include "cuda_internal.h"
 
 typedef struct ew_args {
   const float *x, *y, *dy, *b;
@@ -141,138 +142,227 @@ static void copy_range(const void *arg, int64_t i0, int64_t i1) {
   memcpy(a->out + i0, a->x + i0, (size_t)(i1 - i0) * sizeof(float));
 }
 
-/* ---- entry points -------------------------------------------------------------------- */
+/* ---- CPU kernels ---------------------------------------------------------------------- */
 
-/* out = fn(x) elementwise (or per row of length c when c > 0); out has x's shape and
- * `dtype`. If dy is given it must have x's shape and is staged too. */
-static int run_unary(sh_tensor **out, const char *op, sh_nn_range_fn fn, ew_args *a, const sh_tensor *x,
-                     const char *xname, const sh_tensor *dy, int rows, int dtype) {
-  *out = NULL;
-  SH_TRY(sh_nn_check_float(x, op, xname));
-  if (dy) {
-    SH_TRY(sh_nn_check_float(dy, op, "dy"));
-    SH_TRY(sh_nn_check_same_shape(dy, x, op, "dy", xname));
-  }
-  if (rows && x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: %s must have at least 1 dim, got %s", op, xname, sh_desc(x));
-  sh_tensor *xc = NULL, *dyc = NULL, *o = NULL;
+/* out = fn(x) elementwise, or per row of length c when rows; x (named xname) and dy, when
+ * given, are staged in f32, and out (x's shape, any float dtype) is written through f32. */
+static int run_unary(sh_tensor *out, const char *op, sh_nn_range_fn fn, ew_args *a, const sh_tensor *x,
+                     const char *xname, const sh_tensor *dy, int rows) {
+  sh_tensor *xc = NULL, *dyc = NULL;
+  sh_nn_accum o = {0};
   int rc = sh_nn_f32(&xc, x, op, xname);
   if (!rc && dy) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc) rc = sh_nn_new_f32(&o, x->ndim, x->shape);
+  if (!rc) rc = sh_nn_out_begin(&o, out);
   if (!rc) {
     int64_t n = sh_tensor_numel(x);
     a->x = a->y = sh_nn_ptr(xc);
     a->dy = dyc ? sh_nn_ptr(dyc) : NULL;
-    a->out = sh_nn_ptr(o);
+    a->out = sh_nn_ptr(o.buf);
     a->c = rows ? x->shape[x->ndim - 1] : 1;
     int64_t units = a->c > 0 ? n / a->c : 0;
     sh_nn_parallel_for(units, n * (rows ? 4 : 16), fn, a);
-    rc = sh_nn_finish(&o, dtype);
+    rc = sh_nn_accum_end(&o);
   }
+  sh_nn_accum_drop(&o);
   sh_tensor_destroy(xc); sh_tensor_destroy(dyc);
-  if (rc) sh_tensor_destroy(o);
-  else *out = o;
   return rc;
 }
 
-int sh_gelu_forward(sh_tensor **y, const sh_tensor *x) {
-  if (x && x->device >= 0) return sh_cuda_gelu_forward(y, x);
+static int cpu_gelu_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
-  return run_unary(y, "gelu", gelu_fwd, &a, x, "x", NULL, 0, x ? x->dtype : SH_F32);
+  return run_unary(y, "gelu", gelu_fwd, &a, x, "x", NULL, 0);
 }
 
-int sh_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
-  if (x && x->device >= 0) return sh_cuda_gelu_backward(dx, dy, x);
+static int cpu_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   ew_args a = {0};
-  return run_unary(dx, "gelu_backward", gelu_bwd, &a, x, "x", dy, 0, x ? x->dtype : SH_F32);
+  return run_unary(dx, "gelu_backward", gelu_bwd, &a, x, "x", dy, 0);
 }
 
-int sh_silu_forward(sh_tensor **y, const sh_tensor *x) {
-  if (x && x->device >= 0) return sh_cuda_silu_forward(y, x);
+static int cpu_silu_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
-  return run_unary(y, "silu", silu_fwd, &a, x, "x", NULL, 0, x ? x->dtype : SH_F32);
+  return run_unary(y, "silu", silu_fwd, &a, x, "x", NULL, 0);
 }
 
-int sh_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
-  if (x && x->device >= 0) return sh_cuda_silu_backward(dx, dy, x);
+static int cpu_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   ew_args a = {0};
-  return run_unary(dx, "silu_backward", silu_bwd, &a, x, "x", dy, 0, x ? x->dtype : SH_F32);
+  return run_unary(dx, "silu_backward", silu_bwd, &a, x, "x", dy, 0);
 }
 
-int sh_softmax_forward(sh_tensor **y, const sh_tensor *x) {
-  if (x && x->device >= 0) return sh_cuda_softmax_forward(y, x);
+static int cpu_softmax_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
-  return run_unary(y, "softmax", softmax_fwd, &a, x, "x", NULL, 1, x ? x->dtype : SH_F32);
+  return run_unary(y, "softmax", softmax_fwd, &a, x, "x", NULL, 1);
 }
 
-int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
-  if (y && y->device >= 0) return sh_cuda_softmax_backward(dx, dy, y);
+static int cpu_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
   ew_args a = {0};
-  return run_unary(dx, "softmax_backward", softmax_bwd, &a, y, "y", dy, 1, y ? y->dtype : SH_F32);
+  return run_unary(dx, "softmax_backward", softmax_bwd, &a, y, "y", dy, 1);
 }
 
-int sh_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
-  if (a && a->device >= 0) return sh_cuda_swiglu_forward(y, a, b);
+static int cpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "swiglu";
-  *y = NULL;
-  SH_TRY(sh_nn_check_float(a, op, "a"));
-  SH_TRY(sh_nn_check_float(b, op, "b"));
-  SH_TRY(sh_nn_check_same_shape(a, b, op, "a", "b"));
   sh_tensor *bc = NULL;
   SH_TRY(sh_nn_f32(&bc, b, op, "b"));
   ew_args e = {.b = sh_nn_ptr(bc)};
-  int rc = run_unary(y, op, swiglu_fwd, &e, a, "a", NULL, 0, a->dtype);
+  int rc = run_unary(y, op, swiglu_fwd, &e, a, "a", NULL, 0);
   sh_tensor_destroy(bc);
   return rc;
 }
 
-int sh_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a, const sh_tensor *b) {
-  if (a && a->device >= 0) return sh_cuda_swiglu_backward(da, db, dy, a, b);
+/* da and db may each be NULL. */
+static int cpu_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
+                               const sh_tensor *b) {
   const char *op = "swiglu_backward";
-  if (da) *da = NULL;
-  if (db) *db = NULL;
-  SH_TRY(sh_nn_check_float(dy, op, "dy"));
-  SH_TRY(sh_nn_check_float(a, op, "a"));
-  SH_TRY(sh_nn_check_float(b, op, "b"));
-  SH_TRY(sh_nn_check_same_shape(a, b, op, "a", "b"));
-  SH_TRY(sh_nn_check_same_shape(dy, a, op, "dy", "a"));
-  sh_tensor *ac = NULL, *bc = NULL, *dyc = NULL, *dao = NULL, *dbo = NULL;
+  sh_tensor *ac = NULL, *bc = NULL, *dyc = NULL;
+  sh_nn_accum oa = {0}, ob = {0};
   int rc = sh_nn_f32(&ac, a, op, "a");
   if (!rc) rc = sh_nn_f32(&bc, b, op, "b");
   if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc && da) rc = sh_nn_new_f32(&dao, a->ndim, a->shape);
-  if (!rc && db) rc = sh_nn_new_f32(&dbo, b->ndim, b->shape);
+  if (!rc && da) rc = sh_nn_out_begin(&oa, da);
+  if (!rc && db) rc = sh_nn_out_begin(&ob, db);
   if (!rc) {
     ew_args e = {.x = sh_nn_ptr(ac), .b = sh_nn_ptr(bc), .dy = sh_nn_ptr(dyc),
-                 .out = dao ? sh_nn_ptr(dao) : NULL, .out2 = dbo ? sh_nn_ptr(dbo) : NULL};
+                 .out = da ? sh_nn_ptr(oa.buf) : NULL, .out2 = db ? sh_nn_ptr(ob.buf) : NULL};
     int64_t n = sh_tensor_numel(a);
     sh_nn_parallel_for(n, n * 16, swiglu_bwd, &e);
-    if (da) rc = sh_nn_finish(&dao, a->dtype);
-    if (!rc && db) rc = sh_nn_finish(&dbo, b->dtype);
   }
+  if (!rc && da) rc = sh_nn_accum_end(&oa);
+  if (!rc && db) rc = sh_nn_accum_end(&ob);
+  sh_nn_accum_drop(&oa); sh_nn_accum_drop(&ob);
   sh_tensor_destroy(ac); sh_tensor_destroy(bc); sh_tensor_destroy(dyc);
-  if (rc) { sh_tensor_destroy(dao); sh_tensor_destroy(dbo); return rc; }
-  if (da) *da = dao;
-  if (db) *db = dbo;
-  return SH_OK;
+  return rc;
 }
 
-static int dropout(sh_tensor **out, const char *op, const sh_tensor *x, const char *xname, double p,
-                   uint64_t seed, uint64_t offset) {
+/* Forward and backward alike: the mask depends only on (seed, offset + i). */
+static int cpu_dropout(sh_tensor *out, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  ew_args a = {.p = (float)p, .scale = (float)(1.0 / (1.0 - p)), .seed = seed, .offset = offset};
+  return run_unary(out, "dropout", p == 0.0 ? copy_range : dropout_range, &a, x, "x", NULL, 0);
+}
+
+void sh_activation_register_cpu(sh_backend *b) {
+  b->gelu_forward = cpu_gelu_forward;
+  b->gelu_backward = cpu_gelu_backward;
+  b->silu_forward = cpu_silu_forward;
+  b->silu_backward = cpu_silu_backward;
+  b->swiglu_forward = cpu_swiglu_forward;
+  b->swiglu_backward = cpu_swiglu_backward;
+  b->softmax_forward = cpu_softmax_forward;
+  b->softmax_backward = cpu_softmax_backward;
+  b->dropout_forward = cpu_dropout;
+  b->dropout_backward = cpu_dropout;
+}
+
+/* ---- public ops ------------------------------------------------------------------------ */
+
+/* Clears *out, checks x (named xname: float, at least 1 dim when rows) and dy (when given:
+ * float, x's shape, on x's device), and allocates *o of x's shape and dtype on x's device.
+ * The caller then runs its kernel into *o and hands it over with sh_nn_give. */
+static int unary_front(sh_tensor **o, sh_tensor **out, const char *op, const sh_tensor *x, const char *xname,
+                       const sh_tensor *dy, int rows) {
+  *out = NULL;
+  SH_TRY(sh_nn_check_float(x, op, xname));
+  if (dy) {
+    SH_TRY(sh_nn_check_float_on(dy, x->device, op, "dy"));
+    SH_TRY(sh_nn_check_same_shape(dy, x, op, "dy", xname));
+  }
+  if (rows && x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: %s must have at least 1 dim, got %s", op, xname, sh_desc(x));
+  return sh_tensor_empty(o, x->ndim, x->shape, x->dtype, x->device);
+}
+
+int sh_gelu_forward(sh_tensor **y, const sh_tensor *x) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, y, "gelu", x, "x", NULL, 0);
+  if (!rc) rc = SH_KERNEL("gelu", x->device, gelu_forward, o, x);
+  return sh_nn_give(rc, o, y);
+}
+
+int sh_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, dx, "gelu_backward", x, "x", dy, 0);
+  if (!rc) rc = SH_KERNEL("gelu_backward", x->device, gelu_backward, o, dy, x);
+  return sh_nn_give(rc, o, dx);
+}
+
+int sh_silu_forward(sh_tensor **y, const sh_tensor *x) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, y, "silu", x, "x", NULL, 0);
+  if (!rc) rc = SH_KERNEL("silu", x->device, silu_forward, o, x);
+  return sh_nn_give(rc, o, y);
+}
+
+int sh_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, dx, "silu_backward", x, "x", dy, 0);
+  if (!rc) rc = SH_KERNEL("silu_backward", x->device, silu_backward, o, dy, x);
+  return sh_nn_give(rc, o, dx);
+}
+
+int sh_softmax_forward(sh_tensor **y, const sh_tensor *x) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, y, "softmax", x, "x", NULL, 1);
+  if (!rc) rc = SH_KERNEL("softmax", x->device, softmax_forward, o, x);
+  return sh_nn_give(rc, o, y);
+}
+
+/* dx takes y's dtype. */
+int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
+  sh_tensor *o = NULL;
+  int rc = unary_front(&o, dx, "softmax_backward", y, "y", dy, 1);
+  if (!rc) rc = SH_KERNEL("softmax_backward", y->device, softmax_backward, o, dy, y);
+  return sh_nn_give(rc, o, dx);
+}
+
+/* a and b: float tensors of one shape, b on a's device. */
+static int check_swiglu(const char *op, const sh_tensor *a, const sh_tensor *b) {
+  SH_TRY(sh_nn_check_float(a, op, "a"));
+  SH_TRY(sh_nn_check_float_on(b, a->device, op, "b"));
+  return sh_nn_check_same_shape(a, b, op, "a", "b");
+}
+
+/* y takes a's dtype. */
+int sh_swiglu_forward(sh_tensor **y, const sh_tensor *a, const sh_tensor *b) {
+  const char *op = "swiglu";
+  sh_tensor *o = NULL;
+  *y = NULL;
+  int rc = check_swiglu(op, a, b);
+  if (!rc) rc = sh_tensor_empty(&o, a->ndim, a->shape, a->dtype, a->device);
+  if (!rc) rc = SH_KERNEL(op, a->device, swiglu_forward, o, a, b);
+  return sh_nn_give(rc, o, y);
+}
+
+/* da takes a's dtype, db b's; either may be skipped (NULL). */
+int sh_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, const sh_tensor *a, const sh_tensor *b) {
+  const char *op = "swiglu_backward";
+  sh_tensor *dao = NULL, *dbo = NULL;
+  if (da) *da = NULL;
+  if (db) *db = NULL;
+  int rc = sh_nn_check_float(dy, op, "dy");
+  if (!rc) rc = check_swiglu(op, a, b);
+  if (!rc) rc = sh_check_on(dy, a->device, op, "dy");
+  if (!rc) rc = sh_nn_check_same_shape(dy, a, op, "dy", "a");
+  if (!rc && da) rc = sh_tensor_empty(&dao, a->ndim, a->shape, a->dtype, a->device);
+  if (!rc && db) rc = sh_tensor_empty(&dbo, b->ndim, b->shape, b->dtype, a->device);
+  if (!rc) rc = SH_KERNEL(op, a->device, swiglu_backward, dao, dbo, dy, a, b);
+  sh_nn_give(rc, dao, da);
+  return sh_nn_give(rc, dbo, db);
+}
+
+/* x (named xname) is a float tensor and p in [0, 1); *o has x's shape and dtype. */
+static int dropout_front(sh_tensor **o, sh_tensor **out, const char *op, const sh_tensor *x, const char *xname, double p) {
   *out = NULL;
   if (!(p >= 0.0 && p < 1.0)) return sh_fail(SH_ERR_ARG, "%s: p must be in [0, 1), got %g", op, p);
-  ew_args a = {.p = (float)p, .scale = (float)(1.0 / (1.0 - p)), .seed = seed, .offset = offset};
-  return run_unary(out, op, p == 0.0 ? copy_range : dropout_range, &a, x, xname, NULL, 0, x ? x->dtype : SH_F32);
+  return unary_front(o, out, op, x, xname, NULL, 0);
 }
 
 int sh_dropout_forward(sh_tensor **y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  if (x && x->device >= 0) return sh_cuda_dropout_forward(y, x, p, seed, offset);
-  return dropout(y, "dropout", x, "x", p, seed, offset);
+  sh_tensor *o = NULL;
+  int rc = dropout_front(&o, y, "dropout", x, "x", p);
+  if (!rc) rc = SH_KERNEL("dropout", x->device, dropout_forward, o, x, p, seed, offset);
+  return sh_nn_give(rc, o, y);
 }
 
 int sh_dropout_backward(sh_tensor **dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
-  if (dy && dy->device >= 0) return sh_cuda_dropout_backward(dx, dy, p, seed, offset);
-  return dropout(dx, "dropout_backward", dy, "dy", p, seed, offset);
+  sh_tensor *o = NULL;
+  int rc = dropout_front(&o, dx, "dropout_backward", dy, "dy", p);
+  if (!rc) rc = SH_KERNEL("dropout_backward", dy->device, dropout_backward, o, dy, p, seed, offset);
+  return sh_nn_give(rc, o, dx);
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_activation_register_cpu(sh_backend *b) { (void)b; }

@@ -28,7 +28,6 @@
 #include "blas_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
-#include "cuda_internal.h"
 
 /* BK = 64 is also the row width the hsum/hmax trees below are written for. */
 enum { BQ = 64, BK = 64 };
@@ -202,19 +201,11 @@ static int stage_rows(sh_tensor **out, const sh_tensor *t, const char *op, const
   return rc;
 }
 
-/* Checks q, k, v [B, H, T, D] of one shape and stages them (unit last stride, f32). */
+/* Stages q, k, v (unit last stride, f32) into st[0..2] and sets a's sizes and scale. */
 static int stage_qkv(sh_tensor **st, attn_args *a, const char *op, const sh_tensor *q,
                      const sh_tensor *k, const sh_tensor *v, double scale) {
-  SH_TRY(sh_nn_check_float(q, op, "q"));
-  SH_TRY(sh_nn_check_float(k, op, "k"));
-  SH_TRY(sh_nn_check_float(v, op, "v"));
-  if (q->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: q must be [B, H, T, D], got %s", op, sh_desc(q));
-  SH_TRY(sh_nn_check_same_shape(k, q, op, "k", "q"));
-  SH_TRY(sh_nn_check_same_shape(v, q, op, "v", "q"));
-  if (!(scale == scale)) return sh_fail(SH_ERR_ARG, "%s: scale is NaN", op);
   a->B = q->shape[0]; a->H = q->shape[1]; a->T = q->shape[2]; a->D = q->shape[3];
-  a->scale = (float)(scale > 0 ? scale : 1.0 / sqrt((double)(a->D > 0 ? a->D : 1)));
-  if (a->D < 1) return sh_fail(SH_ERR_ARG, "%s: head dim D must be >= 1, got %s", op, sh_desc(q));
+  a->scale = (float)scale;
   SH_TRY(stage_rows(&st[0], q, op, "q"));
   SH_TRY(stage_rows(&st[1], k, op, "k"));
   SH_TRY(stage_rows(&st[2], v, op, "v"));
@@ -226,72 +217,130 @@ static void destroy_all(sh_tensor **t, int n) {
   for (int i = 0; i < n; i++) { sh_tensor_destroy(t[i]); t[i] = NULL; }
 }
 
+/* Work (in multiply-adds, roughly) of B*H*T queries against at most BK keys each. */
+static int64_t attn_work(const attn_args *a) {
+  return a->B * a->H * a->T * (a->T < BK ? a->T : BK) * (a->D + 1);
+}
+
+static int cpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
+                                 const sh_tensor *v, double scale) {
+  const char *op = "attention";
+  sh_tensor *st[3] = {0};
+  sh_nn_accum o = {0};
+  attn_args a = {0};
+  int rc = stage_qkv(st, &a, op, q, k, v, scale);
+  if (!rc) rc = sh_nn_out_begin(&o, out);
+  if (!rc) {
+    a.out = view_of(o.buf);
+    a.lse = sh_nn_ptr(lse);   /* the front's f32 [B, H, T] */
+    sh_nn_parallel_for(a.B * a.H * ((a.T + BQ - 1) / BQ), attn_work(&a), attn_fwd_range, &a);
+    if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
+  }
+  if (!rc) rc = sh_nn_accum_end(&o);
+  sh_nn_accum_drop(&o);
+  destroy_all(st, 3);
+  return rc;
+}
+
+/* The zeroed f32 buffer a gradient is summed into: dst itself when it is f32 contiguous,
+ * else scratch that sh_nn_accum_end writes into dst; scratch only when dst is NULL (all
+ * three gradients are computed together). */
+static int grad_begin(sh_nn_accum *g, sh_tensor *dst, const int64_t *shape) {
+  int rc = dst ? sh_nn_out_begin(g, dst) : sh_nn_new_f32(&g->buf, 4, shape);
+  if (!rc) memset(sh_tensor_data(g->buf), 0, sizeof(float) * (size_t)sh_tensor_numel(g->buf));
+  return rc;
+}
+
+static int cpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
+                                  const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                                  const sh_tensor *out, const sh_tensor *lse, double scale) {
+  const char *op = "attention_backward";
+  sh_tensor *st[6] = {0}, *dst[3] = {dq, dk, dv};
+  sh_nn_accum g[3] = {{0}};
+  attn_args a = {0};
+  int rc = stage_qkv(st, &a, op, q, k, v, scale);
+  if (!rc) rc = stage_rows(&st[3], dout, op, "dout");
+  if (!rc) rc = stage_rows(&st[4], out, op, "out");
+  if (!rc) rc = sh_nn_f32(&st[5], lse, op, "lse");
+  for (int i = 0; i < 3 && !rc; i++) rc = grad_begin(&g[i], dst[i], q->shape);
+  if (!rc) {
+    a.dout = view_of(st[3]); a.out = view_of(st[4]); a.lse = sh_nn_ptr(st[5]);
+    a.dq = view_of(g[0].buf); a.dk = view_of(g[1].buf); a.dv = view_of(g[2].buf);
+    sh_nn_parallel_for(a.B * a.H, attn_work(&a), attn_bwd_range, &a);
+    if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
+  }
+  for (int i = 0; i < 3 && !rc; i++)
+    if (dst[i]) rc = sh_nn_accum_end(&g[i]);
+  for (int i = 0; i < 3; i++) sh_nn_accum_drop(&g[i]);
+  destroy_all(st, 6);
+  return rc;
+}
+
+/* ---- the fronts: checks and output planning for every device ------------------------------ */
+
+/* Checks q, k, v: float [B, H, T, D] of one shape on q's device with D >= 1. *sc is the
+ * scale every kernel receives: the given one, or 1/sqrt(D) when it is <= 0. */
+static int check_qkv(const char *op, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                     double scale, double *sc) {
+  SH_TRY(sh_nn_check_float(q, op, "q"));
+  SH_TRY(sh_nn_check_float_on(k, q->device, op, "k"));
+  SH_TRY(sh_nn_check_float_on(v, q->device, op, "v"));
+  if (q->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: q must be [B, H, T, D], got %s", op, sh_desc(q));
+  SH_TRY(sh_nn_check_same_shape(k, q, op, "k", "q"));
+  SH_TRY(sh_nn_check_same_shape(v, q, op, "v", "q"));
+  if (!(scale == scale)) return sh_fail(SH_ERR_ARG, "%s: scale is NaN", op);
+  if (q->shape[3] < 1) return sh_fail(SH_ERR_ARG, "%s: head dim D must be >= 1, got %s", op, sh_desc(q));
+  *sc = scale > 0 ? scale : 1.0 / sqrt((double)q->shape[3]);
+  return SH_OK;
+}
+
 int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
                          const sh_tensor *v, double scale) {
-  if (q && q->device >= 0) return sh_cuda_attention_forward(out, lse, q, k, v, scale);
   const char *op = "attention";
   *out = NULL;
   *lse = NULL;
-  sh_tensor *st[3] = {0}, *o = NULL, *l = NULL;
-  attn_args a = {0};
-  int rc = stage_qkv(st, &a, op, q, k, v, scale);
-  if (!rc) rc = sh_nn_new_f32(&o, 4, q->shape);
-  if (!rc) rc = sh_nn_new_f32(&l, 3, q->shape);
-  if (!rc) {
-    a.out = view_of(o);
-    a.lse = sh_nn_ptr(l);
-    int64_t tasks = a.B * a.H * ((a.T + BQ - 1) / BQ);
-    sh_nn_parallel_for(tasks, a.B * a.H * a.T * (a.T < BK ? a.T : BK) * (a.D + 1), attn_fwd_range, &a);
-    if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
-  }
-  if (!rc) rc = sh_nn_finish(&o, q->dtype);
-  destroy_all(st, 3);
-  if (rc) { sh_tensor_destroy(o); sh_tensor_destroy(l); return rc; }
-  *out = o;
-  *lse = l;
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  sh_tensor *res[2] = {0};
+  int rc = sh_tensor_empty(&res[0], 4, q->shape, q->dtype, q->device);
+  if (!rc) rc = sh_tensor_empty(&res[1], 3, q->shape, SH_F32, q->device);
+  if (!rc) rc = SH_KERNEL(op, q->device, attention_forward, res[0], res[1], q, k, v, sc);
+  if (rc) { destroy_all(res, 2); return rc; }
+  *out = res[0];
+  *lse = res[1];
   return SH_OK;
 }
 
 int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
                           const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                           const sh_tensor *out, const sh_tensor *lse, double scale) {
-  if (q && q->device >= 0) return sh_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
   const char *op = "attention_backward";
-  if (dq) *dq = NULL;
-  if (dk) *dk = NULL;
-  if (dv) *dv = NULL;
-  sh_tensor *st[6] = {0}, *g[3] = {0};
-  attn_args a = {0};
-  int rc = stage_qkv(st, &a, op, q, k, v, scale);
-  if (!rc) rc = sh_nn_check_float(dout, op, "dout");
-  if (!rc) rc = sh_nn_check_same_shape(dout, q, op, "dout", "q");
-  if (!rc) rc = sh_nn_check_float(out, op, "out");
-  if (!rc) rc = sh_nn_check_same_shape(out, q, op, "out", "q");
-  if (!rc) rc = sh_nn_check_float(lse, op, "lse");
-  if (!rc) rc = sh_nn_check_shape(lse, op, "lse", 3, q->shape);
-  if (!rc) rc = stage_rows(&st[3], dout, op, "dout");
-  if (!rc) rc = stage_rows(&st[4], out, op, "out");
-  if (!rc) rc = sh_nn_f32(&st[5], lse, op, "lse");
-  /* all three are computed together; the ones not asked for are dropped at the end */
-  for (int i = 0; i < 3 && !rc; i++) rc = sh_nn_zeros_f32(&g[i], 4, q->shape);
-  if (!rc) {
-    a.dout = view_of(st[3]); a.out = view_of(st[4]); a.lse = sh_nn_ptr(st[5]);
-    a.dq = view_of(g[0]); a.dk = view_of(g[1]); a.dv = view_of(g[2]);
-    sh_nn_parallel_for(a.B * a.H, a.B * a.H * a.T * (a.T < BK ? a.T : BK) * (a.D + 1), attn_bwd_range, &a);
-    if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
-  }
-  const sh_tensor *src[3] = {q, k, v};
   sh_tensor **dst[3] = {dq, dk, dv};
+  for (int i = 0; i < 3; i++)
+    if (dst[i]) *dst[i] = NULL;
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  int dev = q->device;
+  SH_TRY(sh_nn_check_float_on(dout, dev, op, "dout"));
+  SH_TRY(sh_nn_check_same_shape(dout, q, op, "dout", "q"));
+  SH_TRY(sh_nn_check_float_on(out, dev, op, "out"));
+  SH_TRY(sh_nn_check_same_shape(out, q, op, "out", "q"));
+  SH_TRY(sh_nn_check_float_on(lse, dev, op, "lse"));
+  SH_TRY(sh_nn_check_shape(lse, op, "lse", 3, q->shape));
+  /* each gradient asked for takes its input's dtype */
+  const sh_tensor *src[3] = {q, k, v};
+  sh_tensor *g[3] = {0};
+  int rc = SH_OK;
   for (int i = 0; i < 3 && !rc; i++)
-    if (dst[i]) rc = sh_nn_finish(&g[i], src[i]->dtype);
-  destroy_all(st, 6);
+    if (dst[i]) rc = sh_tensor_empty(&g[i], 4, q->shape, src[i]->dtype, dev);
+  if (!rc) rc = SH_KERNEL(op, dev, attention_backward, g[0], g[1], g[2], dout, q, k, v, out, lse, sc);
   if (rc) { destroy_all(g, 3); return rc; }
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++)
     if (dst[i]) *dst[i] = g[i];
-    else sh_tensor_destroy(g[i]);
-  }
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_attention_register_cpu(sh_backend *b) { (void)b; }
+void sh_attention_register_cpu(sh_backend *b) {
+  b->attention_forward = cpu_attention_forward;
+  b->attention_backward = cpu_attention_backward;
+}

@@ -1,35 +1,11 @@
 /* nn_embedding.c: y[..., :] = w[idx[...], :] and its backward, dw[idx[r], :] += dy[r, :].
- * Every index is checked before anything is written, so a bad batch fails cleanly and
- * leaves dw untouched. The backward splits the C columns among threads: each thread adds
+ * Every cpu index is checked (by the front) before anything is written, so a bad batch
+ * fails cleanly and leaves dw untouched. The backward splits the C columns among threads: each thread adds
  * whole columns for every row in order, so repeated indices never race and the sums come
  * out in the same order on every run. */
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
-#include "cuda_internal.h"
-
-/* Stages idx as a contiguous i64/i32 tensor and checks every entry lies in [0, V). */
-static int stage_indices(sh_tensor **out, const sh_tensor *idx, int64_t V, const char *op) {
-  *out = NULL;
-  SH_TRY(sh_tensor_check(idx, op));
-  if (idx->device >= 0)
-    return sh_fail(SH_ERR_DEVICE, "%s: idx is %s; this build runs it on cpu tensors only", op, sh_desc(idx));
-  if (idx->dtype != SH_I64 && idx->dtype != SH_I32)
-    return sh_fail(SH_ERR_ARG, "%s: idx must be i64 or i32, got %s", op, sh_desc(idx));
-  SH_TRY(sh_tensor_contiguous(out, idx));
-  int64_t n = sh_tensor_numel(idx);
-  const void *p = sh_tensor_data(*out);
-  for (int64_t i = 0; i < n; i++) {
-    int64_t ix = idx->dtype == SH_I64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
-    if (ix < 0 || ix >= V) {
-      sh_tensor_destroy(*out);
-      *out = NULL;
-      return sh_fail(SH_ERR_ARG, "%s: index %lld (at flat position %lld of idx %s) is outside [0, %lld) for V = %lld",
-                     op, (long long)ix, (long long)i, sh_desc(idx), (long long)V, (long long)V);
-    }
-  }
-  return SH_OK;
-}
 
 static inline int64_t index_at(const sh_tensor *idx, int64_t i) {
   const void *p = sh_tensor_data(idx);
@@ -59,51 +35,28 @@ SH_NN_SIMD static void scatter_columns(const void *arg, int64_t c0, int64_t c1) 
   }
 }
 
-static int check_weight(const sh_tensor *w, const char *op, const char *name) {
-  SH_TRY(sh_nn_check_float(w, op, name));
-  if (w->ndim != 2) return sh_fail(SH_ERR_ARG, "%s: %s must be [V, C], got %s", op, name, sh_desc(w));
-  return SH_OK;
-}
-
-int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w) {
-  if (w && w->device >= 0) return sh_cuda_embedding_forward(y, idx, w);
+static int cpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
-  *y = NULL;
-  SH_TRY(check_weight(w, op, "w"));
-  SH_TRY(sh_tensor_check(idx, op));
-  if (idx->ndim >= 8) return sh_fail(SH_ERR_ARG, "%s: idx %s has too many dims to add C", op, sh_desc(idx));
-  int64_t shape[8];
-  memcpy(shape, idx->shape, sizeof(int64_t) * idx->ndim);
-  shape[idx->ndim] = w->shape[1];
-  sh_tensor *ic = NULL, *wc = NULL, *o = NULL;
-  int rc = stage_indices(&ic, idx, w->shape[0], op);
+  sh_tensor *ic = NULL, *wc = NULL;
+  sh_nn_accum o = {0};
+  int rc = sh_tensor_contiguous(&ic, idx);
   if (!rc) rc = sh_nn_f32(&wc, w, op, "w");
-  if (!rc) rc = sh_nn_new_f32(&o, idx->ndim + 1, shape);
+  if (!rc) rc = sh_nn_out_begin(&o, y);
   if (!rc) {
-    emb_args a = {.idx = ic, .w = sh_nn_ptr(wc), .y = sh_nn_ptr(o), .n = sh_tensor_numel(ic), .C = w->shape[1]};
+    emb_args a = {.idx = ic, .w = sh_nn_ptr(wc), .y = sh_nn_ptr(o.buf), .n = sh_tensor_numel(ic), .C = w->shape[1]};
     sh_nn_parallel_for(a.n, a.n * a.C, gather_rows, &a);
-    rc = sh_nn_finish(&o, w->dtype);
+    rc = sh_nn_accum_end(&o);
   }
+  sh_nn_accum_drop(&o);
   sh_tensor_destroy(ic); sh_tensor_destroy(wc);
-  if (rc) sh_tensor_destroy(o);
-  else *y = o;
   return rc;
 }
 
-int sh_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
-  if (dw && dw->device >= 0) return sh_cuda_embedding_backward(dw, dy, idx);
+static int cpu_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
   const char *op = "embedding_backward";
-  SH_TRY(check_weight(dw, op, "dw"));
-  SH_TRY(sh_nn_check_float(dy, op, "dy"));
-  SH_TRY(sh_tensor_check(idx, op));
-  int64_t shape[8];
-  if (idx->ndim >= 8) return sh_fail(SH_ERR_ARG, "%s: idx %s has too many dims to add C", op, sh_desc(idx));
-  memcpy(shape, idx->shape, sizeof(int64_t) * idx->ndim);
-  shape[idx->ndim] = dw->shape[1];
-  SH_TRY(sh_nn_check_shape(dy, op, "dy", idx->ndim + 1, shape));
   sh_tensor *ic = NULL, *dyc = NULL;
   sh_nn_accum acc = {0};
-  int rc = stage_indices(&ic, idx, dw->shape[0], op);
+  int rc = sh_tensor_contiguous(&ic, idx);
   if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
   if (!rc) rc = sh_nn_accum_begin(&acc, dw, op, "dw");
   if (!rc) {
@@ -118,5 +71,72 @@ int sh_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *i
   return rc;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_embedding_register_cpu(sh_backend *b) { (void)b; }
+/* ---- the fronts: checks and output planning for every device ------------------------------ */
+
+static int check_weight(const sh_tensor *w, const char *op, const char *name) {
+  SH_TRY(sh_nn_check_float(w, op, name));
+  if (w->ndim != 2) return sh_fail(SH_ERR_ARG, "%s: %s must be [V, C], got %s", op, name, sh_desc(w));
+  return SH_OK;
+}
+
+/* shape = idx's shape + [C], the shape of y and dy. */
+static int rows_shape(int64_t *shape, const sh_tensor *idx, int64_t C, const char *op) {
+  SH_TRY(sh_tensor_check(idx, op));
+  if (idx->ndim >= SH_MAX_DIMS) return sh_fail(SH_ERR_ARG, "%s: idx %s has too many dims to add C", op, sh_desc(idx));
+  memcpy(shape, idx->shape, sizeof(int64_t) * idx->ndim);
+  shape[idx->ndim] = C;
+  return SH_OK;
+}
+
+/* Every entry of a cpu idx lies in [0, V), checked before anything is written. */
+static int check_range(const sh_tensor *idx, int64_t V, const char *op) {
+  sh_tensor *ic = NULL;
+  SH_TRY(sh_tensor_contiguous(&ic, idx));
+  int64_t n = sh_tensor_numel(ic), ix = 0, i = 0;
+  for (; i < n; i++)
+    if ((ix = index_at(ic, i)) < 0 || ix >= V) break;
+  sh_tensor_destroy(ic);
+  if (i == n) return SH_OK;
+  return sh_fail(SH_ERR_ARG, "%s: index %lld (at flat position %lld of idx %s) is outside [0, %lld) for V = %lld",
+                 op, (long long)ix, (long long)i, sh_desc(idx), (long long)V, (long long)V);
+}
+
+/* idx: i64 or i32 on the device of w (V rows). A cuda idx cannot be read here without a
+ * host sync: its kernels give an index outside [0, V) a zero row and no gradient. */
+static int check_indices(const sh_tensor *idx, const sh_tensor *w, const char *op) {
+  SH_TRY(sh_check_on(idx, w->device, op, "idx"));
+  if (idx->dtype != SH_I64 && idx->dtype != SH_I32)
+    return sh_fail(SH_ERR_ARG, "%s: idx must be i64 or i32, got %s", op, sh_desc(idx));
+  return w->device < 0 ? check_range(idx, w->shape[0], op) : SH_OK;
+}
+
+int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w) {
+  const char *op = "embedding";
+  *y = NULL;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(check_weight(w, op, "w"));
+  SH_TRY(rows_shape(shape, idx, w->shape[1], op));
+  SH_TRY(check_indices(idx, w, op));
+  sh_tensor *o = NULL;
+  int rc = sh_tensor_empty(&o, idx->ndim + 1, shape, w->dtype, w->device);
+  if (!rc) rc = SH_KERNEL(op, w->device, embedding_forward, o, idx, w);
+  if (rc) sh_tensor_destroy(o);
+  else *y = o;
+  return rc;
+}
+
+int sh_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
+  const char *op = "embedding_backward";
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(check_weight(dw, op, "dw"));
+  SH_TRY(sh_nn_check_float_on(dy, dw->device, op, "dy"));
+  SH_TRY(rows_shape(shape, idx, dw->shape[1], op));
+  SH_TRY(sh_nn_check_shape(dy, op, "dy", idx->ndim + 1, shape));
+  SH_TRY(check_indices(idx, dw, op));
+  return SH_KERNEL(op, dw->device, embedding_backward, dw, dy, idx);
+}
+
+void sh_embedding_register_cpu(sh_backend *b) {
+  b->embedding_forward = cpu_embedding_forward;
+  b->embedding_backward = cpu_embedding_backward;
+}

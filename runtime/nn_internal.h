@@ -99,3 +99,19 @@ static inline uint16_t sh_nn_f32_to_bf16(float x) {
   uint32_t nan = (v.u >> 16) | 0x40u;
   return (uint16_t)(x != x ? nan : rounded);
 }
+
+/* ---- fronts (the public ops, before they dispatch through backend_internal.h) ---------- */
+
+/* A live float tensor on `device`: sh_nn_check_float, then sh_check_on. */
+static inline int sh_nn_check_float_on(const sh_tensor *t, int device, const char *op, const char *name) {
+  int rc = sh_nn_check_float(t, op, name);
+  return rc ? rc : sh_check_on(t, device, op, name);
+}
+
+/* Hands the front-allocated output t to the caller's *out when rc is SH_OK and out is
+ * given, else frees it; returns rc. */
+static inline int sh_nn_give(int rc, sh_tensor *t, sh_tensor **out) {
+  if (rc || !out) sh_tensor_destroy(t);
+  else *out = t;
+  return rc;
+}

@@ -1,60 +1,45 @@
-/* nn_linear.c: y = x @ w^T + b as one sgemm over all rows of x (x seen as [rows, in]).
- * w keeps PyTorch's [out, in] layout so checkpoints load as they are; sgemm reads it
- * transposed for free. Backward: dx = dy @ w (new), dw += dy^T @ x through sgemm's beta = 1,
- * db += column sums of dy. y and dx take x's dtype; math is f32. */
+/* nn_linear.c: y = x @ w^T + b, its backward, and their fusions with gelu: the fronts (checks
+ * and outputs for every device) and the CPU kernels.
+ * The CPU runs one sgemm over all rows of x (x seen as [rows, in]). w keeps PyTorch's
+ * [out, in] layout so checkpoints load as they are; sgemm reads it transposed for free.
+ * Backward: dx = dy @ w (new), dw += dy^T @ x through sgemm's beta = 1, db += column sums of
+ * dy. y and dx take x's dtype; math is f32. The fusions are their compositions on the CPU:
+ * linear then gelu, and linear backward then gelu backward (what CUDA's epilogues equal). */
 #include <cblas.h>
 #include "backend_internal.h"
 #include "blas_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
-#include "cuda_internal.h"
 
-static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
-  SH_TRY(sh_nn_check_float(x, op, "x"));
-  SH_TRY(sh_nn_check_float(w, op, "w"));
-  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., in], got %s", op, sh_desc(x));
-  int64_t in = x->shape[x->ndim - 1];
-  SH_TRY(sh_nn_check_shape(w, op, "w", 2, (int64_t[]){-1, in}));
-  if (b) {
-    SH_TRY(sh_nn_check_float(b, op, "b"));
-    SH_TRY(sh_nn_check_shape(b, op, "b", 1, (int64_t[]){w->shape[0]}));
-  }
-  return SH_OK;
-}
+/* ---- CPU kernels: arguments checked and outputs allocated by the fronts below ---------- */
 
 /* y[r, :] = b for every row, so that sgemm can add x w^T with beta = 1. */
 static void fill_bias(float *y, const float *b, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; r++) memcpy(y + r * n, b, (size_t)n * sizeof(float));
 }
 
-int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
-  if (x && x->device >= 0) return sh_cuda_linear_forward(y, x, w, b);
+static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   const char *op = "linear";
-  *y = NULL;
-  SH_TRY(check_linear(op, x, w, b));
-  sh_tensor *xc = NULL, *wc = NULL, *bc = NULL, *out = NULL;
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
-  int64_t shape[8];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[x->ndim - 1] = nout;
+  sh_tensor *xc = NULL, *wc = NULL, *bc = NULL;
+  sh_nn_accum ay = {0};
   int rc = sh_nn_f32(&xc, x, op, "x");
   if (!rc) rc = sh_nn_f32(&wc, w, op, "w");
   if (!rc && b) rc = sh_nn_f32(&bc, b, op, "b");
-  if (!rc) rc = sh_nn_new_f32(&out, x->ndim, shape);
-  if (rc) goto done;
-  float *yp = sh_nn_ptr(out);
-  if (rows > 0 && nout > 0) {
-    if (bc) fill_bias(yp, sh_nn_ptr(bc), rows, nout);
-    else if (in == 0) memset(yp, 0, (size_t)(rows * nout) * sizeof(float));
-    if (in > 0)
-      sh_sgemm(CblasNoTrans, CblasTrans, (int)rows, (int)nout, (int)in, 1.0f,
-                  sh_nn_ptr(xc), (int)in, sh_nn_ptr(wc), (int)in, bc ? 1.0f : 0.0f, yp, (int)nout);
+  if (!rc) rc = sh_nn_out_begin(&ay, y);
+  if (!rc) {
+    float *yp = sh_nn_ptr(ay.buf);
+    if (rows > 0 && nout > 0) {
+      if (bc) fill_bias(yp, sh_nn_ptr(bc), rows, nout);
+      else if (in == 0) memset(yp, 0, (size_t)(rows * nout) * sizeof(float));
+      if (in > 0)
+        sh_sgemm(CblasNoTrans, CblasTrans, (int)rows, (int)nout, (int)in, 1.0f,
+                 sh_nn_ptr(xc), (int)in, sh_nn_ptr(wc), (int)in, bc ? 1.0f : 0.0f, yp, (int)nout);
+    }
+    rc = sh_nn_accum_end(&ay);
   }
-  rc = sh_nn_finish(&out, x->dtype);
-done:
+  sh_nn_accum_drop(&ay);
   sh_tensor_destroy(xc); sh_tensor_destroy(wc); sh_tensor_destroy(bc);
-  if (rc) sh_tensor_destroy(out);
-  else *y = out;
   return rc;
 }
 
@@ -67,50 +52,174 @@ static void column_sums(float *db, const float *dy, int64_t rows, int64_t n) {
   }
 }
 
-int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                       const sh_tensor *x, const sh_tensor *w) {
-  if (x && x->device >= 0) return sh_cuda_linear_backward(dx, dw, db, dy, x, w);
+static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                               const sh_tensor *x, const sh_tensor *w) {
   const char *op = "linear_backward";
-  if (dx) *dx = NULL;
-  SH_TRY(check_linear(op, x, w, NULL));
-  SH_TRY(sh_nn_check_float(dy, op, "dy"));
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
-  int64_t shape[8];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[x->ndim - 1] = nout;
-  SH_TRY(sh_nn_check_shape(dy, op, "dy", x->ndim, shape));
-  if (dw) SH_TRY(sh_nn_check_shape(dw, op, "dw", 2, w->shape));
-  if (db) SH_TRY(sh_nn_check_shape(db, op, "db", 1, (int64_t[]){nout}));
-
-  sh_tensor *dyc = NULL, *xc = NULL, *wc = NULL, *dxo = NULL;
-  sh_nn_accum aw = {0}, ab = {0};
+  int full = rows > 0 && in > 0 && nout > 0;
+  sh_tensor *dyc = NULL, *xc = NULL, *wc = NULL;
+  sh_nn_accum ax = {0}, aw = {0}, ab = {0};
   int rc = sh_nn_f32(&dyc, dy, op, "dy");
   if (!rc && dw) rc = sh_nn_f32(&xc, x, op, "x");
   if (!rc && dx) rc = sh_nn_f32(&wc, w, op, "w");
-  /* the dx product writes every element (beta 0) unless a dim is empty */
-  if (!rc && dx) rc = rows > 0 && in > 0 && nout > 0 ? sh_nn_new_f32(&dxo, x->ndim, x->shape)
-                                                     : sh_nn_zeros_f32(&dxo, x->ndim, x->shape);
+  if (!rc && dx) rc = sh_nn_out_begin(&ax, dx);
   if (!rc && dw) rc = sh_nn_accum_begin(&aw, dw, op, "dw");
   if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
   if (rc) goto done;
   const float *dyp = sh_nn_ptr(dyc);
-  if (dx && rows > 0 && in > 0 && nout > 0)
+  /* the dx product writes every element (beta 0) unless a dim is empty */
+  if (dx && full)
     sh_sgemm(CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)nout, 1.0f,
-                dyp, (int)nout, sh_nn_ptr(wc), (int)in, 0.0f, sh_nn_ptr(dxo), (int)in);
-  if (dw && rows > 0 && in > 0 && nout > 0)
+             dyp, (int)nout, sh_nn_ptr(wc), (int)in, 0.0f, sh_nn_ptr(ax.buf), (int)in);
+  else if (dx)
+    memset(sh_nn_ptr(ax.buf), 0, (size_t)sh_tensor_numel(dx) * sizeof(float));
+  if (dw && full)
     sh_sgemm(CblasTrans, CblasNoTrans, (int)nout, (int)in, (int)rows, 1.0f,
-                dyp, (int)nout, sh_nn_ptr(xc), (int)in, 1.0f, sh_nn_ptr(aw.buf), (int)in);
+             dyp, (int)nout, sh_nn_ptr(xc), (int)in, 1.0f, sh_nn_ptr(aw.buf), (int)in);
   if (db) column_sums(sh_nn_ptr(ab.buf), dyp, rows, nout);
-  if (dw) rc = sh_nn_accum_end(&aw);
+  if (dx) rc = sh_nn_accum_end(&ax);
+  if (!rc && dw) rc = sh_nn_accum_end(&aw);
   if (!rc && db) rc = sh_nn_accum_end(&ab);
-  if (!rc && dx) rc = sh_nn_finish(&dxo, x->dtype);
 done:
-  sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
+  sh_nn_accum_drop(&ax); sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
   sh_tensor_destroy(dyc); sh_tensor_destroy(xc); sh_tensor_destroy(wc);
-  if (rc || !dx) sh_tensor_destroy(dxo);
-  else *dx = dxo;
   return rc;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_linear_register_cpu(sh_backend *b) { (void)b; }
+/* dst = src, a result the public gelu op allocated (rc its status), then src goes. */
+static int take_into(sh_tensor *dst, sh_tensor *src, int rc) {
+  if (!rc) rc = sh_tensor_copy_(dst, src);
+  sh_tensor_destroy(src);
+  return rc;
+}
+
+static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
+                                   const sh_tensor *b) {
+  SH_TRY(cpu_linear_forward(pre, x, w, b));
+  sh_tensor *g = NULL;
+  int rc = sh_gelu_forward(&g, pre);
+  return take_into(y, g, rc);
+}
+
+static int cpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                     const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w));   /* dpre holds dy @ w */
+  sh_tensor *g = NULL;
+  int rc = sh_gelu_backward(&g, dpre, pre);
+  return take_into(dpre, g, rc);
+}
+
+void sh_linear_register_cpu(sh_backend *b) {
+  b->linear_forward = cpu_linear_forward;
+  b->linear_backward = cpu_linear_backward;
+  b->linear_gelu_forward = cpu_linear_gelu_forward;
+  b->linear_backward_dgelu = cpu_linear_backward_dgelu;
+}
+
+/* ---- fronts: checks and outputs, then the kernel of x's device ------------------------- */
+
+/* t is a live float tensor on `device`. */
+static int check_float_on(const sh_tensor *t, int device, const char *op, const char *name) {
+  SH_TRY(sh_check_on(t, device, op, name));
+  return sh_nn_check_float(t, op, name);
+}
+
+/* x [..., in], w [out, in] and b [out] (or NULL), all on x's device. */
+static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  SH_TRY(sh_nn_check_float(x, op, "x"));
+  SH_TRY(check_float_on(w, x->device, op, "w"));
+  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., in], got %s", op, sh_desc(x));
+  int64_t in = x->shape[x->ndim - 1];
+  SH_TRY(sh_nn_check_shape(w, op, "w", 2, (int64_t[]){-1, in}));
+  if (b) {
+    SH_TRY(check_float_on(b, x->device, op, "b"));
+    SH_TRY(sh_nn_check_shape(b, op, "b", 1, (int64_t[]){w->shape[0]}));
+  }
+  return SH_OK;
+}
+
+/* The shape of y (and dy): x's with the last dim w's out. */
+static void linear_shape(const sh_tensor *x, const sh_tensor *w, int64_t *shape) {
+  memcpy(shape, x->shape, sizeof(int64_t) * x->ndim);
+  shape[x->ndim - 1] = w->shape[0];
+}
+
+/* y, and pre for the gelu fusion, in x's dtype on x's device. */
+static int forward_front(const char *op, sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w,
+                         const sh_tensor *b) {
+  *y = NULL;
+  if (pre) *pre = NULL;
+  SH_TRY(check_linear(op, x, w, b));
+  int64_t shape[SH_MAX_DIMS];
+  linear_shape(x, w, shape);
+  sh_tensor *yo = NULL, *po = NULL;
+  int rc = sh_tensor_empty(&yo, x->ndim, shape, x->dtype, x->device);
+  if (!rc && pre) rc = sh_tensor_empty(&po, x->ndim, shape, x->dtype, x->device);
+  if (!rc) rc = pre ? SH_KERNEL(op, x->device, linear_gelu_forward, yo, po, x, w, b)
+                    : SH_KERNEL(op, x->device, linear_forward, yo, x, w, b);
+  if (rc) { sh_tensor_destroy(yo); sh_tensor_destroy(po); return rc; }
+  *y = yo;
+  if (pre) *pre = po;
+  return SH_OK;
+}
+
+int sh_linear_forward(sh_tensor **y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  return forward_front("linear", y, NULL, x, w, b);
+}
+
+int sh_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, const sh_tensor *w,
+                           const sh_tensor *b) {
+  if (!pre) return sh_fail(SH_ERR_ARG, "linear_gelu: pre is an output of this op (backward needs it); got NULL");
+  return forward_front("linear_gelu", y, pre, x, w, b);
+}
+
+/* dy has y's shape, dw w's, db [out], pre (the dgelu fusion) x's; all on x's device. */
+static int check_backward(const char *op, const sh_tensor *dw, const sh_tensor *db, const sh_tensor *dy,
+                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  SH_TRY(check_linear(op, x, w, NULL));
+  SH_TRY(check_float_on(dy, x->device, op, "dy"));
+  int64_t shape[SH_MAX_DIMS];
+  linear_shape(x, w, shape);
+  SH_TRY(sh_nn_check_shape(dy, op, "dy", x->ndim, shape));
+  if (dw) {
+    SH_TRY(check_float_on(dw, x->device, op, "dw"));
+    SH_TRY(sh_nn_check_shape(dw, op, "dw", 2, w->shape));
+  }
+  if (db) {
+    SH_TRY(check_float_on(db, x->device, op, "db"));
+    SH_TRY(sh_nn_check_shape(db, op, "db", 1, (int64_t[]){w->shape[0]}));
+  }
+  if (pre) {
+    SH_TRY(check_float_on(pre, x->device, op, "pre"));
+    SH_TRY(sh_nn_check_same_shape(pre, x, op, "pre", "x"));
+  }
+  return SH_OK;
+}
+
+/* dx (dpre for the dgelu fusion, which pre selects) in x's dtype on x's device, when asked. */
+static int backward_front(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  if (dx) *dx = NULL;
+  SH_TRY(check_backward(op, dw, db, dy, x, w, pre));
+  sh_tensor *d = NULL;
+  if (dx) SH_TRY(sh_tensor_empty(&d, x->ndim, x->shape, x->dtype, x->device));
+  int rc = pre ? SH_KERNEL(op, x->device, linear_backward_dgelu, d, dw, db, dy, x, w, pre)
+               : SH_KERNEL(op, x->device, linear_backward, d, dw, db, dy, x, w);
+  if (rc) { sh_tensor_destroy(d); return rc; }
+  if (dx) *dx = d;
+  return SH_OK;
+}
+
+int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                       const sh_tensor *x, const sh_tensor *w) {
+  return backward_front("linear_backward", dx, dw, db, dy, x, w, NULL);
+}
+
+int sh_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  const char *op = "linear_backward_dgelu";
+  if (!dpre) return sh_fail(SH_ERR_ARG, "%s: dpre is the point of this op; got NULL", op);
+  *dpre = NULL;
+  if (!pre) return sh_fail(SH_ERR_ARG, "%s: pre is missing (got nil)", op);
+  return backward_front(op, dpre, dw, db, dy, x, w, pre);
+}

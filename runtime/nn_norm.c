@@ -4,14 +4,16 @@
  * over x. The variance is two-pass (mean first), as PyTorch computes it, so rows with a large
  * mean keep their precision. w and b may be NULL (no affine part: weight 1, bias 0).
  * Backward runs rows in parallel; the parameter gradients are summed per thread into
- * private rows, then added to dw/db in thread order. */
+ * private rows, then added to dw/db in thread order.
+ * The public ops at the end check, allocate on x's device and dispatch (backend_internal.h);
+ * the cpu_ kernels above them stage through f32 (nn_internal.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
-#include "cuda_internal.h"
+#include "ops.h"
 
 typedef struct norm_args {
   int64_t rows, c;
@@ -44,7 +46,7 @@ SH_NN_SIMD static void layernorm_fwd(const void *arg, int64_t r0, int64_t r1) {
     float rs = 1.0f / sqrtf(ss / (float)c + a->eps);
 #pragma omp simd
     for (int64_t i = 0; i < c; i++) y[i] = (x[i] - m) * rs * w[i] + b[i];
-    a->mean[r] = m;
+    if (a->mean) a->mean[r] = m;   /* NULL when the caller does not keep it */
     a->rstd[r] = rs;
   }
 }
@@ -124,17 +126,15 @@ static int norm_bwd(const norm_args *a, int centered, float *dw, float *db) {
   return SH_OK;
 }
 
-/* Checks x [..., C], w/b [C] (or NULL), stages them in f32, and provides ones/zeros for a
- * missing w/b. Everything staged goes in st[] to be destroyed by the caller. */
+/* ---- CPU kernels ---------------------------------------------------------------------- */
+
+/* x, w and b in f32 for the row functions, with ones/zeros standing in for a missing w/b.
+ * Everything staged goes in st, destroyed by unstage_norm. */
 typedef struct norm_stage { sh_tensor *x, *w, *b, *ones; } norm_stage;
 
 static int stage_norm(norm_stage *st, norm_args *a, const char *op, const sh_tensor *x,
                       const sh_tensor *w, const sh_tensor *b) {
-  SH_TRY(sh_nn_check_float(x, op, "x"));
-  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., C], got %s", op, sh_desc(x));
   int64_t c = x->shape[x->ndim - 1];
-  if (w) { SH_TRY(sh_nn_check_float(w, op, "w")); SH_TRY(sh_nn_check_shape(w, op, "w", 1, &c)); }
-  if (b) { SH_TRY(sh_nn_check_float(b, op, "b")); SH_TRY(sh_nn_check_shape(b, op, "b", 1, &c)); }
   a->rows = sh_nn_rows(x);
   a->c = c;
   SH_TRY(sh_nn_f32(&st->x, x, op, "x"));
@@ -156,98 +156,214 @@ static void unstage_norm(norm_stage *st) {
   sh_tensor_destroy(st->x); sh_tensor_destroy(st->w); sh_tensor_destroy(st->b); sh_tensor_destroy(st->ones);
 }
 
-static int norm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
-                        const sh_tensor *w, const sh_tensor *b, double eps, int centered, const char *op) {
-  *y = NULL;
-  if (mean) *mean = NULL;
-  *rstd = NULL;
-  if (!(eps >= 0)) return sh_fail(SH_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
+/* fn (layernorm_fwd or rmsnorm_fwd) over the rows into y, mean (NULL: not kept) and rstd. */
+static int cpu_norm_forward(const char *op, sh_nn_range_fn fn, sh_tensor *y, sh_tensor *mean, sh_tensor *rstd,
+                            const sh_tensor *x, const sh_tensor *w, const sh_tensor *b, double eps) {
   norm_stage st = {0};
   norm_args a = {.eps = (float)eps};
-  sh_tensor *yo = NULL, *mo = NULL, *ro = NULL;
+  sh_nn_accum oy = {0}, om = {0}, os = {0};
   int rc = stage_norm(&st, &a, op, x, w, b);
-  if (!rc) rc = sh_nn_new_f32(&yo, x->ndim, x->shape);
-  if (!rc) rc = sh_nn_new_f32(&mo, x->ndim - 1, x->shape);
-  if (!rc) rc = sh_nn_new_f32(&ro, x->ndim - 1, x->shape);
+  if (!rc) rc = sh_nn_out_begin(&oy, y);
+  if (!rc && mean) rc = sh_nn_out_begin(&om, mean);
+  if (!rc) rc = sh_nn_out_begin(&os, rstd);
   if (!rc) {
-    a.y = sh_nn_ptr(yo); a.mean = sh_nn_ptr(mo); a.rstd = sh_nn_ptr(ro);
-    sh_nn_parallel_for(a.rows, a.rows * a.c, centered ? layernorm_fwd : rmsnorm_fwd, &a);
-    rc = sh_nn_finish(&yo, x->dtype);
+    a.y = sh_nn_ptr(oy.buf); a.mean = mean ? sh_nn_ptr(om.buf) : NULL; a.rstd = sh_nn_ptr(os.buf);
+    sh_nn_parallel_for(a.rows, a.rows * a.c, fn, &a);
+    rc = sh_nn_accum_end(&oy);
   }
+  if (!rc && mean) rc = sh_nn_accum_end(&om);
+  if (!rc) rc = sh_nn_accum_end(&os);
+  sh_nn_accum_drop(&oy); sh_nn_accum_drop(&om); sh_nn_accum_drop(&os);
   unstage_norm(&st);
-  if (rc) { sh_tensor_destroy(yo); sh_tensor_destroy(mo); sh_tensor_destroy(ro); return rc; }
-  *y = yo;
-  *rstd = ro;
-  if (mean) *mean = mo;
-  else sh_tensor_destroy(mo);
-  return SH_OK;
+  return rc;
 }
 
-int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
-                         const sh_tensor *w, const sh_tensor *b, double eps) {
-  if (x && x->device >= 0) return sh_cuda_layernorm_forward(y, mean, rstd, x, w, b, eps);
-  return norm_forward(y, mean, rstd, x, w, b, eps, 1, "layernorm");
+static int cpu_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
+                                 const sh_tensor *w, const sh_tensor *b, double eps) {
+  return cpu_norm_forward("layernorm", layernorm_fwd, y, mean, rstd, x, w, b, eps);
 }
 
-int sh_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
-  if (x && x->device >= 0) return sh_cuda_rmsnorm_forward(y, rstd, x, w, eps);
-  return norm_forward(y, NULL, rstd, x, w, NULL, eps, 0, "rmsnorm");
+static int cpu_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+  return cpu_norm_forward("rmsnorm", rmsnorm_fwd, y, NULL, rstd, x, w, NULL, eps);
 }
 
-static int norm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                         const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
-                         const sh_tensor *rstd, int centered, const char *op) {
-  if (dx) *dx = NULL;
+/* The composition: r = x + res rounded to r's dtype (res first taken in that dtype, as the
+ * fused CUDA kernel reads it), then layernorm(r). */
+static int cpu_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
+                                          const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                          const sh_tensor *b, double eps) {
+  SH_TRY(sh_tensor_copy_(r, res));
+  SH_TRY(sh_binary_(r, SH_OP_ADD, x));
+  return cpu_layernorm_forward(y, mean, rstd, r, w, b, eps);
+}
+
+/* mean is NULL for rmsnorm (no centring); dx, dw and db may each be NULL. */
+static int cpu_norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean, const sh_tensor *rstd) {
   norm_stage st = {0};
   norm_args a = {0};
-  sh_tensor *dyc = NULL, *mc = NULL, *rc_ = NULL, *dxo = NULL;
-  sh_nn_accum aw = {0}, ab = {0};
+  sh_tensor *dyc = NULL, *mc = NULL, *rsc = NULL;
+  sh_nn_accum odx = {0}, aw = {0}, ab = {0};
   int rc = stage_norm(&st, &a, op, x, w, NULL);
-  if (!rc) rc = sh_nn_check_float(dy, op, "dy");
-  if (!rc) rc = sh_nn_check_same_shape(dy, x, op, "dy", "x");
-  if (!rc && centered) rc = sh_nn_check_float(mean, op, "mean");
-  if (!rc && centered) rc = sh_nn_check_shape(mean, op, "mean", x->ndim - 1, x->shape);
-  if (!rc) rc = sh_nn_check_float(rstd, op, "rstd");
-  if (!rc) rc = sh_nn_check_shape(rstd, op, "rstd", x->ndim - 1, x->shape);
-  if (!rc && dw && !w) rc = sh_fail(SH_ERR_ARG, "%s: dw was given but w is nil (no affine weight)", op);
-  if (!rc && dw) rc = sh_nn_check_shape(dw, op, "dw", 1, &a.c);
-  if (!rc && db) rc = sh_nn_check_shape(db, op, "db", 1, &a.c);
   if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc && centered) rc = sh_nn_f32(&mc, mean, op, "mean");
-  if (!rc) rc = sh_nn_f32(&rc_, rstd, op, "rstd");
-  if (!rc && dx) rc = sh_nn_new_f32(&dxo, x->ndim, x->shape);
+  if (!rc && mean) rc = sh_nn_f32(&mc, mean, op, "mean");
+  if (!rc) rc = sh_nn_f32(&rsc, rstd, op, "rstd");
+  if (!rc && dx) rc = sh_nn_out_begin(&odx, dx);
   if (!rc && dw) rc = sh_nn_accum_begin(&aw, dw, op, "dw");
   if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
   if (!rc) {
     a.dy = sh_nn_ptr(dyc);
-    a.mean = centered ? sh_nn_ptr(mc) : NULL;
-    a.rstd = sh_nn_ptr(rc_);
-    a.dx = dxo ? sh_nn_ptr(dxo) : NULL;
-    rc = norm_bwd(&a, centered, dw ? sh_nn_ptr(aw.buf) : NULL, db ? sh_nn_ptr(ab.buf) : NULL);
+    a.mean = mc ? sh_nn_ptr(mc) : NULL;
+    a.rstd = sh_nn_ptr(rsc);
+    a.dx = dx ? sh_nn_ptr(odx.buf) : NULL;
+    rc = norm_bwd(&a, mean != NULL, dw ? sh_nn_ptr(aw.buf) : NULL, db ? sh_nn_ptr(ab.buf) : NULL);
   }
+  if (!rc && dx) rc = sh_nn_accum_end(&odx);
   if (!rc && dw) rc = sh_nn_accum_end(&aw);
   if (!rc && db) rc = sh_nn_accum_end(&ab);
-  if (!rc && dx) rc = sh_nn_finish(&dxo, x->dtype);
-  sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
+  sh_nn_accum_drop(&odx); sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
   unstage_norm(&st);
-  sh_tensor_destroy(dyc); sh_tensor_destroy(mc); sh_tensor_destroy(rc_);
-  if (rc || !dx) sh_tensor_destroy(dxo);
-  else *dx = dxo;
+  sh_tensor_destroy(dyc); sh_tensor_destroy(mc); sh_tensor_destroy(rsc);
   return rc;
+}
+
+static int cpu_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                  const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                                  const sh_tensor *rstd) {
+  return cpu_norm_backward("layernorm_backward", dx, dw, db, dy, x, w, mean, rstd);
+}
+
+static int cpu_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
+                                const sh_tensor *w, const sh_tensor *rstd) {
+  return cpu_norm_backward("rmsnorm_backward", dx, dw, NULL, dy, x, w, NULL, rstd);
+}
+
+void sh_norm_register_cpu(sh_backend *b) {
+  b->layernorm_forward = cpu_layernorm_forward;
+  b->layernorm_residual_forward = cpu_layernorm_residual_forward;
+  b->layernorm_backward = cpu_layernorm_backward;
+  b->rmsnorm_forward = cpu_rmsnorm_forward;
+  b->rmsnorm_backward = cpu_rmsnorm_backward;
+}
+
+/* ---- public ops ------------------------------------------------------------------------ */
+
+/* w, b, dw or db: absent, or a float [C] on x's device. */
+static int check_row_param(const sh_tensor *p, const sh_tensor *x, const char *op, const char *name) {
+  if (!p) return SH_OK;
+  SH_TRY(sh_nn_check_float_on(p, x->device, op, name));
+  return sh_nn_check_shape(p, op, name, 1, &x->shape[x->ndim - 1]);
+}
+
+/* x [..., C] and its optional w, b: what every norm takes. */
+static int check_norm_input(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  SH_TRY(sh_nn_check_float(x, op, "x"));
+  if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., C], got %s", op, sh_desc(x));
+  SH_TRY(check_row_param(w, x, op, "w"));
+  return check_row_param(b, x, op, "b");
+}
+
+/* A saved per-row statistic (mean, rstd): float [...] (x's shape less C) on x's device. */
+static int check_stat(const sh_tensor *s, const sh_tensor *x, const char *op, const char *name) {
+  SH_TRY(sh_nn_check_float_on(s, x->device, op, name));
+  return sh_nn_check_shape(s, op, name, x->ndim - 1, x->shape);
+}
+
+/* A forward's outputs: y and r of x's shape and dtype, mean and rstd f32 [...]. */
+typedef struct norm_out { sh_tensor *y, *r, *mean, *rstd; } norm_out;
+
+/* Clears a forward's out-parameters (r and mean may be NULL) and checks eps, x, w and b. */
+static int norm_check(const char *op, sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd,
+                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *b, double eps) {
+  *y = NULL;
+  if (r) *r = NULL;
+  if (mean) *mean = NULL;
+  *rstd = NULL;
+  if (!(eps >= 0)) return sh_fail(SH_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
+  return check_norm_input(op, x, w, b);
+}
+
+/* Allocates y, rstd, and r and mean when asked for, on x's device. */
+static int norm_alloc(norm_out *o, const sh_tensor *x, int with_r, int with_mean) {
+  SH_TRY(sh_tensor_empty(&o->y, x->ndim, x->shape, x->dtype, x->device));
+  if (with_r) SH_TRY(sh_tensor_empty(&o->r, x->ndim, x->shape, x->dtype, x->device));
+  if (with_mean) SH_TRY(sh_tensor_empty(&o->mean, x->ndim - 1, x->shape, SH_F32, x->device));
+  return sh_tensor_empty(&o->rstd, x->ndim - 1, x->shape, SH_F32, x->device);
+}
+
+/* Hands the outputs over when rc is SH_OK, else frees them. */
+static int norm_give(int rc, norm_out *o, sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd) {
+  sh_nn_give(rc, o->y, y);
+  sh_nn_give(rc, o->r, r);
+  sh_nn_give(rc, o->mean, mean);
+  return sh_nn_give(rc, o->rstd, rstd);
+}
+
+int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,
+                         const sh_tensor *w, const sh_tensor *b, double eps) {
+  const char *op = "layernorm";
+  norm_out o = {0};
+  int rc = norm_check(op, y, NULL, mean, rstd, x, w, b, eps);
+  if (!rc) rc = norm_alloc(&o, x, 0, mean != NULL);
+  if (!rc) rc = SH_KERNEL(op, x->device, layernorm_forward, o.y, o.mean, o.rstd, x, w, b, eps);
+  return norm_give(rc, &o, y, NULL, mean, rstd);
+}
+
+/* res is taken in x's dtype; r is computed even when the caller passes r = NULL. */
+int sh_layernorm_residual_forward(sh_tensor **y, sh_tensor **r, sh_tensor **mean, sh_tensor **rstd,
+                                  const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                  const sh_tensor *b, double eps) {
+  const char *op = "layernorm_residual";
+  norm_out o = {0};
+  int rc = norm_check(op, y, r, mean, rstd, x, w, b, eps);
+  if (!rc) rc = sh_nn_check_float_on(res, x->device, op, "res");
+  if (!rc) rc = sh_nn_check_same_shape(res, x, op, "res", "x");
+  if (!rc) rc = norm_alloc(&o, x, 1, mean != NULL);
+  if (!rc) rc = SH_KERNEL(op, x->device, layernorm_residual_forward, o.y, o.r, o.mean, o.rstd, x, res, w, b, eps);
+  return norm_give(rc, &o, y, r, mean, rstd);
+}
+
+int sh_rmsnorm_forward(sh_tensor **y, sh_tensor **rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+  const char *op = "rmsnorm";
+  norm_out o = {0};
+  int rc = norm_check(op, y, NULL, NULL, rstd, x, w, NULL, eps);
+  if (!rc) rc = norm_alloc(&o, x, 0, 0);
+  if (!rc) rc = SH_KERNEL(op, x->device, rmsnorm_forward, o.y, o.rstd, x, w, eps);
+  return norm_give(rc, &o, y, NULL, NULL, rstd);
+}
+
+/* Clears *dx, checks a backward's arguments (mean only when centered) and allocates dx (x's
+ * shape and dtype) into *dxo when the caller asks for it. */
+static int norm_bwd_front(const char *op, sh_tensor **dxo, sh_tensor **dx, const sh_tensor *dw, const sh_tensor *db,
+                          const sh_tensor *dy, const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                          const sh_tensor *rstd, int centered) {
+  if (dx) *dx = NULL;
+  SH_TRY(check_norm_input(op, x, w, NULL));
+  SH_TRY(sh_nn_check_float_on(dy, x->device, op, "dy"));
+  SH_TRY(sh_nn_check_same_shape(dy, x, op, "dy", "x"));
+  if (centered) SH_TRY(check_stat(mean, x, op, "mean"));
+  SH_TRY(check_stat(rstd, x, op, "rstd"));
+  if (dw && !w) return sh_fail(SH_ERR_ARG, "%s: dw was given but w is nil (no affine weight)", op);
+  SH_TRY(check_row_param(dw, x, op, "dw"));
+  SH_TRY(check_row_param(db, x, op, "db"));
+  return dx ? sh_tensor_empty(dxo, x->ndim, x->shape, x->dtype, x->device) : SH_OK;
 }
 
 int sh_layernorm_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
                           const sh_tensor *rstd) {
-  if (x && x->device >= 0) return sh_cuda_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd);
-  return norm_backward(dx, dw, db, dy, x, w, mean, rstd, 1, "layernorm_backward");
+  const char *op = "layernorm_backward";
+  sh_tensor *dxo = NULL;
+  int rc = norm_bwd_front(op, &dxo, dx, dw, db, dy, x, w, mean, rstd, 1);
+  if (!rc) rc = SH_KERNEL(op, x->device, layernorm_backward, dxo, dw, db, dy, x, w, mean, rstd);
+  return sh_nn_give(rc, dxo, dx);
 }
 
 int sh_rmsnorm_backward(sh_tensor **dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
                         const sh_tensor *w, const sh_tensor *rstd) {
-  if (x && x->device >= 0) return sh_cuda_rmsnorm_backward(dx, dw, dy, x, w, rstd);
-  return norm_backward(dx, dw, NULL, dy, x, w, NULL, rstd, 0, "rmsnorm_backward");
+  const char *op = "rmsnorm_backward";
+  sh_tensor *dxo = NULL;
+  int rc = norm_bwd_front(op, &dxo, dx, dw, NULL, dy, x, w, NULL, rstd, 0);
+  if (!rc) rc = SH_KERNEL(op, x->device, rmsnorm_backward, dxo, dw, dy, x, w, rstd);
+  return sh_nn_give(rc, dxo, dx);
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_norm_register_cpu(sh_backend *b) { (void)b; }

@@ -1,4 +1,4 @@
-/* ops_create.c: arange and the random fills on the CPU.
+/* ops_create.c: arange and the random fills: the fronts (any device) and the CPU kernels.
  * Random element i (in row-major order of the target's shape, whatever its strides) takes
  * counter offset + i of the Philox stream (philox_internal.h), so a strided view, a
  * contiguous tensor and a CUDA tensor of the same shape get the same numbers, and drawing
@@ -10,7 +10,12 @@
 #include "ops.h"
 #include "philox_internal.h"
 #include <math.h>
-#include "cuda_internal.h"
+
+static int cpu_arange(sh_tensor *out, double start, double step) {
+  void *d = sh_tensor_data(out);
+  for (int64_t i = 0; i < out->shape[0]; i++) sh_store(d, out->dtype, i, start + (double)i * step);
+  return SH_OK;
+}
 
 int sh_arange(sh_tensor **out, double start, double end, double step, int dtype, int device) {
   *out = NULL;
@@ -20,13 +25,12 @@ int sh_arange(sh_tensor **out, double start, double end, double step, int dtype,
     return sh_fail(SH_ERR_ARG, "arange: step %g never reaches %g from %g", step, end, start);
   if (sh_dtype_size(dtype) == 0) return sh_fail(SH_ERR_ARG, "arange: unknown dtype %d", dtype);
   int64_t n = (int64_t)ceil((end - start) / step);
-  sh_tensor *t = NULL;
-  SH_TRY(sh_new_like_shape(&t, 1, &n, dtype, -1));
-  void *d = sh_tensor_data(t);
-  for (int64_t i = 0; i < n; i++) sh_store(d, dtype, i, start + (double)i * step);
-  if (device < 0) { *out = t; return SH_OK; }
-  int rc = sh_tensor_to(out, t, dtype, device);
-  sh_tensor_destroy(t);
+  SH_TRY(sh_tensor_empty(out, 1, &n, dtype, device));
+  int rc = SH_KERNEL("arange", device, arange, *out, start, step);
+  if (rc) {
+    sh_tensor_destroy(*out);
+    *out = NULL;
+  }
   return rc;
 }
 
@@ -93,29 +97,38 @@ static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, f
   }
 }
 
-static int check_random(sh_tensor *t, const char *op) {
-  SH_TRY(sh_require_cpu(t, op));
+static int cpu_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+  fill_random(t, normal_run, seed, offset, (float)std, (float)mean);
+  return SH_OK;
+}
+
+static int cpu_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
+  fill_random(t, uniform_run, seed, offset, (float)high - (float)low, (float)low);
+  return SH_OK;
+}
+
+void sh_create_register_cpu(sh_backend *b) {
+  b->arange = cpu_arange;
+  b->random_normal_ = cpu_random_normal_;
+  b->random_uniform_ = cpu_random_uniform_;
+}
+
+static int check_random(const sh_tensor *t, const char *op) {
+  SH_TRY(sh_tensor_check(t, op));
   if (!sh_dtype_is_float(t->dtype)) return sh_fail(SH_ERR_ARG, "%s: needs a float tensor, got %s", op, sh_desc(t));
   return SH_OK;
 }
 
 int sh_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
-  if (t && t->device >= 0) return sh_cuda_random_normal_(t, seed, offset, mean, std);
   SH_TRY(check_random(t, "normal_"));
   if (!(std >= 0)) return sh_fail(SH_ERR_ARG, "normal_: std must be >= 0, got %g", std);
-  fill_random(t, normal_run, seed, offset, (float)std, (float)mean);
   t->version++;
-  return SH_OK;
+  return SH_KERNEL("normal_", t->device, random_normal_, t, seed, offset, mean, std);
 }
 
 int sh_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
-  if (t && t->device >= 0) return sh_cuda_random_uniform_(t, seed, offset, low, high);
   SH_TRY(check_random(t, "uniform_"));
   if (!(low <= high)) return sh_fail(SH_ERR_ARG, "uniform_: needs low <= high, got [%g, %g)", low, high);
-  fill_random(t, uniform_run, seed, offset, (float)high - (float)low, (float)low);
   t->version++;
-  return SH_OK;
+  return SH_KERNEL("uniform_", t->device, random_uniform_, t, seed, offset, low, high);
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_create_register_cpu(sh_backend *b) { (void)b; }

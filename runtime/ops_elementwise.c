@@ -1,4 +1,5 @@
-/* ops_elementwise.c: binary and unary elementwise ops with broadcasting, on the CPU.
+/* ops_elementwise.c: binary and unary elementwise ops with broadcasting: the fronts (any
+ * device) and the CPU kernels.
  *
  * Every op runs through one engine. The operands are seen in the output's shape (strides 0
  * where broadcast), size-1 dims are dropped and adjacent dims that are contiguous for every
@@ -23,7 +24,6 @@
 #include "ops_internal.h"
 #include "fastmath_internal.h"
 #include "ops.h"
-#include "cuda_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -425,32 +425,107 @@ static void run_plan(ew_plan *p) {
   }
 }
 
-/* ---- entry points -------------------------------------------------------------------- */
+/* ---- CPU kernels: outputs planned and allocated by the fronts ---------------------------- */
+
+/* A plan over out's shape computing in ct, with out as operand 0; the caller adds the inputs. */
+static ew_plan plan_for(const sh_tensor *out, int nin, int op, int ct) {
+  ew_plan p = {.ndim = out->ndim, .nin = nin, .ct = ct, .op = op, .unary = nin == 1};
+  memcpy(p.shape, out->shape, sizeof p.shape);
+  arg_from(&p.arg[0], out, p.ndim, p.shape);
+  return p;
+}
+
+static void plan_arg(ew_plan *p, int k, const sh_tensor *t) { arg_from(&p->arg[k], t, p->ndim, p->shape); }
+
+static int cpu_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
+  ew_plan p = plan_for(out, 2, op, sh_compute_dtype(out->dtype));
+  plan_arg(&p, 1, a);
+  plan_arg(&p, 2, b);
+  run_plan(&p);
+  return SH_OK;
+}
+
+static int cpu_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
+  ew_plan p = plan_for(out, 2, op, sh_compute_dtype(out->dtype));
+  plan_arg(&p, scalar_first ? 2 : 1, a);
+  arg_scalar(&p.arg[scalar_first ? 1 : 2], &s);
+  run_plan(&p);
+  return SH_OK;
+}
+
+static int cpu_unary(sh_tensor *out, int op, const sh_tensor *a) {
+  ew_plan p = plan_for(out, 1, op, sh_compute_dtype(out->dtype));
+  plan_arg(&p, 1, a);
+  run_plan(&p);
+  return SH_OK;
+}
+
+/* dst = dst op b, computing in the dtype the two promote to: the front refused every
+ * result that differs from it (an integer division cannot be stored in place). */
+static int cpu_inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
+  ew_plan p = plan_for(dst, 2, op, sh_compute_dtype(sh_promote(dst->dtype, b->dtype)));
+  p.alpha = alpha;
+  plan_arg(&p, 1, dst);
+  plan_arg(&p, 2, b);
+  run_plan(&p);
+  return SH_OK;
+}
+
+static int cpu_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cpu_inplace(dst, op, b, 0); }
+
+static int cpu_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cpu_inplace(dst, SH_OP_AXPY, x, alpha); }
+
+static int cpu_scale_(sh_tensor *dst, double alpha) {
+  ew_plan p = plan_for(dst, 2, SH_OP_MUL, sh_compute_dtype(dst->dtype));
+  plan_arg(&p, 1, dst);
+  arg_scalar(&p.arg[2], &alpha);
+  run_plan(&p);
+  return SH_OK;
+}
+
+void sh_elementwise_register_cpu(sh_backend *b) {
+  b->binary = cpu_binary;
+  b->binary_scalar = cpu_binary_scalar;
+  b->unary = cpu_unary;
+  b->binary_ = cpu_binary_;
+  b->axpy_ = cpu_axpy_;
+  b->scale_ = cpu_scale_;
+}
+
+/* ---- fronts: checks, result dtype and shape, the output on the operands' device ------- */
 
 static int check_op(int op, int lo, int hi, const char *what) {
   if (op < lo || op > hi) return sh_fail(SH_ERR_ARG, "%s: unknown op code %d", what, op);
   return SH_OK;
 }
 
+/* A second operand: live, and on the device of the first. */
+static int check_operand(const sh_tensor *t, int device, const char *op, const char *name) {
+  SH_TRY(sh_tensor_check(t, op));
+  return sh_check_on(t, device, op, name);
+}
+
+/* Hands the kernel's output to the caller, or frees it when the kernel failed. */
+static int hand_over(sh_tensor **out, int rc) {
+  if (rc) {
+    sh_tensor_destroy(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
 int sh_binary(sh_tensor **out, int op, const sh_tensor *a, const sh_tensor *b) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_binary(out, op, a, b);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary"));
   const char *name = sh_binop_name(op);
-  SH_TRY(sh_require_cpu(a, name));
-  SH_TRY(sh_require_cpu(b, name));
+  SH_TRY(sh_tensor_check(a, name));
+  SH_TRY(check_operand(b, a->device, name, "b"));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
   SH_TRY(sh_binary_result(op, a->dtype, b->dtype, &rdt));
   SH_TRY(sh_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &ndim, shape));
-  SH_TRY(sh_new_like_shape(out, ndim, shape, rdt, -1));
-  ew_plan p = {.ndim = ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
-  memcpy(p.shape, shape, sizeof shape);
-  arg_from(&p.arg[0], *out, ndim, shape);
-  arg_from(&p.arg[1], a, ndim, shape);
-  arg_from(&p.arg[2], b, ndim, shape);
-  run_plan(&p);
-  return SH_OK;
+  SH_TRY(sh_tensor_empty(out, ndim, shape, rdt, a->device));
+  return hand_over(out, SH_KERNEL(name, a->device, binary, *out, op, a, b));
 }
 
 /* s is a whole number that an i64 holds (inf and 1e30 are not). */
@@ -464,45 +539,33 @@ static int scalar_dtype(int dt, double s) {
 }
 
 int sh_binary_scalar(sh_tensor **out, int op, const sh_tensor *a, double s, int scalar_first) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_binary_scalar(out, op, a, s, scalar_first);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_scalar"));
   const char *name = sh_binop_name(op);
-  SH_TRY(sh_require_cpu(a, name));
+  SH_TRY(sh_tensor_check(a, name));
   int rdt = 0;
   SH_TRY(sh_binary_result(op, a->dtype, scalar_dtype(a->dtype, s), &rdt));
-  SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
-  ew_plan p = {.ndim = a->ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op};
-  memcpy(p.shape, a->shape, sizeof p.shape);
-  arg_from(&p.arg[0], *out, a->ndim, a->shape);
-  arg_from(&p.arg[scalar_first ? 2 : 1], a, a->ndim, a->shape);
-  arg_scalar(&p.arg[scalar_first ? 1 : 2], &s);
-  run_plan(&p);
-  return SH_OK;
+  SH_TRY(sh_tensor_empty(out, a->ndim, a->shape, rdt, a->device));
+  return hand_over(out, SH_KERNEL(name, a->device, binary_scalar, *out, op, a, s, scalar_first));
 }
 
 int sh_unary(sh_tensor **out, int op, const sh_tensor *a) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_unary(out, op, a);
   *out = NULL;
   SH_TRY(check_op(op, SH_OP_NEG, SH_OP_SIGN, "unary"));
-  SH_TRY(sh_require_cpu(a, sh_unop_name(op)));
+  const char *name = sh_unop_name(op);
+  SH_TRY(sh_tensor_check(a, name));
   int rdt = 0;
   SH_TRY(sh_unary_result(op, a->dtype, &rdt));
-  SH_TRY(sh_new_like_shape(out, a->ndim, a->shape, rdt, -1));
-  ew_plan p = {.ndim = a->ndim, .nin = 1, .ct = sh_compute_dtype(rdt), .op = op, .unary = 1};
-  memcpy(p.shape, a->shape, sizeof p.shape);
-  arg_from(&p.arg[0], *out, a->ndim, a->shape);
-  arg_from(&p.arg[1], a, a->ndim, a->shape);
-  run_plan(&p);
-  return SH_OK;
+  SH_TRY(sh_tensor_empty(out, a->ndim, a->shape, rdt, a->device));
+  return hand_over(out, SH_KERNEL(name, a->device, unary, *out, op, a));
 }
 
 /* dst = dst op b in place: b must broadcast to dst, and the result must fit dst's dtype
  * (no float result into an integer tensor), as in torch. */
-static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
-  const char *name = op == SH_OP_AXPY ? "axpy_" : sh_binop_name(op);
-  SH_TRY(sh_require_cpu(dst, name));
-  SH_TRY(sh_require_cpu(b, name));
+static int check_inplace(const sh_tensor *dst, int op, const sh_tensor *b, const char *bname) {
+  const char *name = sh_binop_name(op);
+  SH_TRY(sh_tensor_check(dst, name));
+  SH_TRY(check_operand(b, dst->device, name, bname));
   int rdt = 0, ndim;
   int64_t shape[SH_MAX_DIMS];
   SH_TRY(sh_binary_result(op, dst->dtype, b->dtype, &rdt));
@@ -511,42 +574,27 @@ static int inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha) {
   SH_TRY(sh_broadcast_shapes(name, dst->ndim, dst->shape, b->ndim, b->shape, &ndim, shape));
   if (ndim != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * ndim) != 0)
     return sh_fail(SH_ERR_ARG, "%s: %s does not broadcast to the in-place destination %s", name, sh_desc(b), sh_desc(dst));
-  ew_plan p = {.ndim = ndim, .nin = 2, .ct = sh_compute_dtype(rdt), .op = op, .alpha = alpha};
-  memcpy(p.shape, shape, sizeof shape);
-  arg_from(&p.arg[0], dst, ndim, shape);
-  arg_from(&p.arg[1], dst, ndim, shape);
-  arg_from(&p.arg[2], b, ndim, shape);
-  dst->version++;
-  run_plan(&p);
   return SH_OK;
 }
 
 int sh_binary_(sh_tensor *dst, int op, const sh_tensor *b) {
-  if (dst && dst->storage && dst->device >= 0) return sh_cuda_binary_(dst, op, b);
   SH_TRY(check_op(op, SH_OP_ADD, SH_OP_GT, "binary_"));
-  return inplace(dst, op, b, 0);
+  SH_TRY(check_inplace(dst, op, b, "b"));
+  dst->version++;
+  return SH_KERNEL(sh_binop_name(op), dst->device, binary_, dst, op, b);
 }
 
 int sh_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) {
-  if (dst && dst->storage && dst->device >= 0) return sh_cuda_axpy_(dst, alpha, x);
-  return inplace(dst, SH_OP_AXPY, x, alpha);
+  SH_TRY(check_inplace(dst, SH_OP_AXPY, x, "x"));
+  dst->version++;
+  return SH_KERNEL("axpy_", dst->device, axpy_, dst, alpha, x);
 }
 
 int sh_scale_(sh_tensor *dst, double alpha) {
-  if (dst && dst->storage && dst->device >= 0) return sh_cuda_scale_(dst, alpha);
-  SH_TRY(sh_require_cpu(dst, "scale_"));
+  SH_TRY(sh_tensor_check(dst, "scale_"));
   if (dst->dtype == SH_BOOL) return sh_fail(SH_ERR_ARG, "scale_: arithmetic on bool tensors is not supported (%s)", sh_desc(dst));
   if (!sh_dtype_is_float(dst->dtype) && !is_int64(alpha))
     return sh_fail(SH_ERR_ARG, "scale_: cannot scale integer tensor %s in place by %g (not a whole number)", sh_desc(dst), alpha);
-  ew_plan p = {.ndim = dst->ndim, .nin = 2, .ct = sh_compute_dtype(dst->dtype), .op = SH_OP_MUL};
-  memcpy(p.shape, dst->shape, sizeof p.shape);
-  arg_from(&p.arg[0], dst, dst->ndim, dst->shape);
-  arg_from(&p.arg[1], dst, dst->ndim, dst->shape);
-  arg_scalar(&p.arg[2], &alpha);
   dst->version++;
-  run_plan(&p);
-  return SH_OK;
+  return SH_KERNEL("scale_", dst->device, scale_, dst, alpha);
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_elementwise_register_cpu(sh_backend *b) { (void)b; }

@@ -1,4 +1,5 @@
-/* ops_matmul.c: matrix products through OpenBLAS (sgemm for f32, bf16 and f16; dgemm for f64).
+/* ops_matmul.c: matmul and gemm_: the fronts (checks, result shape and dtype, for every
+ * device) and the CPU kernels, through OpenBLAS (sgemm for f32, bf16 and f16; dgemm for f64).
  *
  * A matrix operand is (pointer, rows, cols, row stride, col stride). BLAS reads it in place
  * when one stride is 1: row-major as is, column-major (a transposed view, x:t()) with the
@@ -15,8 +16,6 @@
 #include "ops.h"
 #include <cblas.h>
 #include <limits.h>
-#include <string.h>
-#include "cuda_internal.h"
 
 /* OpenBLAS runs gemms with m*n*k at or below this single-threaded (GEMM_MULTITHREAD_THRESHOLD
  * 4 times 65536 in 0.3.x); batches of such small products are worth OpenMP. */
@@ -125,35 +124,19 @@ typedef struct batch_plan {
   int64_t count;
 } batch_plan;
 
-/* Broadcasts the batch dims of a and b (numpy rules); strides 0 where broadcast. */
-static int plan_batch(batch_plan *bp, const sh_tensor *a, const sh_tensor *b) {
+/* The batch dims of out (those before its matrix dims, which the front broadcast from a's
+ * and b's) and each operand's strides along them: 0 where the operand is broadcast. */
+static void plan_batch(batch_plan *bp, const sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
   int na = batch_dims(a), nb = batch_dims(b);
-  SH_TRY(sh_broadcast_shapes("matmul", na, a->shape, nb, b->shape, &bp->nb, bp->shape));
+  bp->nb = out->ndim - (a->ndim > 1) - (b->ndim > 1);
   bp->count = 1;
   for (int d = 0; d < bp->nb; d++) {
     int da = d - (bp->nb - na), db = d - (bp->nb - nb);
+    bp->shape[d] = out->shape[d];
     bp->sa[d] = da >= 0 && a->shape[da] != 1 ? a->stride[da] : 0;
     bp->sb[d] = db >= 0 && b->shape[db] != 1 ? b->stride[db] : 0;
     bp->count *= bp->shape[d];
   }
-  return SH_OK;
-}
-
-static int check_matmul(const sh_tensor *a, const sh_tensor *b, int *dt) {
-  SH_TRY(sh_require_cpu(a, "matmul"));
-  SH_TRY(sh_require_cpu(b, "matmul"));
-  *dt = sh_promote(a->dtype, b->dtype);
-  if (!sh_dtype_is_float(*dt))
-    return sh_fail(SH_ERR_ARG, "matmul: needs float tensors, got %s @ %s", sh_desc(a), sh_desc(b));
-  if (a->ndim == 0 || b->ndim == 0)
-    return sh_fail(SH_ERR_ARG, "matmul: needs at least 1-D tensors, got %s @ %s", sh_desc(a), sh_desc(b));
-  operand oa = operand_of(a, 0), ob = operand_of(b, 1);
-  if (oa.cols != ob.rows)
-    return sh_fail(SH_ERR_ARG, "matmul: inner dims differ (%lld vs %lld) in %s @ %s", (long long)oa.cols,
-                   (long long)ob.rows, sh_desc(a), sh_desc(b));
-  if (!fits_int(oa.rows) || !fits_int(oa.cols) || !fits_int(ob.cols))
-    return sh_fail(SH_ERR_ARG, "matmul: dims beyond 2^31 are not supported (%s @ %s)", sh_desc(a), sh_desc(b));
-  return SH_OK;
 }
 
 /* Runs the batch of products into the dense tensor c (dtype dt). */
@@ -198,39 +181,26 @@ static void run_batches(sh_tensor *c, const operand *a, const operand *b, const 
   }
 }
 
-int sh_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
-  if (a && a->device >= 0) return sh_cuda_matmul(out, a, b);
-  *out = NULL;
-  int rdt, bdt;
-  SH_TRY(check_matmul(a, b, &rdt));
-  bdt = blas_dtype(rdt);
-  batch_plan bp;
-  SH_TRY(plan_batch(&bp, a, b));
+/* out = a @ b; out is dense in the promoted dtype, which BLAS computes in unless it is
+ * bf16/f16 (then through an f32 product converted at the end). */
+static int cpu_matmul(sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
   operand oa = operand_of(a, 0), ob = operand_of(b, 1);
-  int64_t shape[SH_MAX_DIMS];
-  int n = bp.nb;
-  memcpy(shape, bp.shape, sizeof(int64_t) * n);
-  if (a->ndim > 1) shape[n++] = oa.rows;
-  if (b->ndim > 1) shape[n++] = ob.cols;
+  if (!fits_int(oa.rows) || !fits_int(oa.cols) || !fits_int(ob.cols))
+    return sh_fail(SH_ERR_ARG, "matmul: dims beyond 2^31 are not supported (%s @ %s)", sh_desc(a), sh_desc(b));
+  int dt = blas_dtype(out->dtype);
   sh_tensor *ca = NULL, *cb = NULL, *c = NULL;
-  int rc = prepare(&oa, &ca, bdt, 0);
-  if (!rc) rc = prepare(&ob, &cb, bdt, 1);
-  if (!rc) rc = sh_new_like_shape(&c, n, shape, bdt, -1);
+  int rc = prepare(&oa, &ca, dt, 0);
+  if (!rc) rc = prepare(&ob, &cb, dt, 1);
+  if (!rc && out->dtype != dt) rc = sh_tensor_empty(&c, out->ndim, out->shape, dt, -1);
   if (!rc) {
-    /* strides of the (possibly copied) operands' batch dims */
-    if (ca || cb) rc = plan_batch(&bp, oa.t, ob.t);
-    if (!rc) run_batches(c, &oa, &ob, &bp, bdt);
-  }
-  if (!rc && rdt != bdt) {                    /* bf16/f16 result */
-    rc = sh_tensor_to(out, c, rdt, -1);
-    sh_tensor_destroy(c);
-  } else if (!rc) {
-    *out = c;
-  } else {
-    sh_tensor_destroy(c);
+    batch_plan bp;
+    plan_batch(&bp, out, oa.t, ob.t);   /* the strides of the (possibly copied) operands */
+    run_batches(c ? c : out, &oa, &ob, &bp, dt);
+    if (c) rc = sh_tensor_copy_(out, c);
   }
   sh_tensor_destroy(ca);
   sh_tensor_destroy(cb);
+  sh_tensor_destroy(c);
   return rc;
 }
 
@@ -250,21 +220,9 @@ static int blas_input(const sh_tensor *t, int dt, sh_tensor **own, const sh_tens
   return SH_OK;
 }
 
-int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
-             double alpha, double beta) {
-  if (c && c->device >= 0) return sh_cuda_gemm_(c, a, b, trans_a, trans_b, alpha, beta);
-  SH_TRY(sh_require_cpu(c, "gemm_"));
-  SH_TRY(sh_require_cpu(a, "gemm_"));
-  SH_TRY(sh_require_cpu(b, "gemm_"));
-  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
-    return sh_fail(SH_ERR_ARG, "gemm_: needs 2-D tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
-  if (!sh_dtype_is_float(a->dtype) || !sh_dtype_is_float(b->dtype) || !sh_dtype_is_float(c->dtype))
-    return sh_fail(SH_ERR_ARG, "gemm_: needs float tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
+static int cpu_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+                     double alpha, double beta) {
   mat la = mat_2d(a, trans_a), lb = mat_2d(b, trans_b);
-  if (la.cols != lb.rows || la.rows != c->shape[0] || lb.cols != c->shape[1])
-    return sh_fail(SH_ERR_ARG, "gemm_: op(a) [%lld,%lld] @ op(b) [%lld,%lld] does not give c %s (a %s%s, b %s%s)",
-                   (long long)la.rows, (long long)la.cols, (long long)lb.rows, (long long)lb.cols, sh_desc(c),
-                   sh_desc(a), trans_a ? " transposed" : "", sh_desc(b), trans_b ? " transposed" : "");
   if (!fits_int(la.rows) || !fits_int(la.cols) || !fits_int(lb.cols))
     return sh_fail(SH_ERR_ARG, "gemm_: dims beyond 2^31 are not supported (c %s)", sh_desc(c));
   int dt = blas_dtype(c->dtype);
@@ -278,7 +236,6 @@ int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, 
   if (!rc && !direct) rc = beta != 0 ? sh_tensor_to(&cc, c, dt, -1) : sh_tensor_empty(&cc, 2, c->shape, dt, -1);
   if (!rc) {
     gemm(dt, mat_2d(direct ? c : cc, 0), mat_2d(ua, trans_a), mat_2d(ub, trans_b), alpha, beta);
-    c->version++;
     if (!direct) rc = sh_tensor_copy_(c, cc);
   }
   sh_tensor_destroy(ca);
@@ -287,5 +244,67 @@ int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, 
   return rc;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_matmul_register_cpu(sh_backend *b) { (void)b; }
+void sh_matmul_register_cpu(sh_backend *b) {
+  b->matmul = cpu_matmul;
+  b->gemm_ = cpu_gemm_;
+}
+
+/* ---- fronts: checks, the result's shape and dtype, then the kernel of the device ------- */
+
+/* Checks a @ b and plans the result: the promoted dtype, and the broadcast batch dims
+ * followed by M (unless a is 1-D) and N (unless b is 1-D). */
+static int plan_matmul(const sh_tensor *a, const sh_tensor *b, int *dt, int *ndim, int64_t *shape) {
+  SH_TRY(sh_tensor_check(a, "matmul"));
+  SH_TRY(sh_tensor_check(b, "matmul"));
+  SH_TRY(sh_check_on(b, a->device, "matmul", "b"));
+  *dt = sh_promote(a->dtype, b->dtype);
+  if (!sh_dtype_is_float(*dt))
+    return sh_fail(SH_ERR_ARG, "matmul: needs float tensors, got %s @ %s", sh_desc(a), sh_desc(b));
+  if (a->ndim == 0 || b->ndim == 0)
+    return sh_fail(SH_ERR_ARG, "matmul: needs at least 1-D tensors, got %s @ %s", sh_desc(a), sh_desc(b));
+  operand oa = operand_of(a, 0), ob = operand_of(b, 1);
+  if (oa.cols != ob.rows)
+    return sh_fail(SH_ERR_ARG, "matmul: inner dims differ (%lld vs %lld) in %s @ %s", (long long)oa.cols,
+                   (long long)ob.rows, sh_desc(a), sh_desc(b));
+  SH_TRY(sh_broadcast_shapes("matmul", batch_dims(a), a->shape, batch_dims(b), b->shape, ndim, shape));
+  if (a->ndim > 1) shape[(*ndim)++] = oa.rows;
+  if (b->ndim > 1) shape[(*ndim)++] = ob.cols;
+  return SH_OK;
+}
+
+int sh_matmul(sh_tensor **out, const sh_tensor *a, const sh_tensor *b) {
+  *out = NULL;
+  int dt, ndim;
+  int64_t shape[SH_MAX_DIMS];
+  SH_TRY(plan_matmul(a, b, &dt, &ndim, shape));
+  SH_TRY(sh_tensor_empty(out, ndim, shape, dt, a->device));
+  int rc = SH_KERNEL("matmul", a->device, matmul, *out, a, b);
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+static int check_gemm(const sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b) {
+  SH_TRY(sh_tensor_check(c, "gemm_"));
+  SH_TRY(sh_tensor_check(a, "gemm_"));
+  SH_TRY(sh_tensor_check(b, "gemm_"));
+  SH_TRY(sh_check_on(a, c->device, "gemm_", "a"));
+  SH_TRY(sh_check_on(b, c->device, "gemm_", "b"));
+  if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
+    return sh_fail(SH_ERR_ARG, "gemm_: needs 2-D tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
+  if (!sh_dtype_is_float(a->dtype) || !sh_dtype_is_float(b->dtype) || !sh_dtype_is_float(c->dtype))
+    return sh_fail(SH_ERR_ARG, "gemm_: needs float tensors, got c %s, a %s, b %s", sh_desc(c), sh_desc(a), sh_desc(b));
+  mat la = mat_2d(a, trans_a), lb = mat_2d(b, trans_b);
+  if (la.cols != lb.rows || la.rows != c->shape[0] || lb.cols != c->shape[1])
+    return sh_fail(SH_ERR_ARG, "gemm_: op(a) [%lld,%lld] @ op(b) [%lld,%lld] does not give c %s (a %s%s, b %s%s)",
+                   (long long)la.rows, (long long)la.cols, (long long)lb.rows, (long long)lb.cols, sh_desc(c),
+                   sh_desc(a), trans_a ? " transposed" : "", sh_desc(b), trans_b ? " transposed" : "");
+  return SH_OK;
+}
+
+int sh_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+             double alpha, double beta) {
+  SH_TRY(check_gemm(c, a, b, trans_a, trans_b));
+  SH_TRY(SH_KERNEL("gemm_", c->device, gemm_, c, a, b, trans_a, trans_b, alpha, beta));
+  c->version++;
+  return SH_OK;
+}

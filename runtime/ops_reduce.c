@@ -1,4 +1,5 @@
-/* ops_reduce.c: sum, mean, max, min, argmax, sum_to_shape and sumsq on the CPU.
+/* ops_reduce.c: sum, mean, max, min, argmax, sum_to_shape and sumsq: the fronts, which
+ * check, plan and allocate for every device, and the CPU kernels.
  *
  * Every reduction is seen as a dense array [outer, R, inner] reduced over R: a row
  * reduction (inner == 1, the last dim) or a column reduction (inner > 1, vectorized across
@@ -15,7 +16,6 @@
 #include "backend_internal.h"
 #include "ops_internal.h"
 #include "ops.h"
-#include "cuda_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -219,7 +219,16 @@ static void store_result(sh_tensor *out, const double *res, double div) {
   }
 }
 
-/* Reduces the dense version of a as [outer, R, inner] into out (already allocated). */
+/* ---- CPU kernels: arguments checked and outputs allocated by the fronts below ---------- */
+
+/* A shape seen as [outer, shape[dim], inner]. */
+static void split_at(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int d = 0; d < dim; d++) *outer *= shape[d];
+  for (int d = dim + 1; d < ndim; d++) *inner *= shape[d];
+}
+
+/* Reduces the dense version of a as [outer, R, inner] into out (contiguous). */
 static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer, int64_t R, int64_t inner) {
   sh_tensor *x = NULL;
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
@@ -233,41 +242,14 @@ static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer
   return rc;
 }
 
-static int check_reduce(int op, const sh_tensor *a, int64_t R) {
-  if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
-  SH_TRY(sh_require_cpu(a, sh_reduce_name(op)));
-  if (R == 0 && (op == SH_OP_MAX || op == SH_OP_MIN))
-    return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", sh_reduce_name(op), sh_desc(a));
-  return SH_OK;
+static int cpu_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
+  int64_t outer, inner;
+  split_at(a->ndim, a->shape, dim, &outer, &inner);
+  return reduce_into(out, op, a, outer, a->shape[dim], inner);
 }
 
-/* ---- entry points -------------------------------------------------------------------- */
-
-int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_reduce(out, op, a, dim, keepdim);
-  *out = NULL;
-  SH_TRY(check_reduce(op, a, 1));
-  SH_TRY(sh_reduce_dim(sh_reduce_name(op), a, &dim));
-  SH_TRY(check_reduce(op, a, a->shape[dim]));
-  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1;
-  for (int d = 0; d < dim; d++) outer *= a->shape[d];
-  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = sh_reduced_shape(a, dim, keepdim, shape);
-  SH_TRY(sh_new_like_shape(out, n, shape, sh_reduce_result_dtype(op, a->dtype), -1));
-  int rc = reduce_into(*out, op, a, outer, a->shape[dim], inner);
-  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
-  return rc;
-}
-
-int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_reduce_all(out, op, a);
-  *out = NULL;
-  SH_TRY(check_reduce(op, a, 1));
-  SH_TRY(check_reduce(op, a, sh_tensor_numel(a)));
-  SH_TRY(sh_new_like_shape(out, 0, a->shape, sh_reduce_result_dtype(op, a->dtype), -1));
-  int rc = reduce_into(*out, op, a, 1, sh_tensor_numel(a), 1);
-  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
-  return rc;
+static int cpu_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
+  return reduce_into(out, op, a, 1, sh_tensor_numel(a), 1);
 }
 
 /* First index of the max over R for each (o, i), NaN counting as the max. */
@@ -284,21 +266,12 @@ int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
 DEFINE_ARGMAX(argmax_f32, float)
 DEFINE_ARGMAX(argmax_f64, double)
 
-int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_argmax(out, a, dim, keepdim);
-  *out = NULL;
-  SH_TRY(sh_require_cpu(a, "argmax"));
-  SH_TRY(sh_reduce_dim("argmax", a, &dim));
-  if (a->shape[dim] == 0) return sh_fail(SH_ERR_ARG, "argmax: the reduced dim of %s is empty", sh_desc(a));
-  int64_t shape[SH_MAX_DIMS], outer = 1, inner = 1, R = a->shape[dim];
-  for (int d = 0; d < dim; d++) outer *= a->shape[d];
-  for (int d = dim + 1; d < a->ndim; d++) inner *= a->shape[d];
-  int n = sh_reduced_shape(a, dim, keepdim, shape);
+static int cpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
+  int64_t outer, inner, R = a->shape[dim];
+  split_at(a->ndim, a->shape, dim, &outer, &inner);
   sh_tensor *x = NULL;
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
-  int rc = sh_new_like_shape(out, n, shape, SH_I64, -1);
-  if (rc) { sh_tensor_destroy(x); return rc; }
-  int64_t *idx = sh_tensor_data(*out), nchunks = (inner + ICHUNK - 1) / ICHUNK;
+  int64_t *idx = sh_tensor_data(out), nchunks = (inner + ICHUNK - 1) / ICHUNK;
   const void *data = sh_tensor_data(x);
   int f32 = x->dtype == SH_F32;
   #pragma omp parallel for schedule(static) if (outer * R * inner > PAR_MIN)
@@ -312,20 +285,21 @@ int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
   return SH_OK;
 }
 
-/* sum_to_shape: the dims of a that `shape` lacks or has as 1 are summed. a is made dense,
- * its dims are grouped into runs of kept and summed dims (so [B,T,C] -> [C] is one column
- * reduction of [B*T, C]), and each summed run is reduced in turn, in double. */
-static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, int64_t *size, const int *summed) {
+/* out and a have the same dims; each dim where out is 1 and a is not is summed in turn
+ * (the front merged neighbouring dims into runs, so [B,T,C] -> [C] is one column reduction
+ * of [B*T, C]), into double buffers, and the last pass writes out. */
+static int cpu_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
   sh_tensor *x = NULL;
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
+  int64_t size[SH_MAX_DIMS];
+  memcpy(size, a->shape, sizeof(int64_t) * a->ndim);
   double *buf[2] = {NULL, NULL};
   const void *src = sh_tensor_data(x);
   int dt = x->dtype, cur = 0, rc = SH_OK;
-  for (int r = 0; r < nruns && !rc; r++) {
-    if (!summed[r]) continue;
-    int64_t outer = 1, inner = 1;
-    for (int q = 0; q < r; q++) outer *= size[q];
-    for (int q = r + 1; q < nruns; q++) inner *= size[q];
+  for (int r = 0; r < a->ndim && !rc; r++) {
+    if (out->shape[r] == size[r]) continue;
+    int64_t outer, inner;
+    split_at(a->ndim, size, r, &outer, &inner);
     if (!buf[cur]) buf[cur] = malloc(sizeof(double) * (size_t)(outer * inner > 0 ? outer * inner : 1));
     if (!buf[cur]) { rc = sh_fail(SH_ERR_OOM, "sum_to_shape: out of host memory for %s", sh_desc(a)); break; }
     red_plan p = {.x = src, .dt = dt, .outer = outer, .R = size[r], .inner = inner, .op = SH_OP_SUM};
@@ -333,7 +307,7 @@ static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, int64_t *size
     src = buf[cur];
     dt = SH_F64;
     cur ^= 1;
-    size[r] = 1;               /* later runs see this one as gone */
+    size[r] = 1;               /* later dims see this one as gone */
   }
   if (!rc) store_result(out, src, 1.0);
   free(buf[0]);
@@ -342,10 +316,107 @@ static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, int64_t *size
   return rc;
 }
 
-int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_sum_to_shape(out, a, ndim, shape);
+static int cpu_sumsq(const sh_tensor *a, double *out) {
+  sh_tensor *x = NULL;
+  SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
+  red_plan p = {.x = sh_tensor_data(x), .dt = x->dtype, .outer = 1, .R = sh_tensor_numel(x), .inner = 1, .op = RED_SUMSQ};
+  int rc = reduce_core(&p, out);
+  sh_tensor_destroy(x);
+  return rc;
+}
+
+void sh_reduce_register_cpu(sh_backend *b) {
+  b->reduce = cpu_reduce;
+  b->reduce_all = cpu_reduce_all;
+  b->argmax = cpu_argmax;
+  b->sum_to_shape = cpu_sum_to_shape;
+  b->sumsq = cpu_sumsq;
+}
+
+/* ---- fronts: checks, output shapes and dtypes, then the kernel of a's device ------------ */
+
+static int check_reduce(int op, const sh_tensor *a) {
+  if (op < SH_OP_SUM || op > SH_OP_MIN) return sh_fail(SH_ERR_ARG, "reduce: unknown op code %d", op);
+  return sh_tensor_check(a, sh_reduce_name(op));
+}
+
+/* max, min and argmax have no value over nothing. */
+static int check_extent(const char *name, int needs_one, const sh_tensor *a, int64_t R) {
+  if (R == 0 && needs_one) return sh_fail(SH_ERR_ARG, "%s: the reduced dim of %s is empty", name, sh_desc(a));
+  return SH_OK;
+}
+
+/* A front's exit after its kernel: on failure the output it allocated goes. */
+static int finish(sh_tensor **out, int rc) {
+  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
+  return rc;
+}
+
+int sh_reduce(sh_tensor **out, int op, const sh_tensor *a, int dim, int keepdim) {
   *out = NULL;
-  SH_TRY(sh_require_cpu(a, "sum_to_shape"));
+  SH_TRY(check_reduce(op, a));
+  const char *name = sh_reduce_name(op);
+  SH_TRY(sh_reduce_dim(name, a, &dim));
+  SH_TRY(check_extent(name, op == SH_OP_MAX || op == SH_OP_MIN, a, a->shape[dim]));
+  int64_t shape[SH_MAX_DIMS];
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
+  SH_TRY(sh_tensor_empty(out, n, shape, sh_reduce_result_dtype(op, a->dtype), a->device));
+  return finish(out, SH_KERNEL(name, a->device, reduce, *out, op, a, dim));
+}
+
+int sh_reduce_all(sh_tensor **out, int op, const sh_tensor *a) {
+  *out = NULL;
+  SH_TRY(check_reduce(op, a));
+  const char *name = sh_reduce_name(op);
+  SH_TRY(check_extent(name, op == SH_OP_MAX || op == SH_OP_MIN, a, sh_tensor_numel(a)));
+  SH_TRY(sh_tensor_empty(out, 0, NULL, sh_reduce_result_dtype(op, a->dtype), a->device));
+  return finish(out, SH_KERNEL(name, a->device, reduce_all, *out, op, a));
+}
+
+int sh_argmax(sh_tensor **out, const sh_tensor *a, int dim, int keepdim) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(a, "argmax"));
+  SH_TRY(sh_reduce_dim("argmax", a, &dim));
+  SH_TRY(check_extent("argmax", 1, a, a->shape[dim]));
+  int64_t shape[SH_MAX_DIMS];
+  int n = sh_reduced_shape(a, dim, keepdim, shape);
+  SH_TRY(sh_tensor_empty(out, n, shape, SH_I64, a->device));
+  return finish(out, SH_KERNEL("argmax", a->device, argmax, *out, a, dim));
+}
+
+/* The dims of a that `shape` lacks or has as 1 are summed. Size-1 dims of a are dropped and
+ * neighbours that are both summed or both kept merge into one run: size[r] is the run's
+ * extent in a, kept[r] its extent in the result (1 when summed). Returns the number of
+ * runs; *any says whether a run is summed. */
+static int plan_runs(const sh_tensor *a, int ndim, const int64_t *shape, int64_t *size, int64_t *kept, int *any) {
+  int lead = a->ndim - ndim, nruns = 0, prev = -1;
+  *any = 0;
+  for (int d = 0; d < a->ndim; d++) {
+    if (a->shape[d] == 1) continue;
+    int s = d < lead || shape[d - lead] == 1;
+    *any |= s;
+    if (s == prev) size[nruns - 1] *= a->shape[d];
+    else size[nruns++] = a->shape[d];
+    kept[nruns - 1] = s ? 1 : size[nruns - 1];
+    prev = s;
+  }
+  return nruns;
+}
+
+/* The kernel sees a and out as the runs: same dims, out 1 where summed. */
+static int sum_runs(sh_tensor *out, const sh_tensor *a, int nruns, const int64_t *size, const int64_t *kept) {
+  sh_tensor *av = NULL, *ov = NULL;
+  int rc = sh_tensor_reshape(&av, a, nruns, size);
+  if (!rc) rc = sh_view_reshape(&ov, out, nruns, kept);
+  if (!rc) rc = SH_KERNEL("sum_to_shape", a->device, sum_to_shape, ov, av);
+  sh_tensor_destroy(av);
+  sh_tensor_destroy(ov);
+  return rc;
+}
+
+int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t *shape) {
+  *out = NULL;
+  SH_TRY(sh_tensor_check(a, "sum_to_shape"));
   int lead = a->ndim - ndim, nb;
   int64_t bshape[SH_MAX_DIMS];
   char want[160];
@@ -353,42 +424,22 @@ int sh_sum_to_shape(sh_tensor **out, const sh_tensor *a, int ndim, const int64_t
       memcmp(bshape, a->shape, sizeof(int64_t) * a->ndim) != 0)
     return sh_fail(SH_ERR_ARG, "sum_to_shape: %s does not broadcast from shape %s", sh_desc(a),
                    sh_shape_str(ndim < 0 ? 0 : ndim, shape, want, sizeof want));
-  int64_t size[SH_MAX_DIMS];
-  int summed[SH_MAX_DIMS], nruns = 0, any = 0;
-  for (int d = 0; d < a->ndim; d++) {
-    if (a->shape[d] == 1) continue;
-    int s = d < lead || shape[d - lead] == 1;
-    any |= s;
-    if (nruns && summed[nruns - 1] == s) size[nruns - 1] *= a->shape[d];
-    else { size[nruns] = a->shape[d]; summed[nruns++] = s; }
-  }
-  SH_TRY(sh_new_like_shape(out, ndim, shape, a->dtype, -1));
-  int rc;
-  if (any) {
-    rc = sum_runs(*out, a, nruns, size, summed);
-  } else {                     /* nothing to sum: only size-1 dims differ */
-    sh_tensor *v = NULL;
-    rc = sh_tensor_reshape(&v, a, ndim, shape);
-    if (!rc) rc = sh_tensor_copy_(*out, v);
-    sh_tensor_destroy(v);
-  }
-  if (rc) { sh_tensor_destroy(*out); *out = NULL; }
-  return rc;
+  int64_t size[SH_MAX_DIMS], kept[SH_MAX_DIMS];
+  int any, nruns = plan_runs(a, ndim, shape, size, kept, &any);
+  SH_TRY(sh_tensor_empty(out, ndim, shape, a->dtype, a->device));
+  if (any) return finish(out, sum_runs(*out, a, nruns, size, kept));
+  /* nothing to sum: only size-1 dims differ */
+  sh_tensor *v = NULL;
+  int rc = sh_tensor_reshape(&v, a, ndim, shape);
+  if (!rc) rc = sh_tensor_copy_(*out, v);
+  sh_tensor_destroy(v);
+  return finish(out, rc);
 }
 
 double sh_sumsq(const sh_tensor *a, int *status) {
-  if (a && a->storage && a->device >= 0) return sh_cuda_sumsq(a, status);
-  int rc = sh_require_cpu(a, "sumsq");
-  sh_tensor *x = NULL;
-  double res = 0;
-  if (!rc) rc = sh_contiguous_as(&x, a, dense_dtype(a->dtype));
-  red_plan p = {.x = x ? sh_tensor_data(x) : NULL, .dt = x ? x->dtype : SH_F64, .outer = 1,
-                .R = x ? sh_tensor_numel(x) : 0, .inner = 1, .op = RED_SUMSQ};
-  if (!rc) rc = reduce_core(&p, &res);
-  sh_tensor_destroy(x);
+  double res = NAN;
+  int rc = sh_tensor_check(a, "sumsq");
+  if (!rc) rc = SH_KERNEL("sumsq", a->device, sumsq, a, &res);
   if (status) *status = rc;
   return rc ? NAN : res;
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_reduce_register_cpu(sh_backend *b) { (void)b; }

@@ -6,13 +6,14 @@
  *          momentum buf + (1 - dampening) g;  g = nesterov ? g + momentum buf : buf;  p -= lr g
  * The scalars (bias corrections, step size) are formed in f64 once per call, as PyTorch
  * forms them in Python. The loops are memory-bound; they are split across threads and
- * compiled with an AVX-512 clone (SH_NN_SIMD) rather than written in intrinsics. */
+ * compiled with an AVX-512 clone (SH_NN_SIMD) rather than written in intrinsics.
+ * The public steps at the end check every buffer and hyper-parameter, dispatch to the
+ * param's device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "optim.h"
 #include "optim_internal.h"
-#include "cuda_internal.h"
 
 typedef struct opt_args {
   float *p, *m, *v, *buf;
@@ -92,6 +93,73 @@ SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
   else { SGD_LOOP(sh_nn_bf16_to_f32(g16[i])) }
 }
 
+sh_adamw_hyper sh_adamw_hyper_of(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                 int64_t step, double grad_scale) {
+  return (sh_adamw_hyper){
+    .scale = (float)grad_scale,
+    .decay = (float)(1.0 - lr * weight_decay),
+    .b1 = (float)beta1, .omb1 = (float)(1.0 - beta1),
+    .b2 = (float)beta2, .omb2 = (float)(1.0 - beta2),
+    .step_size = (float)(lr / (1.0 - pow(beta1, (double)step))),
+    .bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step)),
+    .eps = (float)eps,
+  };
+}
+
+sh_sgd_hyper sh_sgd_hyper_of(double lr, double momentum, double dampening, double weight_decay, int nesterov,
+                             int first_step, double grad_scale) {
+  return (sh_sgd_hyper){
+    .scale = (float)grad_scale,
+    .lr = (float)lr, .wd = (float)weight_decay,
+    .momentum = (float)momentum, .omd = (float)(1.0 - dampening),
+    .nesterov = nesterov != 0,
+    .first = first_step != 0,
+    .has_buf = momentum != 0,
+  };
+}
+
+/* ---- CPU kernels ---------------------------------------------------------------------- */
+
+/* The grad's pointer: f32, or bf16 (the only other dtype the fronts let through). */
+static void set_grad(opt_args *a, const sh_tensor *grad) {
+  if (grad->dtype == SH_F32) a->g32 = sh_nn_ptr(grad);
+  else a->g16 = sh_tensor_data(grad);
+}
+
+static int cpu_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
+                           sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
+                           double weight_decay, int64_t step, double grad_scale) {
+  int64_t n = sh_tensor_numel(param);
+  opt_args a = {0};
+  set_grad(&a, grad);
+  a.p = sh_nn_ptr(param); a.m = sh_nn_ptr(m); a.v = sh_nn_ptr(v);
+  a.shadow = shadow ? sh_tensor_data(shadow) : NULL;
+  a.shadow_dtype = shadow ? shadow->dtype : SH_F32;
+  a.h = sh_adamw_hyper_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  sh_nn_parallel_for(n, n * 4, adamw_range, &a);
+  return SH_OK;
+}
+
+static int cpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
+                         double momentum, double dampening, double weight_decay, int nesterov,
+                         int first_step, double grad_scale) {
+  int64_t n = sh_tensor_numel(param);
+  opt_args a = {0};
+  set_grad(&a, grad);
+  a.p = sh_nn_ptr(param);
+  a.s = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
+  a.buf = a.s.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
+  sh_nn_parallel_for(n, n * 4, sgd_range, &a);
+  return SH_OK;
+}
+
+void sh_optim_register_cpu(sh_backend *b) {
+  b->adamw_step_ = cpu_adamw_step_;
+  b->sgd_step_ = cpu_sgd_step_;
+}
+
+/* ---- public steps ---------------------------------------------------------------------- */
+
 /* t is a flat float buffer of n elements (n < 0: any) on `device`, of `dtype` (< 0: any float). */
 static int check_flat(const sh_tensor *t, const char *op, const char *name, int dtype, int64_t n, int device) {
   if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
@@ -103,8 +171,7 @@ static int check_flat(const sh_tensor *t, const char *op, const char *name, int 
   if (n >= 0 && sh_tensor_numel(t) != n)
     return sh_fail(SH_ERR_ARG, "%s: %s has %lld elements, param has %lld (%s)", op, name,
                    (long long)sh_tensor_numel(t), (long long)n, sh_desc(t));
-  if (t->device != device) return sh_fail(SH_ERR_DEVICE, "%s: %s %s is not on the param's device", op, name, sh_desc(t));
-  return SH_OK;
+  return sh_check_on(t, device, op, name);
 }
 
 static int check_param_grad(const char *op, const sh_tensor *param, const sh_tensor *grad) {
@@ -115,9 +182,11 @@ static int check_param_grad(const char *op, const sh_tensor *param, const sh_ten
   return SH_OK;
 }
 
-int sh_adamw_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *m, const sh_tensor *v,
-                     const sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, int64_t step, double grad_scale, sh_adamw_hyper *h) {
+/* param, m, v (f32), grad (f32 or bf16) and shadow (any float): flat, param's numel, param's
+ * device; and the hyper-parameters' ranges. */
+static int check_adamw(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *m, const sh_tensor *v,
+                       const sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int64_t step) {
   const char *op = "adamw";
   SH_TRY(check_param_grad(op, param, grad));
   int64_t n = sh_tensor_numel(param);
@@ -129,19 +198,13 @@ int sh_adamw_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_ten
     return sh_fail(SH_ERR_ARG, "%s: betas must be in [0, 1), got (%g, %g)", op, beta1, beta2);
   if (!(lr >= 0 && eps >= 0 && weight_decay >= 0))
     return sh_fail(SH_ERR_ARG, "%s: lr, eps and weight_decay must be >= 0, got %g, %g, %g", op, lr, eps, weight_decay);
-  h->scale = (float)grad_scale;
-  h->decay = (float)(1.0 - lr * weight_decay);
-  h->b1 = (float)beta1; h->omb1 = (float)(1.0 - beta1);
-  h->b2 = (float)beta2; h->omb2 = (float)(1.0 - beta2);
-  h->step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
-  h->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-  h->eps = (float)eps;
   return SH_OK;
 }
 
-int sh_sgd_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *momentum_buf, double lr,
-                   double momentum, double dampening, double weight_decay, int nesterov, int first_step,
-                   double grad_scale, sh_sgd_hyper *h) {
+/* param (f32), grad (f32 or bf16) and, with momentum, momentum_buf (f32): flat, param's
+ * numel and device; and the hyper-parameters' ranges. */
+static int check_sgd(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *momentum_buf, double lr,
+                     double momentum, double dampening, double weight_decay, int nesterov) {
   const char *op = "sgd";
   SH_TRY(check_param_grad(op, param, grad));
   if (!(lr >= 0 && momentum >= 0 && weight_decay >= 0))
@@ -153,29 +216,15 @@ int sh_sgd_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tenso
     if (!momentum_buf) return sh_fail(SH_ERR_ARG, "%s: momentum %g needs a momentum_buf, got nil", op, momentum);
     SH_TRY(check_flat(momentum_buf, op, "momentum_buf", SH_F32, sh_tensor_numel(param), param->device));
   }
-  h->scale = (float)grad_scale;
-  h->lr = (float)lr; h->wd = (float)weight_decay;
-  h->momentum = (float)momentum; h->omd = (float)(1.0 - dampening);
-  h->nesterov = nesterov != 0;
-  h->first = first_step != 0;
-  h->has_buf = momentum != 0;
   return SH_OK;
 }
 
 int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                    double weight_decay, int64_t step, double grad_scale) {
-  if (param && param->device >= 0) return sh_cuda_adamw_step_(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  sh_adamw_hyper h;
-  SH_TRY(sh_adamw_prepare(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step, grad_scale, &h));
-  int64_t n = sh_tensor_numel(param);
-  opt_args a = {0};
-  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad); else a.g16 = sh_tensor_data(grad);
-  a.p = sh_nn_ptr(param); a.m = sh_nn_ptr(m); a.v = sh_nn_ptr(v);
-  a.shadow = shadow ? sh_tensor_data(shadow) : NULL;
-  a.shadow_dtype = shadow ? shadow->dtype : SH_F32;
-  a.h = h;
-  sh_nn_parallel_for(n, n * 4, adamw_range, &a);
+  SH_TRY(check_adamw(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step));
+  SH_TRY(SH_KERNEL("adamw", param->device, adamw_step_, param, grad, m, v, shadow, lr, beta1, beta2, eps,
+                   weight_decay, step, grad_scale));
   param->version++; m->version++; v->version++;
   if (shadow) shadow->version++;
   return SH_OK;
@@ -184,20 +233,10 @@ int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_ten
 int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
                  double grad_scale) {
-  if (param && param->device >= 0) return sh_cuda_sgd_step_(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
-  sh_sgd_hyper h;
-  SH_TRY(sh_sgd_prepare(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale, &h));
-  int64_t n = sh_tensor_numel(param);
-  opt_args a = {0};
-  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad); else a.g16 = sh_tensor_data(grad);
-  a.p = sh_nn_ptr(param);
-  a.buf = h.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
-  a.s = h;
-  sh_nn_parallel_for(n, n * 4, sgd_range, &a);
+  SH_TRY(check_sgd(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov));
+  SH_TRY(SH_KERNEL("sgd", param->device, sgd_step_, param, grad, momentum_buf, lr, momentum, dampening,
+                   weight_decay, nesterov, first_step, grad_scale));
   param->version++;
-  if (a.buf) momentum_buf->version++;
+  if (momentum != 0) momentum_buf->version++;
   return SH_OK;
 }
-
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_optim_register_cpu(sh_backend *b) { (void)b; }

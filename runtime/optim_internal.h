@@ -1,5 +1,6 @@
-/* optim_internal.h: what an optimizer step checks and derives before any backend runs it,
- * defined once for the CPU loops (optim.c) and the CUDA kernels (kernels/optim.cu). */
+/* optim_internal.h: the per-step constants of an optimizer update, formed once per call from
+ * the hyper-parameters (which optim.c's fronts have checked) by the kernels of every backend
+ * (optim.c's CPU loops, kernels/optim.cu). */
 #pragma once
 #include "tensor_internal.h"
 
@@ -14,11 +15,7 @@ typedef struct sh_sgd_hyper {
   int nesterov, first, has_buf;
 } sh_sgd_hyper;
 
-/* Check param, m, v (f32), grad (f32 or bf16) and shadow (any float): flat, param's numel,
- * param's device; and the hyper-parameters' ranges. Errors name the op, tensor and value. */
-int sh_adamw_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *m, const sh_tensor *v,
-                     const sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, int64_t step, double grad_scale, sh_adamw_hyper *h);
-int sh_sgd_prepare(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *momentum_buf, double lr,
-                   double momentum, double dampening, double weight_decay, int nesterov, int first_step,
-                   double grad_scale, sh_sgd_hyper *h);
+sh_adamw_hyper sh_adamw_hyper_of(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                 int64_t step, double grad_scale);
+sh_sgd_hyper sh_sgd_hyper_of(double lr, double momentum, double dampening, double weight_decay, int nesterov,
+                             int first_step, double grad_scale);

@@ -2,7 +2,6 @@
 #include "backend_internal.h"
 #include "tensor_internal.h"
 #include "alloc_internal.h"
-#include "cuda_internal.h"
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -99,7 +98,7 @@ static void row_offsets(int64_t r, int last, const int64_t *shape, const int64_t
   *soff = os;
 }
 
-static int copy_cpu(sh_tensor *dst, const sh_tensor *src) {
+static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   int64_t n = sh_tensor_numel(dst);
   int same_shape = dst->ndim == src->ndim && memcmp(dst->shape, src->shape, sizeof(int64_t) * dst->ndim) == 0;
   if (same_shape && sh_tensor_is_contiguous(dst) && sh_tensor_is_contiguous(src)) {
@@ -133,6 +132,11 @@ static int copy_across(sh_tensor *dst, const sh_tensor *src) {
                     (size_t)(sh_tensor_numel(dst) * sh_dtype_size(dst->dtype)));
 }
 
+/* A copy within dst's device, by that device's kernel. */
+static int copy_within(sh_tensor *dst, const sh_tensor *src) {
+  return SH_KERNEL("copy_", dst->device, copy_, dst, src);
+}
+
 int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   SH_TRY(sh_tensor_check(dst, "copy_"));
   SH_TRY(sh_tensor_check(src, "copy_"));
@@ -142,31 +146,30 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   if (nout != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * nout) != 0)
     return sh_fail(SH_ERR_ARG, "copy_: source %s does not broadcast to destination %s", sh_desc(src), sh_desc(dst));
   dst->version++;
-  if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
-  if (dst->device == src->device) return sh_cuda_copy_(dst, src);
+  if (dst->device == src->device) return copy_within(dst, src);
   /* Across devices: the bytes move between contiguous images of the same dtype and shape;
    * dtype conversion and any striding happen on one side (the host, or the device's copy_). */
   sh_tensor *host = NULL, *dev = NULL;
   int rc = SH_OK;
   if (src->device < 0) {   /* host -> device: convert on the host, transfer, place on the device */
     rc = sh_tensor_empty(&host, dst->ndim, dst->shape, dst->dtype, -1);
-    if (!rc) rc = copy_cpu(host, src);
+    if (!rc) rc = cpu_copy_(host, src);
     if (!rc && sh_tensor_is_contiguous(dst)) rc = copy_across(dst, host);
     else if (!rc) {
       rc = sh_tensor_empty(&dev, dst->ndim, dst->shape, dst->dtype, dst->device);
       if (!rc) rc = copy_across(dev, host);
-      if (!rc) rc = sh_cuda_copy_(dst, dev);
+      if (!rc) rc = copy_within(dst, dev);
     }
   } else {                 /* device -> host: make a contiguous image on the device, transfer, convert */
     const sh_tensor *img = src;
     if (!sh_tensor_is_contiguous(src)) {
       rc = sh_tensor_empty(&dev, src->ndim, src->shape, src->dtype, src->device);
-      if (!rc) rc = sh_cuda_copy_(dev, src);
+      if (!rc) rc = copy_within(dev, src);
       img = dev;
     }
     if (!rc) rc = sh_tensor_empty(&host, src->ndim, src->shape, src->dtype, -1);
     if (!rc) rc = copy_across(host, img);
-    if (!rc) rc = copy_cpu(dst, host);
+    if (!rc) rc = cpu_copy_(dst, host);
   }
   sh_tensor_destroy(host);
   sh_tensor_destroy(dev);
@@ -207,11 +210,8 @@ static int require_cpu(const sh_tensor *t, const char *op) {
   return SH_OK;
 }
 
-int sh_tensor_fill_(sh_tensor *t, double value) {
-  if (t && t->storage && t->device >= 0) return sh_cuda_fill_(t, value);
-  SH_TRY(require_cpu(t, "fill_"));
+static int cpu_fill_(sh_tensor *t, double value) {
   int64_t n = sh_tensor_numel(t);
-  t->version++;
   if (sh_tensor_is_contiguous(t)) {
     void *d = sh_tensor_data(t);
     if (t->dtype == SH_F32) { float v = (float)value; for (int64_t i = 0; i < n; i++) ((float *)d)[i] = v; }
@@ -223,6 +223,12 @@ int sh_tensor_fill_(sh_tensor *t, double value) {
   sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
   for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(t->storage->data, t->dtype, it.off[0], value);
   return SH_OK;
+}
+
+int sh_tensor_fill_(sh_tensor *t, double value) {
+  SH_TRY(sh_tensor_check(t, "fill_"));
+  t->version++;
+  return SH_KERNEL("fill_", t->device, fill_, t, value);
 }
 
 int sh_tensor_item(const sh_tensor *t, double *out) {
@@ -282,5 +288,7 @@ int sh_tensor_write_f64(sh_tensor *t, const double *in) {
   return SH_OK;
 }
 
-/* TRANSITION: kernels not yet in the table; replaced when this family is converted. */
-void sh_copy_register_cpu(sh_backend *b) { (void)b; }
+void sh_copy_register_cpu(sh_backend *b) {
+  b->copy_ = cpu_copy_;
+  b->fill_ = cpu_fill_;
+}

@@ -192,10 +192,7 @@ function M.env()
            local_rank = e.local_rank, local_size = e.local_size }
 end
 
-local function cuda_devices()
-  local ok, n = pcall(function() return C.sh_cuda_device_count() end)
-  return ok and tonumber(n) or 0
-end
+local cuda_devices = require("shard.ffi").cuda_device_count
 
 -- shard.init(): rank, world and device from the environment; initialises the world group.
 -- The device is cuda:<local_rank mod #GPUs> when GPUs are present, else cpu; opts.device

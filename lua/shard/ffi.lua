@@ -56,6 +56,13 @@ local function runtime_library()
 end
 M.C = runtime_library()
 
+-- Number of visible CUDA devices; 0 when the runtime was built without CUDA (then cuda.h's
+-- functions are declared but have no symbols).
+function M.cuda_device_count()
+  local ok, n = pcall(function() return M.C.sh_cuda_device_count() end)
+  return ok and tonumber(n) or 0
+end
+
 -- Turns a runtime status into a Lua error carrying the runtime's message.
 function M.check(rc, level)
   if rc ~= 0 then error(ffi.string(M.C.sh_last_error()), (level or 1) + 1) end

@@ -36,7 +36,11 @@ function shard.init(opts)
   local group = comm.init()
   local env = { rank = group:rank(), world = group:size(), local_rank = group:local_rank(), group = group }
   local want = opts.device or "auto"
-  local gpus = rt.C.sh_cuda_device_count()
+  local gpus = rt.cuda_device_count()
+  if want == "cuda" and gpus == 0 then
+    error("shard.init: device cuda asked for, but " .. (pcall(function() return rt.C.sh_cuda_init end)
+      and "no CUDA device is visible" or "shard was built without CUDA"), 2)
+  end
   if want == "cuda" or (want == "auto" and gpus > 0) then
     local dev = env.local_rank % math.max(gpus, 1)
     rt.check(rt.C.sh_cuda_init(dev))

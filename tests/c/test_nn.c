@@ -15,6 +15,7 @@
 #include "tensor.h"
 #include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
 #include "optim.h"
+#include "ops.h"
 #include "philox_internal.h"
 #include <math.h>
 #include <stdint.h>
@@ -333,6 +334,80 @@ static void test_norms(void) {
   sh_tensor_destroy(x); sh_tensor_destroy(w);
 }
 
+/* layernorm_residual: r = x + res and y = layernorm(r). Against the composition (an add,
+ * then layernorm: the same bits, which is what the CPU kernel is), and against f64: r
+ * against x + res, y, mean and rstd against the f64 layernorm of r as stored. res is a
+ * transposed view when strided. bf16 outputs are rounded to 8 bits: 8e-3 of their max. */
+static void test_layernorm_residual_case(int64_t rows, int64_t C, int dtype, int has_w, int has_b, int strided) {
+  norm_ctx c = {rows, C, 1, has_w, has_b, 1e-5};
+  int64_t n = rows * C, xs[2] = {rows, C}, ts[2] = {C, rows}, cs[1] = {C};
+  double *xv = rvec(n, -2, 3), *resv = rvec(n, -1, 1), *w = rvec(C, 0.5, 1.5), *b = rvec(C, -1, 1);
+  round_f32(w, C); round_f32(b, C);
+  sh_tensor *tx = mk(2, xs, dtype, xv), *tw = mkf(1, cs, w), *tb = mkf(1, cs, b), *resbuf = NULL, *tres = NULL;
+  if (strided) {
+    double *resT = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < rows; i++) for (int64_t j = 0; j < C; j++) resT[j * rows + i] = resv[i * C + j];
+    resbuf = mk(2, ts, dtype, resT);
+    CHECK_OK(sh_view_transpose(&tres, resbuf, 0, 1));
+    free(resT);
+  } else tres = mk(2, xs, dtype, resv);
+  const sh_tensor *pw = has_w ? tw : NULL, *pb = has_b ? tb : NULL;
+  char what[120];
+  snprintf(what, sizeof what, "layernorm_residual rows=%lld C=%lld %s w=%d b=%d strided=%d", (long long)rows,
+           (long long)C, sh_dtype_name(dtype), has_w, has_b, strided);
+
+  sh_tensor *y = NULL, *r = NULL, *mean = NULL, *rstd = NULL, *sum = NULL, *y2 = NULL, *m2 = NULL, *rs2 = NULL;
+  CHECK_OK(sh_layernorm_residual_forward(&y, &r, &mean, &rstd, tx, tres, pw, pb, c.eps));
+  CHECK_OK(sh_binary(&sum, SH_OP_ADD, tx, tres));
+  CHECK_OK(sh_layernorm_forward(&y2, &m2, &rs2, sum, pw, pb, c.eps));
+  if (!y || !r || !mean || !rstd || !sum || !y2 || !m2 || !rs2) return;
+  CHECK(y->dtype == dtype && r->dtype == dtype && mean->dtype == SH_F32 && rstd->dtype == SH_F32,
+        "%s: output dtypes %d %d %d %d", what, y->dtype, r->dtype, mean->dtype, rstd->dtype);
+  double *xq = rd(tx), *resq = rd(tres), *rv = rd(r), *sumv = rd(sum), *y2v = rd(y2), *m2v = rd(m2), *rs2v = rd(rs2);
+  check_vals("layernorm_residual r = the add", r, sumv, 0);
+  check_vals("layernorm_residual y = the composition", y, y2v, 0);
+  check_vals("layernorm_residual mean = the composition", mean, m2v, 0);
+  check_vals("layernorm_residual rstd = the composition", rstd, rs2v, 0);
+
+  double tol = dtype == SH_BF16 ? 8e-3 : TOL;
+  double *exact = malloc(sizeof(double) * (size_t)n), *yref = malloc(sizeof(double) * (size_t)n);
+  double *mref = malloc(sizeof(double) * (size_t)rows), *rref = malloc(sizeof(double) * (size_t)rows);
+  for (int64_t i = 0; i < n; i++) exact[i] = xq[i] + resq[i];
+  check_vals(what, r, exact, tol);
+  double *in[3] = {rv, w, b};
+  norm_ref(&c, in, yref);
+  for (int64_t i = 0; i < rows; i++) norm_stats(&c, rv, i, &mref[i], &rref[i]);
+  check_vals(what, y, yref, tol);
+  check_vals("layernorm_residual mean", mean, mref, TOL);
+  check_vals("layernorm_residual rstd", rstd, rref, TOL);
+
+  sh_tensor *outs[] = {y, r, mean, rstd, sum, y2, m2, rs2, tx, tw, tb, tres, resbuf};
+  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) sh_tensor_destroy(outs[i]);
+  double *bufs[] = {xv, resv, w, b, xq, resq, rv, sumv, y2v, m2v, rs2v, exact, yref, mref, rref};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+static void test_layernorm_residual(void) {
+  test_layernorm_residual_case(6, 7, SH_F32, 1, 1, 0);
+  test_layernorm_residual_case(5, 3, SH_F32, 0, 0, 1);
+  test_layernorm_residual_case(9, 33, SH_BF16, 1, 0, 0);
+  test_layernorm_residual_case(768, 128, SH_F32, 1, 1, 1);   /* threaded */
+  test_layernorm_residual_case(64, 96, SH_BF16, 1, 1, 1);
+
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *res = mkf(2, (int64_t[]){5, 3}, NULL), *w = mkf(1, (int64_t[]){4}, NULL);
+  sh_tensor *y = NULL, *r = NULL, *m = NULL, *s = NULL;
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, NULL, NULL, NULL, 1e-5), SH_ERR_ARG, "res is missing");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, res, NULL, NULL, 1e-5), SH_ERR_ARG,
+              "res and x must have the same shape, got f32[5,3]");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, x, w, NULL, 1e-5), SH_ERR_ARG, "w must have shape [5], got f32[4]");
+  CHECK_FAILS(sh_layernorm_residual_forward(&y, &r, &m, &s, x, x, NULL, NULL, -1), SH_ERR_ARG, "eps");
+  CHECK(y == NULL && r == NULL && m == NULL && s == NULL, "layernorm_residual: outputs must be NULL after an error");
+  /* r and mean may be skipped */
+  CHECK_OK(sh_layernorm_residual_forward(&y, NULL, NULL, &s, x, x, NULL, NULL, 1e-5));
+  sh_tensor_destroy(y); sh_tensor_destroy(s);
+  sh_tensor_destroy(x); sh_tensor_destroy(res); sh_tensor_destroy(w);
+}
+
 /* ---- elementwise activations and softmax ------------------------------------------------ */
 
 typedef struct ew_ctx { int kind; int64_t n, C; } ew_ctx;
@@ -433,6 +508,98 @@ static void test_activations(void) {
   sh_tensor *i = mk(1, (int64_t[]){3}, SH_I32, NULL);
   CHECK_FAILS(sh_silu_forward(&y, i), SH_ERR_ARG, "i32[3]");
   sh_tensor_destroy(a); sh_tensor_destroy(b); sh_tensor_destroy(i);
+}
+
+/* ---- linear fused with gelu ------------------------------------------------------------- */
+
+static double gelu64_grad(double x) {
+  double k = sqrt(2 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+/* On the CPU a fusion is its composition: the same values, bit for bit. */
+static void check_same(const char *what, const sh_tensor *t, const sh_tensor *ref) {
+  int64_t n = sh_tensor_numel(t), bad = t->dtype != ref->dtype || sh_tensor_numel(ref) != n;
+  double *v = rd(t), *r = rd(ref);
+  for (int64_t i = 0; !bad && i < n; i++) bad = memcmp(&v[i], &r[i], sizeof(double)) != 0;
+  CHECK(!bad, "%s: differs from the composition", what);
+  free(v); free(r);
+}
+
+/* x [A, M/A, K] in xdtype, w [N, K], b [N]: pre = x w^T + b and y = gelu(pre). Then the
+ * backward of a projection w2 [P, N] of y (an MLP's second linear): dpre = (dy2 @ w2) *
+ * gelu'(pre), dw2 += dy2^T y, db2 += colsum(dy2). Each against its composition and an f64
+ * reference computed from the values the kernels saw. */
+static void test_linear_gelu_case(int64_t A, int64_t M, int64_t K, int64_t N, int64_t P, int xdtype) {
+  double tol = xdtype == SH_BF16 ? 1.6e-2 : TOL;  /* bf16 outputs: 8 bits of mantissa, rounded twice */
+  double *x = rvec(M * K, -1, 1), *w = rvec(N * K, -1, 1), *b = rvec(N, -1, 1);
+  double *w2 = rvec(P * N, -1, 1), *r = rvec(M * P, -1, 1);
+  round_f32(x, M * K); round_f32(w, N * K); round_f32(b, N); round_f32(w2, P * N); round_f32(r, M * P);
+  int64_t xs[3] = {A, M / A, K}, hs[3] = {A, M / A, N}, ys[3] = {A, M / A, P};
+  sh_tensor *tx = mk(3, xs, xdtype, x), *tw = mkf(2, (int64_t[]){N, K}, w), *tb = mkf(1, (int64_t[]){N}, b);
+  sh_tensor *tw2 = mkf(2, (int64_t[]){P, N}, w2), *tr = mkf(3, ys, r);
+  char what[120];
+  snprintf(what, sizeof what, "linear_gelu M=%lld K=%lld N=%lld P=%lld %s", (long long)M, (long long)K, (long long)N,
+           (long long)P, xdtype == SH_BF16 ? "bf16" : "f32");
+
+  /* forward */
+  sh_tensor *y = NULL, *pre = NULL, *cpre = NULL, *cy = NULL;
+  CHECK_OK(sh_linear_gelu_forward(&y, &pre, tx, tw, tb));
+  CHECK_OK(sh_linear_forward(&cpre, tx, tw, tb));
+  CHECK_OK(sh_gelu_forward(&cy, cpre));
+  if (!y || !pre) return;
+  check_same(what, pre, cpre);
+  check_same(what, y, cy);
+  double *xs64 = rd(tx), *pre64 = malloc(sizeof(double) * (size_t)(M * N)), *y64 = malloc(sizeof(double) * (size_t)(M * N));
+  lin_ctx c = {M, K, N, 1};
+  lin_ref(&c, (double *[]){xs64, w, b}, pre64);
+  for (int64_t i = 0; i < M * N; i++) y64[i] = gelu64(pre64[i]);
+  check_vals("linear_gelu pre vs f64", pre, pre64, tol);
+  check_vals("linear_gelu y vs f64", y, y64, tol);
+
+  /* backward through the projection of y, dw2 and db2 accumulating from zero */
+  sh_tensor *dw2 = mkf(2, (int64_t[]){P, N}, NULL), *db2 = mkf(1, (int64_t[]){P}, NULL);
+  sh_tensor *cdw2 = mkf(2, (int64_t[]){P, N}, NULL), *cdb2 = mkf(1, (int64_t[]){P}, NULL);
+  sh_tensor *dpre = NULL, *cdh = NULL, *cdpre = NULL;
+  CHECK_OK(sh_linear_backward_dgelu(&dpre, dw2, db2, tr, y, tw2, pre));
+  CHECK_OK(sh_linear_backward(&cdh, cdw2, cdb2, tr, y, tw2));
+  CHECK_OK(sh_gelu_backward(&cdpre, cdh, pre));
+  CHECK(!dpre || (dpre->dtype == xdtype && dpre->ndim == 3 && dpre->shape[2] == N), "%s: dpre is x's dtype, pre's shape", what);
+  if (dpre) check_same(what, dpre, cdpre);
+  check_same(what, dw2, cdw2);
+  check_same(what, db2, cdb2);
+  double *h = rd(y), *p = rd(pre), *dh = malloc(sizeof(double) * (size_t)(M * N));
+  double *dw = malloc(sizeof(double) * (size_t)(P * N)), *db = malloc(sizeof(double) * (size_t)P);
+  lin_ctx c2 = {M, N, P, 1};
+  lin_ref_bwd(&c2, (double *[]){h, w2, NULL}, r, dh, dw, db);
+  for (int64_t i = 0; i < M * N; i++) dh[i] *= gelu64_grad(p[i]);
+  if (dpre) check_tensor("linear_backward_dgelu dpre vs f64", dpre, dh, 3, hs, tol);
+  check_vals("linear_backward_dgelu dw vs f64", dw2, dw, TOL);
+  check_vals("linear_backward_dgelu db vs f64", db2, db, TOL);
+
+  sh_tensor *ts[] = {tx, tw, tb, tw2, tr, y, pre, cpre, cy, dw2, db2, cdw2, cdb2, cdh, cdpre};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sh_tensor_destroy(ts[i]);
+  double *vs[] = {x, w, b, w2, r, xs64, pre64, y64, h, p, dh, dw, db};
+  for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) free(vs[i]);
+}
+
+static void test_linear_gelu(void) {
+  test_linear_gelu_case(2, 6, 5, 4, 3, SH_F32);
+  test_linear_gelu_case(3, 3 * 65, 33, 17, 9, SH_F32);   /* threaded, ragged */
+  test_linear_gelu_case(2, 8, 16, 12, 5, SH_BF16);
+
+  sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(2, (int64_t[]){4, 5}, NULL), *b3 = mkf(1, (int64_t[]){3}, NULL);
+  sh_tensor *dy = mkf(2, (int64_t[]){3, 4}, NULL), *pre = mkf(2, (int64_t[]){3, 4}, NULL);
+  sh_tensor *y = (sh_tensor *)1, *p = (sh_tensor *)1, *d = (sh_tensor *)1;
+  CHECK_FAILS(sh_linear_gelu_forward(&y, &p, x, w, b3), SH_ERR_ARG, "linear_gelu: b must have shape [4]");
+  CHECK(y == NULL && p == NULL, "linear_gelu: outputs must be NULL after an error");
+  CHECK_FAILS(sh_linear_gelu_forward(&y, NULL, x, w, NULL), SH_ERR_ARG, "linear_gelu: pre is an output");
+  CHECK_FAILS(sh_linear_backward_dgelu(NULL, NULL, NULL, dy, x, w, pre), SH_ERR_ARG, "dpre is the point of this op");
+  CHECK_FAILS(sh_linear_backward_dgelu(&d, NULL, NULL, dy, x, w, NULL), SH_ERR_ARG, "linear_backward_dgelu: pre is missing");
+  CHECK(d == NULL, "linear_backward_dgelu: dpre must be NULL after an error");
+  CHECK_FAILS(sh_linear_backward_dgelu(&d, NULL, NULL, dy, x, w, dy), SH_ERR_ARG,
+              "linear_backward_dgelu: pre and x must have the same shape, got f32[3,4] cpu and f32[3,5] cpu");
+  sh_tensor_destroy(x); sh_tensor_destroy(w); sh_tensor_destroy(b3); sh_tensor_destroy(dy); sh_tensor_destroy(pre);
 }
 
 /* ---- dropout --------------------------------------------------------------------------- */
@@ -854,7 +1021,9 @@ static void test_optim(void) {
 int main(void) {
   test_linear();
   test_norms();
+  test_layernorm_residual();
   test_activations();
+  test_linear_gelu();
   test_dropout();
   test_attention();
   test_embedding();

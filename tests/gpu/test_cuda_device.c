@@ -1,0 +1,150 @@
+/* test_cuda_device.c (make test-gpu; needs a GPU): what cuda.h promises beyond the ops, through
+ * the public API only: the caching allocator reuses a block freed on one stream on another
+ * once ordered by an event; events order streams, report completion and time; pinned host
+ * buffers are cached; asynchronous copies round-trip; an op given tensors on two devices
+ * fails naming the op. The ops themselves are checked by test_op_table. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "check.h"
+#include "dtype.h"
+#include "status.h"
+#include "tensor.h"
+#include "alloc.h"
+#include "ops.h"
+#include "cuda.h"
+
+#define S(...) (int64_t[]){__VA_ARGS__}
+
+static const int DEV = 0;
+
+static sh_tensor *filled(int64_t n, int device, double value) {
+  sh_tensor *t = NULL;
+  if (sh_tensor_empty(&t, 1, S(n), SH_F32, device) || sh_tensor_fill_(t, value)) {
+    printf("making a tensor: %s\n", sh_last_error());
+    exit(2);
+  }
+  return t;
+}
+
+static double item_of(const sh_tensor *t) {
+  sh_tensor *h = NULL;
+  double v = NAN;
+  if (!sh_tensor_to(&h, t, SH_F64, -1)) sh_tensor_item(h, &v);
+  sh_tensor_destroy(h);
+  return v;
+}
+
+static void test_info(void) {
+  sh_cuda_device_info info;
+  CHECK_OK(sh_cuda_device_info_get(DEV, &info));
+  CHECK(info.name[0] && info.major >= 1 && info.sm_count > 0 && info.total_memory > 0,
+        "device info: %s sm_%d%d, %d SMs, %lld bytes", info.name, info.major, info.minor, info.sm_count,
+        (long long)info.total_memory);
+  int64_t free_b = 0, total_b = 0;
+  CHECK_OK(sh_cuda_mem_info(DEV, &free_b, &total_b));
+  CHECK(free_b > 0 && free_b <= total_b, "mem info: %lld free of %lld", (long long)free_b, (long long)total_b);
+}
+
+static void test_streams_and_events(void) {
+  sh_mem_stats s0, s1;
+  sh_tensor *a = NULL, *b = NULL;
+  CHECK_OK(sh_tensor_empty(&a, 1, S(1 << 20), SH_F32, DEV));
+  sh_tensor_destroy(a);
+  CHECK_OK(sh_mem_stats_get(DEV, &s0));
+  /* freed on compute, reused on the all-gather stream: same block, ordered by an event */
+  sh_cuda_stream *ag = NULL, *comp = NULL;
+  CHECK_OK(sh_cuda_stream_get(&ag, DEV, SH_STREAM_ALL_GATHER));
+  CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
+  CHECK_OK(sh_cuda_set_stream(ag));
+  sh_cuda_stream *cur = NULL;
+  CHECK_OK(sh_cuda_current_stream(&cur, DEV));
+  CHECK(cur == ag, "the current stream is the one set");
+  CHECK_OK(sh_tensor_empty(&b, 1, S(1 << 20), SH_F32, DEV));
+  CHECK_OK(sh_tensor_fill_(b, 3.0));
+  CHECK_OK(sh_mem_stats_get(DEV, &s1));
+  CHECK(s1.n_system_alloc == s0.n_system_alloc, "cached block reused across streams (%lld system allocs, was %lld)",
+        (long long)s1.n_system_alloc, (long long)s0.n_system_alloc);
+  sh_cuda_event *e = NULL, *t0 = NULL, *t1 = NULL;
+  CHECK_OK(sh_cuda_event_create(&e, DEV, 0));
+  CHECK_OK(sh_cuda_event_record(e, ag));
+  CHECK_OK(sh_cuda_set_stream(comp));
+  CHECK_OK(sh_cuda_stream_wait_event(comp, e));
+  sh_tensor *r = NULL;
+  CHECK_OK(sh_reduce_all(&r, SH_OP_SUM, b));
+  double sum = r ? item_of(r) : NAN;
+  CHECK(sum == 3.0 * (1 << 20), "fill on the all-gather stream seen by compute after the event: %g", sum);
+  int done = 0;
+  CHECK_OK(sh_cuda_event_synchronize(e));
+  CHECK_OK(sh_cuda_event_query(e, &done));
+  CHECK(done == 1, "event done after synchronize");
+  CHECK_OK(sh_cuda_event_create(&t0, DEV, 1));
+  CHECK_OK(sh_cuda_event_create(&t1, DEV, 1));
+  CHECK_OK(sh_cuda_event_record(t0, comp));
+  CHECK_OK(sh_tensor_fill_(b, 1.0));
+  CHECK_OK(sh_cuda_event_record(t1, comp));
+  CHECK_OK(sh_cuda_event_synchronize(t1));
+  double ms = -1;
+  CHECK_OK(sh_cuda_event_elapsed(t0, t1, &ms));
+  CHECK(ms >= 0, "elapsed %g ms", ms);
+  CHECK_OK(sh_cuda_stream_synchronize(comp));
+  sh_cuda_event_destroy(e);
+  sh_cuda_event_destroy(t0);
+  sh_cuda_event_destroy(t1);
+  sh_tensor_destroy(b);
+  sh_tensor_destroy(r);
+}
+
+static void test_pinned_and_async_copies(void) {
+  /* pinned buffers are cached, and async copies round-trip */
+  void *h1 = NULL, *h2 = NULL;
+  CHECK_OK(sh_cuda_host_alloc(&h1, 1 << 16));
+  sh_cuda_host_free(h1);
+  CHECK_OK(sh_cuda_host_alloc(&h2, 1 << 16));
+  CHECK(h1 == h2, "pinned buffer reused from the cache");
+  sh_tensor *hp = NULL, *hq = NULL, *d = NULL, *x = NULL;
+  CHECK_OK(sh_tensor_empty(&x, 1, S(4096), SH_F32, -1));
+  CHECK_OK(sh_random_normal_(x, 42, 0, 0, 1));
+  CHECK_OK(sh_tensor_wrap_external(&hp, h2, 1 << 16, 1, S(4096), SH_F32));
+  CHECK_OK(sh_tensor_copy_(hp, x));
+  CHECK_OK(sh_tensor_empty(&d, 1, S(4096), SH_F32, DEV));
+  CHECK_OK(sh_tensor_empty(&hq, 1, S(4096), SH_F32, -1));
+  CHECK_OK(sh_cuda_copy_async(d, hp));
+  CHECK_OK(sh_cuda_copy_async(hq, d));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  CHECK(hq && x && memcmp(sh_tensor_data(hq), sh_tensor_data(x), 4096 * sizeof(float)) == 0,
+        "copy_async round trip is exact");
+  sh_tensor_destroy(hp);
+  sh_tensor_destroy(hq);
+  sh_tensor_destroy(d);
+  sh_tensor_destroy(x);
+  sh_cuda_host_free(h2);
+  CHECK_OK(sh_cuda_host_empty_cache());
+}
+
+static void test_errors(void) {
+  /* an op given tensors on two devices fails naming the op, and makes no output */
+  sh_tensor *c = filled(3, -1, 1.0), *dc = filled(3, DEV, 2.0), *o = NULL;
+  CHECK_FAILS(sh_binary(&o, SH_OP_ADD, dc, c), SH_ERR_DEVICE, "add");
+  CHECK(o == NULL, "no output on error");
+  sh_tensor_destroy(c);
+  sh_tensor_destroy(dc);
+  sh_tensor *t = NULL;
+  CHECK_FAILS(sh_tensor_empty(&t, 1, S(3), SH_F32, 1000), SH_ERR_DEVICE, "1000");
+  CHECK(t == NULL, "no tensor on a device that does not exist");
+}
+
+int main(void) {
+  if (sh_cuda_device_count() == 0) {
+    printf("C test_cuda_device: no CUDA device; skipped (0 passed, 0 failed)\n");
+    return 0;
+  }
+  if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
+  test_info();
+  test_streams_and_events();
+  test_pinned_and_async_copies();
+  test_errors();
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  return check_summary("test_cuda_device");
+}

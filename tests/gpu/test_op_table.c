@@ -1,0 +1,69 @@
+/* test_op_table.c (make test-gpu; needs a GPU): every row of the op table
+ * (tests/ops/op_table.h) on cuda:0 against the same row on the CPU.
+ * Each case builds the same inputs on both devices (the table's seeded generator), runs the
+ * public op on cuda:0 twice (the first pass's results are NaN-poisoned and freed in between,
+ * so an element a kernel leaves unwritten shows as NaN) and once on the CPU, and compares
+ * every output: same shape and dtype, normwise relative error within the row's tolerance,
+ * no NaN. The CPU side is itself checked against f64 and double references by
+ * tests/c/test_op_table.c (make test). run_gpu.sh runs this twice, the second time with
+ * SHARD_NO_LT_EPILOGUE=1 so the unfused fallbacks of the cuBLASLt epilogues are checked too.
+ *   build/tests/gpu/test_op_table             every row
+ *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
+ * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
+#include <time.h>
+#include "../ops/op_table.h"
+#include "cuda.h"
+
+static const int DEV = 0;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+  const char *filter = argc > 1 ? argv[1] : NULL;
+  if (sh_cuda_device_count() == 0) {
+    printf("C test_op_table (cuda): no CUDA device; skipped (0 passed, 0 failed)\n");
+    return 0;
+  }
+  if (sh_cuda_init(DEV)) {
+    printf("cuda init: %s\n", sh_last_error());
+    return 1;
+  }
+  uint64_t base = ot_base_seed();
+  printf("test_op_table (cuda:%d): seed %llu (SHARD_TEST_SEED=%llu replays), lt epilogues %s\n", DEV,
+         (unsigned long long)base, (unsigned long long)base, getenv("SHARD_NO_LT_EPILOGUE") ? "off" : "on");
+  double t0 = now_s();
+  int rows = 0, cases = 0;
+  for (int i = 0; i < OT_ROWS; i++) {
+    const ot_row *row = &ot_table[i];
+    if (!ot_selected(row, filter)) continue;
+    rows++;
+    for (int dt = 0; dt < 8; dt++) {
+      if (!(row->dtypes & (1u << dt))) continue;
+      cases++;
+      char label[256];
+      ot_label(label, sizeof label, row, dt);
+      double t1 = now_s();
+      ot_run got, ref;
+      ot_begin(&got, row, dt, DEV, 0, ot_case_seed(base, i, dt));
+      ot_exec(&got, 1);
+      int sync = sh_cuda_synchronize(DEV);
+      CHECK(sync == 0, "%s: the device failed after the op: %s", label, sh_last_error());
+      ot_begin(&ref, row, dt, -1, 0, ot_case_seed(base, i, dt));
+      ot_exec(&ref, 0);
+      CHECK(!got.failed, "%s on cuda:%d: %s", label, DEV, got.msg);
+      CHECK(!ref.failed, "%s on the cpu: %s", label, ref.msg);
+      if (!got.failed && !ref.failed) ot_compare(&got, &ref, 1, label);
+      ot_end(&got);
+      ot_end(&ref);
+      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, now_s() - t1);
+    }
+  }
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, now_s() - t0);
+  if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);
+  return check_summary("test_op_table (cuda)");
+}
