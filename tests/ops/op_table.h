@@ -43,6 +43,7 @@
  */
 #pragma once
 #include <math.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1638,6 +1639,13 @@ enum { OT_ROWS = (int)(sizeof ot_table / sizeof ot_table[0]) };
 /* Does row i run under the filter (a substring of the op name; NULL: every row)? */
 static int ot_selected(const ot_row *row, const char *filter) {
   return !filter || !*filter || strstr(row->op, filter) != NULL;
+}
+
+/* Monotonic seconds, for the run's timing lines. */
+static double ot_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The seed of every case: SHARD_TEST_SEED, else a fixed one (the table is deterministic). */
