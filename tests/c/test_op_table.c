@@ -308,6 +308,5 @@ int main(int argc, char **argv) {
   }
   printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, ot_now() - t0,
          (unsigned long long)base, filter ? ", filter " : "", filter ? filter : "");
-  if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);
   return check_summary("test_op_table");
 }
