@@ -45,7 +45,9 @@ typedef struct sh_backend {
   int (*reduce)(sh_tensor *out, int op, const sh_tensor *a, int dim);
   int (*reduce_all)(sh_tensor *out, int op, const sh_tensor *a);       /* out is 0-dim */
   int (*argmax)(sh_tensor *out, const sh_tensor *a, int dim);          /* out is i64 */
-  int (*sum_to_shape)(sh_tensor *out, const sh_tensor *a);             /* out has the target shape */
+  /* a and out come with the same number of dims (the front groups runs of summed and kept
+   * dims); every dim where out is 1 and a is not is summed. */
+  int (*sum_to_shape)(sh_tensor *out, const sh_tensor *a);
   int (*sumsq)(const sh_tensor *a, double *out);
 
   /* ops.h, products */
@@ -93,7 +95,7 @@ typedef struct sh_backend {
   int (*dropout_forward)(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset);
   int (*dropout_backward)(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset);
 
-  /* nn.h, attention, embedding, loss */
+  /* nn.h, attention, embedding, loss; attention's scale is resolved by the front (> 0) */
   int (*attention_forward)(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
                            const sh_tensor *v, double scale);
   int (*attention_backward)(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,

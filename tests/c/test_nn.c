@@ -1018,16 +1018,17 @@ static void test_optim(void) {
   sh_tensor_destroy(pd); sh_tensor_destroy(m); sh_tensor_destroy(v);
 }
 
-int main(void) {
-  test_linear();
-  test_norms();
-  test_layernorm_residual();
-  test_activations();
-  test_linear_gelu();
-  test_dropout();
-  test_attention();
-  test_embedding();
-  test_cross_entropy();
-  test_optim();
+int main(int argc, char **argv) {
+  check_args(argc, argv);
+  RUN(test_linear);
+  RUN(test_norms);
+  RUN(test_layernorm_residual);
+  RUN(test_activations);
+  RUN(test_linear_gelu);
+  RUN(test_dropout);
+  RUN(test_attention);
+  RUN(test_embedding);
+  RUN(test_cross_entropy);
+  RUN(test_optim);
   return check_summary("test_nn");
 }

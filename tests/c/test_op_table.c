@@ -9,7 +9,6 @@
  *   build/tests/test_op_table            every row
  *   build/tests/test_op_table linear     the rows whose op name contains "linear"
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
-#include <time.h>
 #include "../ops/op_table.h"
 
 /* ---- the references' own checks ----------------------------------------------------------- */
@@ -273,16 +272,10 @@ static void check_f64_paths(void) {
 
 /* ---- the table ---------------------------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
   uint64_t base = ot_base_seed();
-  double t0 = now_s();
+  double t0 = ot_now();
   if (!filter) {
     check_references();
     check_f64_paths();
@@ -299,7 +292,7 @@ int main(int argc, char **argv) {
       cases++;
       char label[256];
       ot_label(label, sizeof label, row, dt);
-      double t1 = now_s();
+      double t1 = ot_now();
       ot_run got, ref;
       ot_begin(&got, row, dt, -1, 0, ot_case_seed(base, i, dt));
       ot_exec(&got, 1);
@@ -310,11 +303,10 @@ int main(int argc, char **argv) {
       if (!got.failed && !ref.failed) ot_compare(&got, &ref, 0, label);
       ot_end(&got);
       ot_end(&ref);
-      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, now_s() - t1);
+      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, ot_now() - t1);
     }
   }
-  printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, now_s() - t0,
+  printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, ot_now() - t0,
          (unsigned long long)base, filter ? ", filter " : "", filter ? filter : "");
-  if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);
   return check_summary("test_op_table");
 }

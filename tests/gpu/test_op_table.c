@@ -10,17 +10,10 @@
  *   build/tests/gpu/test_op_table             every row
  *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
-#include <time.h>
 #include "../ops/op_table.h"
 #include "cuda.h"
 
 static const int DEV = 0;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
@@ -35,7 +28,7 @@ int main(int argc, char **argv) {
   uint64_t base = ot_base_seed();
   printf("test_op_table (cuda:%d): seed %llu (SHARD_TEST_SEED=%llu replays), lt epilogues %s\n", DEV,
          (unsigned long long)base, (unsigned long long)base, getenv("SHARD_NO_LT_EPILOGUE") ? "off" : "on");
-  double t0 = now_s();
+  double t0 = ot_now();
   int rows = 0, cases = 0;
   for (int i = 0; i < OT_ROWS; i++) {
     const ot_row *row = &ot_table[i];
@@ -46,7 +39,7 @@ int main(int argc, char **argv) {
       cases++;
       char label[256];
       ot_label(label, sizeof label, row, dt);
-      double t1 = now_s();
+      double t1 = ot_now();
       ot_run got, ref;
       ot_begin(&got, row, dt, DEV, 0, ot_case_seed(base, i, dt));
       ot_exec(&got, 1);
@@ -59,11 +52,11 @@ int main(int argc, char **argv) {
       if (!got.failed && !ref.failed) ot_compare(&got, &ref, 1, label);
       ot_end(&got);
       ot_end(&ref);
-      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, now_s() - t1);
+      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, ot_now() - t1);
     }
   }
   CHECK_OK(sh_cuda_synchronize(DEV));
-  printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, now_s() - t0);
+  printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, ot_now() - t0);
   if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);
   return check_summary("test_op_table (cuda)");
 }

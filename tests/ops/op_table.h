@@ -40,11 +40,10 @@
  * runner's comment says what its s[], k[], a[] and shapes mean), or a new runner: build
  * inputs with ot_in/ot_empty, call the op with OT_CALL, record outputs with ot_out*, and for
  * OT_REF_HOST compute the same outputs in double in an `if (r->host)` branch.
- *
- * Rows of the fused fronts (linear_gelu_forward, linear_backward_dgelu,
- * layernorm_residual_forward) are compiled only with -DSH_OPTABLE_FUSED. */
+ */
 #pragma once
 #include <math.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -942,7 +941,6 @@ static void run_linear_backward(ot_run *r) {
   if (db) ot_out_inplace(r, "db", db, 1, -1);
 }
 
-#ifdef SH_OPTABLE_FUSED
 /* linear_gelu_forward: pre = x w^T + b, y = gelu(pre); x sh[0], w [s[0], in] */
 static void run_linear_gelu_forward(ot_run *r) {
   const ot_row *w_ = r->row;
@@ -1003,7 +1001,6 @@ static void run_linear_backward_dgelu(ot_run *r) {
   if (dw) ot_out_inplace(r, "dw", dw, 1, -1);
   if (db) ot_out_inplace(r, "db", db, 1, -1);
 }
-#endif
 
 /* layernorm (k[3] = 0) or rmsnorm (k[3] = 1) forward: x sh[0]; k[0]: affine (w, and b for
  * layernorm, in f32 like a model's params, or in the case's dtype when k[1]); eps a[0] */
@@ -1067,7 +1064,6 @@ static void run_norm_backward(ot_run *r) {
   if (db) ot_out_inplace(r, "db", db, 1, -1);
 }
 
-#ifdef SH_OPTABLE_FUSED
 /* layernorm_residual_forward: r = x + res, y = layernorm(r); x, res sh[0]; w, b in the
  * case's dtype; eps a[0] */
 static void run_layernorm_residual(ot_run *r) {
@@ -1100,7 +1096,6 @@ static void run_layernorm_residual(ot_run *r) {
   ot_out(r, "mean", m);
   ot_out(r, "rstd", rs);
 }
-#endif
 
 enum { OT_GELU = 0, OT_SILU = 1, OT_SOFTMAX = 2, OT_SWIGLU = 3 };
 
@@ -1534,7 +1529,6 @@ static const ot_row ot_table[] = {
    .s = {7}, .k = {1}},
   {"linear_backward", "x [2,8] w [50304,8] (vocab)", OT_FLOATS, OT_REF_HOST, run_linear_backward, {2}, {{2, 8}},
    .s = {50304}, .k = {1}},
-#ifdef SH_OPTABLE_FUSED
   /* the fused fronts: matmul epilogues (bias + gelu; dgelu + bias gradient) */
   {"linear_gelu_forward", "x [37,64] w [96,64] +b", OT_FLOATS, OT_REF_HOST, run_linear_gelu_forward, {2}, {{37, 64}},
    .s = {96}, .k = {1}},
@@ -1548,7 +1542,6 @@ static const ot_row ot_table[] = {
    {{37, 96}}, .s = {32}, .k = {0}},
   {"linear_backward_dgelu", "x pre [2,3,19] w [5,19]", OT_FLOATS, OT_REF_HOST, run_linear_backward_dgelu, {3}, {{2, 3, 19}},
    .s = {5}, .k = {1}},
-#endif
 
   /* normalisation */
   {"layernorm_forward", "[6,33,200] f32 w b", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{6, 33, 200}}, .k = {1}, .a = {1e-5}},
@@ -1566,12 +1559,10 @@ static const ot_row ot_table[] = {
   {"rmsnorm_backward", "[6,33,200] f32 w", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{6, 33, 200}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_backward", "[6,33,200] no w", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{6, 33, 200}}, .k = {0, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_backward", "[1,1,7] (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{1, 1, 7}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
-#ifdef SH_OPTABLE_FUSED
   {"layernorm_residual_forward", "[17,96]", OT_FLOATS, OT_REF_HOST, run_layernorm_residual, {2}, {{17, 96}}, .a = {1e-5},
    .tol = {[SH_BF16] = 2e-2, [SH_F16] = 1e-2}},
   {"layernorm_residual_forward", "[1,1,13] (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_layernorm_residual, {3}, {{1, 1, 13}},
    .a = {1e-5}, .tol = {[SH_BF16] = 2e-2, [SH_F16] = 1e-2}},
-#endif
 
   /* activations, softmax, dropout */
   ACT(OT_GELU, "gelu", 7, 333, 2), ACT(OT_GELU, "gelu", 1, 3, 1),
@@ -1648,6 +1639,13 @@ enum { OT_ROWS = (int)(sizeof ot_table / sizeof ot_table[0]) };
 /* Does row i run under the filter (a substring of the op name; NULL: every row)? */
 static int ot_selected(const ot_row *row, const char *filter) {
   return !filter || !*filter || strstr(row->op, filter) != NULL;
+}
+
+/* Monotonic seconds, for the run's timing lines. */
+static double ot_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The seed of every case: SHARD_TEST_SEED, else a fixed one (the table is deterministic). */
