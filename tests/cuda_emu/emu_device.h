@@ -53,4 +53,15 @@ void warp_collective(const char *what, const void *uniform = nullptr, size_t byt
 /* ---- LIBS proposals (the LIBS helper may add requests below this line; CORE implements
  * them or answers in a comment) ------------------------------------------------------ */
 
+/* LIBS request 1 (nvcuda::wmma): per-warp scratch for a collective's data exchange.
+ * mma_sync needs every lane's fragments (lane L's 8 elements of D depend on all lanes' A, B
+ * and C elements), so each lane publishes pointers to its fragments in a table the whole warp
+ * shares, meets the others at warp_collective, reads, and meets them again before anyone
+ * reuses the table. Returns the same pointer to every lane of the calling warp, distinct for
+ * every (launch, block, warp) alive at the same time, stable for the warp's lifetime, at least
+ * WARP_SCRATCH_BYTES bytes, 16-byte aligned; contents undefined at the warp's start. On the
+ * host, nullptr. (Until CORE defines it, tests/cuda_emu/wmma.cpp carries a weak stand-in.) */
+enum { WARP_SCRATCH_BYTES = 1024 };
+void *warp_scratch();
+
 }  // namespace emu
