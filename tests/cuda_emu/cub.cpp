@@ -62,7 +62,7 @@ void run(const sort_job &j) {
   for (auto &b : bufs)
     if (b.p && b.bytes && !emu::is_device_range(b.p, b.bytes)) {
       char msg[256];
-      snprintf(msg, sizeof msg, "%s: %s [%p, +%zu bytes) is not device memory when the queued sort runs", j.what, b.name, b.p, b.bytes);
+      snprintf(msg, sizeof msg, "%s [%p, +%zu bytes) is not device memory when the queued sort runs", b.name, b.p, b.bytes);
       emu::fail_async(cudaErrorIllegalAddress, msg);
       return;
     }

@@ -702,7 +702,7 @@ void run_checked(job &j, bool reads_c) {
   for (const span &s : spans(j, reads_c))
     if (!in_device(s.p, s.lo, s.hi)) {
       char msg[256];
-      snprintf(msg, sizeof msg, "cublasLtMatmul: %s [%p, +%lld bytes) is no longer device memory when the queued product runs", s.name,
+      snprintf(msg, sizeof msg, "%s [%p, +%lld bytes) is no longer device memory when the queued product runs", s.name,
                (const void *)((const char *)s.p + s.lo), (long long)(s.hi - s.lo));
       emu::fail_async(cudaErrorIllegalAddress, msg);
       return;
@@ -711,14 +711,14 @@ void run_checked(job &j, bool reads_c) {
    * access on a GPU (the preferences do not cover these pointers). */
   if (j.d.bias && (j.p.epi & (EPI_BIAS_IN | EPI_BIAS_OUT_A | EPI_BIAS_OUT_B | EPI_BIAS_OUT_D)) && pow2_align((uintptr_t)j.d.bias) < j.bias_align) {
     char msg[256];
-    snprintf(msg, sizeof msg, "cublasLtMatmul: bias %p is %u-byte aligned but the algorithm was chosen for a %u-byte aligned bias", j.d.bias,
+    snprintf(msg, sizeof msg, "bias %p is %u-byte aligned but the algorithm was chosen for a %u-byte aligned bias", j.d.bias,
              pow2_align((uintptr_t)j.d.bias), j.bias_align);
     emu::fail_async(cudaErrorMisalignedAddress, msg);
     return;
   }
   if (j.d.aux && (j.p.epi & (EPI_AUX_IN | EPI_AUX_OUT)) && pow2_align((uintptr_t)j.d.aux) < j.aux_align) {
     char msg[256];
-    snprintf(msg, sizeof msg, "cublasLtMatmul: aux %p is %u-byte aligned but the algorithm was chosen for a %u-byte aligned aux", j.d.aux,
+    snprintf(msg, sizeof msg, "aux %p is %u-byte aligned but the algorithm was chosen for a %u-byte aligned aux", j.d.aux,
              pow2_align((uintptr_t)j.d.aux), j.aux_align);
     emu::fail_async(cudaErrorMisalignedAddress, msg);
     return;

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <random>
 #include <vector>
-#include "lib_check.h"
+#include "tests/lib_check.h"
 
 namespace {
 
