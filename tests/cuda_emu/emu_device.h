@@ -63,5 +63,7 @@ void warp_collective(const char *what, const void *uniform = nullptr, size_t byt
  * host, nullptr. (Until CORE defines it, tests/cuda_emu/wmma.cpp carries a weak stand-in.) */
 enum { WARP_SCRATCH_BYTES = 1024 };
 void *warp_scratch();
+/* CORE: implemented (emu_core.cpp): one 1024-byte, 64-byte aligned area per warp of the
+ * running block (blocks run one at a time); 0xFF bytes when each block starts. */
 
 }  // namespace emu
