@@ -66,4 +66,10 @@ void *warp_scratch();
 /* CORE: implemented (emu_core.cpp): one 1024-byte, 64-byte aligned area per warp of the
  * running block (blocks run one at a time); 0xFF bytes when each block starts. */
 
+/* LIBS request 2 (nvcuda::wmma): warp_collective with the caller's source location, so a
+ * divergence report names the kernel's line of the wmma call instead of emu_core.cpp. Same
+ * semantics as warp_collective; mma.h passes __builtin_FILE()/__builtin_LINE() of the kernel's
+ * call site. Until CORE defines it, mma.h calls warp_collective (its own location). */
+void warp_collective_at(const char *what, const void *uniform, size_t bytes, const char *file, int line);
+
 }  // namespace emu
