@@ -34,6 +34,11 @@
 #include "cuda_bf16.h"
 #include "emu_device.h"
 
+namespace emu {
+/* Weak here: used when the core provides it (emu_device.h, LIBS request 2). */
+void warp_collective_at(const char *what, const void *uniform, size_t bytes, const char *file, int line) __attribute__((weak));
+}
+
 namespace nvcuda {
 namespace wmma {
 
@@ -77,6 +82,11 @@ struct mem_args {
   int use, m, n, k, type;
 };
 
+inline void rendezvous(const char *what, const void *uniform, size_t bytes, const char *file, int line) {
+  if (emu::warp_collective_at) emu::warp_collective_at(what, uniform, bytes, file, line);
+  else emu::warp_collective(what, uniform, bytes);
+}
+
 inline void check_warp(const char *what) {
   if (!emu::in_kernel()) emu::device_fail("%s called outside a kernel", what);
   if (emu::warp_lanes() != 0xffffffffu)
@@ -85,12 +95,12 @@ inline void check_warp(const char *what) {
 }
 
 template <typename T>
-inline void check_mem(const char *what, const void *p, unsigned ldm) {
+inline void check_mem(const char *what, const void *p, unsigned ldm, const char *file, int line) {
   if (((uintptr_t)p & 31) != 0)
-    emu::device_fail("%s: mptr %p is not 256-bit (32-byte) aligned, as the CUDA Programming Guide requires", what, p);
+    emu::device_fail("%s at %s:%d: mptr %p is not 256-bit (32-byte) aligned, as the CUDA Programming Guide requires", what, file, line, p);
   if (((size_t)ldm * sizeof(T)) % 16 != 0)
-    emu::device_fail("%s: ldm %u is not a multiple of 16 bytes for %s elements (%s requires a multiple of %u)", what, ldm,
-                     type_id<T>::name, what, (unsigned)(16 / sizeof(T)));
+    emu::device_fail("%s at %s:%d: ldm %u is not a multiple of 16 bytes for %s elements (%s requires a multiple of %u)", what, file,
+                     line, ldm, type_id<T>::name, what, (unsigned)(16 / sizeof(T)));
 }
 
 }  // namespace emu_detail
@@ -138,11 +148,11 @@ template <> struct use_id<matrix_b> { static constexpr int v = 1; };
 template <> struct use_id<accumulator> { static constexpr int v = 2; };
 
 template <typename Frag, typename Use, int m, int n, int k, typename T>
-inline void load(Frag &a, const T *mptr, unsigned ldm, int col, const char *what) {
+inline void load(Frag &a, const T *mptr, unsigned ldm, int col, const char *what, const char *file, int line) {
   check_warp(what);
   mem_args u = {mptr, ldm, col, use_id<Use>::v, m, n, k, type_id<T>::v};
-  emu::warp_collective(what, &u, sizeof u);
-  check_mem<T>(what, mptr, ldm);
+  rendezvous(what, &u, sizeof u, file, line);
+  check_mem<T>(what, mptr, ldm, file, line);
   int lane = emu::lane();
   for (int i = 0; i < Frag::num_elements; i++) {
     int r, c;
@@ -165,30 +175,33 @@ inline void fill_fragment(fragment<Use, m, n, k, T, Layout> &a, const V &v) {
 }
 
 template <typename Use, int m, int n, int k, typename T, typename Layout>
-inline void load_matrix_sync(fragment<Use, m, n, k, T, Layout> &a, const T *mptr, unsigned ldm) {
+inline void load_matrix_sync(fragment<Use, m, n, k, T, Layout> &a, const T *mptr, unsigned ldm, const char *file = __builtin_FILE(),
+                             int line = __builtin_LINE()) {
   static_assert(!std::is_same<Use, accumulator>::value, "an accumulator load needs a layout_t (mem_row_major / mem_col_major)");
   emu_detail::load<fragment<Use, m, n, k, T, Layout>, Use, m, n, k, T>(a, mptr, ldm, std::is_same<Layout, col_major>::value,
-                                                                        "wmma::load_matrix_sync");
+                                                                        "wmma::load_matrix_sync", file, line);
 }
 
 template <int m, int n, int k, typename T>
-inline void load_matrix_sync(fragment<accumulator, m, n, k, T> &a, const T *mptr, unsigned ldm, layout_t layout) {
+inline void load_matrix_sync(fragment<accumulator, m, n, k, T> &a, const T *mptr, unsigned ldm, layout_t layout,
+                             const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   if (layout != mem_row_major && layout != mem_col_major)
     emu::device_fail("wmma::load_matrix_sync: layout %d is neither mem_row_major nor mem_col_major", (int)layout);
   emu_detail::load<fragment<accumulator, m, n, k, T>, accumulator, m, n, k, T>(a, mptr, ldm, layout == mem_col_major,
-                                                                               "wmma::load_matrix_sync");
+                                                                               "wmma::load_matrix_sync", file, line);
 }
 
 template <int m, int n, int k, typename T>
-inline void store_matrix_sync(T *mptr, const fragment<accumulator, m, n, k, T> &a, unsigned ldm, layout_t layout) {
+inline void store_matrix_sync(T *mptr, const fragment<accumulator, m, n, k, T> &a, unsigned ldm, layout_t layout,
+                              const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   typedef fragment<accumulator, m, n, k, T> Frag;
   const char *what = "wmma::store_matrix_sync";
   emu_detail::check_warp(what);
   if (layout != mem_row_major && layout != mem_col_major)
     emu::device_fail("%s: layout %d is neither mem_row_major nor mem_col_major", what, (int)layout);
   emu_detail::mem_args u = {mptr, ldm, layout == mem_col_major, 2, m, n, k, emu_detail::type_id<T>::v};
-  emu::warp_collective(what, &u, sizeof u);
-  emu_detail::check_mem<T>(what, mptr, ldm);
+  emu_detail::rendezvous(what, &u, sizeof u, file, line);
+  emu_detail::check_mem<T>(what, mptr, ldm, file, line);
   int lane = emu::lane();
   for (int i = 0; i < Frag::num_elements; i++) {
     int r, c;
@@ -201,7 +214,7 @@ inline void store_matrix_sync(T *mptr, const fragment<accumulator, m, n, k, T> &
 template <int m, int n, int k, typename Td, typename Ta, typename La, typename Tb, typename Lb, typename Tc>
 inline void mma_sync(fragment<accumulator, m, n, k, Td> &d, const fragment<matrix_a, m, n, k, Ta, La> &a,
                      const fragment<matrix_b, m, n, k, Tb, Lb> &b, const fragment<accumulator, m, n, k, Tc> &c,
-                     bool satf = false) {
+                     bool satf = false, const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   static_assert(std::is_same<Ta, Tb>::value, "wmma::mma_sync: matrix_a and matrix_b must have the same element type");
   typedef fragment<matrix_a, m, n, k, Ta, La> FA;
   typedef fragment<matrix_b, m, n, k, Tb, Lb> FB;
@@ -217,7 +230,7 @@ inline void mma_sync(fragment<accumulator, m, n, k, Td> &d, const fragment<matri
   table[lane * 3 + 0] = (void *)&a;
   table[lane * 3 + 1] = (void *)&b;
   table[lane * 3 + 2] = (void *)&c;
-  emu::warp_collective(what, sig, sizeof sig);
+  emu_detail::rendezvous(what, sig, sizeof sig, file, line);
   float out[FD::num_elements];
   for (int i = 0; i < FD::num_elements; i++) {
     int r, col;
@@ -233,7 +246,7 @@ inline void mma_sync(fragment<accumulator, m, n, k, Td> &d, const fragment<matri
     }
     out[i] = acc;
   }
-  emu::warp_collective("wmma::mma_sync (operands read)");
+  emu_detail::rendezvous("wmma::mma_sync (operands read)", nullptr, 0, file, line);
   for (int i = 0; i < FD::num_elements; i++) d.x[i] = emu_detail::from_float<Td>(out[i]);
 }
 

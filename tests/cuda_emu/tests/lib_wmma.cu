@@ -4,7 +4,7 @@
  * Programming Guide sets, each shown DETECTED by a buggy kernel and passing when fixed: a lane
  * missing from a _sync call, a pointer that is not 256-bit aligned, an ldm that is not a multiple
  * of 16 bytes, arguments that differ between lanes, a fragment used before anything filled it.
- * Compiled through the emulator's rewrite like kernels/*.cu. */
+ * Compiled through the emulator's rewrite like the kernels. */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
