@@ -101,3 +101,4 @@ bench: all
 
 clean:
 	rm -rf build build-asan lib bin/shard bin/shard-asan
+include tests/cuda_emu/emu.mk

@@ -1,0 +1,56 @@
+#!/bin/sh
+# tests/cuda_emu/run.sh EMU_BUILD SHARD_EMU_BIN: runs the CUDA emulator's self-tests
+# (EMU_BUILD/self/*) and the CUDA test programs built against it (EMU_BUILD/tests/gpu/test_*),
+# each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
+# crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
+# non-zero status when anything failed. The device runs adversarially: deferred work drained
+# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise.
+EMU=${1:-build-emu}
+SHARD=${2:-bin/shard-emu}
+TIMEOUT=${SHARD_EMU_TEST_TIMEOUT:-300}
+cd "$(dirname "$0")/../.." || exit 2
+: "${SHARD_EMU_BLOCK_ORDER:=shuffle:1}"
+export SHARD_EMU_BLOCK_ORDER
+passed=0
+failed=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+start=$(date +%s)
+
+run_one() {   # name, command...
+  name=$1; shift
+  t0=$(date +%s)
+  timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  line=$(grep -E '[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
+  if [ -z "$line" ]; then
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $rc, no summary line)"
+    sed 's/^/    /' "$out" | tail -n 40
+    return
+  fi
+  p=$(echo "$line" | sed -E 's/.*[^0-9]([0-9]+) passed, ([0-9]+) failed$/\1/')
+  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
+    [ "$f" -ne 0 ] || failed=$((failed + 1))
+    echo "FAIL $name ($f failed, exit $rc, $((t1 - t0))s)"
+    grep -E '^(not ok|FAIL|cuda_emu:)' "$out" | sed 's/^/    /' | head -n 60
+  else
+    echo "ok   $name: $p passed ($((t1 - t0))s)"
+  fi
+}
+
+for t in "$EMU"/self/*; do
+  [ -x "$t" ] || continue
+  run_one "cuda_emu/$(basename "$t")" "$t"
+done
+for t in "$EMU"/tests/gpu/test_*; do
+  [ -x "$t" ] || continue
+  run_one "gpu/$(basename "$t") (emulated)" "$t"
+done
+echo "cuda_emu: $(( $(date +%s) - start ))s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
