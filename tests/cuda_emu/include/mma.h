@@ -18,7 +18,10 @@
  *    mptr, ldm and the layout "must be the same for all threads in the warp": checked.
  *    "mptr must be a 256-bit aligned pointer" and "ldm ... must be a multiple of 8 for
  *    __half element type or multiple of 4 for float element type (i.e. a multiple of 16 bytes)":
- *    checked; a violation fails the launch (emu::device_fail) naming the rule.
+ *    checked; a violation fails the launch (emu::device_fail) naming the rule. The PTX ISA is
+ *    stricter than the guide for some types ("Matrix Storage for WMMA": every row or column must
+ *    start aligned to the lane's fragment size, e.g. 32 bytes for float accumulators, so ldm a
+ *    multiple of 8 floats); SHARD_EMU_WMMA_PTX=1 enforces that rule too.
  *  - fill_fragment is not a _sync function (the guide: "ordinarily called by all threads in the
  *    warp with a common value"): it sets the calling lane's elements only, with no rendezvous.
  *  - mma_sync computes D = A * B + C with the products of the (exact) half / bfloat16 inputs
@@ -27,6 +30,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -94,13 +98,38 @@ inline void check_warp(const char *what) {
                      emu::warp(), emu::warp_lanes());
 }
 
-template <typename T>
+/* The size in bytes of a lane's fragment as the PTX ISA defines it ("Matrix Fragments for
+ * WMMA"): .f16 A/B eight .f16x2 registers; .bf16 A/B per shape (m16n16k16: four .b32, m8n32k16:
+ * A two / B eight, m32n8k16: A eight / B two); .f32 accumulators eight .f32; .f16 four .f16x2. */
+template <typename Use, int m, int n, int k, typename T> constexpr unsigned ptx_fragment_bytes() {
+  return std::is_same<Use, accumulator>::value ? (std::is_same<T, float>::value ? 32u : 16u)
+         : std::is_same<T, __half>::value      ? 32u
+         : (m == 16)                           ? 16u
+         : (m == 8)                            ? (std::is_same<Use, matrix_a>::value ? 8u : 32u)
+                                               : (std::is_same<Use, matrix_a>::value ? 32u : 8u);
+}
+
+/* The CUDA C++ Programming Guide's rules (always): "mptr must be a 256-bit aligned pointer";
+ * ldm "must be a multiple of 8 for __half element type or multiple of 4 for float element type
+ * (i.e., multiple of 16 bytes in both cases)". With SHARD_EMU_WMMA_PTX=1 also the PTX ISA's
+ * stricter rule ("Matrix Storage for WMMA", Address Alignment): "The starting address of each
+ * instance of the leading dimension (row or column) must be aligned with the size of the
+ * corresponding fragment in bytes", i.e. ldm * sizeof(T) a multiple of the fragment size. */
+template <typename Use, int m, int n, int k, typename T>
 inline void check_mem(const char *what, const void *p, unsigned ldm, const char *file, int line) {
   if (((uintptr_t)p & 31) != 0)
     emu::device_fail("%s at %s:%d: mptr %p is not 256-bit (32-byte) aligned, as the CUDA Programming Guide requires", what, file, line, p);
   if (((size_t)ldm * sizeof(T)) % 16 != 0)
     emu::device_fail("%s at %s:%d: ldm %u is not a multiple of 16 bytes for %s elements (%s requires a multiple of %u)", what, file,
                      line, ldm, type_id<T>::name, what, (unsigned)(16 / sizeof(T)));
+  const char *ptx = getenv("SHARD_EMU_WMMA_PTX");
+  if (ptx && ptx[0] && ptx[0] != '0') {
+    const unsigned fb = ptx_fragment_bytes<Use, m, n, k, T>();
+    if (((size_t)ldm * sizeof(T)) % fb != 0)
+      emu::device_fail("%s at %s:%d: ldm %u (%zu bytes) does not keep every row start aligned to the %u-byte %s fragment "
+                       "(PTX ISA, Matrix Storage for WMMA: each row or column must start aligned to the fragment size)",
+                       what, file, line, ldm, (size_t)ldm * sizeof(T), fb, type_id<T>::name);
+  }
 }
 
 }  // namespace emu_detail
@@ -152,7 +181,7 @@ inline void load(Frag &a, const T *mptr, unsigned ldm, int col, const char *what
   check_warp(what);
   mem_args u = {mptr, ldm, col, use_id<Use>::v, m, n, k, type_id<T>::v};
   rendezvous(what, &u, sizeof u, file, line);
-  check_mem<T>(what, mptr, ldm, file, line);
+  check_mem<Use, m, n, k, T>(what, mptr, ldm, file, line);
   int lane = emu::lane();
   for (int i = 0; i < Frag::num_elements; i++) {
     int r, c;
@@ -201,7 +230,7 @@ inline void store_matrix_sync(T *mptr, const fragment<accumulator, m, n, k, T> &
     emu::device_fail("%s: layout %d is neither mem_row_major nor mem_col_major", what, (int)layout);
   emu_detail::mem_args u = {mptr, ldm, layout == mem_col_major, 2, m, n, k, emu_detail::type_id<T>::v};
   emu_detail::rendezvous(what, &u, sizeof u, file, line);
-  emu_detail::check_mem<T>(what, mptr, ldm, file, line);
+  emu_detail::check_mem<accumulator, m, n, k, T>(what, mptr, ldm, file, line);
   int lane = emu::lane();
   for (int i = 0; i < Frag::num_elements; i++) {
     int r, c;
@@ -216,6 +245,8 @@ inline void mma_sync(fragment<accumulator, m, n, k, Td> &d, const fragment<matri
                      const fragment<matrix_b, m, n, k, Tb, Lb> &b, const fragment<accumulator, m, n, k, Tc> &c,
                      bool satf = false, const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   static_assert(std::is_same<Ta, Tb>::value, "wmma::mma_sync: matrix_a and matrix_b must have the same element type");
+  static_assert(!std::is_same<Ta, __nv_bfloat16>::value || (std::is_same<Tc, float>::value && std::is_same<Td, float>::value),
+                "wmma::mma_sync: __nv_bfloat16 inputs take float accumulators only (PTX: .bf16 has .ctype .f32)");
   typedef fragment<matrix_a, m, n, k, Ta, La> FA;
   typedef fragment<matrix_b, m, n, k, Tb, Lb> FB;
   typedef fragment<accumulator, m, n, k, Tc> FC;

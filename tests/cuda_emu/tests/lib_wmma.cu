@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -99,6 +100,13 @@ __global__ void unfilled_kernel(const __nv_bfloat16 *A, float *D, int fixed) {
   wmma::load_matrix_sync(b, A, 16);
   wmma::mma_sync(c, a, b, c);
   wmma::store_matrix_sync(D, c, 16, wmma::mem_row_major);
+}
+
+/* A filled accumulator stored with leading dimension ldm (attention's f32 tiles use ldm 68). */
+__global__ void acc_store_kernel(float *D, int ldm) {
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  wmma::fill_fragment(c, 1.0f);
+  wmma::store_matrix_sync(D, c, ldm, wmma::mem_row_major);
 }
 
 template <typename T> static T to_t(float v);
@@ -277,6 +285,27 @@ int main() {
     nans = 0;
     for (float x : D) nans += std::isnan(x);
     CHECK(nans == 0 && cudaGetLastError() == cudaSuccess, "filled, no NaN: %d", nans);
+  }
+  /* The PTX ISA's stricter row alignment, enforced with SHARD_EMU_WMMA_PTX=1: a float
+   * accumulator with ldm 68 (272 bytes, rows 16-byte aligned) meets the Programming Guide's
+   * "multiple of 16 bytes" but not PTX's "aligned with the size of the fragment" (32 bytes). */
+  {
+    float *dS;
+    cudaMalloc((void **)&dS, 16 * 72 * sizeof(float));
+    acc_store_kernel<<<1, 32>>>(dS, 68);
+    cudaError_t e = cudaDeviceSynchronize();
+    CHECK(e == cudaSuccess, "ldm 68 floats passes the Programming Guide's rule: %s", cudaGetErrorName(e));
+    setenv("SHARD_EMU_WMMA_PTX", "1", 1);
+    acc_store_kernel<<<1, 32>>>(dS, 68);
+    e = cudaDeviceSynchronize();
+    CHECK(e == cudaErrorLaunchFailure && reported("PTX ISA") && reported("32-byte"), "with SHARD_EMU_WMMA_PTX=1, ldm 68 floats is refused: %s / %s",
+          cudaGetErrorName(e), emu::last_report());
+    emu::test_reset();
+    acc_store_kernel<<<1, 32>>>(dS, 72);
+    e = cudaDeviceSynchronize();
+    CHECK(e == cudaSuccess, "with SHARD_EMU_WMMA_PTX=1, ldm 72 floats passes: %s", cudaGetErrorName(e));
+    unsetenv("SHARD_EMU_WMMA_PTX");
+    cudaFree(dS);
   }
   cudaFree(dA);
   cudaFree(dD);
