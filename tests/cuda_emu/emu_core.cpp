@@ -623,6 +623,7 @@ size_t g_static_used, g_static_hwm;
 unsigned long g_block_gen;
 char *g_dyn;
 alignas(64) char g_scratch[MAX_THREADS / WARP][WARP_SCRATCH_BYTES];
+unsigned long g_scratch_gen[MAX_THREADS / WARP];
 
 void ensure_smem() {
   if (g_smem) return;
@@ -655,6 +656,24 @@ void push_ready(int t) {
 
 /* Called on a fiber: gives control back to the scheduler. */
 inline void yield_to_sched(thread_rec *t) { fctx_switch(&t->ctx, &g_sched); }
+
+/* Called on a fiber that waits: runs the next ready thread directly when it has started
+ * already (one switch instead of two through the scheduler), else goes to the scheduler.
+ * Whoever switches to a fiber sets g_cur and threadIdx for it first. */
+inline void wait_here(thread_rec *t) {
+  if (!g_abort && !g_runq.empty()) {
+    thread_rec *n = &g_threads[g_runq.front()];
+    if (n->state != T_NEW && n != t) {
+      g_runq.pop_front();
+      n->state = T_READY;
+      g_cur = n;
+      threadIdx = n->idx;
+      fctx_switch(&t->ctx, &n->ctx);
+      return;
+    }
+  }
+  fctx_switch(&t->ctx, &g_sched);
+}
 
 [[noreturn]] void abort_block() {
   thread_rec *t = g_cur;
@@ -807,9 +826,9 @@ void warp_arrive(wkind kind, unsigned mask, const char *file, int line, const ch
   if (!t) return;
   warp_rec &w = g_warps[t->warp];
   unsigned bit = 1u << t->lane;
-  std::string name = kind == W_COLLECTIVE ? std::string(what) : std::string(WKIND_NAME[kind]);
+  const char *name = kind == W_COLLECTIVE ? what : WKIND_NAME[kind];
   if (!(mask & bit)) {
-    fail_launch(cudaErrorLaunchFailure, where_thread(t) + ": " + name + " at " + site(file, line) + " with mask 0x" +
+    fail_launch(cudaErrorLaunchFailure, where_thread(t) + ": " + std::string(name) + " at " + site(file, line) + " with mask 0x" +
                                             ([&] { char b[16]; snprintf(b, sizeof b, "%08x", mask); return std::string(b); })() +
                                             " that does not name the calling lane " + std::to_string(t->lane));
     abort_block();
@@ -824,7 +843,7 @@ void warp_arrive(wkind kind, unsigned mask, const char *file, int line, const ch
       snprintf(b, sizeof b,
                "divergence in warp %d: lane %d reached %s (mask 0x%08x) at %s while lanes %s wait at %s (mask 0x%08x) "
                "at %s",
-               t->warp, t->lane, name.c_str(), mask, site(file, line).c_str(), lanes_str(g->arrived).c_str(),
+               t->warp, t->lane, name, mask, site(file, line).c_str(), lanes_str(g->arrived).c_str(),
                g->kind == W_COLLECTIVE ? g->what : WKIND_NAME[g->kind], g->mask, site(g->file, g->line).c_str());
       fail_launch(cudaErrorLaunchFailure, std::string(b) + " [" + where_thread(t) + "]");
       abort_block();
@@ -839,7 +858,7 @@ void warp_arrive(wkind kind, unsigned mask, const char *file, int line, const ch
   t->line = line;
   check_warp_groups(t->warp);
   if (g_abort) abort_block();
-  yield_to_sched(t);
+  wait_here(t);
   if (g_abort) abort_block();
 }
 
@@ -890,7 +909,6 @@ bool run_block(unsigned bx, unsigned by, unsigned bz) {
   g_abort = false;
   g_runq.clear();
   int nwarps = (g_nthreads + WARP - 1) / WARP;
-  memset(g_scratch, 0xFF, (size_t)nwarps * WARP_SCRATCH_BYTES);
   for (int wi = 0; wi < nwarps; wi++) {
     int n = std::min((int)WARP, g_nthreads - wi * WARP);
     g_warps[wi].exists = n == 32 ? 0xffffffffu : ((1u << n) - 1);
@@ -923,10 +941,11 @@ bool run_block(unsigned bx, unsigned by, unsigned bz) {
     g_cur = &t;
     threadIdx = t.idx;
     fctx_switch(&g_sched, &t.ctx);
+    thread_rec *r = g_cur;   /* the fiber that came back (fibers switch among themselves) */
     g_cur = nullptr;
-    if (t.state == T_DONE && t.has_stack) {
-      g_stack_pool.push_back(t.stack);
-      t.has_stack = false;
+    if (r->state == T_DONE && r->has_stack) {
+      g_stack_pool.push_back(r->stack);
+      r->has_stack = false;
     }
   }
   if (!g_abort && g_live > 0)
@@ -1122,7 +1141,7 @@ int syncthreads_reduce(int op, int pred, const char *file, int line) {
   t->pred = pred;
   g_bar_count++;
   if (g_bar_count == g_live) release_barrier();
-  yield_to_sched(t);
+  wait_here(t);
   if (g_abort) abort_block();
   return (int)t->result;
 }
@@ -1188,7 +1207,15 @@ void device_fail(const char *fmt, ...) {
 
 void *dynamic_shared() { return g_dyn; }
 
-void *warp_scratch() { return g_cur ? g_scratch[g_cur->warp] : nullptr; }
+void *warp_scratch() {
+  if (!g_cur) return nullptr;
+  int w = g_cur->warp;
+  if (g_scratch_gen[w] != g_block_gen) {   /* first use in this block: fresh NaN bytes */
+    memset(g_scratch[w], 0xFF, WARP_SCRATCH_BYTES);
+    g_scratch_gen[w] = g_block_gen;
+  }
+  return g_scratch[w];
+}
 
 void *static_shared(void **slot, unsigned long *generation, size_t bytes, size_t align) {
   if (*generation == g_block_gen) return *slot;
@@ -1795,10 +1822,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   o->what = "event record";
   o->body = [e, timing] { if (timing) { e->t_ms = now_ms(); e->timed = true; } };
   e->timed = false;
-  enqueue_op(s, o);   /* (eager mode runs it at once) */
   e->s = s;
-  e->seq = o->seq;
-  if (cfg.eager && timing) { e->t_ms = now_ms(); e->timed = true; }
+  e->seq = s->enq + 1;   /* the record's place in s (enqueue_op numbers it so; eager mode runs it at once) */
+  enqueue_op(s, o);
   return cudaSuccess;
 }
 

@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/cuda_emu/run.sh EMU_BUILD SHARD_EMU_BIN: runs the CUDA emulator's self-tests
-# (EMU_BUILD/self/*) and the CUDA test programs built against it (EMU_BUILD/tests/gpu/test_*),
+# (EMU_BUILD/self/*), the CUDA test programs built against it (EMU_BUILD/tests/gpu/test_*)
+# and the CUDA Lua scripts (tests/gpu/*.lua but mpi_*) through SHARD_EMU_BIN,
 # each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
 # crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
 # non-zero status when anything failed. The device runs adversarially: deferred work drained
@@ -50,6 +51,13 @@ done
 for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
   run_one "gpu/$(basename "$t") (emulated)" "$t"
+done
+# The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
+# the emulated build does not have yet (comm_nccl.cu is left out).
+for s in tests/gpu/*.lua; do
+  [ -f "$s" ] || continue
+  case $(basename "$s") in mpi_*) continue ;; esac
+  run_one "gpu/$(basename "$s") (emulated)" "$SHARD" run "$s"
 done
 echo "cuda_emu: $(( $(date +%s) - start ))s"
 echo "$passed passed, $failed failed"

@@ -644,6 +644,8 @@ static void test_speed() {
 }
 
 int main() {
+  emu::set_eager(false);   /* the adversarial schedule is what these tests are about */
+  emu::set_thread_order(false);
   emu::set_block_order(2, 1);
   test_reduction();
   test_missing_syncwarp();
