@@ -44,6 +44,7 @@ run_one() {   # name, command...
   fi
 }
 
+run_one "cuda_emu/test_rewrite.lua" ${LUAJIT:-luajit} tests/cuda_emu/tests/test_rewrite.lua
 for t in "$EMU"/self/*; do
   [ -x "$t" ] || continue
   run_one "cuda_emu/$(basename "$t")" "$t"
@@ -51,6 +52,8 @@ done
 for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
   run_one "gpu/$(basename "$t") (emulated)" "$t"
+  # as tests/run_gpu.sh: again without cuBLASLt's fused epilogues, so the fallback runs too
+  SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$(basename "$t") (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
 done
 # The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
 # the emulated build does not have yet (comm_nccl.cu is left out).
