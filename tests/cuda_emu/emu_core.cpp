@@ -654,6 +654,11 @@ void push_ready(int t) {
   g_runq.push_back(t);
 }
 
+void push_front_ready(int t) {
+  g_threads[t].state = T_READY;
+  g_runq.push_front(t);
+}
+
 /* Called on a fiber: gives control back to the scheduler. */
 inline void yield_to_sched(thread_rec *t) { fctx_switch(&t->ctx, &g_sched); }
 
@@ -790,12 +795,15 @@ void finish_group(int wi, size_t gi) {
       base[l].result = m;
     }
   }
+  /* The released lanes run next: a warp runs ahead as far as it can (to a block barrier or
+   * its end) before the other warps move, the most skew between warps CUDA allows, so a
+   * missing __syncthreads between warps shows. */
   if (cfg.thread_reverse) {
-    for (int l = 31; l >= 0; l--)
-      if (g.arrived >> l & 1) push_ready(wi * WARP + l);
-  } else {
     for (int l = 0; l < 32; l++)
-      if (g.arrived >> l & 1) push_ready(wi * WARP + l);
+      if (g.arrived >> l & 1) push_front_ready(wi * WARP + l);
+  } else {
+    for (int l = 31; l >= 0; l--)
+      if (g.arrived >> l & 1) push_front_ready(wi * WARP + l);
   }
 }
 
@@ -1062,6 +1070,14 @@ void on_fault(int sig, siginfo_t *si, void *ucv) {
     siglongjmp(g_fault_jmp, 1);
   }
   alloc *a = find_mapping(addr);
+  if (a && g_exec_depth > 0 && std::this_thread::get_id() != g_exec_thread) {
+    /* a helper thread of device work (OpenBLAS under cuBLASLt): cannot unwind it, so stop */
+    describe_addr(desc, sizeof desc, addr);
+    fprintf(stderr, "cuda_emu: %s (on a helper thread): invalid %s at %s\n", g_running.c_str(), write ? "write" : "read",
+            desc);
+    signal(SIGABRT, SIG_DFL);
+    abort();
+  }
   if (a && a->device >= 0) {
     describe_addr(desc, sizeof desc, addr);
     fprintf(stderr, "cuda_emu: host code %s device memory at %s; device memory is only accessible to device work "

@@ -42,6 +42,25 @@ __global__ void block_sum_kernel(const float *x, int n, float *out, int with_syn
   }
 }
 
+/* Two block sums in a row through the same shared array; the barrier before the second
+ * one's writes (the first one's readers may still be reading) is optional. */
+__device__ float block_sum2(float v, float *part, int guard) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (guard) __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__global__ void two_sums_kernel(float *out, int guard) {
+  __shared__ float part[32];
+  float a = block_sum2(1.0f, part, 1);
+  float b = block_sum2(2.0f, part, guard);
+  if (threadIdx.x == blockDim.x - 1) out[blockIdx.x] = a + b;
+}
+
 /* Lanes exchange through shared memory: out[lane] = smem[(lane + 1) % 32] * 2. */
 __global__ void warp_exchange_kernel(float *out, int with_syncwarp) {
   __shared__ float s[32];
@@ -240,6 +259,18 @@ static void test_reduction() {
   r = to_host(out, B);
   CHECK(std::isnan(r[0]), "missing __syncthreads detected (result is NaN): got %g", r[0]);
   cudaFree(x);
+  cudaFree(out);
+}
+
+static void test_missing_barrier_war() {
+  float *out;
+  cudaMalloc((void **)&out, 4 * sizeof(float));
+  two_sums_kernel<<<4, 256>>>(out, 0);
+  std::vector<float> r = to_host(out, 4);
+  CHECK(r[0] != 768.0f, "missing __syncthreads before shared memory is rewritten detected: %g", r[0]);
+  two_sums_kernel<<<4, 256>>>(out, 1);
+  r = to_host(out, 4);
+  CHECK(r[0] == 768.0f && r[3] == 768.0f, "with the barrier: %g", r[0]);
   cudaFree(out);
 }
 
@@ -648,6 +679,7 @@ int main() {
   emu::set_thread_order(false);
   emu::set_block_order(2, 1);
   test_reduction();
+  test_missing_barrier_war();
   test_missing_syncwarp();
   test_divergence();
   test_shuffles();
