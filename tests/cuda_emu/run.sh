@@ -54,6 +54,9 @@ for t in "$EMU"/tests/gpu/test_*; do
   run_one "gpu/$(basename "$t") (emulated)" "$t"
   # as tests/run_gpu.sh: again without cuBLASLt's fused epilogues, so the fallback runs too
   SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$(basename "$t") (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
+  # threads of a block in reverse order between barriers: a missing barrier whose reader has
+  # the lower index shows in the first run, one whose reader has the higher index here
+  SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$(basename "$t") (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
 done
 # The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
 # the emulated build does not have yet (comm_nccl.cu is left out).
