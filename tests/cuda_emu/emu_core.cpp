@@ -1192,12 +1192,16 @@ unsigned match_any(unsigned mask, const void *val, size_t bytes, const char *fil
   return t->result;
 }
 
-void warp_collective(const char *what, const void *uniform, size_t bytes) {
+void warp_collective_at(const char *what, const void *uniform, size_t bytes, const char *file, int line) {
   thread_rec *t = g_cur;
   if (!t) return;
   t->uniform = uniform;
   t->ubytes = uniform ? bytes : 0;
-  warp_arrive(W_COLLECTIVE, g_warps[t->warp].exists, __builtin_FILE(), __builtin_LINE(), what);
+  warp_arrive(W_COLLECTIVE, g_warps[t->warp].exists, file, line, what);
+}
+
+void warp_collective(const char *what, const void *uniform, size_t bytes) {
+  warp_collective_at(what, uniform, bytes, "?", 0);
 }
 
 bool in_kernel() { return g_cur != nullptr; }

@@ -71,5 +71,6 @@ void *warp_scratch();
  * semantics as warp_collective; mma.h passes __builtin_FILE()/__builtin_LINE() of the kernel's
  * call site. Until CORE defines it, mma.h calls warp_collective (its own location). */
 void warp_collective_at(const char *what, const void *uniform, size_t bytes, const char *file, int line);
+/* CORE: implemented (emu_core.cpp); plain warp_collective reports "?:0" as its site. */
 
 }  // namespace emu
