@@ -139,7 +139,7 @@ std::map<uintptr_t, alloc *> g_by_data;  /* live allocations keyed by their data
 std::deque<alloc *> g_quarantine;        /* freed: inaccessible, address space kept a while */
 size_t g_quarantine_bytes;
 size_t g_used[MAX_DEV];
-const size_t QUARANTINE_MAX = (size_t)64 << 30;
+const size_t QUARANTINE_MAX = (size_t)64 << 30, QUARANTINE_COUNT = 4096;
 
 char *inner_begin(const alloc *a) { return a->map + PAGE; }
 char *inner_end(const alloc *a) { return a->map + a->map_len - PAGE; }
@@ -199,7 +199,8 @@ void retire_mapping(alloc *a) {
   a->exposed = false;
   g_quarantine.push_back(a);
   g_quarantine_bytes += a->map_len;
-  while (g_quarantine_bytes > QUARANTINE_MAX && !g_quarantine.empty()) {
+  /* bounded in bytes and in mappings (the kernel allows ~65k mappings per process) */
+  while ((g_quarantine_bytes > QUARANTINE_MAX || g_quarantine.size() > QUARANTINE_COUNT) && !g_quarantine.empty()) {
     alloc *o = g_quarantine.front();
     g_quarantine.pop_front();
     g_quarantine_bytes -= o->map_len;
