@@ -150,6 +150,12 @@ __global__ void dyn_smem_overflow_kernel(float *out, int n) {
   out[0] = buf[0];
 }
 
+__global__ void big_static_smem_kernel(float *out) {
+  __shared__ float big[13000];   /* 52,000 bytes: over the 48 KiB of static shared memory */
+  big[threadIdx.x] = 1.0f;
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
 __global__ void fill_kernel(float *y, int n, float v) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = v + (float)i;
@@ -392,6 +398,12 @@ static void test_dynamic_smem() {
   dyn_smem_overflow_kernel<<<1, 256, bytes>>>(out, n);
   cudaError_t e = cudaDeviceSynchronize();
   CHECK(e == cudaErrorIllegalAddress && reported("dynamic shared memory"), "dynamic shared memory overrun: %s / %s",
+        cudaGetErrorName(e), emu::last_report());
+  emu::test_reset();
+  cudaMalloc((void **)&out, 32 * sizeof(float));
+  big_static_smem_kernel<<<1, 32>>>(out);
+  e = cudaDeviceSynchronize();
+  CHECK(e == cudaErrorLaunchFailure && reported("static __shared__"), "static shared memory over 48 KiB: %s / %s",
         cudaGetErrorName(e), emu::last_report());
   emu::test_reset();
 }
