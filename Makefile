@@ -100,3 +100,4 @@ bench: all
 
 clean:
 	rm -rf build build-asan lib bin/shard bin/shard-asan
+include tests/cuda_emu/emu.mk

@@ -1,0 +1,36 @@
+/* emu_api.h: what the CUDA emulator's core (streams, memory, launches, errors) offers to the
+ * stand-in libraries built on it (cuBLASLt, CUB, NCCL). Test infrastructure only: never linked
+ * into lib/libshard.so or bin/shard. C++17. */
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <cuda_runtime.h>
+
+namespace emu {
+
+/* Queues host work on a stream: it runs in stream order, deferred like a kernel, at the
+ * point the scheduler chooses (in adversarial mode as late as CUDA allows). `what` names the
+ * work in diagnostics ("cublasLtMatmul", "cub::DeviceRadixSort::SortPairs"). stream 0 is the
+ * legacy default stream. Returns cudaErrorInvalidResourceHandle for a destroyed stream. */
+cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
+
+/* True when [p, p + bytes) lies inside one live device allocation (cudaMalloc) on the current
+ * device. Library stand-ins call it before touching a pointer, and return their own
+ * documented error (CUBLAS_STATUS_INVALID_VALUE, ncclInvalidArgument, ...) when false. */
+bool is_device_range(const void *p, size_t bytes);
+
+/* The same for host memory from cudaHostAlloc / cudaMallocHost (pinned). */
+bool is_pinned_range(const void *p, size_t bytes);
+
+/* Reports a failure found while running queued work (a library's execution-time error) the
+ * way CUDA reports asynchronous errors: sticky, returned by the next sync and
+ * cudaGetLastError. `what` becomes part of the message printed in verbose mode. */
+void fail_async(cudaError_t err, const char *what);
+
+/* Counters the tests read (and reset): cudaMalloc calls, cudaFree calls, kernel launches,
+ * host synchronisations (stream/event/device sync, synchronous copies). */
+struct counters { long mallocs, frees, launches, host_syncs, library_calls; };
+counters get_counters();
+void reset_counters();
+
+}  // namespace emu

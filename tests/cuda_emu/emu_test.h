@@ -1,0 +1,28 @@
+/* emu_test.h: what the emulator's own self-tests (tests/cuda_emu/tests) need beyond CUDA:
+ * the last diagnostic, a reset after a detected (sticky) fault, and the scheduling knobs
+ * that the environment variables also set. Test infrastructure only. C++17. */
+#pragma once
+#include <cstddef>
+
+namespace emu {
+
+/* The last diagnostic the emulator printed ("kernel k (file:line): divergence ..."), "" when
+ * none since the last test_reset; report_count() counts them. */
+const char *last_report();
+long report_count();
+
+/* Forgets queued work, sticky errors, the thread's last error and the last report: a fresh
+ * context, which real CUDA only gets from a new process. */
+void test_reset();
+
+/* Block order: 0 forward, 1 reverse, 2 shuffled with `seed` (SHARD_EMU_BLOCK_ORDER). */
+void set_block_order(int order, unsigned long long seed);
+/* Threads of a block run in reverse order between barriers (SHARD_EMU_THREAD_ORDER). */
+void set_thread_order(bool reverse);
+/* Eager: work runs when it is queued (SHARD_EMU_SCHED=eager); else as late as possible. */
+void set_eager(bool eager);
+
+/* Device allocations not yet freed. */
+size_t live_device_allocations();
+
+}  // namespace emu

@@ -1,0 +1,3 @@
+/* cuda_runtime_api.h of the CUDA emulator: everything is in cuda_runtime.h. */
+#pragma once
+#include <cuda_runtime.h>

@@ -1,0 +1,70 @@
+#!/bin/sh
+# tests/cuda_emu/run.sh EMU_BUILD SHARD_EMU_BIN: runs the CUDA emulator's self-tests
+# (EMU_BUILD/self/*), the CUDA test programs built against it (EMU_BUILD/tests/gpu/test_*)
+# and the CUDA Lua scripts (tests/gpu/*.lua but mpi_*) through SHARD_EMU_BIN,
+# each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
+# crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
+# non-zero status when anything failed. The device runs adversarially: deferred work drained
+# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise.
+EMU=${1:-build-emu}
+SHARD=${2:-bin/shard-emu}
+TIMEOUT=${SHARD_EMU_TEST_TIMEOUT:-300}
+cd "$(dirname "$0")/../.." || exit 2
+: "${SHARD_EMU_BLOCK_ORDER:=shuffle:1}"
+export SHARD_EMU_BLOCK_ORDER
+passed=0
+failed=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+start=$(date +%s)
+
+run_one() {   # name, command...
+  name=$1; shift
+  t0=$(date +%s)
+  timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  line=$(grep -E '[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
+  if [ -z "$line" ]; then
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $rc, no summary line)"
+    sed 's/^/    /' "$out" | tail -n 40
+    return
+  fi
+  p=$(echo "$line" | sed -E 's/.*[^0-9]([0-9]+) passed, ([0-9]+) failed$/\1/')
+  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
+    [ "$f" -ne 0 ] || failed=$((failed + 1))
+    echo "FAIL $name ($f failed, exit $rc, $((t1 - t0))s)"
+    grep -E '^(not ok|FAIL|cuda_emu:)' "$out" | sed 's/^/    /' | head -n 60
+  else
+    echo "ok   $name: $p passed ($((t1 - t0))s)"
+  fi
+}
+
+run_one "cuda_emu/test_rewrite.lua" ${LUAJIT:-luajit} tests/cuda_emu/tests/test_rewrite.lua
+for t in "$EMU"/self/*; do
+  [ -x "$t" ] || continue
+  run_one "cuda_emu/$(basename "$t")" "$t"
+done
+for t in "$EMU"/tests/gpu/test_*; do
+  [ -x "$t" ] || continue
+  run_one "gpu/$(basename "$t") (emulated)" "$t"
+  # as tests/run_gpu.sh: again without cuBLASLt's fused epilogues, so the fallback runs too
+  SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$(basename "$t") (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
+  # threads of a block in reverse order between barriers: a missing barrier whose reader has
+  # the lower index shows in the first run, one whose reader has the higher index here
+  SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$(basename "$t") (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
+done
+# The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
+# the emulated build does not have yet (comm_nccl.cu is left out).
+for s in tests/gpu/*.lua; do
+  [ -f "$s" ] || continue
+  case $(basename "$s") in mpi_*) continue ;; esac
+  run_one "gpu/$(basename "$s") (emulated)" "$SHARD" run "$s"
+done
+echo "cuda_emu: $(( $(date +%s) - start ))s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
