@@ -1,6 +1,7 @@
 # shard: one entry point. `make` builds lib/libshard.{so,a} and bin/shard; `make run` trains the
-# default recipe; `make test` runs every C test and busted spec. CUDA kernels are compiled when
-# nvcc exists (NVCC= disables them); the build never needs a GPU.
+# default recipe; `make test` runs every C test, busted spec and MPI script, and the CUDA path on
+# the emulated device (tests/cuda_emu). CUDA kernels are compiled by nvcc when it exists (NVCC=
+# disables them) and by g++ against the emulator for the tests; the build never needs a GPU.
 
 BUILD   ?= build
 CC      ?= gcc
@@ -30,6 +31,9 @@ ifneq ($(NVCC),)
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
 endif
 LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
+
+# The CUDA emulator's build (test infrastructure; never part of lib/ or bin/shard).
+include tests/cuda_emu/emu.mk
 
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
@@ -82,8 +86,9 @@ run: deps all
 	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 $(ARGS)
 
 # T=NAME[:CASE] runs only the matching tests (tests/run.sh says how).
-test: deps all $(C_TESTS)
-	@sh tests/run.sh $(BUILD) bin/shard $(T)
+# The CUDA path runs too, on the emulated device (tests/cuda_emu/emu.mk: make test-cuda-emu alone).
+test: deps all $(C_TESTS) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
+	@SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
 
 # Everything again under AddressSanitizer and UBSan, in its own build tree.
 test-asan: deps
@@ -99,5 +104,4 @@ bench: all
 	@sh bench/run.sh
 
 clean:
-	rm -rf build build-asan lib bin/shard bin/shard-asan
-include tests/cuda_emu/emu.mk
+	rm -rf build build-asan build-emu build-cpu lib bin/shard bin/shard-asan bin/shard-emu bin/shard-cpu

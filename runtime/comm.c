@@ -304,12 +304,18 @@ static void work_release(sh_comm_work *w) {
   free(w);
 }
 
+static const sh_comm_backend *device_backend(const sh_comm *c) {
+  if (c->gpu) return c->gpu;
+  return c->size == 1 ? &sh_comm_local_backend : NULL;
+}
+
 static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const sh_tensor *src,
                  int op, int rd, int root) {
   *out = NULL;
   const sh_tensor *any = dst ? dst : src;
-  /* CUDA tensors go through NCCL; a barrier through the CPU side unless only NCCL spans the ranks. */
-  const sh_comm_backend *b = any ? (any->device >= 0 ? c->gpu : c->cpu)
+  /* CUDA tensors go through NCCL (a group of one without it copies on the device); a barrier
+   * through the CPU side unless only NCCL spans the ranks. */
+  const sh_comm_backend *b = any ? (any->device >= 0 ? device_backend(c) : c->cpu)
                                  : (c->cpu != &none_backend || !c->gpu ? c->cpu : c->gpu);
   if (!b)
     return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a CUDA tensor but shard was built without NCCL",

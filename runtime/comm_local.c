@@ -1,6 +1,7 @@
 /* comm_local.c: the backend of a group of one: every collective is a copy, done at once.
  * A reduce dtype still rounds the values, so a run at world 1 matches the numerics of a
- * bigger world's reduction in that dtype. */
+ * bigger world's reduction in that dtype. CUDA tensors are copied by the device's copy_
+ * kernel on the current stream (it is also their backend in a build without NCCL). */
 #include "comm_internal.h"
 #include "tensor_internal.h"
 #include <string.h>
@@ -16,11 +17,22 @@ static void copy_rounded(sh_tensor *dst, const sh_tensor *src, int rd) {
   for (int64_t i = 0; i < n; i++) sh_store(d, dst->dtype, i, sh_comm_round(sh_load(s, src->dtype, i), rd));
 }
 
+/* The same on a device: through a tensor of the reduce dtype when it rounds. */
+static int copy_rounded_device(sh_tensor *dst, const sh_tensor *src, int rd) {
+  if (dst->storage == src->storage && dst->offset == src->offset && (rd < 0 || rd == src->dtype)) return SH_OK;
+  if (rd < 0 || rd == src->dtype || !sh_dtype_is_float(rd)) return sh_tensor_copy_(dst, src);
+  sh_tensor *r = NULL;
+  int rc = sh_tensor_to(&r, src, rd, src->device);
+  if (!rc) rc = sh_tensor_copy_(dst, r);
+  sh_tensor_destroy(r);
+  return rc;
+}
+
 static int local_start(sh_comm_work *w) {
   if (w->kind != SH_COLL_BARRIER) {
-    if (w->in->device >= 0 || w->out->device >= 0)
-      return sh_fail(SH_ERR_DEVICE, "the local backend handles CPU tensors only, got %s", sh_desc(w->in));
-    copy_rounded(w->out, w->in, w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST ? -1 : w->reduce_dtype);
+    int rd = w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST ? -1 : w->reduce_dtype;
+    if (w->in->device >= 0) SH_TRY(copy_rounded_device(w->out, w->in, rd));
+    else copy_rounded(w->out, w->in, rd);
   }
   w->done = 1;
   return SH_OK;
