@@ -8,6 +8,9 @@
  * current stream is another one, that stream first waits for the event. The wait is queued
  * on the device, so the host never blocks, and the order is fixed by the program, not by
  * timing (no recordStream). Nothing reachable from a free or a finalizer synchronises.
+ * SHARD_CUDA_POISON=1 (a debug option) fills every block the cache hands out, new or reused,
+ * with 0xFF bytes (NaN in every float dtype) on the stream that gets it, so an output a kernel
+ * leaves partly unwritten shows even in reused memory.
  *
  * Each device has three streams created non-blocking (no implicit sync with the legacy
  * default stream): compute, all-gather and reduce-scatter. */
@@ -17,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct sh_cuda_stream { cudaStream_t s; int device; int kind; };
@@ -50,8 +54,8 @@ extern "C" int sh_cuda_device_count(void) {
 
 /* ---- the memory backend ------------------------------------------------------------ */
 
-/* The event of each cached block, and the stream that was current when it was freed. */
-struct block_rec { cudaEvent_t freed; sh_cuda_stream *stream; bool pending; };
+/* The event of each cached block, the stream that was current when it was freed, and its size. */
+struct block_rec { cudaEvent_t freed; sh_cuda_stream *stream; bool pending; size_t bytes; };
 static std::unordered_map<void *, block_rec> blocks;
 static std::mutex blocks_lock;
 
@@ -91,12 +95,25 @@ static sh_cuda_stream *current_stream(int device) {
   return s ? s : &devices[device].streams[SH_STREAM_COMPUTE];
 }
 
+static bool poison_on(void) {
+  static const bool on = [] { const char *v = getenv("SHARD_CUDA_POISON"); return v && atoi(v) != 0; }();
+  return on;
+}
+
+/* Under SHARD_CUDA_POISON=1: the block's bytes become 0xFF, in the order of the stream `s`. */
+static void poison(int device, void *ptr, size_t bytes, const sh_cuda_stream *s) {
+  if (!poison_on()) return;
+  device_scope scope(device);
+  if (cudaMemsetAsync(ptr, 0xFF, bytes, s->s) != cudaSuccess) cudaGetLastError();
+}
+
 static void *raw_alloc(int device, size_t nbytes) {
   if (ensure_device(device)) return NULL;
   device_scope scope(device);
   void *p = NULL;
   if (cudaMalloc(&p, nbytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
-  block_rec rec = {NULL, NULL, false};
+  poison(device, p, nbytes, current_stream(device));
+  block_rec rec = {NULL, NULL, false, nbytes};
   if (cudaEventCreateWithFlags(&rec.freed, cudaEventDisableTiming) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(p);
@@ -138,10 +155,12 @@ static void on_free(int device, void *ptr) {
 static void on_reuse(int device, void *ptr) {
   std::lock_guard<std::mutex> g(blocks_lock);
   auto it = blocks.find(ptr);
-  if (it == blocks.end() || !it->second.pending) return;
+  if (it == blocks.end()) return;
+  block_rec &r = it->second;
   sh_cuda_stream *s = current_stream(device);
-  if (s != it->second.stream && cudaStreamWaitEvent(s->s, it->second.freed, 0) != cudaSuccess) cudaGetLastError();
-  it->second.pending = false;
+  if (r.pending && s != r.stream && cudaStreamWaitEvent(s->s, r.freed, 0) != cudaSuccess) cudaGetLastError();
+  r.pending = false;
+  poison(device, ptr, r.bytes, s);
 }
 
 static bool is_pinned(const void *p) {
@@ -168,7 +187,9 @@ static int copy(int dst_device, void *dst, int src_device, const void *src, size
     cudaStream_t st;
     SH_TRY(sh_cuda_enter(op, src_device, &st));
     CU_TRY(op, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, st));
-    CU_TRY(op, cudaStreamSynchronize(st));
+    /* Into pageable memory the call returns once the copy is done (the Runtime API's
+     * synchronization rules), so a read is one wait; into pinned memory it is still in flight. */
+    if (is_pinned(dst)) CU_TRY(op, cudaStreamSynchronize(st));
     return SH_OK;
   }
   if (dst_device == src_device) {
@@ -366,11 +387,33 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
 /* ---- pinned host memory -------------------------------------------------------------- */
 
 /* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
- * half its size, so a steady state cycles through the same few buffers. */
-struct pinned_block { void *ptr; size_t bytes; };
+ * half its size, so a steady state cycles through the same few buffers. An asynchronous copy
+ * may still read or write a buffer after its free, so the free records an event on the
+ * current stream, and a cached buffer is handed out again only once that event completed
+ * (queried, never waited for: when none is ready, a new buffer is pinned). */
+struct pinned_block { void *ptr; size_t bytes; cudaEvent_t used; };
 static std::vector<pinned_block> pinned_free;
-static std::unordered_map<void *, size_t> pinned_live;
+static std::unordered_map<void *, pinned_block> pinned_live;
 static std::mutex pinned_lock;
+
+static bool pinned_ready(const pinned_block &b) {
+  if (!b.used) return true;
+  cudaError_t err = cudaEventQuery(b.used);
+  if (err == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+/* The best fit among the cached buffers whose work is done; -1 if none. */
+static int pinned_fit(size_t bytes) {
+  int best = -1;
+  for (size_t i = 0; i < pinned_free.size(); i++) {
+    size_t b = pinned_free[i].bytes;
+    if (b >= bytes && b / 2 <= bytes && (best < 0 || b < pinned_free[best].bytes) && pinned_ready(pinned_free[i]))
+      best = (int)i;
+  }
+  return best;
+}
 
 extern "C" int sh_cuda_host_alloc(void **out, size_t nbytes) {
   const char *op = "host_alloc";
@@ -378,26 +421,33 @@ extern "C" int sh_cuda_host_alloc(void **out, size_t nbytes) {
   size_t bytes = (nbytes + 4095) / 4096 * 4096;
   if (bytes == 0) bytes = 4096;
   std::lock_guard<std::mutex> g(pinned_lock);
-  int best = -1;
-  for (size_t i = 0; i < pinned_free.size(); i++) {
-    size_t b = pinned_free[i].bytes;
-    if (b >= bytes && b / 2 <= bytes && (best < 0 || b < pinned_free[best].bytes)) best = (int)i;
-  }
-  void *p = NULL;
+  int best = pinned_fit(bytes);
+  pinned_block blk = {NULL, bytes, NULL};
   if (best >= 0) {
-    p = pinned_free[best].ptr;
-    bytes = pinned_free[best].bytes;
+    blk = pinned_free[best];
     pinned_free.erase(pinned_free.begin() + best);
   } else {
-    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    cudaError_t err = cudaHostAlloc(&blk.ptr, bytes, cudaHostAllocPortable);
     if (err != cudaSuccess) {
       cudaGetLastError();
       return sh_fail(SH_ERR_OOM, "%s: cannot pin %zu bytes of host memory (%s)", op, bytes, cudaGetErrorString(err));
     }
   }
-  pinned_live[p] = bytes;
-  *out = p;
+  pinned_live[blk.ptr] = blk;
+  *out = blk.ptr;
   return SH_OK;
+}
+
+/* Records b's event on the calling thread's current stream (when a device is in use). */
+static void pinned_record(pinned_block *b) {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES || !devices[dev].ready) {
+    cudaGetLastError();
+    return;
+  }
+  if ((!b->used && cudaEventCreateWithFlags(&b->used, cudaEventDisableTiming) != cudaSuccess) ||
+      cudaEventRecord(b->used, current_stream(dev)->s) != cudaSuccess)
+    cudaGetLastError();   /* the context is being torn down */
 }
 
 extern "C" void sh_cuda_host_free(void *ptr) {
@@ -405,13 +455,18 @@ extern "C" void sh_cuda_host_free(void *ptr) {
   std::lock_guard<std::mutex> g(pinned_lock);
   auto it = pinned_live.find(ptr);
   if (it == pinned_live.end()) return;
-  pinned_free.push_back({ptr, it->second});
+  pinned_block b = it->second;
   pinned_live.erase(it);
+  pinned_record(&b);
+  pinned_free.push_back(b);
 }
 
 extern "C" int sh_cuda_host_empty_cache(void) {
   std::lock_guard<std::mutex> g(pinned_lock);
-  for (const pinned_block &b : pinned_free) CU_TRY("host_empty_cache", cudaFreeHost(b.ptr));
+  for (const pinned_block &b : pinned_free) {
+    CU_TRY("host_empty_cache", cudaFreeHost(b.ptr));   /* waits for the device: b.used is done */
+    if (b.used) cudaEventDestroy(b.used);
+  }
   pinned_free.clear();
   return SH_OK;
 }

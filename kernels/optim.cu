@@ -1,12 +1,15 @@
-/* optim.cu: AdamW and SGD over flat f32 master buffers on CUDA, with the formulas and the
- * f32 evaluation order of runtime/optim.c (PyTorch's single-tensor path):
+/* optim.cu: AdamW and SGD over flat f32 master buffers on CUDA, and the gradient-norm part,
+ * with the formulas and the f32 evaluation order of runtime/optim.c (PyTorch's single-tensor
+ * path):
  *   AdamW: g = grad * grad_scale;  p *= 1 - lr wd;  m = b1 m + (1 - b1) g;
  *          v = b2 v + (1 - b2) g^2;  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
  *   SGD:   g = grad * grad_scale + wd p;  buf = g on the first step, else
  *          momentum buf + (1 - dampening) g;  g = nesterov ? g + momentum buf : buf;  p -= lr g
  * AdamW is multi-tensor: one launch walks a table of up to MT_MAX buffers (a FlatParameter
  * shard each) cut into chunks, one chunk per block, reading grad (f32 or bf16), p, m, v once
- * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once. */
+ * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once. The
+ * gradient-norm part walks the same kind of table into one f64 on the device. */
+#include <memory>
 #include "common.cuh"
 #include "backend_internal.h"
 extern "C" {
@@ -15,26 +18,48 @@ extern "C" {
 
 enum { MT_MAX = 16, MT_CHUNK = 8192, OPT_THREADS = 256 };
 
+/* Up to MT_MAX non-empty flat buffers cut into chunks of MT_CHUNK elements, one chunk per
+ * block: buffer b has the chunks [first_chunk[b], first_chunk[b + 1]). */
+struct mt_chunks {
+  int n;
+  int64_t numel[MT_MAX];
+  int64_t first_chunk[MT_MAX + 1];
+};
+
+static void mt_add(mt_chunks *c, int64_t numel) {
+  c->numel[c->n] = numel;
+  c->first_chunk[c->n + 1] = c->first_chunk[c->n] + (numel + MT_CHUNK - 1) / MT_CHUNK;
+  c->n++;
+}
+
+/* The buffer of this block's chunk, and the chunk's element range [*i0, *i1) in it. */
+__device__ __forceinline__ int mt_locate(const mt_chunks &c, int64_t *i0, int64_t *i1) {
+  int64_t chunk = blockIdx.x;
+  int b = 0;
+  while (b + 1 < c.n && chunk >= c.first_chunk[b + 1]) b++;
+  *i0 = (chunk - c.first_chunk[b]) * MT_CHUNK;
+  *i1 = min(c.numel[b], *i0 + MT_CHUNK);
+  return b;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------ */
 
 struct adamw_table {
-  int n;
+  mt_chunks c;
   float *p[MT_MAX], *m[MT_MAX], *v[MT_MAX];
   const void *g[MT_MAX];
   void *shadow[MT_MAX];
+  float decay[MT_MAX];               /* 1 - lr wd: the weight decay is the parameter's own */
   int g_bf16[MT_MAX], shadow_dt[MT_MAX];
-  int64_t numel[MT_MAX];
-  int64_t first_chunk[MT_MAX + 1];   /* prefix sums of chunks per buffer */
 };
 
 __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
-  int64_t c = blockIdx.x;
-  int b = 0;
-  while (b + 1 < t.n && c >= t.first_chunk[b + 1]) b++;
-  int64_t i0 = (c - t.first_chunk[b]) * MT_CHUNK, i1 = min(t.numel[b], i0 + MT_CHUNK);
+  int64_t i0, i1;
+  int b = mt_locate(t.c, &i0, &i1);
   float *p = t.p[b], *m = t.m[b], *v = t.v[b];
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
     float g = (t.g_bf16[b] ? __bfloat162float(((const __nv_bfloat16 *)t.g[b])[i]) : ((const float *)t.g[b])[i]) * h.scale;
-    float pi = p[i] * h.decay;
+    float pi = p[i] * t.decay[b];
     float mi = m[i] * h.b1 + g * h.omb1;
     float vi = v[i] * h.b2 + g * g * h.omb2;
     pi -= h.step_size * (mi / (sqrtf(vi) / h.bc2_sqrt + h.eps));
@@ -43,33 +68,136 @@ __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
   }
 }
 
+static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, cudaStream_t st) {
+  adamw_mt_kernel<<<(unsigned)t->c.first_chunk[t->c.n], OPT_THREADS, 0, st>>>(*t, h);
+  CU_LAUNCHED("adamw");
+  memset(t, 0, sizeof *t);
+  return SH_OK;
+}
 
-/* The table's kernels: runtime/optim.c checked every buffer (flat, param's numel and
- * device) and hyper-parameter, and bumps the versions. */
-static int cuda_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
-                            sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                            double weight_decay, int64_t step, double grad_scale) {
-  const char *op = "adamw";
-  sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  int64_t n = sh_tensor_numel(param);
+/* The table's kernel: runtime/optim.c checked every buffer (flat, param's numel, one device)
+ * and hyper-parameter, and bumps the versions. One launch per MT_MAX non-empty parameters. */
+static int cuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
+                                  double eps, int64_t step, double grad_scale) {
+  sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step, grad_scale);
   cudaStream_t st;
-  SH_TRY(sh_cuda_enter(op, param->device, &st));
+  SH_TRY(sh_cuda_enter("adamw", ps[0].param->device, &st));
   adamw_table t;
   memset(&t, 0, sizeof t);
-  t.n = 1;
-  t.p[0] = (float *)sh_tensor_data(param);
-  t.m[0] = (float *)sh_tensor_data(m);
-  t.v[0] = (float *)sh_tensor_data(v);
-  t.g[0] = sh_tensor_data(grad);
-  t.g_bf16[0] = grad->dtype == SH_BF16;
-  t.shadow[0] = shadow ? sh_tensor_data(shadow) : NULL;
-  t.shadow_dt[0] = shadow ? shadow->dtype : SH_F32;
-  t.numel[0] = n;
-  t.first_chunk[1] = (n + MT_CHUNK - 1) / MT_CHUNK;
-  if (t.first_chunk[t.n] > 0) {
-    adamw_mt_kernel<<<(unsigned)t.first_chunk[t.n], OPT_THREADS, 0, st>>>(t, h);
-    CU_LAUNCHED(op);
+  for (int i = 0; i < n; i++) {
+    const sh_adamw_param *e = &ps[i];
+    int64_t numel = sh_tensor_numel(e->param);
+    if (numel == 0) continue;
+    int k = t.c.n;
+    t.p[k] = (float *)sh_tensor_data(e->param);
+    t.m[k] = (float *)sh_tensor_data(e->m);
+    t.v[k] = (float *)sh_tensor_data(e->v);
+    t.g[k] = sh_tensor_data(e->grad);
+    t.g_bf16[k] = e->grad->dtype == SH_BF16;
+    t.shadow[k] = e->shadow ? sh_tensor_data(e->shadow) : NULL;
+    t.shadow_dt[k] = e->shadow ? e->shadow->dtype : SH_F32;
+    t.decay[k] = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale).decay;
+    mt_add(&t.c, numel);
+    if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, h, st));
   }
+  if (t.c.n > 0) SH_TRY(adamw_launch(&t, h, st));
+  return SH_OK;
+}
+
+/* ---- gradient-norm part ----------------------------------------------------------------- */
+
+/* Each block writes the part of its chunk (weighted by its buffer's weight, except for the
+ * max) to partial[block]; one block then reduces the partials in a fixed order, so the result
+ * does not depend on the schedule. Accumulation is in f64. */
+struct norm_table {
+  mt_chunks c;
+  const char *x[MT_MAX];
+  int dt[MT_MAX];
+  double w[MT_MAX];
+};
+
+__device__ __forceinline__ double nan_max(double a, double b) { return (b > a || b != b) ? b : a; }
+
+__device__ __forceinline__ double norm_acc(int kind, double acc, double x) {
+  return kind == SH_NORM_L2 ? acc + x * x : kind == SH_NORM_L1 ? acc + fabs(x) : nan_max(acc, fabs(x));
+}
+
+/* The sum or (kind SH_NORM_MAX) the NaN-propagating max over the block; `shared` holds 32. */
+__device__ double norm_block(int kind, double v, double *shared) {
+  if (kind != SH_NORM_MAX) return block_sum_d(v, shared);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__global__ void norm_mt_kernel(const norm_table t, int kind, double *partial) {
+  __shared__ double shared[32];
+  int64_t i0, i1;
+  int b = mt_locate(t.c, &i0, &i1);
+  double acc = 0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) acc = norm_acc(kind, acc, ew_load<double>(t.x[b], t.dt[b], i));
+  acc = norm_block(kind, acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = kind == SH_NORM_MAX ? acc : acc * t.w[b];
+}
+
+__global__ void norm_total_kernel(const double *partial, int64_t n, int kind, double *out) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc = kind == SH_NORM_MAX ? nan_max(acc, partial[i]) : acc + partial[i];
+  acc = norm_block(kind, acc, shared);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+/* Launches t's group, writing partial[*done ...), and empties t. */
+static int norm_launch(norm_table *t, int kind, double *partial, int64_t *done, cudaStream_t st) {
+  int64_t blocks = t->c.first_chunk[t->c.n];
+  norm_mt_kernel<<<(unsigned)blocks, OPT_THREADS, 0, st>>>(*t, kind, partial + *done);
+  CU_LAUNCHED("grad_norm");
+  *done += blocks;
+  memset(t, 0, sizeof *t);
+  return SH_OK;
+}
+
+/* The table's kernel (optim.c checked the float tensors, on out's device): strided tensors
+ * are made contiguous, the partials of all chunks go to one device buffer (one launch per
+ * MT_MAX tensors), and one more launch sums them into out. */
+static int cuda_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *ts, const double *weights, int kind) {
+  const char *op = "grad_norm";
+  int device = out->device;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  std::unique_ptr<sh_tguard[]> dense(new sh_tguard[n]);
+  int64_t chunks = 0;
+  for (int i = 0; i < n; i++) {
+    SH_TRY(sh_cuda_contiguous_as(dense[i].out(), ts[i], ts[i]->dtype));
+    chunks += (sh_tensor_numel(ts[i]) + MT_CHUNK - 1) / MT_CHUNK;
+  }
+  sh_tguard buf;   /* the partials */
+  int64_t len[1] = {chunks};
+  if (chunks > 0) SH_TRY(sh_tensor_empty(buf.out(), 1, len, SH_F64, device));
+  double *partial = buf.t ? (double *)sh_tensor_data(buf.t) : NULL;
+  norm_table t;
+  memset(&t, 0, sizeof t);
+  int64_t done = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t numel = sh_tensor_numel(dense[i].t);
+    if (numel == 0) continue;
+    int k = t.c.n;
+    t.x[k] = (const char *)sh_tensor_data(dense[i].t);
+    t.dt[k] = dense[i].t->dtype;
+    t.w[k] = weights ? weights[i] : 1.0;
+    mt_add(&t.c, numel);
+    if (t.c.n == MT_MAX) SH_TRY(norm_launch(&t, kind, partial, &done, st));
+  }
+  if (t.c.n > 0) SH_TRY(norm_launch(&t, kind, partial, &done, st));
+  norm_total_kernel<<<1, 1024, 0, st>>>(partial, chunks, kind, (double *)sh_tensor_data(out));
+  CU_LAUNCHED(op);
   return SH_OK;
 }
 
@@ -107,6 +235,7 @@ static int cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *mo
 }
 
 extern "C" void sh_optim_register_cuda(sh_backend *b) {
-  b->adamw_step_ = cuda_adamw_step_;
+  b->adamw_step_multi_ = cuda_adamw_step_multi_;
   b->sgd_step_ = cuda_sgd_step_;
+  b->grad_norm_part = cuda_grad_norm_part;
 }

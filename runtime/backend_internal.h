@@ -21,6 +21,7 @@
 #pragma once
 #include <stdint.h>
 #include "tensor.h"
+#include "optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,13 +109,16 @@ typedef struct sh_backend {
   int (*cross_entropy_backward)(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
                                 const sh_tensor *lse, double dloss, int64_t ignore_index);
 
+  /* optim.h: n >= 1 parameters' flat buffers, all checked */
+  int (*adamw_step_multi_)(int n, const sh_adamw_param *params, double lr, double beta1, double beta2,
+                           double eps, int64_t step, double grad_scale);
   /* optim.h: one parameter's flat buffers, all checked */
-  int (*adamw_step_)(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
-                     sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, int64_t step, double grad_scale);
   int (*sgd_step_)(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
                    double momentum, double dampening, double weight_decay, int nesterov,
                    int first_step, double grad_scale);
+  /* optim.h: n >= 0 float tensors; kind SH_NORM_L2, _L1 or _MAX (optim_internal.h); weights
+   * NULL means all 1; out holds one f64 */
+  int (*grad_norm_part)(sh_tensor *out, int n, const sh_tensor *const *t, const double *weights, int kind);
 } sh_backend;
 
 /* The table of `device` (-1: cpu, N: cuda:N); fails naming op when that device has none. */

@@ -53,7 +53,9 @@ int sh_cuda_event_synchronize(sh_cuda_event *e);
 int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, double *ms);
 
 /* Pinned (page-locked) host buffers for asynchronous copies. Freed buffers go back to a
- * cache, since cudaFreeHost synchronises; sh_cuda_host_empty_cache returns them. */
+ * cache, since cudaFreeHost synchronises; sh_cuda_host_empty_cache returns them. A freed
+ * buffer is handed out again only once the work queued on the freeing thread's current
+ * stream at the free has run, so free a buffer with the stream of its copies current. */
 int sh_cuda_host_alloc(void **out, size_t nbytes);
 void sh_cuda_host_free(void *ptr);
 int sh_cuda_host_empty_cache(void);

@@ -7,11 +7,16 @@
  * The scalars (bias corrections, step size) are formed in f64 once per call, as PyTorch
  * forms them in Python. The loops are memory-bound; they are split across threads and
  * compiled with an AVX-512 clone (SH_NN_SIMD) rather than written in intrinsics.
- * The public steps at the end check every buffer and hyper-parameter, dispatch to the
- * param's device (backend_internal.h) and bump the versions of what the kernel updated. */
+ * AdamW runs over a group of parameters per call (on CUDA, one launch per up to 16 of them),
+ * and the gradient-norm part sums a list of tensors into one number on their device, so a
+ * clip reads back one number however many tensors there are.
+ * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
+ * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
+#include "ops.h"
+#include "ops_internal.h"
 #include "optim.h"
 #include "optim_internal.h"
 
@@ -126,17 +131,19 @@ static void set_grad(opt_args *a, const sh_tensor *grad) {
   else a->g16 = sh_tensor_data(grad);
 }
 
-static int cpu_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
-                           sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                           double weight_decay, int64_t step, double grad_scale) {
-  int64_t n = sh_tensor_numel(param);
-  opt_args a = {0};
-  set_grad(&a, grad);
-  a.p = sh_nn_ptr(param); a.m = sh_nn_ptr(m); a.v = sh_nn_ptr(v);
-  a.shadow = shadow ? sh_tensor_data(shadow) : NULL;
-  a.shadow_dtype = shadow ? shadow->dtype : SH_F32;
-  a.h = sh_adamw_hyper_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  sh_nn_parallel_for(n, n * 4, adamw_range, &a);
+static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
+                                 double eps, int64_t step, double grad_scale) {
+  for (int i = 0; i < n; i++) {
+    const sh_adamw_param *e = &ps[i];
+    int64_t numel = sh_tensor_numel(e->param);
+    opt_args a = {0};
+    set_grad(&a, e->grad);
+    a.p = sh_nn_ptr(e->param); a.m = sh_nn_ptr(e->m); a.v = sh_nn_ptr(e->v);
+    a.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
+    a.shadow_dtype = e->shadow ? e->shadow->dtype : SH_F32;
+    a.h = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale);
+    sh_nn_parallel_for(numel, numel * 4, adamw_range, &a);
+  }
   return SH_OK;
 }
 
@@ -153,9 +160,44 @@ static int cpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *mom
   return SH_OK;
 }
 
+static double nan_max(double a, double b) { return (b > a || b != b) ? b : a; }
+
+/* sum |x| (SH_NORM_L1) or the NaN-propagating max |x| (SH_NORM_MAX) of t, in f64. */
+static int cpu_abs_part(const sh_tensor *t, int kind, double *out) {
+  sh_tensor *d = NULL;
+  SH_TRY(sh_contiguous_as(&d, t, t->dtype));
+  const void *x = sh_tensor_data(d);
+  double acc = 0;
+  for (int64_t i = 0, n = sh_tensor_numel(d); i < n; i++) {
+    double a = fabs(sh_load(x, d->dtype, i));
+    acc = kind == SH_NORM_L1 ? acc + a : nan_max(acc, a);
+  }
+  sh_tensor_destroy(d);
+  *out = acc;
+  return SH_OK;
+}
+
+/* Tensor by tensor: the sum of squares is ops.h's sumsq (the runtime's vectorized reduction),
+ * the rarer norms 1 and inf a plain loop. */
+static int cpu_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, const double *weights, int kind) {
+  double acc = 0;
+  for (int i = 0; i < n; i++) {
+    double part;
+    int rc = SH_OK;
+    if (kind == SH_NORM_L2) part = sh_sumsq(t[i], &rc);
+    else rc = cpu_abs_part(t[i], kind, &part);
+    SH_TRY(rc);
+    if (kind == SH_NORM_MAX) acc = nan_max(acc, part);
+    else acc += (weights ? weights[i] : 1.0) * part;
+  }
+  *(double *)sh_tensor_data(out) = acc;
+  return SH_OK;
+}
+
 void sh_optim_register_cpu(sh_backend *b) {
-  b->adamw_step_ = cpu_adamw_step_;
+  b->adamw_step_multi_ = cpu_adamw_step_multi_;
   b->sgd_step_ = cpu_sgd_step_;
+  b->grad_norm_part = cpu_grad_norm_part;
 }
 
 /* ---- public steps ---------------------------------------------------------------------- */
@@ -182,22 +224,27 @@ static int check_param_grad(const char *op, const sh_tensor *param, const sh_ten
   return SH_OK;
 }
 
-/* param, m, v (f32), grad (f32 or bf16) and shadow (any float): flat, param's numel, param's
- * device; and the hyper-parameters' ranges. */
-static int check_adamw(const sh_tensor *param, const sh_tensor *grad, const sh_tensor *m, const sh_tensor *v,
-                       const sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
-                       double weight_decay, int64_t step) {
+/* param, m, v (f32), grad (f32 or bf16) and shadow (any float): flat, param's numel, on
+ * `device`; weight_decay >= 0. */
+static int check_adamw_param(const sh_adamw_param *e, int device) {
   const char *op = "adamw";
-  SH_TRY(check_param_grad(op, param, grad));
-  int64_t n = sh_tensor_numel(param);
-  SH_TRY(check_flat(m, op, "m", SH_F32, n, param->device));
-  SH_TRY(check_flat(v, op, "v", SH_F32, n, param->device));
-  if (shadow) SH_TRY(check_flat(shadow, op, "shadow", -1, n, param->device));
+  SH_TRY(check_flat(e->param, op, "param", SH_F32, -1, device));
+  SH_TRY(check_param_grad(op, e->param, e->grad));
+  int64_t n = sh_tensor_numel(e->param);
+  SH_TRY(check_flat(e->m, op, "m", SH_F32, n, device));
+  SH_TRY(check_flat(e->v, op, "v", SH_F32, n, device));
+  if (e->shadow) SH_TRY(check_flat(e->shadow, op, "shadow", -1, n, device));
+  if (!(e->weight_decay >= 0)) return sh_fail(SH_ERR_ARG, "%s: weight_decay must be >= 0, got %g", op, e->weight_decay);
+  return SH_OK;
+}
+
+static int check_adamw_hyper(double lr, double beta1, double beta2, double eps, int64_t step) {
+  const char *op = "adamw";
   if (step < 1) return sh_fail(SH_ERR_ARG, "%s: step is 1-based, got %lld", op, (long long)step);
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
     return sh_fail(SH_ERR_ARG, "%s: betas must be in [0, 1), got (%g, %g)", op, beta1, beta2);
-  if (!(lr >= 0 && eps >= 0 && weight_decay >= 0))
-    return sh_fail(SH_ERR_ARG, "%s: lr, eps and weight_decay must be >= 0, got %g, %g, %g", op, lr, eps, weight_decay);
+  if (!(lr >= 0 && eps >= 0))
+    return sh_fail(SH_ERR_ARG, "%s: lr and eps must be >= 0, got %g, %g", op, lr, eps);
   return SH_OK;
 }
 
@@ -219,15 +266,33 @@ static int check_sgd(const sh_tensor *param, const sh_tensor *grad, const sh_ten
   return SH_OK;
 }
 
+/* rc, with the failure of item i of a group of n prefixed by its position (n > 1). */
+static int in_group(int rc, const char *op, const char *item, int i, int n) {
+  if (!rc || n == 1) return rc;
+  return sh_fail_context("%s: %s %d of %d: ", op, item, i + 1, n);
+}
+
+int sh_adamw_step_multi_(int n, const sh_adamw_param *params, double lr, double beta1, double beta2,
+                         double eps, int64_t step, double grad_scale) {
+  if (n < 0 || (n > 0 && !params))
+    return sh_fail(SH_ERR_ARG, "adamw: needs an array of n >= 0 parameters, got n = %d%s", n, params ? "" : " and NULL");
+  if (n == 0) return SH_OK;
+  int device = params[0].param ? params[0].param->device : -1;
+  for (int i = 0; i < n; i++) SH_TRY(in_group(check_adamw_param(&params[i], device), "adamw", "parameter", i, n));
+  SH_TRY(check_adamw_hyper(lr, beta1, beta2, eps, step));
+  SH_TRY(SH_KERNEL("adamw", device, adamw_step_multi_, n, params, lr, beta1, beta2, eps, step, grad_scale));
+  for (int i = 0; i < n; i++) {
+    params[i].param->version++; params[i].m->version++; params[i].v->version++;
+    if (params[i].shadow) params[i].shadow->version++;
+  }
+  return SH_OK;
+}
+
 int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                    double weight_decay, int64_t step, double grad_scale) {
-  SH_TRY(check_adamw(param, grad, m, v, shadow, lr, beta1, beta2, eps, weight_decay, step));
-  SH_TRY(SH_KERNEL("adamw", param->device, adamw_step_, param, grad, m, v, shadow, lr, beta1, beta2, eps,
-                   weight_decay, step, grad_scale));
-  param->version++; m->version++; v->version++;
-  if (shadow) shadow->version++;
-  return SH_OK;
+  sh_adamw_param one = {param, grad, m, v, shadow, weight_decay};
+  return sh_adamw_step_multi_(1, &one, lr, beta1, beta2, eps, step, grad_scale);
 }
 
 int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
@@ -238,5 +303,21 @@ int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_bu
                    weight_decay, nesterov, first_step, grad_scale));
   param->version++;
   if (momentum != 0) momentum_buf->version++;
+  return SH_OK;
+}
+
+int sh_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *grads, const double *weights,
+                      double norm_type) {
+  const char *op = "grad_norm";
+  if (n < 0 || (n > 0 && !grads))
+    return sh_fail(SH_ERR_ARG, "%s: needs an array of n >= 0 tensors, got n = %d%s", op, n, grads ? "" : " and NULL");
+  int kind = norm_type == 2 ? SH_NORM_L2 : norm_type == 1 ? SH_NORM_L1 : norm_type == INFINITY ? SH_NORM_MAX : -1;
+  if (kind < 0) return sh_fail(SH_ERR_ARG, "%s: norm_type must be 2, 1 or inf, got %g", op, norm_type);
+  SH_TRY(sh_tensor_check(out, op));
+  if (out->dtype != SH_F64 || sh_tensor_numel(out) != 1)
+    return sh_fail(SH_ERR_ARG, "%s: out must hold one f64, got %s", op, sh_desc(out));
+  for (int i = 0; i < n; i++) SH_TRY(in_group(sh_nn_check_float_on(grads[i], out->device, op, "grad"), op, "tensor", i, n));
+  SH_TRY(SH_KERNEL(op, out->device, grad_norm_part, out, n, grads, weights, kind));
+  out->version++;
   return SH_OK;
 }

@@ -5,6 +5,7 @@
  * (the bf16 compute copy). */
 #pragma once
 #include <stdint.h>
+#include "tensor.h"
 
 int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
@@ -12,3 +13,24 @@ int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_ten
 int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
                  double grad_scale);
+
+/* One parameter of a multi-tensor AdamW step: sh_adamw_step_'s buffers and weight decay. */
+typedef struct sh_adamw_param {
+  sh_tensor *param;
+  const sh_tensor *grad;
+  sh_tensor *m, *v, *shadow;   /* shadow may be NULL */
+  double weight_decay;
+} sh_adamw_param;
+
+/* The AdamW step of n parameters on one device, equal to n sh_adamw_step_ calls; on CUDA
+ * one launch per group of up to 16 parameters. n = 0 does nothing. */
+int sh_adamw_step_multi_(int n, const sh_adamw_param *params, double lr, double beta1, double beta2,
+                         double eps, int64_t step, double grad_scale);
+
+/* The local part of a gradient norm over n float tensors (any layout) on out's device, into
+ * out (one f64 element): sum_i w_i sum(g_i^2) for norm_type 2, sum_i w_i sum |g_i| for 1,
+ * max_i max |g_i| for INFINITY (weights unused); weights NULL means all 1. Accumulated in f64
+ * on the device and not read back (on CUDA ceil(n / 16) + 1 launches), so the parts of several
+ * ranks can be all-reduced where they are and the total read once. */
+int sh_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *grads, const double *weights,
+                      double norm_type);

@@ -137,6 +137,66 @@ static int copy_within(sh_tensor *dst, const sh_tensor *src) {
   return SH_KERNEL("copy_", dst->device, copy_, dst, src);
 }
 
+/* *img = t when it is contiguous, else a contiguous copy of it on its own device (*owned is
+ * that copy, for the caller to destroy; NULL when t was used as it is). */
+static int contiguous_image(const sh_tensor **img, sh_tensor **owned, const sh_tensor *t) {
+  *img = t;
+  *owned = NULL;
+  if (sh_tensor_is_contiguous(t)) return SH_OK;
+  SH_TRY(sh_tensor_empty(owned, t->ndim, t->shape, t->dtype, t->device));
+  *img = *owned;
+  return copy_within(*owned, t);
+}
+
+/* Moves the contiguous image img to dst's device and places it in dst: straight into dst
+ * when dst is a contiguous tensor of img's dtype and shape, else through a contiguous buffer
+ * that dst's device then copies from (converting, broadcasting, striding). */
+static int transfer_into(sh_tensor *dst, const sh_tensor *img) {
+  int direct = sh_tensor_is_contiguous(dst) && dst->dtype == img->dtype && dst->ndim == img->ndim &&
+               memcmp(dst->shape, img->shape, sizeof(int64_t) * dst->ndim) == 0;
+  if (direct) return copy_across(dst, img);
+  sh_tensor *buf = NULL;
+  int rc = sh_tensor_empty(&buf, img->ndim, img->shape, img->dtype, dst->device);
+  if (!rc) rc = copy_across(buf, img);
+  if (!rc) rc = copy_within(dst, buf);
+  sh_tensor_destroy(buf);
+  return rc;
+}
+
+/* Host -> device: convert and broadcast on the host into dst's dtype and shape, transfer. */
+static int copy_from_host(sh_tensor *dst, const sh_tensor *src) {
+  sh_tensor *host = NULL;
+  int rc = sh_tensor_empty(&host, dst->ndim, dst->shape, dst->dtype, -1);
+  if (!rc) rc = cpu_copy_(host, src);
+  if (!rc) rc = transfer_into(dst, host);
+  sh_tensor_destroy(host);
+  return rc;
+}
+
+/* Device -> host: transfer a contiguous image of src, then convert and broadcast on the host. */
+static int copy_to_host(sh_tensor *dst, const sh_tensor *src) {
+  const sh_tensor *img;
+  sh_tensor *dev = NULL, *host = NULL;
+  int rc = contiguous_image(&img, &dev, src);
+  if (!rc) rc = sh_tensor_empty(&host, src->ndim, src->shape, src->dtype, -1);
+  if (!rc) rc = copy_across(host, img);
+  if (!rc) rc = cpu_copy_(dst, host);
+  sh_tensor_destroy(host);
+  sh_tensor_destroy(dev);
+  return rc;
+}
+
+/* Device -> another device: a contiguous image of src goes over by the peer copy; dst's
+ * device converts and broadcasts. */
+static int copy_between_devices(sh_tensor *dst, const sh_tensor *src) {
+  const sh_tensor *img;
+  sh_tensor *dev = NULL;
+  int rc = contiguous_image(&img, &dev, src);
+  if (!rc) rc = transfer_into(dst, img);
+  sh_tensor_destroy(dev);
+  return rc;
+}
+
 int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   SH_TRY(sh_tensor_check(dst, "copy_"));
   SH_TRY(sh_tensor_check(src, "copy_"));
@@ -146,34 +206,12 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   if (nout != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * nout) != 0)
     return sh_fail(SH_ERR_ARG, "copy_: source %s does not broadcast to destination %s", sh_desc(src), sh_desc(dst));
   dst->version++;
+  /* Across devices the bytes move between contiguous images of the same dtype and shape;
+   * dtype conversion and any striding happen on one side (the host, or a device's copy_). */
   if (dst->device == src->device) return copy_within(dst, src);
-  /* Across devices: the bytes move between contiguous images of the same dtype and shape;
-   * dtype conversion and any striding happen on one side (the host, or the device's copy_). */
-  sh_tensor *host = NULL, *dev = NULL;
-  int rc = SH_OK;
-  if (src->device < 0) {   /* host -> device: convert on the host, transfer, place on the device */
-    rc = sh_tensor_empty(&host, dst->ndim, dst->shape, dst->dtype, -1);
-    if (!rc) rc = cpu_copy_(host, src);
-    if (!rc && sh_tensor_is_contiguous(dst)) rc = copy_across(dst, host);
-    else if (!rc) {
-      rc = sh_tensor_empty(&dev, dst->ndim, dst->shape, dst->dtype, dst->device);
-      if (!rc) rc = copy_across(dev, host);
-      if (!rc) rc = copy_within(dst, dev);
-    }
-  } else {                 /* device -> host: make a contiguous image on the device, transfer, convert */
-    const sh_tensor *img = src;
-    if (!sh_tensor_is_contiguous(src)) {
-      rc = sh_tensor_empty(&dev, src->ndim, src->shape, src->dtype, src->device);
-      if (!rc) rc = copy_within(dev, src);
-      img = dev;
-    }
-    if (!rc) rc = sh_tensor_empty(&host, src->ndim, src->shape, src->dtype, -1);
-    if (!rc) rc = copy_across(host, img);
-    if (!rc) rc = cpu_copy_(dst, host);
-  }
-  sh_tensor_destroy(host);
-  sh_tensor_destroy(dev);
-  return rc;
+  if (src->device < 0) return copy_from_host(dst, src);
+  if (dst->device < 0) return copy_to_host(dst, src);
+  return copy_between_devices(dst, src);
 }
 
 int sh_tensor_contiguous(sh_tensor **out, const sh_tensor *t) {

@@ -1,8 +1,10 @@
-/* test_cuda_device.c (make test-gpu; needs a GPU): what cuda.h promises beyond the ops, through
- * the public API only: the caching allocator reuses a block freed on one stream on another
- * once ordered by an event; events order streams, report completion and time; pinned host
- * buffers are cached; asynchronous copies round-trip; an op given tensors on two devices
- * fails naming the op. The ops themselves are checked by test_op_table. */
+/* test_cuda_device.c (make test-gpu; needs a GPU, or the emulated device of make test): what
+ * cuda.h promises beyond the ops, through the public API only: the caching allocator reuses a
+ * block freed on one stream on another once ordered by an event, and with SHARD_CUDA_POISON=1
+ * hands blocks out filled with NaN bytes; events order streams, report completion and time;
+ * pinned host buffers are cached, and handed out again only once the copies that read them
+ * ran; asynchronous copies round-trip; tensors copy between two devices; an op given tensors
+ * on two devices fails naming the op. The ops themselves are checked by test_op_table. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,18 @@ static double item_of(const sh_tensor *t) {
   if (!sh_tensor_to(&h, t, SH_F64, -1)) sh_tensor_item(h, &v);
   sh_tensor_destroy(h);
   return v;
+}
+
+/* Every element of t (any device) equals value. */
+static int all_equal(const sh_tensor *t, double value) {
+  int64_t n = sh_tensor_numel(t);
+  sh_tensor *h = NULL;
+  double *v = malloc(sizeof(double) * (size_t)n);
+  int ok = v && !sh_tensor_to(&h, t, SH_F64, -1) && !sh_tensor_read_f64(h, v);
+  for (int64_t i = 0; ok && i < n; i++) ok = v[i] == value;
+  sh_tensor_destroy(h);
+  free(v);
+  return ok;
 }
 
 static void test_info(void) {
@@ -96,13 +110,81 @@ static void test_streams_and_events(void) {
   sh_tensor_destroy(r);
 }
 
+/* A block freed while compute still reads it, handed to the all-gather stream and written
+ * there: the all-gather stream must wait for compute (the allocator's event) or the late
+ * compute work overwrites b (the emulator runs the newest stream's work first). */
+static void test_cross_stream_reuse_waits(void) {
+  const int64_t n = 1 << 16;
+  sh_cuda_stream *ag = NULL, *comp = NULL;
+  CHECK_OK(sh_cuda_stream_get(&ag, DEV, SH_STREAM_ALL_GATHER));
+  CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
+  sh_tensor *a = filled(n, DEV, 2.0), *c = NULL, *b = NULL;
+  CHECK_OK(sh_binary_scalar(&c, SH_OP_MUL, a, 1.0, 0));
+  void *block = sh_tensor_data(a);
+  sh_tensor_destroy(a);
+  CHECK_OK(sh_cuda_set_stream(ag));
+  CHECK_OK(sh_tensor_empty(&b, 1, S(n), SH_F32, DEV));
+  CHECK(sh_tensor_data(b) == block, "a's block is reused for b on the all-gather stream");
+  CHECK_OK(sh_tensor_fill_(b, 3.0));
+  CHECK_OK(sh_cuda_set_stream(comp));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  CHECK(all_equal(c, 2.0), "c = a * 1 read a before the reuse");
+  CHECK(all_equal(b, 3.0), "b = 3 written after compute was done with a's block");
+  sh_tensor_destroy(b);
+  sh_tensor_destroy(c);
+}
+
+/* SHARD_CUDA_POISON=1 (set by main): a reused block comes back as 0xFF bytes, not as the
+ * values its last tensor left. */
+static void test_poison(void) {
+  const char *p = getenv("SHARD_CUDA_POISON");
+  if (!p || strcmp(p, "1") != 0) { printf("# SHARD_CUDA_POISON is not 1: poisoning not tested\n"); return; }
+  const int64_t n = 1 << 12;
+  sh_tensor *a = filled(n, DEV, 1.0), *b = NULL, *h = NULL;
+  void *block = sh_tensor_data(a);
+  sh_tensor_destroy(a);
+  CHECK_OK(sh_tensor_empty(&b, 1, S(n), SH_F32, DEV));
+  CHECK(sh_tensor_data(b) == block, "the block is reused");
+  CHECK_OK(sh_tensor_to(&h, b, SH_F32, -1));
+  int poisoned = h != NULL;
+  for (int64_t i = 0; poisoned && i < n * 4; i++) poisoned = ((const unsigned char *)sh_tensor_data(h))[i] == 0xFF;
+  CHECK(poisoned, "a reused block is handed out as 0xFF bytes under SHARD_CUDA_POISON=1");
+  sh_tensor_destroy(b);
+  sh_tensor_destroy(h);
+}
+
+/* A pinned buffer freed while an async copy still reads it: the next host_alloc must not hand
+ * it out (and let the host overwrite it) before the copy ran. */
+static void test_pinned_reuse_waits_for_copies(void) {
+  const int64_t n = 4096;
+  void *h1 = NULL, *h2 = NULL;
+  sh_tensor *src = NULL, *other = NULL, *d = NULL;
+  CHECK_OK(sh_cuda_host_alloc(&h1, n * sizeof(float)));
+  CHECK_OK(sh_tensor_wrap_external(&src, h1, n * sizeof(float), 1, S(n), SH_F32));
+  CHECK_OK(sh_tensor_fill_(src, 1.0));
+  CHECK_OK(sh_tensor_empty(&d, 1, S(n), SH_F32, DEV));
+  CHECK_OK(sh_cuda_copy_async(d, src));
+  sh_tensor_destroy(src);
+  sh_cuda_host_free(h1);
+  CHECK_OK(sh_cuda_host_alloc(&h2, n * sizeof(float)));
+  CHECK_OK(sh_tensor_wrap_external(&other, h2, n * sizeof(float), 1, S(n), SH_F32));
+  CHECK_OK(sh_tensor_fill_(other, 5.0));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  CHECK(all_equal(d, 1.0), "the copy read the pinned buffer before it was handed out again (%s)",
+        h1 == h2 ? "same buffer" : "another buffer");
+  sh_tensor_destroy(other);
+  sh_tensor_destroy(d);
+  sh_cuda_host_free(h2);
+}
+
 static void test_pinned_and_async_copies(void) {
   /* pinned buffers are cached, and async copies round-trip */
   void *h1 = NULL, *h2 = NULL;
   CHECK_OK(sh_cuda_host_alloc(&h1, 1 << 16));
   sh_cuda_host_free(h1);
+  CHECK_OK(sh_cuda_synchronize(DEV));   /* the event recorded at the free is done */
   CHECK_OK(sh_cuda_host_alloc(&h2, 1 << 16));
-  CHECK(h1 == h2, "pinned buffer reused from the cache");
+  CHECK(h1 == h2, "pinned buffer reused from the cache once the device is idle");
   sh_tensor *hp = NULL, *hq = NULL, *d = NULL, *x = NULL;
   CHECK_OK(sh_tensor_empty(&x, 1, S(4096), SH_F32, -1));
   CHECK_OK(sh_random_normal_(x, 42, 0, 0, 1));
@@ -123,6 +205,42 @@ static void test_pinned_and_async_copies(void) {
   CHECK_OK(sh_cuda_host_empty_cache());
 }
 
+/* t (any device) holds exactly want's values (a cpu tensor of the same shape). */
+static int equal_to(const sh_tensor *t, const sh_tensor *want) {
+  int64_t n = sh_tensor_numel(want);
+  sh_tensor *h = NULL;
+  double *v = malloc(sizeof(double) * (size_t)n), *w = malloc(sizeof(double) * (size_t)n);
+  int ok = v && w && sh_tensor_numel(t) == n && !sh_tensor_to(&h, t, SH_F64, -1) && !sh_tensor_read_f64(h, v) &&
+           !sh_tensor_read_f64(want, w) && memcmp(v, w, sizeof(double) * (size_t)n) == 0;
+  sh_tensor_destroy(h);
+  free(v);
+  free(w);
+  return ok;
+}
+
+/* cuda:0 -> cuda:1: a contiguous copy, then a strided one with a dtype change and a
+ * broadcast, each equal to the same copy made on the CPU. */
+static void test_copy_between_devices(void) {
+  if (sh_cuda_device_count() < 2) { printf("# one CUDA device: copies between devices not tested\n"); return; }
+  CHECK_OK(sh_cuda_init(1));
+  CHECK_OK(sh_cuda_init(DEV));
+  sh_tensor *x = NULL, *a = NULL, *b = NULL, *xt = NULL, *at = NULL, *want = NULL, *dst = NULL;
+  CHECK_OK(sh_tensor_empty(&x, 2, S(6, 5), SH_F32, -1));
+  CHECK_OK(sh_random_normal_(x, 7, 0, 0, 1));
+  CHECK_OK(sh_tensor_to(&a, x, SH_F32, DEV));
+  CHECK_OK(sh_tensor_to(&b, a, SH_F32, 1));
+  CHECK(b && b->device == 1 && equal_to(b, x), "cuda:0 -> cuda:1 contiguous copy is exact");
+  CHECK_OK(sh_view_transpose(&xt, x, 0, 1));
+  CHECK_OK(sh_view_transpose(&at, a, 0, 1));
+  CHECK_OK(sh_tensor_empty(&want, 3, S(2, 5, 6), SH_BF16, -1));
+  CHECK_OK(sh_tensor_copy_(want, xt));
+  CHECK_OK(sh_tensor_empty(&dst, 3, S(2, 5, 6), SH_BF16, 1));
+  CHECK_OK(sh_tensor_copy_(dst, at));
+  CHECK(equal_to(dst, want), "cuda:0 f32 transposed -> cuda:1 bf16 broadcast equals the CPU's copy");
+  sh_tensor *all[] = {x, a, b, xt, at, want, dst};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sh_tensor_destroy(all[i]);
+}
+
 static void test_errors(void) {
   /* an op given tensors on two devices fails naming the op, and makes no output */
   sh_tensor *c = filled(3, -1, 1.0), *dc = filled(3, DEV, 2.0), *o = NULL;
@@ -136,6 +254,9 @@ static void test_errors(void) {
 }
 
 int main(void) {
+  /* The emulator reads these at its first call; a real GPU ignores the first. */
+  setenv("SHARD_EMU_DEVICES", "2", 0);
+  setenv("SHARD_CUDA_POISON", "1", 0);
   if (sh_cuda_device_count() == 0) {
     printf("C test_cuda_device: no CUDA device; skipped (0 passed, 0 failed)\n");
     return 0;
@@ -143,7 +264,11 @@ int main(void) {
   if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
   test_info();
   test_streams_and_events();
+  test_cross_stream_reuse_waits();
+  test_poison();
   test_pinned_and_async_copies();
+  test_pinned_reuse_waits_for_copies();
+  test_copy_between_devices();
   test_errors();
   CHECK_OK(sh_cuda_synchronize(DEV));
   return check_summary("test_cuda_device");

@@ -9,7 +9,6 @@
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, all-reduce across the groups).
-local tensor = require "shard.tensor"
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
@@ -307,26 +306,26 @@ function Unit:zero_grad(set_to_none)
   end
 end
 
--- Norm of every sharded gradient with one all-reduce over the world; each unit's part is
--- weighted by 1/(number of replicas of its shards) so replicated shards count once.
+-- Norm of every sharded gradient: one part summed on the device, one all-reduce over the
+-- world, one read; each unit's gradients are weighted by 1/(number of replicas of its
+-- shards) so replicated shards count once.
 function Unit:grad_norm(norm_type)
   norm_type = norm_type or 2
   local w = fsdp.world()
   local world_size = w:size()
-  local part = 0
+  local grads, weights = {}, {}
   for _, u in ipairs(self.all_units) do
-    local entries = unit_entries(u, nil, {})
-    local grads = {}
-    for _, e in ipairs(entries) do local g = e.grad(); if g then grads[#grads + 1] = g end end
-    local p = optim.local_norm_part(grads, norm_type)
-    for _, g in ipairs(grads) do g:free() end
-    for _, e in ipairs(entries) do e.tensor:free() end
     local replicas = world_size / (u.mode.shard and u.group:size() or 1)
-    if norm_type == math.huge then part = math.max(part, p) else part = part + p / replicas end
+    for _, e in ipairs(unit_entries(u, nil, {})) do
+      local g = e.grad()
+      if g then grads[#grads + 1] = g; weights[#grads] = 1 / replicas end
+      e.tensor:free()
+    end
   end
-  local t = tensor.tensor({ part }, { dtype = "f64" })
+  local t = optim.norm_part_tensor(grads, norm_type, weights)
+  for _, g in ipairs(grads) do g:free() end
   w:all_reduce(t, norm_type == math.huge and "max" or "sum")
-  part = t:get({ 1 })
+  local part = t:item()
   t:free()
   return norm_type == 2 and math.sqrt(part) or part
 end

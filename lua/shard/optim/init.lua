@@ -1,5 +1,8 @@
 -- shard.optim: AdamW and SGD over parameter tensors (or FSDP's flat shards), learning-rate
--- schedules and gradient clipping. Each update is one fused C pass per tensor (optim.h).
+-- schedules and gradient clipping. An SGD update is one fused C pass per tensor; AdamW updates
+-- all the tensors of a device in one call, and the gradient norm is summed on the device and
+-- read back once (optim.h's multi-tensor fronts).
+local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
 local memory = require "shard.memory"
@@ -32,6 +35,17 @@ local function grad_of(e)
   return g ~= nil and tensor.borrow(g) or nil, false
 end
 
+-- items split by the device of tensor_of(item), in first-seen order: { {item, ...}, ... }
+local function by_device(items, tensor_of)
+  local groups, of = {}, {}
+  for _, it in ipairs(items) do
+    local d = tensor_of(it).p.device
+    if not of[d] then of[d] = {}; groups[#groups + 1] = of[d] end
+    table.insert(of[d], it)
+  end
+  return groups
+end
+
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
@@ -44,16 +58,20 @@ end
 
 function Optimizer:set_lr(lr) self.lr = lr end
 
--- One step: update(self, entry, grad, grad_scale) for every entry that has a gradient.
+-- One step: update(self, work, grad_scale) over the entries that have a gradient, as
+-- work = { {entry = e, grad = g}, ... }.
 function Optimizer:step(grad_scale)
   self.step_count = self.step_count + 1
+  local work, owned = {}, {}
   for _, e in ipairs(self.entries) do
-    local g, owned = grad_of(e)
+    local g, own = grad_of(e)
     if g then
-      self:update(e, g, grad_scale or 1)
-      if owned then g:free() end
+      work[#work + 1] = { entry = e, grad = g }
+      if own then owned[#owned + 1] = g end
     end
   end
+  self:update(work, grad_scale or 1)
+  for _, g in ipairs(owned) do g:free() end
 end
 
 local function new_optimizer(params, fields, update)
@@ -71,9 +89,17 @@ function O.AdamW(params, opts)
   local self = new_optimizer(params, {
     lr = opts.lr or 1e-3, beta1 = betas[1] or 0.9, beta2 = betas[2] or 0.999,
     eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.01,
-  }, function(s, e, g, grad_scale)
-    check(C.sh_adamw_step_(e.tensor.p, g.p, e.m.p, e.v.p, e.shadow and e.shadow.p or nil, s.lr,
-      s.beta1, s.beta2, s.eps, e.decay and s.weight_decay or 0, s.step_count, grad_scale))
+  }, function(s, work, grad_scale)
+    for _, group in ipairs(by_device(work, function(w) return w.entry.tensor end)) do
+      local params = ffi.new("sh_adamw_param[?]", #group)
+      for i, w in ipairs(group) do
+        local e, p = w.entry, params[i - 1]
+        p.param, p.grad, p.m, p.v = e.tensor.p, w.grad.p, e.m.p, e.v.p
+        p.shadow = e.shadow and e.shadow.p or nil
+        p.weight_decay = e.decay and s.weight_decay or 0
+      end
+      check(C.sh_adamw_step_multi_(#group, params, s.lr, s.beta1, s.beta2, s.eps, s.step_count, grad_scale))
+    end
   end)
   for _, e in ipairs(self.entries) do e.m = state_like(e.tensor); e.v = state_like(e.tensor) end
   return self
@@ -85,9 +111,12 @@ function O.SGD(params, opts)
   local self = new_optimizer(params, {
     lr = opts.lr or 1e-2, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov and 1 or 0,
-  }, function(s, e, g, grad_scale)
-    check(C.sh_sgd_step_(e.tensor.p, g.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
-      s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale))
+  }, function(s, work, grad_scale)
+    for _, w in ipairs(work) do
+      local e = w.entry
+      check(C.sh_sgd_step_(e.tensor.p, w.grad.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
+        s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale))
+    end
   end)
   if self.momentum ~= 0 then for _, e in ipairs(self.entries) do e.m = state_like(e.tensor) end end
   return self
@@ -105,20 +134,38 @@ function O.cosine_schedule(opts)
   end
 end
 
--- The gradient norm of a parameter list (2, 1 or math.huge); tensors without grad skipped.
-local function local_norm_part(grads, norm_type)
+-- The local part of the gradient norm (2, 1 or math.huge) of gradients on one device: the
+-- sum of weights[i] * (sum of squares, or of absolute values) of grads[i] (weights nil: all
+-- 1), or the largest absolute value; as a one-element f64 tensor on that device (the default
+-- device when there are none), summed there and not read back (optim.h's sh_grad_norm_part).
+local function norm_part_tensor(grads, norm_type, weights)
+  local n = #grads
+  local ts, w = ffi.new("const sh_tensor *[?]", n), weights and ffi.new("double[?]", n) or nil
+  for i, g in ipairs(grads) do
+    ts[i - 1] = g.p
+    if w then w[i - 1] = weights[i] end
+  end
+  local out = tensor.empty({ 1 }, { dtype = "f64", device = n > 0 and grads[1]:device() or nil })
+  check(C.sh_grad_norm_part(out.p, n, ts, w, norm_type))
+  return out
+end
+O.norm_part_tensor = norm_part_tensor
+
+-- The same as a number, for gradients on any devices: one read per device.
+local function local_norm_part(grads, norm_type, weights)
   local acc = 0
-  for _, g in ipairs(grads) do
-    if norm_type == 2 then
-      local st = require("ffi").new("int[1]")
-      acc = acc + C.sh_sumsq(g.p, st)
-      if st[0] ~= 0 then check(st[0]) end
-    else
-      local a = g:abs()
-      local r = norm_type == 1 and a:sum() or a:max()
-      local v = r:item(); a:free(); r:free()
-      acc = norm_type == 1 and acc + v or math.max(acc, v)
+  local index = {}
+  for i = 1, #grads do index[i] = i end
+  for _, group in ipairs(by_device(index, function(i) return grads[i] end)) do
+    local gs, ws = {}, weights and {} or nil
+    for k, i in ipairs(group) do
+      gs[k] = grads[i]
+      if ws then ws[k] = weights[i] end
     end
+    local t = norm_part_tensor(gs, norm_type, ws)
+    local v = t:item()
+    t:free()
+    if norm_type == math.huge then acc = (v > acc or v ~= v) and v or acc else acc = acc + v end
   end
   return acc
 end

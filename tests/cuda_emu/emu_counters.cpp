@@ -1,0 +1,17 @@
+/* emu_counters.cpp: the emulator's counters (emu_api.h) for the C test programs in tests/gpu.
+ * A test declares these weakly, so that the same test links on a real GPU, where they are
+ * absent (NULL) and the checks that need them are skipped:
+ *   extern void sh_emu_counters_get(long out[4]) __attribute__((weak));
+ *   extern void sh_emu_counters_reset(void) __attribute__((weak));
+ * out: cudaMalloc calls, cudaFree calls, kernel launches, host synchronisations. */
+#include "emu_api.h"
+
+extern "C" void sh_emu_counters_get(long out[4]) {
+  emu::counters c = emu::get_counters();
+  out[0] = c.mallocs;
+  out[1] = c.frees;
+  out[2] = c.launches;
+  out[3] = c.host_syncs;
+}
+
+extern "C" void sh_emu_counters_reset(void) { emu::reset_counters(); }

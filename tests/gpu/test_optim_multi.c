@@ -1,0 +1,233 @@
+/* test_optim_multi.c (make test-gpu; the emulated device in make test): the multi-tensor
+ * optimizer fronts of optim.h on CUDA against the CPU backend. sh_adamw_step_multi_ over N
+ * parameters of mixed sizes (f32 and bf16 grads, shadows of three dtypes, per-parameter
+ * weight decay) equals the CPU's update, in ceil(N / 16) launches and no host wait;
+ * sh_grad_norm_part over N gradients equals the CPU's for norms 2, 1 and inf, in
+ * ceil(N / 16) + 1 launches, and reading it is the one host wait. Launches and waits are the emulator's counters (tests/cuda_emu/emu_counters.cpp,
+ * weak here): on a real GPU those checks are skipped. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "check.h"
+#include "dtype.h"
+#include "status.h"
+#include "tensor.h"
+#include "ops.h"
+#include "optim.h"
+#include "cuda.h"
+
+#define S(...) (int64_t[]){__VA_ARGS__}
+
+extern void sh_emu_counters_get(long out[4]) __attribute__((weak));
+extern void sh_emu_counters_reset(void) __attribute__((weak));
+enum { EMU_MALLOCS, EMU_FREES, EMU_LAUNCHES, EMU_HOST_SYNCS };
+
+enum { DEV = 0, N = 37, MT_MAX = 16 };
+
+/* Parameter i's size: mostly a few thousand, some over one 8192-element chunk, one empty. */
+static int64_t size_of(int i) { return i == 5 ? 0 : i % 9 == 0 ? 20000 + i : (i * 577) % 6000 + 1; }
+
+static sh_tensor *random_tensor(int64_t n, int dtype, uint64_t seed, double mean, double std) {
+  sh_tensor *t = NULL, *f = NULL;
+  if (sh_tensor_empty(&f, 1, S(n), SH_F32, -1) || sh_random_normal_(f, seed, 0, mean, std) ||
+      sh_tensor_to(&t, f, dtype, -1)) {
+    printf("making a tensor: %s\n", sh_last_error());
+    exit(2);
+  }
+  sh_tensor_destroy(f);
+  return t;
+}
+
+static sh_tensor *on(const sh_tensor *t, int device) {
+  sh_tensor *r = NULL;
+  if (t && sh_tensor_to(&r, t, t->dtype, device)) { printf("moving a tensor: %s\n", sh_last_error()); exit(2); }
+  return r;
+}
+
+/* The largest |cuda - cpu| / (1 + |cpu|) over the elements. */
+static double max_rel_diff(const sh_tensor *cuda, const sh_tensor *cpu) {
+  int64_t n = sh_tensor_numel(cpu);
+  sh_tensor *h = NULL;
+  double *a = malloc(sizeof(double) * (size_t)(n + 1)), *b = malloc(sizeof(double) * (size_t)(n + 1)), worst = 0;
+  if (!a || !b || sh_tensor_to(&h, cuda, SH_F64, -1) || sh_tensor_read_f64(h, a) || sh_tensor_read_f64(cpu, b)) worst = INFINITY;
+  for (int64_t i = 0; worst < INFINITY && i < n; i++) {
+    double d = fabs(a[i] - b[i]) / (1 + fabs(b[i]));
+    if (!(d <= worst)) worst = d;   /* NaN counts as the worst */
+  }
+  sh_tensor_destroy(h);
+  free(a);
+  free(b);
+  return worst;
+}
+
+static int counting(void) { return sh_emu_counters_get != NULL; }
+
+static void counters_reset(void) { if (counting()) sh_emu_counters_reset(); }
+
+/* Checks the launches and host waits since counters_reset (on the emulator only). */
+static void check_counts(const char *what, long launches, long host_syncs) {
+  if (!counting()) return;
+  long c[4];
+  sh_emu_counters_get(c);
+  CHECK(c[EMU_LAUNCHES] == launches && c[EMU_HOST_SYNCS] == host_syncs,
+        "%s: %ld launches and %ld host waits, expected %ld and %ld", what, c[EMU_LAUNCHES], c[EMU_HOST_SYNCS],
+        launches, host_syncs);
+}
+
+/* One parameter's buffers on the CPU and their copies on the device. */
+typedef struct param_set { sh_tensor *p, *g, *m, *v, *shadow; double wd; } param_set;
+
+static const int shadow_dtypes[] = {SH_BF16, -1, SH_F32, SH_F16};
+
+static void make_params(param_set *cpu, param_set *cuda) {
+  for (int i = 0; i < N; i++) {
+    int64_t n = size_of(i);
+    cpu[i].p = random_tensor(n, SH_F32, 100 + i, 0, 1);
+    cpu[i].g = random_tensor(n, i % 2 ? SH_BF16 : SH_F32, 200 + i, 0, 0.1);
+    cpu[i].m = random_tensor(n, SH_F32, 300 + i, 0, 0.01);
+    cpu[i].v = random_tensor(n, SH_F32, 400 + i, 0.01, 0.001);
+    int sd = shadow_dtypes[i % 4];
+    cpu[i].shadow = NULL;
+    if (sd >= 0 && sh_tensor_empty(&cpu[i].shadow, 1, S(n), sd, -1)) exit(2);
+    cpu[i].wd = i % 3 ? 0.1 : 0.0;
+    cuda[i] = (param_set){on(cpu[i].p, DEV), on(cpu[i].g, DEV), on(cpu[i].m, DEV), on(cpu[i].v, DEV),
+                          on(cpu[i].shadow, DEV), cpu[i].wd};
+  }
+}
+
+static void as_group(const param_set *s, sh_adamw_param *group) {
+  for (int i = 0; i < N; i++)
+    group[i] = (sh_adamw_param){s[i].p, s[i].g, s[i].m, s[i].v, s[i].shadow, s[i].wd};
+}
+
+static void free_params(param_set *s) {
+  for (int i = 0; i < N; i++) {
+    sh_tensor_destroy(s[i].p); sh_tensor_destroy(s[i].g); sh_tensor_destroy(s[i].m);
+    sh_tensor_destroy(s[i].v); sh_tensor_destroy(s[i].shadow);
+  }
+}
+
+static int nonempty(void) {
+  int k = 0;
+  for (int i = 0; i < N; i++) k += size_of(i) > 0;
+  return k;
+}
+
+static void test_adamw_multi(void) {
+  param_set cpu[N], cuda[N];
+  sh_adamw_param gcpu[N], gcuda[N];
+  make_params(cpu, cuda);
+  as_group(cpu, gcpu);
+  as_group(cuda, gcuda);
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  long groups = (nonempty() + MT_MAX - 1) / MT_MAX;
+  for (int step = 1; step <= 2; step++) {
+    CHECK_OK(sh_adamw_step_multi_(N, gcpu, 1e-2, 0.9, 0.95, 1e-8, step, 0.5));
+    counters_reset();
+    CHECK_OK(sh_adamw_step_multi_(N, gcuda, 1e-2, 0.9, 0.95, 1e-8, step, 0.5));
+    check_counts("adamw over 37 parameters", groups, 0);
+  }
+  double worst = 0, worst_shadow = 0;
+  for (int i = 0; i < N; i++) {
+    double d[3] = {max_rel_diff(cuda[i].p, cpu[i].p), max_rel_diff(cuda[i].m, cpu[i].m), max_rel_diff(cuda[i].v, cpu[i].v)};
+    for (int k = 0; k < 3; k++) if (!(d[k] <= worst)) worst = d[k];
+    double ds = cpu[i].shadow ? max_rel_diff(cuda[i].shadow, cpu[i].shadow) : 0;
+    if (!(ds <= worst_shadow)) worst_shadow = ds;
+  }
+  /* f32 arithmetic in the same order, but a GPU may contract into FMAs; a bf16/f16 shadow
+   * may then round the other way (one unit in its last place) */
+  CHECK(worst <= 1e-5, "adamw over %d parameters: p, m, v equal the CPU's (worst relative diff %g)", N, worst);
+  CHECK(worst_shadow <= 1e-2, "adamw over %d parameters: shadows equal the CPU's (worst relative diff %g)", N, worst_shadow);
+  free_params(cpu);
+  free_params(cuda);
+}
+
+static void test_adamw_multi_errors(void) {
+  sh_tensor *p = NULL, *g = NULL, *m = NULL, *v = NULL, *pc = NULL;
+  CHECK_OK(sh_tensor_empty(&p, 1, S(4), SH_F32, DEV));
+  CHECK_OK(sh_tensor_empty(&g, 1, S(4), SH_F32, DEV));
+  CHECK_OK(sh_tensor_empty(&m, 1, S(4), SH_F32, DEV));
+  CHECK_OK(sh_tensor_empty(&v, 1, S(4), SH_F32, DEV));
+  CHECK_OK(sh_tensor_empty(&pc, 1, S(4), SH_F32, -1));
+  sh_adamw_param two[2] = {{p, g, m, v, NULL, 0}, {pc, g, m, v, NULL, 0}};
+  CHECK_FAILS(sh_adamw_step_multi_(2, two, 1e-3, 0.9, 0.99, 1e-8, 1, 1), SH_ERR_DEVICE, "parameter 2 of 2");
+  CHECK_FAILS(sh_adamw_step_multi_(-1, two, 1e-3, 0.9, 0.99, 1e-8, 1, 1), SH_ERR_ARG, "-1");
+  CHECK_OK(sh_adamw_step_multi_(0, NULL, 1e-3, 0.9, 0.99, 1e-8, 1, 1));
+  sh_tensor *all[] = {p, g, m, v, pc};
+  for (int i = 0; i < 5; i++) sh_tensor_destroy(all[i]);
+}
+
+/* The value of a one-element tensor on any device (one read from a device). */
+static double value_of(const sh_tensor *t) {
+  sh_tensor *h = NULL;
+  double v = NAN;
+  if (!sh_tensor_to(&h, t, SH_F64, -1)) sh_tensor_item(h, &v);
+  sh_tensor_destroy(h);
+  return v;
+}
+
+/* The part on the device, then read: one host wait in all. */
+static double part_on(int device, int n, const sh_tensor *const *grads, const double *w, double norm_type) {
+  sh_tensor *out = NULL;
+  if (sh_tensor_empty(&out, 1, S(1), SH_F64, device)) return NAN;
+  CHECK_OK(sh_grad_norm_part(out, n, grads, w, norm_type));
+  double v = value_of(out);
+  sh_tensor_destroy(out);
+  return v;
+}
+
+static void test_grad_norm_part(void) {
+  sh_tensor *cpu[N], *cuda[N];
+  double w[N];
+  for (int i = 0; i < N; i++) {
+    cpu[i] = random_tensor(size_of(i), i % 2 ? SH_BF16 : SH_F32, 500 + i, 0.01, 1);
+    cuda[i] = on(cpu[i], DEV);
+    w[i] = i % 4 ? 1.0 : 0.25;
+  }
+  sh_tensor *out = NULL;
+  CHECK_OK(sh_tensor_empty(&out, 1, S(1), SH_F64, DEV));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  const double norms[] = {2, 1, INFINITY};
+  long groups = (N + MT_MAX - 1) / MT_MAX;
+  for (int k = 0; k < 3; k++) {
+    double want = part_on(-1, N, (const sh_tensor *const *)cpu, w, norms[k]);
+    counters_reset();
+    CHECK_OK(sh_grad_norm_part(out, N, (const sh_tensor *const *)cuda, w, norms[k]));
+    double got = value_of(out);
+    check_counts("grad norm part over 37 tensors, then its read", groups + 1, 1);   /* the groups, the total */
+    CHECK(fabs(got - want) <= 1e-12 * fabs(want) && want > 0, "norm %g part: cuda %.17g, cpu %.17g", norms[k], got, want);
+  }
+  /* a strided gradient, and no weights; no gradients at all */
+  sh_tensor *mat = random_tensor(60, SH_F32, 600, 0, 1), *mat2 = NULL, *t = NULL, *tc = NULL;
+  CHECK_OK(sh_view_reshape(&mat2, mat, 2, S(6, 10)));
+  CHECK_OK(sh_view_transpose(&t, mat2, 0, 1));
+  sh_tensor *dmat = on(mat2, DEV);
+  CHECK_OK(sh_view_transpose(&tc, dmat, 0, 1));
+  const sh_tensor *two_cpu[2] = {t, cpu[0]}, *two_cuda[2] = {tc, cuda[0]};
+  double want = part_on(-1, 2, two_cpu, NULL, 2), got = part_on(DEV, 2, two_cuda, NULL, 2);
+  CHECK(fabs(got - want) <= 1e-12 * want && want > 0, "strided: cuda %.17g, cpu %.17g", got, want);
+  CHECK(part_on(DEV, 0, NULL, NULL, INFINITY) == 0, "no gradients: 0");
+  CHECK_FAILS(sh_grad_norm_part(out, 2, two_cuda, NULL, 3), SH_ERR_ARG, "norm_type");
+  const sh_tensor *mixed[2] = {tc, t};
+  CHECK_FAILS(sh_grad_norm_part(out, 2, mixed, NULL, 2), SH_ERR_DEVICE, "tensor 2 of 2");
+  CHECK_FAILS(sh_grad_norm_part(tc, 2, two_cuda, NULL, 2), SH_ERR_ARG, "one f64");
+  sh_tensor *all[] = {mat, mat2, t, tc, dmat, out};
+  for (int i = 0; i < 6; i++) sh_tensor_destroy(all[i]);
+  for (int i = 0; i < N; i++) { sh_tensor_destroy(cpu[i]); sh_tensor_destroy(cuda[i]); }
+}
+
+int main(int argc, char **argv) {
+  check_args(argc, argv);
+  if (sh_cuda_device_count() == 0) {
+    printf("C test_optim_multi: no CUDA device; skipped (0 passed, 0 failed)\n");
+    return 0;
+  }
+  if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
+  if (!counting()) printf("# not on the emulator: launches and host waits are not counted\n");
+  RUN(test_adamw_multi);
+  RUN(test_adamw_multi_errors);
+  RUN(test_grad_norm_part);
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  return check_summary("test_optim_multi");
+}
