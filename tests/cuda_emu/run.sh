@@ -12,6 +12,10 @@ TIMEOUT=${SHARD_EMU_TEST_TIMEOUT:-300}
 cd "$(dirname "$0")/../.." || exit 2
 : "${SHARD_EMU_BLOCK_ORDER:=shuffle:1}"
 export SHARD_EMU_BLOCK_ORDER
+# Every block the caching allocator hands out is refilled with NaN (device.cu's debug option),
+# so an output a kernel leaves unwritten shows on reused memory too, not only on fresh cudaMalloc.
+: "${SHARD_CUDA_POISON:=1}"
+export SHARD_CUDA_POISON
 passed=0
 failed=0
 out=$(mktemp)
