@@ -3,9 +3,11 @@
 -- bindings of shard.ops and shard.tensor's views), then, when an input requires grad,
 -- records a tape node whose backward calls the matching backward kernel. Inputs are captured
 -- by the node's closure (their producers release them); tensors the node creates for
--- backward alone go in `saved`, released right after the node runs. A backward formula runs
--- in a per-node scope (shard.autograd): every temporary it makes through the tracked helpers
--- below is released when it returns, except the gradients it returns.
+-- backward alone go in `saved`, released right after the node runs. Index inputs (no
+-- gradient: embedding's ids, cross_entropy's targets) are held in `saved` by an alias of the
+-- node's own, so a producer may free a temporary one right after the forward. A backward
+-- formula runs in a per-node scope (shard.autograd): every temporary it makes through the
+-- tracked helpers below is released when it returns, except the gradients it returns.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -386,9 +388,9 @@ end
 function F.embedding(idx, w)
   local y = new_from(C.sh_embedding_forward, idx.p, w.p)
   return result(y, { w }, function(node, dy)
-    check(C.sh_embedding_backward(A.grad_buffer(w).p, dy.p, idx.p))
+    check(C.sh_embedding_backward(A.grad_buffer(w).p, dy.p, node.saved[1].p))
     return {}
-  end, nil, "embedding")
+  end, { idx:alias() }, "embedding")
 end
 
 -- Mean cross-entropy of logits [N, V] against targets [N]; a 0-dim f32 loss.
@@ -398,8 +400,8 @@ function F.cross_entropy(logits, targets, ignore_index)
   check(C.sh_cross_entropy_forward(box, box + 1, logits.p, targets.p, ignore_index))
   local loss, lse = take(box, 0), take(box, 1)
   return result(loss, { logits }, function(node, dloss)
-    return { track(new_from(C.sh_cross_entropy_backward, logits.p, targets.p, lse.p, dloss:item(), ignore_index)) }
-  end, { lse }, "cross_entropy")
+    return { track(new_from(C.sh_cross_entropy_backward, logits.p, node.saved[2].p, lse.p, dloss:item(), ignore_index)) }
+  end, { lse, targets:alias() }, "cross_entropy")
 end
 
 -- Dropout draws its mask from the shard generator; backward regenerates it.

@@ -89,8 +89,9 @@ end
 -- The final hidden states [B, T, C].
 function G.GPT:hidden(idx)
   local tr = self.transformer
-  local pos = A.track(tensor.new_from(C.sh_arange, 0, idx:size(2), 1, C.SH_I64, idx.p.device))
+  local pos = tensor.new_from(C.sh_arange, 0, idx:size(2), 1, C.SH_I64, idx.p.device)
   local x = tr.wte(idx) + tr.wpe(pos)
+  pos:free()      -- wpe's node holds its own reference: nothing is left for the Lua GC
   x = tr.drop(x)
   for _, blk in ipairs(tr.h._children) do x = blk.module(x) end
   return tr.ln_f(x)
@@ -106,7 +107,10 @@ function G.GPT:forward_tagged(idx, targets, B, T)
   local x = self:hidden(idx)
   if targets then
     local logits = F.linear(x:view(B * T, -1), self.lm_head.weight)
-    return F.cross_entropy(logits, targets:view(B * T), -1)
+    local flat = targets:view(B * T)
+    local loss = F.cross_entropy(logits, flat, -1)
+    flat:free()     -- the loss node holds its own reference
+    return loss
   end
   local last = x:select(2, T)                       -- [B, C]
   return F.linear(last, self.lm_head.weight)
