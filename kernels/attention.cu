@@ -428,13 +428,13 @@ static int tc_smem(const char *op, int device, int D, size_t *bytes) {
   return SH_OK;
 }
 
-/* The tensor-core kernels put (b, h) on grid.y, which CUDA caps at 65535: they are launched
- * on *per_launch whole batches at a time, with every pointer moved to the first one. */
+/* The tensor-core kernels put (b, h) on grid.y, which the device caps (65535): they are
+ * launched on *per_launch whole batches at a time, with every pointer moved to the first one. */
 static int tc_batches(const char *op, const sh_tensor *q, int64_t *per_launch) {
-  enum { GRID_Y_MAX = 65535 };
-  if (q->shape[1] > GRID_Y_MAX)
-    return sh_fail(SH_ERR_ARG, "%s: q %s has more heads than the cuda kernel's grid allows (%d)", op, sh_desc(q), GRID_Y_MAX);
-  *per_launch = GRID_Y_MAX / q->shape[1];
+  int64_t grid_y = sh_cuda_props(q->device)->maxGridSize[1];
+  *per_launch = grid_y / q->shape[1];
+  if (*per_launch == 0)
+    return sh_fail(SH_ERR_ARG, "%s: q %s has more heads than the cuda kernel's grid allows (%lld)", op, sh_desc(q), (long long)grid_y);
   return SH_OK;
 }
 

@@ -1491,6 +1491,11 @@ static const ot_row ot_table[] = {
   {"sum_to_shape", "[5,300,7] -> [1,300,1]", OT_ALL_FLOATS, OT_REF_F64, run_sum_to_shape, {3, 3}, .sh = {{5, 300, 7}, {1, 300, 1}}},
   {"sumsq", "[5,300,7]", OT_ALL_FLOATS, OT_REF_F64, run_sumsq, {3}, .sh = {{5, 300, 7}}},
   {"sumsq", "[100003]", OT_F32 | OT_BF16, OT_REF_F64, run_sumsq, {1}, .sh = {{100003}}},
+  /* 9000 outputs or columns (here and below) are more than one grid of a one-SM device covers
+   * (32 blocks of 256 threads: run.sh runs the table with SHARD_EMU_SMS=1), so the grid-stride
+   * kernels loop. */
+  {"argmax", "[3,9000] (rows across warps, 9000 columns)", OT_F32 | OT_BF16, OT_REF_F64, run_argmax, {2}, .sh = {{3, 9000}}},
+  {"sum_to_shape", "[2,9000] -> [9000]", OT_F32 | OT_BF16, OT_REF_F64, run_sum_to_shape, {2, 1}, .sh = {{2, 9000}, {9000}}},
 
   /* matrix products */
   {"matmul", "[67,45] @ [45,29]", OT_FLOATS, OT_REF_F64, run_matmul, {2, 2}, .sh = {{67, 45}, {45, 29}}},
@@ -1564,6 +1569,8 @@ static const ot_row ot_table[] = {
   {"layernorm_backward", "[6,33,200] no affine", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{6, 33, 200}}, .k = {0}, .a = {1e-5}},
   {"layernorm_backward", "[1,1,7] w b in the row's dtype", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{1, 1, 7}},
    .k = {1, 1}, .a = {1e-5}, .tol = {[SH_BF16] = 2e-2}},
+  {"layernorm_backward", "[2,9000] f32 w b (C 9000)", OT_F32 | OT_BF16, OT_REF_HOST, run_norm_backward, {2}, {{2, 9000}},
+   .k = {1}, .a = {1e-5}},
   {"rmsnorm_forward", "[6,33,200] f32 w", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{6, 33, 200}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_forward", "[6,33,200] no w", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{6, 33, 200}}, .k = {0, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_forward", "[1,1,7] (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{1, 1, 7}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
@@ -1610,6 +1617,8 @@ static const ot_row ot_table[] = {
    .s = {301, 40}, .k = {1, OT_DT(SH_I64)}, .a = {50}, .tol = {[SH_BF16] = 2e-2}},
   {"embedding_backward", "dw [301,40] idx i32 [4,37]", OT_FLOATS, OT_REF_HOST, run_embedding, {2}, {{4, 37}},
    .s = {301, 40}, .k = {1, OT_DT(SH_I32)}, .a = {50}, .tol = {[SH_BF16] = 2e-2}},
+  {"embedding_backward", "dw [301,4] idx i32 [45,200] (9000 indices)", OT_F32 | OT_BF16, OT_REF_HOST, run_embedding, {2},
+   {{45, 200}}, .s = {301, 4}, .k = {1, OT_DT(SH_I32)}, .tol = {[SH_BF16] = 2e-2}},
   {"embedding_backward", "dw [50304,4] = 0, idx [2,3] (vocab)", OT_FLOATS, OT_REF_HOST, run_embedding, {2}, {{2, 3}},
    .s = {50304, 4}, .k = {1, OT_DT(SH_I64), 1}},
   {"cross_entropy_forward", "[67,1000] every 5th ignored", OT_FLOATS, OT_REF_HOST, run_cross_entropy,
