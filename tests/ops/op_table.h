@@ -1491,9 +1491,11 @@ static const ot_row ot_table[] = {
   {"sum_to_shape", "[5,300,7] -> [1,300,1]", OT_ALL_FLOATS, OT_REF_F64, run_sum_to_shape, {3, 3}, .sh = {{5, 300, 7}, {1, 300, 1}}},
   {"sumsq", "[5,300,7]", OT_ALL_FLOATS, OT_REF_F64, run_sumsq, {3}, .sh = {{5, 300, 7}}},
   {"sumsq", "[100003]", OT_F32 | OT_BF16, OT_REF_F64, run_sumsq, {1}, .sh = {{100003}}},
-  /* 9000 outputs or columns (here and below) are more than one grid of a one-SM device covers
-   * (32 blocks of 256 threads: run.sh runs the table with SHARD_EMU_SMS=1), so the grid-stride
-   * kernels loop. */
+  /* Rows of 300 and 9000: every warp of the row kernel holds candidates, so the max is found
+   * across warps. 9000 outputs or columns (here and below) are more than one grid of a one-SM
+   * device covers (32 blocks of 256 threads: run.sh runs the table with SHARD_EMU_SMS=1), so
+   * the grid-stride kernels loop. */
+  {"argmax", "[6,300] (rows across warps)", OT_ALL_FLOATS, OT_REF_F64, run_argmax, {2}, .sh = {{6, 300}}},
   {"argmax", "[3,9000] (rows across warps, 9000 columns)", OT_F32 | OT_BF16, OT_REF_F64, run_argmax, {2}, .sh = {{3, 9000}}},
   {"sum_to_shape", "[2,9000] -> [9000]", OT_F32 | OT_BF16, OT_REF_F64, run_sum_to_shape, {2, 1}, .sh = {{2, 9000}, {9000}}},
 
