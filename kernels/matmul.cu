@@ -9,10 +9,11 @@
  * no copies. Epilogues fuse the work around the product: BIAS (linear forward), GELU_AUX_BIAS
  * (y = gelu(x w^T + b) keeping the pre-activation), DGELU (dpre = (dy w) * gelu'(pre)) and
  * BGRADB (db = column sums of dy from the dw product). When the heuristic offers no kernel
- * for an epilogue, the product runs plain and a separate kernel does the rest, so results
- * never depend on what the library supports. SHARD_NO_LT_EPILOGUE=1 forces that path (the
- * GPU tests run both). The chosen algorithm is cached per shape, dtype, epilogue and
- * alignment; each (device, stream) has one 32 MiB workspace, allocated once. */
+ * for an epilogue, or cublasLtMatmul refuses the one it offered, the product runs plain and a
+ * separate kernel does the rest, so results never depend on what the library supports.
+ * SHARD_NO_LT_EPILOGUE=1 forces that path (the GPU tests run both). The chosen algorithm is
+ * cached per shape, dtype, epilogue and alignment; each (device, stream) has one
+ * 32 MiB workspace, allocated once. */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <cublasLt.h>
@@ -107,8 +108,21 @@ typedef std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, in
 struct lt_choice { bool ok; cublasLtMatmulAlgo_t algo; };
 static std::map<lt_key, lt_choice> algo_cache;
 
-/* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it, so the
- * caller can fall back to the epilogue-free product. */
+static bool cache_get(const lt_key &key, lt_choice *choice) {
+  std::lock_guard<std::mutex> lk(lt_lock);
+  auto it = algo_cache.find(key);
+  if (it == algo_cache.end()) return false;
+  *choice = it->second;
+  return true;
+}
+
+static void cache_put(const lt_key &key, const lt_choice &choice) {
+  std::lock_guard<std::mutex> lk(lt_lock);
+  algo_cache[key] = choice;
+}
+
+/* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it or the library
+ * refuses g's epilogue when it runs, so the caller can fall back to the epilogue-free product. */
 static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g) {
   cublasLtHandle_t h = NULL;
   void *ws = NULL;
@@ -163,14 +177,7 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
   }
   {
     lt_choice choice;
-    bool cached;
-    {
-      std::lock_guard<std::mutex> lk(lt_lock);
-      auto it = algo_cache.find(key);
-      cached = it != algo_cache.end();
-      if (cached) choice = it->second;
-    }
-    if (!cached) {
+    if (!cache_get(key, &choice)) {
       cublasLtMatmulPreference_t pref = NULL;
       cublasLtMatmulHeuristicResult_t res;
       int found = 0;
@@ -187,14 +194,21 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
       cublasLtMatmulPreferenceDestroy(pref);
       choice.ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
       if (choice.ok) choice.algo = res.algo;
-      std::lock_guard<std::mutex> lk(lt_lock);
-      algo_cache[key] = choice;
+      cache_put(key, choice);
     }
     if (!choice.ok) { rc = SH_ERR_ARG; goto done; }
     float af = (float)g.alpha, bf = (float)g.beta;
     const void *alpha = f64 ? (const void *)&g.alpha : (const void *)&af;
     const void *beta = f64 ? (const void *)&g.beta : (const void *)&bf;
-    LT_CHECK(cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st));
+    s = cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st);
+    if (s != CUBLAS_STATUS_SUCCESS && g.epi != EPI_NONE) {
+      /* The library may refuse at run time an epilogue its heuristic offered ("not supported"
+       * on this device): fall back, and have later calls with this key go straight there. */
+      cache_put(key, lt_choice{false, {}});
+      rc = SH_ERR_ARG;
+      goto done;
+    }
+    LT_CHECK(s);
   }
 #undef LT_CHECK
 done:

@@ -66,6 +66,10 @@ done
 # so the launches that put rows or heads on grid.y split them.
 SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "gpu/test_op_table (emulated, SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" \
   "$EMU/tests/gpu/test_op_table"
+# cuBLASLt refusing every fused epilogue when the matmul runs, after its heuristic offered one:
+# the linear ops must fall back to the plain product and their own epilogue kernels.
+SHARD_EMU_LT_REFUSE_EPILOGUE=1 run_one "gpu/test_op_table linear (emulated, SHARD_EMU_LT_REFUSE_EPILOGUE=1)" \
+  "$EMU/tests/gpu/test_op_table" linear
 # The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
 # the emulated build does not have yet (comm_nccl.cu is left out).
 for s in tests/gpu/*.lua; do
