@@ -21,7 +21,11 @@
 
 using namespace nvcuda;
 
-enum { AT = 64, AT_WARPS = 4, AT_THREADS = AT_WARPS * 32, SLD = AT + 4, PLD = AT + 8, SIMPLE_MAX_D = 256 };
+/* Tile rows are padded by 8 elements past their 64 or D (consecutive rows then start in
+ * different shared-memory banks). The PTX ISA requires every row a wmma load or store touches
+ * to start aligned to the fragment size: 32 bytes for the f32 accumulators (so their rows grow
+ * by multiples of 8 floats), 16 bytes for the bf16 operands. */
+enum { AT = 64, AT_WARPS = 4, AT_THREADS = AT_WARPS * 32, SLD = AT + 8, PLD = AT + 8, SIMPLE_MAX_D = 256 };
 
 /* Element strides of a [B, H, T, D] view (d is unit-stride). */
 struct at_view { int64_t sb, sh, st; };
@@ -32,7 +36,7 @@ static at_view view_of(const sh_tensor *t) { return at_view{t->stride[0], t->str
  * 128-byte boundary and every row length keeps WMMA's 32-byte pointer alignment. */
 struct at_smem {
   int ld;                       /* bf16 tile row length: D + 8 */
-  int ldo;                      /* f32 accumulator row length: D + 4 */
+  int ldo;                      /* f32 accumulator row length: D + 8 */
   size_t q, k, v, d, s, dp, p, ds, acc0, acc1, stats, total;
 };
 
@@ -41,7 +45,7 @@ __host__ __device__ static inline size_t up128(size_t x) { return (x + 127) / 12
 __host__ __device__ static inline at_smem at_layout(int D) {
   at_smem L;
   L.ld = D + 8;
-  L.ldo = D + 4;
+  L.ldo = D + 8;
   size_t tile = (size_t)AT * L.ld * 2, f32t = (size_t)AT * SLD * 4, b16t = (size_t)AT * PLD * 2, acc = (size_t)AT * L.ldo * 4;
   size_t o = 0;
   L.q = o; o += up128(tile);
@@ -428,13 +432,13 @@ static int tc_smem(const char *op, int device, int D, size_t *bytes) {
   return SH_OK;
 }
 
-/* The tensor-core kernels put (b, h) on grid.y, which CUDA caps at 65535: they are launched
- * on *per_launch whole batches at a time, with every pointer moved to the first one. */
+/* The tensor-core kernels put (b, h) on grid.y, which the device caps (65535): they are
+ * launched on *per_launch whole batches at a time, with every pointer moved to the first one. */
 static int tc_batches(const char *op, const sh_tensor *q, int64_t *per_launch) {
-  enum { GRID_Y_MAX = 65535 };
-  if (q->shape[1] > GRID_Y_MAX)
-    return sh_fail(SH_ERR_ARG, "%s: q %s has more heads than the cuda kernel's grid allows (%d)", op, sh_desc(q), GRID_Y_MAX);
-  *per_launch = GRID_Y_MAX / q->shape[1];
+  int64_t grid_y = sh_cuda_props(q->device)->maxGridSize[1];
+  *per_launch = grid_y / q->shape[1];
+  if (*per_launch == 0)
+    return sh_fail(SH_ERR_ARG, "%s: q %s has more heads than the cuda kernel's grid allows (%lld)", op, sh_desc(q), (long long)grid_y);
   return SH_OK;
 }
 

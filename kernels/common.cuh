@@ -176,7 +176,14 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __ex
 
 static inline int64_t sh_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static inline unsigned sh_blocks(int64_t n, int threads, int64_t cap = 65535LL * 32) {
+/* The grid of a grid-stride loop over n items, `threads` per block, on the current device:
+ * one block per `threads` items, at most 32 per SM (the usual sizing of grid-stride launches:
+ * enough blocks to fill every SM several times over; past that each thread loops). Every
+ * kernel launched with it must be a grid-stride loop, or the items past the grid are skipped. */
+static inline unsigned sh_blocks(int64_t n, int threads) {
+  int device = 0;
+  cudaGetDevice(&device);
+  int64_t cap = (int64_t)sh_cuda_props(device)->multiProcessorCount * 32;
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;
   return (unsigned)(b < cap ? b : cap);

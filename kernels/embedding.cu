@@ -29,11 +29,11 @@ __global__ void embedding_fwd_kernel(const I *idx, const T *w, T *y, int64_t V, 
 
 template <typename I>
 __global__ void embedding_keys_kernel(const I *idx, int32_t *keys, int32_t *rows, int64_t n, int64_t V) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  int64_t v = (int64_t)idx[i];
-  keys[i] = (int32_t)(v >= 0 && v < V ? v : V);   /* out of range: the key V, skipped below */
-  rows[i] = (int32_t)i;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t v = (int64_t)idx[i];
+    keys[i] = (int32_t)(v >= 0 && v < V ? v : V);   /* out of range: the key V, skipped below */
+    rows[i] = (int32_t)i;
+  }
 }
 
 /* Block i handles position i of the sorted keys if it starts a run; it walks the run. */

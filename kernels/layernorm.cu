@@ -94,11 +94,11 @@ __global__ void norm_bwd_kernel(const T *dy, const T *x, const float *w, const f
 
 /* dst[i] += sum over blocks of part[block, i], blocks in order; dst is contiguous of any float dtype. */
 __global__ void norm_param_finish_kernel(const float *part, int nblocks, int C, char *dst, int dt) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= C) return;
-  float s = 0;
-  for (int k = 0; k < nblocks; k++) s += part[(int64_t)k * C + i];
-  ew_store<float>(dst, dt, i, ew_load<float>(dst, dt, i) + s);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < C; i += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0;
+    for (int k = 0; k < nblocks; k++) s += part[(int64_t)k * C + i];
+    ew_store<float>(dst, dt, i, ew_load<float>(dst, dt, i) + s);
+  }
 }
 
 /* ---- host side: the table's kernels (runtime/nn_norm.c checked the arguments and

@@ -9,18 +9,19 @@
  * no copies. Epilogues fuse the work around the product: BIAS (linear forward), GELU_AUX_BIAS
  * (y = gelu(x w^T + b) keeping the pre-activation), DGELU (dpre = (dy w) * gelu'(pre)) and
  * BGRADB (db = column sums of dy from the dw product). When the heuristic offers no kernel
- * for an epilogue, the product runs plain and a separate kernel does the rest, so results
- * never depend on what the library supports. SHARD_NO_LT_EPILOGUE=1 forces that path (the
- * GPU tests run both). The chosen algorithm is cached per shape, dtype, epilogue and
- * alignment; each (device, stream) has one 32 MiB workspace, allocated once. */
+ * for an epilogue, or cublasLtMatmul refuses the one it offered, the product runs plain and a
+ * separate kernel does the rest, so results never depend on what the library supports.
+ * SHARD_NO_LT_EPILOGUE=1 forces that path (the GPU tests run both). The chosen algorithm is
+ * cached per shape, dtype, epilogue and alignment (key_of); each (device, stream) has one
+ * 32 MiB workspace, allocated once. */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <cublasLt.h>
+#include <array>
 #include <map>
 #include <mutex>
 #include <stdlib.h>
 #include <string.h>
-#include <tuple>
 
 enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX_BIAS, EPI_DGELU, EPI_BGRADB };
 enum { LT_WORKSPACE = 32 << 20, MAX_DEVICES = 16 };
@@ -103,12 +104,35 @@ static int align_of(const void *p) {
   return r;
 }
 
-typedef std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int, int, int64_t, int, int> lt_key;
+/* Everything cublasLtMatmulAlgoGetHeuristic sees that differs between our calls: shapes,
+ * leading dims, batch and its strides, types, epilogue, beta == 0, and the alignment of every
+ * pointer, bias and epilogue aux included (the library reads those pointers' values to know
+ * their alignment; an FSDP FlatParameter holds a bias at any element offset). */
+typedef std::array<int64_t, 22> lt_key;
+
+static lt_key key_of(const lt_gemm &g, cublasComputeType_t ct) {
+  return lt_key{g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.batch, g.sA, g.sB, g.sD, g.ta, g.tb, g.in_dt, g.out_dt, (int64_t)ct,
+                g.epi, g.beta != 0, align_of(g.A), align_of(g.B), align_of(g.D), align_of(g.bias), align_of(g.aux)};
+}
+
 struct lt_choice { bool ok; cublasLtMatmulAlgo_t algo; };
 static std::map<lt_key, lt_choice> algo_cache;
 
-/* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it, so the
- * caller can fall back to the epilogue-free product. */
+static bool cache_get(const lt_key &key, lt_choice *choice) {
+  std::lock_guard<std::mutex> lk(lt_lock);
+  auto it = algo_cache.find(key);
+  if (it == algo_cache.end()) return false;
+  *choice = it->second;
+  return true;
+}
+
+static void cache_put(const lt_key &key, const lt_choice &choice) {
+  std::lock_guard<std::mutex> lk(lt_lock);
+  algo_cache[key] = choice;
+}
+
+/* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it or the library
+ * refuses g's epilogue when it runs, so the caller can fall back to the epilogue-free product. */
 static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g) {
   cublasLtHandle_t h = NULL;
   void *ws = NULL;
@@ -135,8 +159,7 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
     case EPI_BGRADB: epi = CUBLASLT_EPILOGUE_BGRADB; break;
     default: break;
   }
-  lt_key key(g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.ta, g.tb, g.in_dt, g.out_dt, g.epi,
-             (align_of(g.A) << 18) | (align_of(g.B) << 9) | align_of(g.D), g.batch, (int)ct, g.beta != 0);
+  lt_key key = key_of(g, ct);
 #define LT_CHECK(call) do { s = (call); if (s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail(op, s, __LINE__); goto done; } } while (0)
   LT_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_t));
   LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -163,14 +186,7 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
   }
   {
     lt_choice choice;
-    bool cached;
-    {
-      std::lock_guard<std::mutex> lk(lt_lock);
-      auto it = algo_cache.find(key);
-      cached = it != algo_cache.end();
-      if (cached) choice = it->second;
-    }
-    if (!cached) {
+    if (!cache_get(key, &choice)) {
       cublasLtMatmulPreference_t pref = NULL;
       cublasLtMatmulHeuristicResult_t res;
       int found = 0;
@@ -187,14 +203,21 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
       cublasLtMatmulPreferenceDestroy(pref);
       choice.ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
       if (choice.ok) choice.algo = res.algo;
-      std::lock_guard<std::mutex> lk(lt_lock);
-      algo_cache[key] = choice;
+      cache_put(key, choice);
     }
     if (!choice.ok) { rc = SH_ERR_ARG; goto done; }
     float af = (float)g.alpha, bf = (float)g.beta;
     const void *alpha = f64 ? (const void *)&g.alpha : (const void *)&af;
     const void *beta = f64 ? (const void *)&g.beta : (const void *)&bf;
-    LT_CHECK(cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st));
+    s = cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st);
+    if (s != CUBLAS_STATUS_SUCCESS && g.epi != EPI_NONE) {
+      /* The library may refuse at run time an epilogue its heuristic offered ("not supported"
+       * on this device): fall back, and have later calls with this key go straight there. */
+      cache_put(key, lt_choice{false, {}});
+      rc = SH_ERR_ARG;
+      goto done;
+    }
+    LT_CHECK(s);
   }
 #undef LT_CHECK
 done:

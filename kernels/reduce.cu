@@ -65,12 +65,12 @@ __global__ void reduce_cols_kernel(const T *x, int64_t R, int64_t inner, int64_t
 /* Pass 2: out[o, i] = combine over chunks of part[o, :, i], divided by div, in out's dtype. */
 __global__ void reduce_finish_kernel(const double *part, int64_t outer, int64_t inner, int nchunks, int op,
                                      double div, char *out, int out_dt) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= outer * inner) return;
-  int64_t o = j / inner, i = j % inner;
-  double acc = red_init(op);
-  for (int c = 0; c < nchunks; c++) acc = red_combine(op, acc, part[(o * nchunks + c) * inner + i]);
-  ew_store<double>(out, out_dt, j, acc / div);
+  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < outer * inner; j += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o = j / inner, i = j % inner;
+    double acc = red_init(op);
+    for (int c = 0; c < nchunks; c++) acc = red_combine(op, acc, part[(o * nchunks + c) * inner + i]);
+    ew_store<double>(out, out_dt, j, acc / div);
+  }
 }
 
 /* Reduces dense x [outer, R, inner] (f32 or f64) into out (outer*inner elements of out_dt). */
@@ -80,15 +80,17 @@ static int reduce_core(const char *name, cudaStream_t st, const sh_tensor *x, in
   int64_t nout = outer * inner;
   if (nout == 0) return SH_OK;
   /* Enough chunks that outer * chunks * (threads per chunk) covers the GPU a few times. */
-  int sms = sh_cuda_props(device)->multiProcessorCount;
-  int64_t target = (int64_t)sms * 4 * (inner == 1 ? 1 : RED_THREADS);
+  const cudaDeviceProp *props = sh_cuda_props(device);
+  int64_t grid_y = props->maxGridSize[1], grid_z = props->maxGridSize[2];
+  int64_t target = (int64_t)props->multiProcessorCount * 4 * (inner == 1 ? 1 : RED_THREADS);
   int64_t have = inner == 1 ? outer : outer * inner;
   int64_t nch = have >= target ? 1 : (target + have - 1) / have;
   int64_t min_chunk = inner == 1 ? 4 * RED_THREADS : 64;
   if (nch > (R + min_chunk - 1) / min_chunk) nch = (R + min_chunk - 1) / min_chunk;
   if (nch > MAX_CHUNKS) nch = MAX_CHUNKS;
+  if (inner > 1 && nch > grid_y) nch = grid_y;   /* the columns' chunks are grid.y */
   if (nch < 1) nch = 1;
-  if (outer > 65535 && inner > 1) nch = 1;
+  if (outer > grid_z && inner > 1) nch = 1;
   int64_t chunk = (R + nch - 1) / nch;
   if (R == 0) { nch = 1; chunk = 0; }
   sh_tguard part;
@@ -97,22 +99,15 @@ static int reduce_core(const char *name, cudaStream_t st, const sh_tensor *x, in
   double *pp = (double *)sh_tensor_data(part.t);
   bool f64 = x->dtype == SH_F64;
   if (inner == 1) {
-    if (outer > 65535) {   /* grid.y is limited: walk the rows in slices */
-      for (int64_t o0 = 0; o0 < outer; o0 += 65535) {
-        dim3 grid((unsigned)nch, (unsigned)sh_min64(65535, outer - o0));
-        if (f64) reduce_rows_kernel<double><<<grid, RED_THREADS, 0, st>>>((const double *)sh_tensor_data(x) + o0 * R, R, chunk, op, pp + o0 * nch, (int)nch);
-        else reduce_rows_kernel<float><<<grid, RED_THREADS, 0, st>>>((const float *)sh_tensor_data(x) + o0 * R, R, chunk, op, pp + o0 * nch, (int)nch);
-        CU_LAUNCHED(name);
-      }
-    } else {
-      dim3 grid((unsigned)nch, (unsigned)outer);
-      if (f64) reduce_rows_kernel<double><<<grid, RED_THREADS, 0, st>>>((const double *)sh_tensor_data(x), R, chunk, op, pp, (int)nch);
-      else reduce_rows_kernel<float><<<grid, RED_THREADS, 0, st>>>((const float *)sh_tensor_data(x), R, chunk, op, pp, (int)nch);
+    for (int64_t o0 = 0; o0 < outer; o0 += grid_y) {   /* rows on grid.y, in slices the device allows */
+      dim3 grid((unsigned)nch, (unsigned)sh_min64(grid_y, outer - o0));
+      if (f64) reduce_rows_kernel<double><<<grid, RED_THREADS, 0, st>>>((const double *)sh_tensor_data(x) + o0 * R, R, chunk, op, pp + o0 * nch, (int)nch);
+      else reduce_rows_kernel<float><<<grid, RED_THREADS, 0, st>>>((const float *)sh_tensor_data(x) + o0 * R, R, chunk, op, pp + o0 * nch, (int)nch);
       CU_LAUNCHED(name);
     }
   } else {
-    for (int64_t o0 = 0; o0 < outer; o0 += 65535) {
-      dim3 grid((unsigned)((inner + RED_THREADS - 1) / RED_THREADS), (unsigned)nch, (unsigned)sh_min64(65535, outer - o0));
+    for (int64_t o0 = 0; o0 < outer; o0 += grid_z) {   /* outer on grid.z, in slices */
+      dim3 grid((unsigned)((inner + RED_THREADS - 1) / RED_THREADS), (unsigned)nch, (unsigned)sh_min64(grid_z, outer - o0));
       if (f64) reduce_cols_kernel<double><<<grid, RED_THREADS, 0, st>>>((const double *)sh_tensor_data(x) + o0 * R * inner, R, inner, chunk, op, pp + o0 * nch * inner, (int)nch);
       else reduce_cols_kernel<float><<<grid, RED_THREADS, 0, st>>>((const float *)sh_tensor_data(x) + o0 * R * inner, R, inner, chunk, op, pp + o0 * nch * inner, (int)nch);
       CU_LAUNCHED(name);
@@ -191,14 +186,14 @@ __global__ void argmax_rows_kernel(const T *x, int64_t R, int64_t *out) {
 
 template <typename T>
 __global__ void argmax_cols_kernel(const T *x, int64_t outer, int64_t R, int64_t inner, int64_t *out) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= outer * inner) return;
-  int64_t o = j / inner, in = j % inner;
-  const T *base = x + o * R * inner + in;
-  double v = 0;
-  int64_t i = -1;
-  for (int64_t r = 0; r < R; r++) am_take(v, i, (double)base[r * inner], r);
-  out[j] = i;
+  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < outer * inner; j += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o = j / inner, in = j % inner;
+    const T *base = x + o * R * inner + in;
+    double v = 0;
+    int64_t i = -1;
+    for (int64_t r = 0; r < R; r++) am_take(v, i, (double)base[r * inner], r);
+    out[j] = i;
+  }
 }
 
 static int cuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
@@ -220,7 +215,7 @@ static int cuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
         CU_LAUNCHED(name);
       }
     } else {
-      unsigned nb = sh_blocks(outer * inner, RED_THREADS, 2147483647LL);
+      unsigned nb = sh_blocks(outer * inner, RED_THREADS);
       if (f64) argmax_cols_kernel<double><<<nb, RED_THREADS, 0, st>>>((const double *)sh_tensor_data(x.t), outer, R, inner, idx);
       else argmax_cols_kernel<float><<<nb, RED_THREADS, 0, st>>>((const float *)sh_tensor_data(x.t), outer, R, inner, idx);
       CU_LAUNCHED(name);

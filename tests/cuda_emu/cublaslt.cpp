@@ -21,7 +21,9 @@
  * pointer modes HOST and DEVICE, epilogues DEFAULT, RELU, BIAS, RELU_BIAS, GELU, GELU_AUX,
  * GELU_BIAS, GELU_AUX_BIAS, DGELU, DGELU_BGRAD, BGRADA, BGRADB (the ReLU bit-mask epilogues are
  * not emulated). Set CUBLASLT_LOG_LEVEL=1 (the library's own logging switch) to have every
- * refusal explained on stderr. */
+ * refusal explained on stderr. Test knob: SHARD_EMU_LT_REFUSE_EPILOGUE=1 makes cublasLtMatmul
+ * refuse every epilogue with NOT_SUPPORTED at run time (after the heuristic offered an
+ * algorithm), as the library may; the caller's unfused fallback then has to run. */
 #include <cublasLt.h>
 #include <cblas.h>
 #include <algorithm>
@@ -79,6 +81,12 @@ std::set<const cublasLtContext *> g_handles;
 int log_level() {
   const char *v = getenv("CUBLASLT_LOG_LEVEL");
   return v ? atoi(v) : 0;
+}
+
+/* Read at every call, so a test may set it around one call. */
+bool refuse_epilogues() {
+  const char *v = getenv("SHARD_EMU_LT_REFUSE_EPILOGUE");
+  return v && v[0] && strcmp(v, "0") != 0;
 }
 
 const char *status_name(cublasStatus_t s) {
@@ -928,6 +936,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     return refuse(fn, CUBLAS_STATUS_INVALID_VALUE, "workspace %p is not 256-byte aligned", workspace);
   if (workspace && workspaceSize && !emu::is_device_range(workspace, workspaceSize))
     return refuse(fn, CUBLAS_STATUS_INVALID_VALUE, "workspace [%p, +%zu) is not device memory", workspace, workspaceSize);
+
+  /* Test knob, not the library's: SHARD_EMU_LT_REFUSE_EPILOGUE=1 refuses every matmul with an
+   * epilogue here, at run time, although the heuristic offered an algorithm for it. The library
+   * documents that it may ([Lt 3.4.17] Returns: NOT_SUPPORTED "If the current implementation on
+   * the selected device doesn't support the configured operation"); callers must cope. */
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuse_epilogues())
+    return refuse(fn, CUBLAS_STATUS_NOT_SUPPORTED, "epilogue %u refused at run time (SHARD_EMU_LT_REFUSE_EPILOGUE)", d->epilogue);
 
   job j;
   memset(&j, 0, sizeof j);

@@ -56,6 +56,10 @@ struct config {
   bool verbose = false;
   size_t stack_bytes = 64 * 1024;
   size_t mem_limit = TOTAL_MEM;
+  /* A smaller device, so small tests reach the limits that kernels size their grids by: the
+   * SM count (grid-stride launches are sized by it) and the grid's y limit (enforced too). */
+  int sms = 132;
+  int max_grid_y = 65535;
 };
 config cfg;
 
@@ -78,6 +82,8 @@ void read_config() {
   if ((v = getenv("SHARD_EMU_VERBOSE"))) cfg.verbose = atoi(v) != 0;
   if ((v = getenv("SHARD_EMU_STACK_KB"))) cfg.stack_bytes = (size_t)std::max(16, atoi(v)) * 1024;
   if ((v = getenv("SHARD_EMU_MEM_MB"))) cfg.mem_limit = (size_t)atoll(v) << 20;
+  if ((v = getenv("SHARD_EMU_SMS"))) cfg.sms = std::max(1, std::min(132, atoi(v)));
+  if ((v = getenv("SHARD_EMU_MAX_GRID_Y"))) cfg.max_grid_y = std::max(1, std::min(65535, atoi(v)));
 }
 
 /* ===================================================================================== */
@@ -1271,7 +1277,7 @@ void launch_grid(const launch_config &c, const void *func, void (*run)(void *), 
   const dim3 &b = c.block, &gd = c.grid;
   if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024)
     return fail(cudaErrorInvalidConfiguration, "block dimensions");
-  if (gd.x == 0 || gd.y == 0 || gd.z == 0 || gd.x > 2147483647u || gd.y > 65535 || gd.z > 65535)
+  if (gd.x == 0 || gd.y == 0 || gd.z == 0 || gd.x > 2147483647u || gd.y > (unsigned)cfg.max_grid_y || gd.z > 65535)
     return fail(cudaErrorInvalidConfiguration, "grid dimensions");
   size_t limit = SMEM_DEFAULT;
   auto it = g_max_dyn.find(func);
@@ -1485,14 +1491,14 @@ static void fill_props(cudaDeviceProp *p, int device) {
   p->memPitch = 2147483647;
   p->maxThreadsPerBlock = 1024;
   p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
-  p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
+  p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = cfg.max_grid_y; p->maxGridSize[2] = 65535;
   p->clockRate = 1980000;
   p->totalConstMem = 65536;
   p->major = 9;
   p->minor = 0;
   p->textureAlignment = 512;
   p->deviceOverlap = 1;
-  p->multiProcessorCount = 132;
+  p->multiProcessorCount = cfg.sms;
   p->canMapHostMemory = 1;
   p->concurrentKernels = 1;
   p->ECCEnabled = 1;

@@ -53,6 +53,9 @@ for t in "$EMU"/self/*; do
   [ -x "$t" ] || continue
   run_one "cuda_emu/$(basename "$t")" "$t"
 done
+# the knobs for a small device (below)
+SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "cuda_emu/test_emu_core (SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" \
+  "$EMU/self/test_emu_core"
 for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
   run_one "gpu/$(basename "$t") (emulated)" "$t"
@@ -62,6 +65,15 @@ for t in "$EMU"/tests/gpu/test_*; do
   # the lower index shows in the first run, one whose reader has the higher index here
   SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$(basename "$t") (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
 done
+# The op table on a small device: one SM, so a grid-stride launch (32 blocks per SM) covers
+# fewer elements than the table's larger rows and its kernels must loop; and grid.y capped at 3,
+# so the launches that put rows or heads on grid.y split them.
+SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "gpu/test_op_table (emulated, SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" \
+  "$EMU/tests/gpu/test_op_table"
+# cuBLASLt refusing every fused epilogue when the matmul runs, after its heuristic offered one:
+# the linear ops must fall back to the plain product and their own epilogue kernels.
+SHARD_EMU_LT_REFUSE_EPILOGUE=1 run_one "gpu/test_op_table linear (emulated, SHARD_EMU_LT_REFUSE_EPILOGUE=1)" \
+  "$EMU/tests/gpu/test_op_table" linear
 # The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
 # the emulated build does not have yet (comm_nccl.cu is left out).
 for s in tests/gpu/*.lua; do

@@ -7,6 +7,8 @@
  * no NaN. The CPU side is itself checked against f64 and double references by
  * tests/c/test_op_table.c (make test). run_gpu.sh runs this twice, the second time with
  * SHARD_NO_LT_EPILOGUE=1 so the unfused fallbacks of the cuBLASLt epilogues are checked too.
+ * The emulator (tests/cuda_emu/run.sh) also runs it on a small emulated device (one SM, grid.y
+ * of 3) and the linear rows with its cuBLASLt refusing fused epilogues at run time.
  *   build/tests/gpu/test_op_table             every row
  *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */

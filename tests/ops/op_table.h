@@ -275,6 +275,19 @@ static sh_tensor *ot_select(ot_run *r, const sh_tensor *t, int dim, int64_t i) {
   return ot_tmp(r, v);
 }
 
+/* An input as ot_in makes it, but a view one element into a longer buffer, so its data is
+ * only element-aligned (FSDP packs parameters at any element offset of a FlatParameter). */
+static sh_tensor *ot_in_offset(ot_run *r, int ndim, const int64_t *shape, int dt, int dist, double p1, double p2) {
+  int64_t n = ot_numel(ndim, shape);
+  sh_tensor *buf = ot_in(r, 1, OT_S(n + 1), dt, dist, p1, p2), *flat = NULL, *v = NULL;
+  if (r->failed) return NULL;
+  int rc = sh_view_narrow(&flat, buf, 0, 1, n);
+  if (!rc) rc = sh_view_reshape(&v, flat, ndim, shape);
+  sh_tensor_destroy(flat);
+  if (rc) { ot_fail(r, "offset view: %s", sh_last_error()); return NULL; }
+  return ot_tmp(r, v);
+}
+
 /* Records an output (taking ownership). mult scales the row's tolerance; fixed >= 0
  * replaces it. */
 static void ot_out_full(ot_run *r, const char *name, sh_tensor *t, double mult, double fixed) {
@@ -897,7 +910,8 @@ static void run_fill(ot_run *r) {
 /* rows of x seen as [rows, last dim] */
 static int64_t ot_rows(int ndim, const int64_t *shape) { return ndim ? ot_numel(ndim - 1, shape) : 1; }
 
-/* linear_forward: x sh[0] [..., in], w [s[0], in], b [s[0]] when k[0] */
+/* linear_forward: x sh[0] [..., in], w [s[0], in], b [s[0]] when k[0]; k[1]: then the same
+ * product again with a bias one element into a buffer (ot_in_offset) */
 static void run_linear_forward(ot_run *r) {
   const ot_row *w_ = r->row;
   int nd = w_->nd[0];
@@ -905,19 +919,26 @@ static void run_linear_forward(ot_run *r) {
   sh_tensor *x = ot_in(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0, 1);
   sh_tensor *w = ot_in(r, 2, OT_S(out, in), OT_ROW, OT_NORMAL, 0, 1);
   sh_tensor *b = w_->k[0] ? ot_in(r, 1, OT_S(out), OT_ROW, OT_NORMAL, 0, 1) : NULL;
+  sh_tensor *b2 = w_->k[1] ? ot_in_offset(r, 1, OT_S(out), OT_ROW, OT_NORMAL, 0, 1) : NULL;
   OT_OK(r);
   int64_t ys[8];
   memcpy(ys, x->shape, sizeof(int64_t) * (size_t)nd);
   ys[nd - 1] = out;
   if (r->host) {
-    double *y = ot_buf(r, rows * out);
-    ref_linear(ot_d(r, x), ot_d(r, w), b ? ot_d(r, b) : NULL, y, rows, in, out);
+    double *y = ot_buf(r, rows * out), *y2 = ot_buf(r, rows * out), *xv = ot_d(r, x), *wv = ot_d(r, w);
+    ref_linear(xv, wv, b ? ot_d(r, b) : NULL, y, rows, in, out);
     ot_host_out(r, "y", nd, ys, y);
+    if (!b2) return;
+    ref_linear(xv, wv, ot_d(r, b2), y2, rows, in, out);
+    ot_host_out(r, "y, bias at +1", nd, ys, y2);
     return;
   }
-  sh_tensor *y = NULL;
+  sh_tensor *y = NULL, *y2 = NULL;
   OT_CALL(r, sh_linear_forward(&y, x, w, b));
   ot_out(r, "y", y);
+  if (!b2) return;
+  OT_CALL(r, sh_linear_forward(&y2, x, w, b2));
+  ot_out(r, "y, bias at +1", y2);
 }
 
 /* linear_backward: dx, and dw, db accumulated into random starting values, in f32 (k[1] = 0)
@@ -979,7 +1000,7 @@ static void run_linear_gelu_forward(ot_run *r) {
 
 /* linear_backward_dgelu: x [rows, in] (the layer's input, gelu(pre) in a model), pre of x's
  * shape, w [s[0], in], dy [rows, s[0]]: dpre = (dy w) gelu'(pre); dw, db (f32) accumulate
- * when k[0] */
+ * when k[0]; k[1]: then dpre again (only) with a pre one element into a buffer (ot_in_offset) */
 static void run_linear_backward_dgelu(ot_run *r) {
   const ot_row *w_ = r->row;
   int nd = w_->nd[0];
@@ -993,23 +1014,29 @@ static void run_linear_backward_dgelu(ot_run *r) {
   sh_tensor *dy = ot_in(r, nd, ys, OT_ROW, OT_NORMAL, 0, 1);
   sh_tensor *dw = w_->k[0] ? ot_in(r, 2, OT_S(out, in), SH_F32, OT_NORMAL, 0, 1) : NULL;
   sh_tensor *db = w_->k[0] ? ot_in(r, 1, OT_S(out), SH_F32, OT_NORMAL, 0, 1) : NULL;
+  sh_tensor *pre2 = w_->k[1] ? ot_in_offset(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0, 1.5) : NULL;
   OT_OK(r);
   if (r->host) {
     double *dh = ot_buf(r, rows * in), *dwv = dw ? ot_d(r, dw) : NULL, *dbv = db ? ot_d(r, db) : NULL;
-    double *p = ot_d(r, pre);
+    double *p = ot_d(r, pre), *p2 = pre2 ? ot_d(r, pre2) : NULL, *dh2 = ot_buf(r, rows * in);
     ref_linear_bwd(ot_d(r, dy), ot_d(r, x), ot_d(r, w), dh, dwv, dbv, rows, in, out);
     OT_OK(r);
+    for (int64_t i = 0; i < rows * in; i++) dh2[i] = p2 ? dh[i] * ot_gelu_grad(p2[i]) : 0;
     for (int64_t i = 0; i < rows * in; i++) dh[i] *= ot_gelu_grad(p[i]);
     ot_host_out_full(r, "dpre", nd, pre->shape, SH_F64, dh, 2, -1);
     if (dw) ot_host_out(r, "dw", 2, dw->shape, dwv);
     if (db) ot_host_out(r, "db", 1, db->shape, dbv);
+    if (pre2) ot_host_out_full(r, "dpre, pre at +1", nd, pre->shape, SH_F64, dh2, 2, -1);
     return;
   }
-  sh_tensor *dpre = NULL;
+  sh_tensor *dpre = NULL, *dpre2 = NULL;
   OT_CALL(r, sh_linear_backward_dgelu(&dpre, dw, db, dy, x, w, pre));
   ot_out_mult(r, "dpre", dpre, 2);
   if (dw) ot_out_inplace(r, "dw", dw, 1, -1);
   if (db) ot_out_inplace(r, "db", db, 1, -1);
+  if (!pre2) return;
+  OT_CALL(r, sh_linear_backward_dgelu(&dpre2, NULL, NULL, dy, x, w, pre2));
+  ot_out_mult(r, "dpre, pre at +1", dpre2, 2);
 }
 
 /* layernorm (k[3] = 0) or rmsnorm (k[3] = 1) forward: x sh[0]; k[0]: affine (w, and b for
@@ -1491,6 +1518,13 @@ static const ot_row ot_table[] = {
   {"sum_to_shape", "[5,300,7] -> [1,300,1]", OT_ALL_FLOATS, OT_REF_F64, run_sum_to_shape, {3, 3}, .sh = {{5, 300, 7}, {1, 300, 1}}},
   {"sumsq", "[5,300,7]", OT_ALL_FLOATS, OT_REF_F64, run_sumsq, {3}, .sh = {{5, 300, 7}}},
   {"sumsq", "[100003]", OT_F32 | OT_BF16, OT_REF_F64, run_sumsq, {1}, .sh = {{100003}}},
+  /* Rows of 300 and 9000: every warp of the row kernel holds candidates, so the max is found
+   * across warps. 9000 outputs or columns (here and below) are more than one grid of a one-SM
+   * device covers (32 blocks of 256 threads: run.sh runs the table with SHARD_EMU_SMS=1), so
+   * the grid-stride kernels loop. */
+  {"argmax", "[6,300] (rows across warps)", OT_ALL_FLOATS, OT_REF_F64, run_argmax, {2}, .sh = {{6, 300}}},
+  {"argmax", "[3,9000] (rows across warps, 9000 columns)", OT_F32 | OT_BF16, OT_REF_F64, run_argmax, {2}, .sh = {{3, 9000}}},
+  {"sum_to_shape", "[2,9000] -> [9000]", OT_F32 | OT_BF16, OT_REF_F64, run_sum_to_shape, {2, 1}, .sh = {{2, 9000}, {9000}}},
 
   /* matrix products */
   {"matmul", "[67,45] @ [45,29]", OT_FLOATS, OT_REF_F64, run_matmul, {2, 2}, .sh = {{67, 45}, {45, 29}}},
@@ -1526,6 +1560,10 @@ static const ot_row ot_table[] = {
   /* linear */
   {"linear_forward", "x [3,21,64] w [48,64]", OT_FLOATS, OT_REF_HOST, run_linear_forward, {3}, {{3, 21, 64}}, .s = {48}},
   {"linear_forward", "x [3,21,64] w [48,64] +b", OT_FLOATS, OT_REF_HOST, run_linear_forward, {3}, {{3, 21, 64}}, .s = {48}, .k = {1}},
+  /* the same product with a bias packed at an odd element offset (FSDP): whatever cuBLASLt
+   * chose for the aligned bias must not run on the misaligned one */
+  {"linear_forward", "x [3,21,64] w [48,64] +b, then b at +1 element", OT_FLOATS, OT_REF_HOST, run_linear_forward, {3},
+   {{3, 21, 64}}, .s = {48}, .k = {1, 1}},
   {"linear_forward", "x [1,1,13] w [7,13] +b (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_linear_forward, {3}, {{1, 1, 13}}, .s = {7}, .k = {1}},
   {"linear_forward", "x [2,8] w [50257,8] (vocab)", OT_FLOATS, OT_REF_HOST, run_linear_forward, {2}, {{2, 8}}, .s = {50257}},
   {"linear_forward", "x [0,16] w [5,16] +b (no rows)", OT_FLOATS, OT_REF_HOST, run_linear_forward, {2}, {{0, 16}}, .s = {5}, .k = {1}},
@@ -1551,6 +1589,8 @@ static const ot_row ot_table[] = {
    {{37, 96}}, .s = {32}, .k = {1}},
   {"linear_backward_dgelu", "x pre [37,96] w [32,96], no dw db", OT_FLOATS, OT_REF_HOST, run_linear_backward_dgelu, {2},
    {{37, 96}}, .s = {32}, .k = {0}},
+  {"linear_backward_dgelu", "x pre [37,96] w [32,96], then pre at +1 element", OT_FLOATS, OT_REF_HOST,
+   run_linear_backward_dgelu, {2}, {{37, 96}}, .s = {32}, .k = {0, 1}},
   {"linear_backward_dgelu", "x pre [2,3,19] w [5,19]", OT_FLOATS, OT_REF_HOST, run_linear_backward_dgelu, {3}, {{2, 3, 19}},
    .s = {5}, .k = {1}},
 
@@ -1564,6 +1604,8 @@ static const ot_row ot_table[] = {
   {"layernorm_backward", "[6,33,200] no affine", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{6, 33, 200}}, .k = {0}, .a = {1e-5}},
   {"layernorm_backward", "[1,1,7] w b in the row's dtype", OT_FLOATS, OT_REF_HOST, run_norm_backward, {3}, {{1, 1, 7}},
    .k = {1, 1}, .a = {1e-5}, .tol = {[SH_BF16] = 2e-2}},
+  {"layernorm_backward", "[2,9000] f32 w b (C 9000)", OT_F32 | OT_BF16, OT_REF_HOST, run_norm_backward, {2}, {{2, 9000}},
+   .k = {1}, .a = {1e-5}},
   {"rmsnorm_forward", "[6,33,200] f32 w", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{6, 33, 200}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_forward", "[6,33,200] no w", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{6, 33, 200}}, .k = {0, 0, 0, 1}, .a = {1e-6}},
   {"rmsnorm_forward", "[1,1,7] (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_norm_forward, {3}, {{1, 1, 7}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
@@ -1610,6 +1652,8 @@ static const ot_row ot_table[] = {
    .s = {301, 40}, .k = {1, OT_DT(SH_I64)}, .a = {50}, .tol = {[SH_BF16] = 2e-2}},
   {"embedding_backward", "dw [301,40] idx i32 [4,37]", OT_FLOATS, OT_REF_HOST, run_embedding, {2}, {{4, 37}},
    .s = {301, 40}, .k = {1, OT_DT(SH_I32)}, .a = {50}, .tol = {[SH_BF16] = 2e-2}},
+  {"embedding_backward", "dw [301,4] idx i32 [45,200] (9000 indices)", OT_F32 | OT_BF16, OT_REF_HOST, run_embedding, {2},
+   {{45, 200}}, .s = {301, 4}, .k = {1, OT_DT(SH_I32)}, .tol = {[SH_BF16] = 2e-2}},
   {"embedding_backward", "dw [50304,4] = 0, idx [2,3] (vocab)", OT_FLOATS, OT_REF_HOST, run_embedding, {2}, {{2, 3}},
    .s = {50304, 4}, .k = {1, OT_DT(SH_I64), 1}},
   {"cross_entropy_forward", "[67,1000] every 5th ignored", OT_FLOATS, OT_REF_HOST, run_cross_entropy,

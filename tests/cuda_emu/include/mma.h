@@ -21,7 +21,8 @@
  *    checked; a violation fails the launch (emu::device_fail) naming the rule. The PTX ISA is
  *    stricter than the guide for some types ("Matrix Storage for WMMA": every row or column must
  *    start aligned to the lane's fragment size, e.g. 32 bytes for float accumulators, so ldm a
- *    multiple of 8 floats); SHARD_EMU_WMMA_PTX=1 enforces that rule too.
+ *    multiple of 8 floats). That stricter rule is enforced too by default, since the code
+ *    nvcc generates may rely on it; SHARD_EMU_WMMA_PTX=0 checks the guide's rule only.
  *  - fill_fragment is not a _sync function (the guide: "ordinarily called by all threads in the
  *    warp with a common value"): it sets the calling lane's elements only, with no rendezvous.
  *  - mma_sync computes D = A * B + C with the products of the (exact) half / bfloat16 inputs
@@ -111,7 +112,7 @@ template <typename Use, int m, int n, int k, typename T> constexpr unsigned ptx_
 
 /* The CUDA C++ Programming Guide's rules (always): "mptr must be a 256-bit aligned pointer";
  * ldm "must be a multiple of 8 for __half element type or multiple of 4 for float element type
- * (i.e., multiple of 16 bytes in both cases)". With SHARD_EMU_WMMA_PTX=1 also the PTX ISA's
+ * (i.e., multiple of 16 bytes in both cases)". Unless SHARD_EMU_WMMA_PTX=0, also the PTX ISA's
  * stricter rule ("Matrix Storage for WMMA", Address Alignment): "The starting address of each
  * instance of the leading dimension (row or column) must be aligned with the size of the
  * corresponding fragment in bytes", i.e. ldm * sizeof(T) a multiple of the fragment size. */
@@ -123,7 +124,7 @@ inline void check_mem(const char *what, const void *p, unsigned ldm, const char 
     emu::device_fail("%s at %s:%d: ldm %u is not a multiple of 16 bytes for %s elements (%s requires a multiple of %u)", what, file,
                      line, ldm, type_id<T>::name, what, (unsigned)(16 / sizeof(T)));
   const char *ptx = getenv("SHARD_EMU_WMMA_PTX");
-  if (ptx && ptx[0] && ptx[0] != '0') {
+  if (!ptx || strcmp(ptx, "0") != 0) {
     const unsigned fb = ptx_fragment_bytes<Use, m, n, k, T>();
     if (((size_t)ldm * sizeof(T)) % fb != 0)
       emu::device_fail("%s at %s:%d: ldm %u (%zu bytes) does not keep every row start aligned to the %u-byte %s fragment "

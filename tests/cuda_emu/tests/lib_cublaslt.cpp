@@ -472,6 +472,25 @@ int main() {
       st = cublasLtMatmul(H, L.d, &al, a.p, L.a, b.p, L.b, &be, d.p, L.c, d.p, L.c, &r.algo, nullptr, 0, 0);
       e = cudaDeviceSynchronize();
       CHECK(st == CUBLAS_STATUS_SUCCESS && e == cudaSuccess, "the aligned bias runs: %s", cudaGetErrorName(e)); }
+
+    /* The test knob SHARD_EMU_LT_REFUSE_EPILOGUE: an epilogue the heuristic offered an algo for
+     * is refused at run time (NOT_SUPPORTED); a plain product still runs. */
+    { lt L(CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, 8, 8, 8);
+      dbuf a(256), b(256), d(256), bias(256);
+      L.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+      L.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.p);
+      cublasLtMatmulHeuristicResult_t r;
+      CHECK(L.heur(&found, &r) == CUBLAS_STATUS_SUCCESS, "heuristic for BIAS");
+      float al = 1, be = 0;
+      setenv("SHARD_EMU_LT_REFUSE_EPILOGUE", "1", 1);
+      CHECK(cublasLtMatmul(H, L.d, &al, a.p, L.a, b.p, L.b, &be, d.p, L.c, d.p, L.c, &r.algo, nullptr, 0, 0) == CUBLAS_STATUS_NOT_SUPPORTED,
+            "with SHARD_EMU_LT_REFUSE_EPILOGUE=1, BIAS is refused at run time: NOT_SUPPORTED");
+      L.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
+      CHECK(L.heur(&found, &r) == CUBLAS_STATUS_SUCCESS, "heuristic for the plain product");
+      CHECK(cublasLtMatmul(H, L.d, &al, a.p, L.a, b.p, L.b, &be, d.p, L.c, d.p, L.c, &r.algo, nullptr, 0, 0) == CUBLAS_STATUS_SUCCESS,
+            "with SHARD_EMU_LT_REFUSE_EPILOGUE=1, the plain product runs");
+      unsetenv("SHARD_EMU_LT_REFUSE_EPILOGUE");
+      CHECK(cudaDeviceSynchronize() == cudaSuccess, "the accepted call ran"); }
   }
 
   /* 6. The work is queued on the stream (a library call), not done at the call. */

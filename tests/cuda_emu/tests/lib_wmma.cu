@@ -102,7 +102,7 @@ __global__ void unfilled_kernel(const __nv_bfloat16 *A, float *D, int fixed) {
   wmma::store_matrix_sync(D, c, 16, wmma::mem_row_major);
 }
 
-/* A filled accumulator stored with leading dimension ldm (attention's f32 tiles use ldm 68). */
+/* A filled accumulator stored with leading dimension ldm. */
 __global__ void acc_store_kernel(float *D, int ldm) {
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
   wmma::fill_fragment(c, 1.0f);
@@ -130,7 +130,9 @@ static float uni() { return std::uniform_real_distribution<float>(-2.0f, 2.0f)(r
 template <int M, int N, int K, typename T, typename LA, typename LB>
 static int run_tile(int c_col, int d_col, const char *what) {
   const bool a_col = std::is_same<LA, wmma::col_major>::value, b_col = std::is_same<LB, wmma::col_major>::value;
-  const int lda = (a_col ? M : K) + 8, ldb = (b_col ? K : N) + 8, ldc = N > M ? N + 4 : M + 4;
+  /* Padded leading dimensions that keep every row aligned to its fragment (the PTX rule):
+   * a multiple of 16 elements for A and B, of 8 floats for C and D. */
+  const int lda = ((a_col ? M : K) + 31) / 16 * 16, ldb = ((b_col ? K : N) + 31) / 16 * 16, ldc = (N > M ? N : M) + 8;
   std::vector<T> A((size_t)lda * (a_col ? K : M)), B((size_t)ldb * (b_col ? N : K));
   for (auto &x : A) x = to_t<T>(uni());
   for (auto &x : B) x = to_t<T>(uni());
@@ -286,7 +288,7 @@ int main() {
     for (float x : D) nans += std::isnan(x);
     CHECK(nans == 0 && cudaGetLastError() == cudaSuccess, "filled, no NaN: %d", nans);
   }
-  /* The PTX ISA's stricter row alignment, enforced with SHARD_EMU_WMMA_PTX=1: a float
+  /* The PTX ISA's stricter row alignment, enforced unless SHARD_EMU_WMMA_PTX=0: a float
    * accumulator with ldm 68 (272 bytes, rows 16-byte aligned) meets the Programming Guide's
    * "multiple of 16 bytes" but not PTX's "aligned with the size of the fragment" (32 bytes). */
   {
@@ -294,16 +296,16 @@ int main() {
     cudaMalloc((void **)&dS, 16 * 72 * sizeof(float));
     acc_store_kernel<<<1, 32>>>(dS, 68);
     cudaError_t e = cudaDeviceSynchronize();
-    CHECK(e == cudaSuccess, "ldm 68 floats passes the Programming Guide's rule: %s", cudaGetErrorName(e));
-    setenv("SHARD_EMU_WMMA_PTX", "1", 1);
-    acc_store_kernel<<<1, 32>>>(dS, 68);
-    e = cudaDeviceSynchronize();
-    CHECK(e == cudaErrorLaunchFailure && reported("PTX ISA") && reported("32-byte"), "with SHARD_EMU_WMMA_PTX=1, ldm 68 floats is refused: %s / %s",
+    CHECK(e == cudaErrorLaunchFailure && reported("PTX ISA") && reported("32-byte"), "by default, ldm 68 floats is refused: %s / %s",
           cudaGetErrorName(e), emu::last_report());
     emu::test_reset();
     acc_store_kernel<<<1, 32>>>(dS, 72);
     e = cudaDeviceSynchronize();
-    CHECK(e == cudaSuccess, "with SHARD_EMU_WMMA_PTX=1, ldm 72 floats passes: %s", cudaGetErrorName(e));
+    CHECK(e == cudaSuccess, "ldm 72 floats passes: %s", cudaGetErrorName(e));
+    setenv("SHARD_EMU_WMMA_PTX", "0", 1);
+    acc_store_kernel<<<1, 32>>>(dS, 68);
+    e = cudaDeviceSynchronize();
+    CHECK(e == cudaSuccess, "with SHARD_EMU_WMMA_PTX=0, ldm 68 floats passes the Programming Guide's rule: %s", cudaGetErrorName(e));
     unsetenv("SHARD_EMU_WMMA_PTX");
     cudaFree(dS);
   }

@@ -630,12 +630,29 @@ static void test_block_order() {
   cudaFree(y);
 }
 
+/* The knobs for a smaller device: SHARD_EMU_SMS sets the SM count, SHARD_EMU_MAX_GRID_Y the grid's
+ * y limit, which launches are held to (run.sh runs this test with and without them). */
+static void test_device_knobs() {
+  const char *sms = getenv("SHARD_EMU_SMS"), *gy = getenv("SHARD_EMU_MAX_GRID_Y");
+  cudaDeviceProp p;
+  cudaGetDeviceProperties(&p, 0);
+  CHECK(p.multiProcessorCount == (sms ? atoi(sms) : 132), "SM count %d (SHARD_EMU_SMS=%s)", p.multiProcessorCount, sms ? sms : "");
+  CHECK(p.maxGridSize[1] == (gy ? atoi(gy) : 65535), "grid y limit %d (SHARD_EMU_MAX_GRID_Y=%s)", p.maxGridSize[1], gy ? gy : "");
+  float *y;
+  cudaMalloc((void **)&y, sizeof(float));
+  fill_kernel<<<dim3(1, p.maxGridSize[1] + 1), 1>>>(y, 1, 0.0f);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid y %d refused", p.maxGridSize[1] + 1);
+  fill_kernel<<<dim3(1, p.maxGridSize[1]), 1>>>(y, 1, 0.0f);
+  CHECK(cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess, "grid y %d runs", p.maxGridSize[1]);
+  cudaFree(y);
+}
+
 static void test_misc() {
   int n = 0;
   CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n >= 1, "device count %d", n);
   cudaDeviceProp p;
   CHECK(cudaGetDeviceProperties(&p, 0) == cudaSuccess, "properties");
-  CHECK(p.major == 9 && p.minor == 0 && p.multiProcessorCount == 132 && p.sharedMemPerBlockOptin == 232448 &&
+  CHECK(p.major == 9 && p.minor == 0 && p.sharedMemPerBlockOptin == 232448 &&
             p.warpSize == 32 && p.maxThreadsPerBlock == 1024 && p.totalGlobalMem >= (size_t)80e9,
         "an H100's properties (%s)", p.name);
   CHECK(cudaSetDevice(n) == cudaErrorInvalidDevice, "cudaSetDevice past the count");
@@ -701,6 +718,7 @@ int main() {
   test_legacy_stream();
   test_memory_bugs();
   test_block_order();
+  test_device_knobs();
   test_misc();
   test_speed();
   return check_summary("test_emu_core");
