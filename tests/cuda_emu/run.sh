@@ -56,20 +56,26 @@ done
 # the knobs for a small device (below)
 SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "cuda_emu/test_emu_core (SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" \
   "$EMU/self/test_emu_core"
+# Each CUDA test program three ways: as it is; without cuBLASLt's fused epilogues (as
+# tests/run_gpu.sh, so the fallback runs too: for the op table only its linear rows use them);
+# and with the threads of a block in reverse order between barriers (a missing barrier whose
+# reader has the lower index shows in the first run, one whose reader has the higher index
+# here). The op table's reverse-order run is also on a small device: one SM, so a grid-stride
+# launch (32 blocks per SM) covers fewer elements than the larger rows and the kernels must
+# loop, and grid.y capped at 3, so the launches that put rows or heads on grid.y split them.
 for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
-  run_one "gpu/$(basename "$t") (emulated)" "$t"
-  # as tests/run_gpu.sh: again without cuBLASLt's fused epilogues, so the fallback runs too
-  SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$(basename "$t") (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
-  # threads of a block in reverse order between barriers: a missing barrier whose reader has
-  # the lower index shows in the first run, one whose reader has the higher index here
-  SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$(basename "$t") (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
+  prog=$(basename "$t")
+  run_one "gpu/$prog (emulated)" "$t"
+  if [ "$prog" = test_op_table ]; then
+    SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog linear (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t" linear
+    SHARD_EMU_THREAD_ORDER=reverse SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 \
+      run_one "gpu/$prog (emulated, SHARD_EMU_THREAD_ORDER=reverse SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" "$t"
+  else
+    SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
+    SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$prog (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
+  fi
 done
-# The op table on a small device: one SM, so a grid-stride launch (32 blocks per SM) covers
-# fewer elements than the table's larger rows and its kernels must loop; and grid.y capped at 3,
-# so the launches that put rows or heads on grid.y split them.
-SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "gpu/test_op_table (emulated, SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" \
-  "$EMU/tests/gpu/test_op_table"
 # cuBLASLt refusing every fused epilogue when the matmul runs, after its heuristic offered one:
 # the linear ops must fall back to the plain product and their own epilogue kernels.
 SHARD_EMU_LT_REFUSE_EPILOGUE=1 run_one "gpu/test_op_table linear (emulated, SHARD_EMU_LT_REFUSE_EPILOGUE=1)" \
