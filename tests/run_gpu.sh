@@ -36,6 +36,7 @@ done
 
 for s in tests/gpu/*.lua; do
   [ -f "$s" ] || continue
+  [ "$(basename "$s")" = support.lua ] && continue   # the scripts' shared helpers
   echo "== $s"
   case $(basename "$s") in
     mpi_*) mpirun --allow-run-as-root -np 1 "$host" run "$s" >"$log" 2>&1; tally $? ;;

@@ -15,10 +15,8 @@ local F32_TOL = 1e-4
 -- AdamW update does to the curve here (one step skipped: 4e-3 to 4e-2 relative afterwards).
 local BF16_TOL = 2e-3
 
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; print("not ok " .. what) end
-end
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
+local check = support.check
 
 -- The emulator's cudaMalloc counter (tests/cuda_emu/emu_counters_lua.cpp): bin/shard-emu has
 -- it, bin/shard on a real GPU does not.
@@ -118,5 +116,4 @@ losses, mem = train(model, env.device)
 follows("bf16 fsdp", losses, cpu_losses, BF16_TOL)
 steady("bf16 fsdp", mem)
 
-print(("gpt_curve: %d passed, %d failed"):format(passed, failed))
-if failed > 0 then os.exit(1) end
+support.finish("gpt_curve")

@@ -8,18 +8,8 @@ local shard = require "shard"
 local nn, optim = shard.nn, shard.optim
 local tensor = require "shard.tensor"
 
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; print("not ok " .. what) end
-end
-
--- normwise relative error ||a - b|| / ||b||
-local function rel(a, b)
-  local x, y = a:tolist_flat(), b:tolist_flat()
-  local d, n = 0, 0
-  for i = 1, #y do d = d + (x[i] - y[i]) ^ 2; n = n + y[i] ^ 2 end
-  return math.sqrt(d / math.max(n, 1e-30))
-end
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
+local check, rel = support.check, support.rel
 
 local CFG = { n_layer = 2, n_head = 4, n_embd = 64, vocab_size = 100, block_size = 64, bias = true }
 local function build() shard.manual_seed(11); return nn.GPT(CFG) end
@@ -75,5 +65,4 @@ for step = 1, 3 do
   opt:step(); opt:zero_grad(true)
 end
 
-print(("gpt_step: %d passed, %d failed"):format(passed, failed))
-if failed > 0 then os.exit(1) end
+support.finish("gpt_step")

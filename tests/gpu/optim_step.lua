@@ -9,10 +9,8 @@ local ffi = require "ffi"
 local nn, optim = shard.nn, shard.optim
 local tensor = require "shard.tensor"
 
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; print("not ok " .. what) end
-end
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
+local check, rel = support.check, support.rel
 
 ffi.cdef [[void sh_emu_counters_get(long out[4]); void sh_emu_counters_reset(void);]]
 local counting = pcall(function() return ffi.C.sh_emu_counters_get end)
@@ -26,13 +24,6 @@ local function counted(f)
   local c = ffi.new("long[4]")
   ffi.C.sh_emu_counters_get(c)
   return r, { launches = tonumber(c[2]), waits = tonumber(c[3]) }
-end
-
-local function rel(a, b)
-  local x, y = a:tolist_flat(), b:tolist_flat()
-  local d, n = 0, 0
-  for i = 1, #y do d = d + (x[i] - y[i]) ^ 2; n = n + y[i] ^ 2 end
-  return math.sqrt(d / math.max(n, 1e-30))
 end
 
 local CFG = { n_layer = 2, n_head = 4, n_embd = 32, vocab_size = 50, block_size = 16, bias = true }
@@ -81,5 +72,4 @@ check(plain == 0, "a norm over no gradients is 0")
 check(math.abs(got - want) <= 1e-4 * want, ("fsdp grad_norm %.9g, cpu %.9g"):format(got, want))
 check(not c or c.waits == 1, ("fsdp grad_norm waited %d times, expected 1"):format(c and c.waits or 0))
 
-print(("optim_step: %d passed, %d failed"):format(passed, failed))
-if failed > 0 then os.exit(1) end
+support.finish("optim_step")
