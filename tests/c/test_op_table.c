@@ -280,32 +280,10 @@ int main(int argc, char **argv) {
     check_references();
     check_f64_paths();
   }
-  int rows = 0, cases = 0;
-  for (int i = 0; i < OT_ROWS; i++) {
-    const ot_row *row = &ot_table[i];
-    if (!ot_selected(row, filter)) continue;
-    rows++;
-    for (int dt = 0; dt < 8; dt++) {
-      if (!(row->dtypes & (1u << dt))) continue;
-      /* the f64 case of an f64-referenced row is its own reference: test-gpu runs it */
-      if (row->ref == OT_REF_F64 && dt == SH_F64) continue;
-      cases++;
-      char label[256];
-      ot_label(label, sizeof label, row, dt);
-      double t1 = ot_now();
-      ot_run got, ref;
-      ot_begin(&got, row, dt, -1, 0, ot_case_seed(base, i, dt));
-      ot_exec(&got, 1);
-      ot_begin(&ref, row, dt, -1, 1, ot_case_seed(base, i, dt));
-      ot_exec(&ref, 0);
-      CHECK(!got.failed, "%s: %s", label, got.msg);
-      CHECK(!ref.failed, "%s (reference): %s", label, ref.msg);
-      if (!got.failed && !ref.failed) ot_compare(&got, &ref, 0, label);
-      ot_end(&got);
-      ot_end(&ref);
-      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, ot_now() - t1);
-    }
-  }
+  /* the f64 case of an f64-referenced row is its own reference: test-gpu runs it */
+  static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL };
+  int rows, cases;
+  ot_run_pass(&cpu, filter, base, &rows, &cases);
   printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, ot_now() - t0,
          (unsigned long long)base, filter ? ", filter " : "", filter ? filter : "");
   return check_summary("test_op_table");

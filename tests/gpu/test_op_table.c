@@ -17,6 +17,12 @@
 
 static const int DEV = 0;
 
+/* after the op on the device: it must not have failed asynchronously */
+static void synchronized(const char *label) {
+  int sync = sh_cuda_synchronize(DEV);
+  CHECK(sync == 0, "%s: the device failed after the op: %s", label, sh_last_error());
+}
+
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
   if (sh_cuda_device_count() == 0) {
@@ -31,32 +37,11 @@ int main(int argc, char **argv) {
   printf("test_op_table (cuda:%d): seed %llu (SHARD_TEST_SEED=%llu replays), lt epilogues %s\n", DEV,
          (unsigned long long)base, (unsigned long long)base, getenv("SHARD_NO_LT_EPILOGUE") ? "off" : "on");
   double t0 = ot_now();
-  int rows = 0, cases = 0;
-  for (int i = 0; i < OT_ROWS; i++) {
-    const ot_row *row = &ot_table[i];
-    if (!ot_selected(row, filter)) continue;
-    rows++;
-    for (int dt = 0; dt < 8; dt++) {
-      if (!(row->dtypes & (1u << dt))) continue;
-      cases++;
-      char label[256];
-      ot_label(label, sizeof label, row, dt);
-      double t1 = ot_now();
-      ot_run got, ref;
-      ot_begin(&got, row, dt, DEV, 0, ot_case_seed(base, i, dt));
-      ot_exec(&got, 1);
-      int sync = sh_cuda_synchronize(DEV);
-      CHECK(sync == 0, "%s: the device failed after the op: %s", label, sh_last_error());
-      ot_begin(&ref, row, dt, -1, 0, ot_case_seed(base, i, dt));
-      ot_exec(&ref, 0);
-      CHECK(!got.failed, "%s on cuda:%d: %s", label, DEV, got.msg);
-      CHECK(!ref.failed, "%s on the cpu: %s", label, ref.msg);
-      if (!got.failed && !ref.failed) ot_compare(&got, &ref, 1, label);
-      ot_end(&got);
-      ot_end(&ref);
-      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, ot_now() - t1);
-    }
-  }
+  char on_dev[32];
+  snprintf(on_dev, sizeof on_dev, " on cuda:%d", DEV);
+  const ot_pass cuda = { DEV, 0, -1, 0, 1, 0, on_dev, " on the cpu", synchronized };
+  int rows, cases;
+  ot_run_pass(&cuda, filter, base, &rows, &cases);
   CHECK_OK(sh_cuda_synchronize(DEV));
   printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, ot_now() - t0);
   if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);

@@ -1710,3 +1710,46 @@ static uint64_t ot_base_seed(void) {
 }
 
 static uint64_t ot_case_seed(uint64_t base, int row, int dtype) { return ot_mix(ot_mix(base, (uint64_t)row), (uint64_t)dtype); }
+
+/* One pass over the table, the loop both test mains run (tests/c/test_op_table.c: the CPU
+ * against its references; tests/gpu/test_op_table.c: cuda against the CPU): for every row the
+ * filter selects, in every dtype it lists, the op on got_device (run twice, poisoned between)
+ * against the same case on ref_device, compared with ot_compare(..., on_device, ...). */
+typedef struct {
+  int got_device, got_ref;     /* ot_begin's device and ref for the case under test */
+  int ref_device, ref_ref;     /* ... and for what it is compared against */
+  int on_device;               /* ot_compare's third argument */
+  int skip_f64_referenced;     /* leave out the f64 case of an f64-referenced row */
+  const char *got_where;       /* in failure messages: "label<got_where>: msg" */
+  const char *ref_where;
+  void (*after_got)(const char *label);  /* NULL, or run after the case under test */
+} ot_pass;
+
+static void ot_run_pass(const ot_pass *p, const char *filter, uint64_t base, int *rows, int *cases) {
+  *rows = *cases = 0;
+  for (int i = 0; i < OT_ROWS; i++) {
+    const ot_row *row = &ot_table[i];
+    if (!ot_selected(row, filter)) continue;
+    (*rows)++;
+    for (int dt = 0; dt < 8; dt++) {
+      if (!(row->dtypes & (1u << dt))) continue;
+      if (p->skip_f64_referenced && row->ref == OT_REF_F64 && dt == SH_F64) continue;
+      (*cases)++;
+      char label[256];
+      ot_label(label, sizeof label, row, dt);
+      double t1 = ot_now();
+      ot_run got, ref;
+      ot_begin(&got, row, dt, p->got_device, p->got_ref, ot_case_seed(base, i, dt));
+      ot_exec(&got, 1);
+      if (p->after_got) p->after_got(label);
+      ot_begin(&ref, row, dt, p->ref_device, p->ref_ref, ot_case_seed(base, i, dt));
+      ot_exec(&ref, 0);
+      CHECK(!got.failed, "%s%s: %s", label, p->got_where, got.msg);
+      CHECK(!ref.failed, "%s%s: %s", label, p->ref_where, ref.msg);
+      if (!got.failed && !ref.failed) ot_compare(&got, &ref, p->on_device, label);
+      ot_end(&got);
+      ot_end(&ref);
+      if (getenv("SHARD_TEST_VERBOSE")) printf("  %-70s %.3f s\n", label, ot_now() - t1);
+    }
+  }
+}
