@@ -74,13 +74,21 @@ static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) 
   for (int d = ndim - 1; d >= 0; d--) { stride[d] = s; s *= shape[d] > 0 ? shape[d] : 1; }
 }
 
+#define SH_MAX_NUMEL ((int64_t)1 << 50)
+
 static int check_shape(const char *op, int ndim, const int64_t *shape) {
   char buf[160];
   if (ndim < 0 || ndim > SH_MAX_DIMS)
     return sh_fail(SH_ERR_ARG, "%s: %d dims requested; tensors have 0 to 8", op, ndim);
-  for (int d = 0; d < ndim; d++)
+  /* The product of the sizes, with 0 counted as 1 (the contiguous strides multiply them so),
+   * must stay below SH_MAX_NUMEL: element counts, strides and byte counts then never overflow. */
+  int64_t span = 1;
+  for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return sh_fail(SH_ERR_ARG, "%s: negative size in shape %s", op, sh_shape_str(ndim, shape, buf, sizeof buf));
+    if (__builtin_mul_overflow(span, shape[d] > 0 ? shape[d] : 1, &span) || span > SH_MAX_NUMEL)
+      return sh_fail(SH_ERR_ARG, "%s: shape %s spans more than 2^50 elements", op, sh_shape_str(ndim, shape, buf, sizeof buf));
+  }
   return SH_OK;
 }
 

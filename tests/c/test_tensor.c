@@ -62,6 +62,21 @@ static double flat_value(int64_t f) { return 100 * (f / 12) + 10 * (f / 4 % 3) +
 static double ref_flat6x4(const int64_t *i) { return flat_value(i[0] * 4 + i[1]); }
 static double ref_expand(const int64_t *i) { return 10 * 1 + i[1]; }                      /* row j=1 of i=0 */
 
+/* Sizes whose element count (or whose strides, when a dim is 0) overflows 64 bits are refused
+ * by every constructor instead of wrapping to a small count. */
+static void test_size_overflow(void) {
+  sh_tensor *t = NULL;
+  int64_t huge[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+  CHECK_FAILS(sh_tensor_empty(&t, 2, huge, SH_F32, -1), SH_ERR_ARG, "2^50 elements");
+  CHECK(t == NULL, "no tensor on failure");
+  int64_t empty_but_wide[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+  CHECK_FAILS(sh_tensor_empty(&t, 3, empty_but_wide, SH_F32, -1), SH_ERR_ARG, "elements");
+  CHECK_FAILS(sh_tensor_meta(&t, 2, huge, SH_F32, -1), SH_ERR_ARG, "elements");
+  int64_t fine[3] = {0, (int64_t)1 << 20, (int64_t)1 << 20};
+  CHECK_OK(sh_tensor_empty(&t, 3, fine, SH_F32, -1));
+  sh_tensor_destroy(t);
+}
+
 static void test_create(void) {
   int64_t shape[3] = {2, 3, 4};
   sh_tensor *t = make(3, shape, SH_F32);
@@ -501,6 +516,7 @@ static void test_allocator(void) {
 int main(int argc, char **argv) {
   check_args(argc, argv);
   RUN(test_create);
+  RUN(test_size_overflow);
   RUN(test_views);
   RUN(test_copy_all_pairs);
   RUN(test_rounding);
