@@ -283,8 +283,8 @@ static int resolve_shape(const char *op, const sh_tensor *t, int ndim, const int
       infer = d;
     } else if (shape[d] < 0) {
       return sh_fail(SH_ERR_ARG, "%s: negative size in %s", op, sh_shape_str(ndim, shape, a, sizeof a));
-    } else {
-      known *= shape[d];
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      return sh_fail(SH_ERR_ARG, "%s: shape %s spans more than 2^50 elements", op, sh_shape_str(ndim, shape, a, sizeof a));
     }
   }
   int64_t numel = sh_tensor_numel(t);
@@ -297,7 +297,7 @@ static int resolve_shape(const char *op, const sh_tensor *t, int ndim, const int
   if (known != numel)
     return sh_fail(SH_ERR_ARG, "%s: shape %s has %lld elements but %s has %lld", op,
                    sh_shape_str(ndim, shape, a, sizeof a), (long long)known, sh_desc(t), (long long)numel);
-  return SH_OK;
+  return check_shape(op, ndim, resolved);
 }
 
 /* Strides for viewing t with a new shape without copying, when the memory allows it.

@@ -74,6 +74,11 @@ static void test_size_overflow(void) {
   CHECK_FAILS(sh_tensor_meta(&t, 2, huge, SH_F32, -1), SH_ERR_ARG, "elements");
   int64_t fine[3] = {0, (int64_t)1 << 20, (int64_t)1 << 20};
   CHECK_OK(sh_tensor_empty(&t, 3, fine, SH_F32, -1));
+  sh_tensor *v = NULL;   /* views too: an empty tensor viewed with huge dims, a product that wraps */
+  CHECK_FAILS(sh_view_reshape(&v, t, 3, empty_but_wide), SH_ERR_ARG, "2^50 elements");
+  int64_t wraps[3] = {0, (int64_t)1 << 62, 4};
+  CHECK_FAILS(sh_view_reshape(&v, t, 3, wraps), SH_ERR_ARG, "2^50 elements");
+  CHECK(v == NULL, "no view on failure");
   sh_tensor_destroy(t);
 }
 
