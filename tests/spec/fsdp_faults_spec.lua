@@ -67,6 +67,7 @@ describe("fsdp.wrap", function()
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("unknown strategy 'zero4'", 1, true), err)
     assert.is_truthy(tostring(err):find("full_shard", 1, true), err)
+    assert.is_false(nn.Linear(4, 4).weight:is_freed())          -- no deferred context left behind
   end)
 
   it("gives sharded init the values of eager init (deferred construction)", function()
