@@ -138,12 +138,22 @@ local function stream(cmd, o)
   return rc, kept, untagged
 end
 
--- The rank mpirun names as the first to fail, or the first rank with output after a failure.
+-- The rank mpirun names as the first to fail, and the signal that ended it when one did
+-- ("mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).").
 local function failed_rank(untagged)
   for _, line in ipairs(untagged) do
-    local r = line:match("Process name:%s*%[%[%d+,%d+%],(%d+)%]")
+    local r, sig, name = line:match("process rank (%d+) with PID %d+ on node %S+ exited on signal (%d+) %(([^)]*)%)")
+    if r then return tonumber(r), ("signal %s (%s)"):format(sig, name) end
+    r = line:match("Process name:%s*%[%[%d+,%d+%],(%d+)%]")
     if r then return tonumber(r) end
   end
+end
+
+-- The launcher's one-line verdict on a failed job.
+local function verdict(rank, signal, rc)
+  if rank and signal then return ("shard launch: rank %d was killed by %s"):format(rank, signal) end
+  if rank then return ("shard launch: rank %d failed"):format(rank) end
+  return ("shard launch: exit code %d"):format(rc)
 end
 
 function M.main(args)
@@ -158,9 +168,8 @@ function M.main(args)
   local cmd = o.nnodes > 1 and env_command(o) or mpirun_command(o)
   local rc, kept, untagged = stream(cmd, o)
   if rc == 0 then return 0 end
-  local r = failed_rank(untagged)
-  local msg = r and ("shard launch: rank %d failed"):format(r) or ("shard launch: exit code %d"):format(rc)
-  io.stderr:write(msg, "\n")
+  local r, signal = failed_rank(untagged)
+  io.stderr:write(verdict(r, signal, rc), "\n")
   if r and kept[r] and (o.all == false and r ~= 0) then
     for _, line in ipairs(kept[r]) do io.stderr:write("[rank ", r, "] ", line, "\n") end
   elseif not r and #untagged > 0 then

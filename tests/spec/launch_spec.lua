@@ -23,6 +23,16 @@ info.group:all_reduce(t, "sum")
 print("unreachable on rank " .. info.rank)
 ]]
 
+local KILLED = script [[
+local shard = require "shard"
+local ffi = require "ffi"
+ffi.cdef "int getpid(void); int kill(int pid, int sig);"
+local info = shard.comm.info()
+if info.rank == 1 then ffi.C.kill(ffi.C.getpid(), 9) end
+info.group:barrier()
+print("unreachable on rank " .. info.rank)
+]]
+
 describe("shard launch", function()
   it("runs N ranks and prints rank 0's output, passing overrides", function()
     local code, out, err = launch("--nproc 2 " .. quote(HELLO) .. " --lr=0.5")
@@ -46,6 +56,13 @@ describe("shard launch", function()
     assert.truthy(elapsed <= 20, "took " .. elapsed .. " s")
     assert.truthy(err:find("rank 1 failed", 1, true), err)
     assert.truthy(err:find("rank one exploded on purpose", 1, true), err)
+    assert.falsy(out:find("unreachable", 1, true), out)
+  end)
+
+  it("names the rank and the signal when a rank is killed", function()
+    local code, out, err = launch("--nproc 2 " .. quote(KILLED))
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("shard launch: rank 1 was killed by signal 9 (Killed)", 1, true), err)
     assert.falsy(out:find("unreachable", 1, true), out)
   end)
 
