@@ -373,8 +373,9 @@ int sh_comm_wait(sh_comm_work *w) {
     double waited = sh_comm_now() - t0;
     if (waited > w->comm->timeout)
       return sh_fail(SH_ERR_COMM, "comm: %s on %s timed out after %.3g s on rank %d of %d "
-                     "(another rank did not join: it failed, skipped the collective, or is stuck)",
-                     w->what, w->comm->name, waited, w->comm->rank, w->comm->size);
+                     "(another rank did not join: it failed, skipped the collective, or is stuck; "
+                     "the timeout is %g s: shard launch --timeout=SECONDS or SHARD_COMM_TIMEOUT)",
+                     w->what, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
     if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
     struct timespec ts = { 0, pause_ns };
     if (pause_ns) nanosleep(&ts, NULL);

@@ -8,7 +8,8 @@ usage: shard <command> [args]
 
   run FILE [--key=value ...] [args]   run a recipe; --key=value overrides reach shard.config
   repl                                 interactive Lua with shard loaded (reads stdin when piped)
-  launch --nproc N FILE [...]          run a recipe on N local ranks
+  launch --nproc N FILE [...]          run a recipe on N local ranks (--timeout SECONDS: collective
+                                       timeout, default 600 or SHARD_COMM_TIMEOUT)
   bench ...                            benchmarks
   estimate [--key=value ...]           per-rank memory of a GPT under FSDP
   --version                            print the version

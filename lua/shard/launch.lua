@@ -10,7 +10,7 @@
 -- (NCCL); CPU collectives need one mpirun across the nodes instead (mpirun -H a:N,b:N ...).
 local M = {}
 
-local USAGE = "usage: shard launch --nproc N [--nnodes M --node-rank R --master-addr A --master-port P] [--all] FILE [--key=value ...]"
+local USAGE = "usage: shard launch --nproc N [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] FILE [--key=value ...]"
 local TAIL = 40          -- lines kept per rank for the failure report
 
 local function fail_usage(msg)
@@ -46,6 +46,11 @@ function M.parse(args)
     if not n or n < 0 or n % 1 ~= 0 then error({ usage = name .. " expects a whole number, got '" .. tostring(v) .. "'" }) end
     return n
   end
+  local function seconds(name, v)
+    local n = tonumber(v)
+    if not n or n <= 0 then error({ usage = name .. " expects a positive number of seconds, got '" .. tostring(v) .. "'" }) end
+    return n
+  end
   while i <= #args do
     local a = args[i]
     local flag, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
@@ -57,6 +62,7 @@ function M.parse(args)
     elseif flag == "--master-addr" or flag == "--master_addr" then o.master_addr = get(flag)
     elseif flag == "--master-port" or flag == "--master_port" then o.master_port = number(flag, get(flag))
     elseif flag == "--all" then o.all = true
+    elseif flag == "--timeout" then o.timeout = seconds(flag, get(flag))
     elseif a:sub(1, 2) == "--" then error({ usage = "unknown option " .. a .. " before FILE" })
     else
       o.file = a
@@ -79,8 +85,10 @@ local function is_root()
   return uid == "0"
 end
 
+-- The ranks' command; --timeout reaches every rank's collectives as SHARD_COMM_TIMEOUT.
 local function run_args(o)
   local parts = { quote(M.shard_exe()), "run", quote(o.file) }
+  if o.timeout then table.insert(parts, 1, "env SHARD_COMM_TIMEOUT=" .. o.timeout) end
   for _, a in ipairs(o.rest) do parts[#parts + 1] = quote(a) end
   return table.concat(parts, " ")
 end

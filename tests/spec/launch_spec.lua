@@ -33,6 +33,14 @@ info.group:barrier()
 print("unreachable on rank " .. info.rank)
 ]]
 
+local STUCK = script [[
+local shard = require "shard"
+local info = shard.comm.info()
+if info.rank == 1 then os.execute("sleep 60") end
+local t = shard.tensor { 1 }
+info.group:all_reduce(t, "sum")
+]]
+
 describe("shard launch", function()
   it("runs N ranks and prints rank 0's output, passing overrides", function()
     local code, out, err = launch("--nproc 2 " .. quote(HELLO) .. " --lr=0.5")
@@ -57,6 +65,22 @@ describe("shard launch", function()
     assert.truthy(err:find("rank 1 failed", 1, true), err)
     assert.truthy(err:find("rank one exploded on purpose", 1, true), err)
     assert.falsy(out:find("unreachable", 1, true), out)
+  end)
+
+  it("ends a job with a stuck rank after --timeout seconds, saying what the timeout is", function()
+    local t0 = os.time()
+    local code, _, err = launch("--nproc 2 --timeout=2 " .. quote(STUCK))
+    local elapsed = os.time() - t0
+    assert.are_not.equal(0, code)
+    assert.truthy(elapsed <= 15, "took " .. elapsed .. " s")
+    assert.truthy(err:find("timed out after", 1, true), err)
+    assert.truthy(err:find("the timeout is 2 s", 1, true), err)
+  end)
+
+  it("refuses a timeout that is not a positive number", function()
+    local code, _, err = launch("--nproc 2 --timeout=0 " .. quote(STUCK))
+    assert.are.equal(2, code)
+    assert.truthy(err:find("--timeout expects a positive number of seconds", 1, true), err)
   end)
 
   it("names the rank and the signal when a rank is killed", function()
