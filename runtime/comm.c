@@ -18,6 +18,7 @@ extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
 #endif
 
 static sh_comm *g_world;
+static int g_timed_out;   /* a wait of this process timed out (sh_comm_wait) */
 static sh_comm *g_live;                     /* every live group, for counters and finalize */
 static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
 
@@ -371,11 +372,13 @@ int sh_comm_wait(sh_comm_work *w) {
     int rc = sh_comm_test(w, &done);
     if (rc || done) return rc;
     double waited = sh_comm_now() - t0;
-    if (waited > w->comm->timeout)
+    if (waited > w->comm->timeout) {
+      g_timed_out = 1;
       return sh_fail(SH_ERR_COMM, "comm: %s on %s timed out after %.3g s on rank %d of %d "
                      "(another rank did not join: it failed, skipped the collective, or is stuck; "
                      "the timeout is %g s: shard launch --timeout=SECONDS or SHARD_COMM_TIMEOUT)",
                      w->what, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
+    }
     if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
     struct timespec ts = { 0, pause_ns };
     if (pause_ns) nanosleep(&ts, NULL);
@@ -390,9 +393,14 @@ static void abandon(sh_comm_work *w) {
   free(w);
 }
 
+/* Once a collective of this process timed out, the job is ending: work still pending when
+ * its handle is freed (a prefetched gather, a reduction in flight, freed on the way out) is
+ * given up at once instead of awaited a timeout each. An explicit sh_comm_wait still waits. */
 void sh_comm_work_free(sh_comm_work *w) {
   if (!w) return;
-  if (!w->done && sh_comm_wait(w) != SH_OK && !w->done) { abandon(w); return; }
+  int done = 0;
+  if (!w->done && g_timed_out) sh_comm_test(w, &done);   /* finished meanwhile: release normally */
+  if (!w->done && (g_timed_out || (sh_comm_wait(w) != SH_OK && !w->done))) { abandon(w); return; }
   work_release(w);
 }
 

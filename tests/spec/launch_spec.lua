@@ -41,6 +41,25 @@ local t = shard.tensor { 1 }
 info.group:all_reduce(t, "sum")
 ]]
 
+-- Rank 1 stops itself (SIGSTOP) in the second step of a full_shard model: rank 0 times out
+-- with a prefetched all-gather still pending.
+local STOPPED = script [[
+local shard = require "shard"
+local ffi = require "ffi"
+ffi.cdef "int getpid(void); int kill(int pid, int sig);"
+local nn = shard.nn
+local env = shard.init()
+local model = shard.fsdp.wrap(function()
+  return nn.GPT{ n_layer = 2, n_head = 2, n_embd = 32, block_size = 16, vocab_size = 65, bias = false }
+end, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = "full_shard" })
+local x = shard.tensor{ { 1, 2, 3, 4 } }:to("i64")
+for it = 1, 3 do
+  if it == 2 and env.rank == 1 then ffi.C.kill(ffi.C.getpid(), 19) end
+  local loss = model(x, x)
+  loss:backward()
+end
+]]
+
 describe("shard launch", function()
   it("runs N ranks and prints rank 0's output, passing overrides", function()
     local code, out, err = launch("--nproc 2 " .. quote(HELLO) .. " --lr=0.5")
@@ -75,6 +94,15 @@ describe("shard launch", function()
     assert.truthy(elapsed <= 15, "took " .. elapsed .. " s")
     assert.truthy(err:find("timed out after", 1, true), err)
     assert.truthy(err:find("the timeout is 2 s", 1, true), err)
+  end)
+
+  it("ends a job with a stopped rank within the timeout and a few seconds, pending work given up", function()
+    local t0 = os.time()
+    local code, _, err = launch("--nproc 2 --timeout=4 " .. quote(STOPPED))
+    local elapsed = os.time() - t0
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("timed out after", 1, true), err)
+    assert.truthy(elapsed <= 7, "took " .. elapsed .. " s with a 4 s timeout")   -- each pending op awaited again: 8 s or more
   end)
 
   it("refuses a timeout that is not a positive number", function()
