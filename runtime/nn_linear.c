@@ -86,27 +86,17 @@ done:
   return rc;
 }
 
-/* dst = src, a result the public gelu op allocated (rc its status), then src goes. */
-static int take_into(sh_tensor *dst, sh_tensor *src, int rc) {
-  if (!rc) rc = sh_tensor_copy_(dst, src);
-  sh_tensor_destroy(src);
-  return rc;
-}
-
 static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
                                    const sh_tensor *b) {
   SH_TRY(cpu_linear_forward(pre, x, w, b));
-  sh_tensor *g = NULL;
-  int rc = sh_gelu_forward(&g, pre);
-  return take_into(y, g, rc);
+  return SH_KERNEL("linear_gelu", -1, gelu_forward, y, pre);
 }
 
+/* The gelu backward runs in place on dpre: it is elementwise, each element read then written. */
 static int cpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
   SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w));   /* dpre holds dy @ w */
-  sh_tensor *g = NULL;
-  int rc = sh_gelu_backward(&g, dpre, pre);
-  return take_into(dpre, g, rc);
+  return SH_KERNEL("linear_backward_dgelu", -1, gelu_backward, dpre, dpre, pre);
 }
 
 void sh_linear_register_cpu(sh_backend *b) {
@@ -118,21 +108,15 @@ void sh_linear_register_cpu(sh_backend *b) {
 
 /* ---- fronts: checks and outputs, then the kernel of x's device ------------------------- */
 
-/* t is a live float tensor on `device`. */
-static int check_float_on(const sh_tensor *t, int device, const char *op, const char *name) {
-  SH_TRY(sh_check_on(t, device, op, name));
-  return sh_nn_check_float(t, op, name);
-}
-
 /* x [..., in], w [out, in] and b [out] (or NULL), all on x's device. */
 static int check_linear(const char *op, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   SH_TRY(sh_nn_check_float(x, op, "x"));
-  SH_TRY(check_float_on(w, x->device, op, "w"));
+  SH_TRY(sh_nn_check_float_on(w, x->device, op, "w"));
   if (x->ndim < 1) return sh_fail(SH_ERR_ARG, "%s: x must have at least 1 dim [..., in], got %s", op, sh_desc(x));
   int64_t in = x->shape[x->ndim - 1];
   SH_TRY(sh_nn_check_shape(w, op, "w", 2, (int64_t[]){-1, in}));
   if (b) {
-    SH_TRY(check_float_on(b, x->device, op, "b"));
+    SH_TRY(sh_nn_check_float_on(b, x->device, op, "b"));
     SH_TRY(sh_nn_check_shape(b, op, "b", 1, (int64_t[]){w->shape[0]}));
   }
   return SH_OK;
@@ -177,20 +161,20 @@ int sh_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, c
 static int check_backward(const char *op, const sh_tensor *dw, const sh_tensor *db, const sh_tensor *dy,
                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
   SH_TRY(check_linear(op, x, w, NULL));
-  SH_TRY(check_float_on(dy, x->device, op, "dy"));
+  SH_TRY(sh_nn_check_float_on(dy, x->device, op, "dy"));
   int64_t shape[SH_MAX_DIMS];
   linear_shape(x, w, shape);
   SH_TRY(sh_nn_check_shape(dy, op, "dy", x->ndim, shape));
   if (dw) {
-    SH_TRY(check_float_on(dw, x->device, op, "dw"));
+    SH_TRY(sh_nn_check_float_on(dw, x->device, op, "dw"));
     SH_TRY(sh_nn_check_shape(dw, op, "dw", 2, w->shape));
   }
   if (db) {
-    SH_TRY(check_float_on(db, x->device, op, "db"));
+    SH_TRY(sh_nn_check_float_on(db, x->device, op, "db"));
     SH_TRY(sh_nn_check_shape(db, op, "db", 1, (int64_t[]){w->shape[0]}));
   }
   if (pre) {
-    SH_TRY(check_float_on(pre, x->device, op, "pre"));
+    SH_TRY(sh_nn_check_float_on(pre, x->device, op, "pre"));
     SH_TRY(sh_nn_check_same_shape(pre, x, op, "pre", "x"));
   }
   return SH_OK;

@@ -49,12 +49,6 @@ int sh_compute_dtype(int dtype) {
   return sh_dtype_is_float(dtype) ? SH_F32 : SH_I64;
 }
 
-int sh_require_cpu(const sh_tensor *t, const char *op) {
-  SH_TRY(sh_tensor_check(t, op));
-  if (t->device >= 0) return sh_fail(SH_ERR_DEVICE, "%s: needs a cpu tensor, got %s", op, sh_desc(t));
-  return SH_OK;
-}
-
 int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
   if (t->dtype == dtype && sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
   return sh_tensor_to(out, t, dtype, t->device);

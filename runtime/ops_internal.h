@@ -35,9 +35,6 @@ int sh_reduced_shape(const sh_tensor *a, int dim, int keepdim, int64_t *shape);
  * float (bf16/f16 math runs in f32), i64 for integers and bool. */
 int sh_compute_dtype(int dtype);
 
-/* Checks t (not NULL, not freed) and that it lives on the CPU. */
-int sh_require_cpu(const sh_tensor *t, const char *op);
-
 /* Copies t into a new contiguous tensor of dtype unless it already is one (then an alias),
  * so kernels can assume a dense row-major array of a known type. */
 int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);
