@@ -93,7 +93,7 @@ static int none_start(sh_comm_work *w) {
 static int none_test(sh_comm_work *w, int *done) { *done = 1; return SH_OK; }
 static void none_abandon(sh_comm_work *w) {}
 static void none_destroy(sh_comm *c) {}
-static const sh_comm_backend none_backend = { "none", none_start, none_test, none_abandon, NULL, none_destroy };
+static const sh_comm_backend none_backend = { "none", none_start, none_test, none_abandon, NULL, none_destroy, NULL, NULL, NULL };
 
 /* ---- groups ---------------------------------------------------------------------------- */
 
@@ -398,15 +398,44 @@ static void abandon(sh_comm_work *w) {
  * given up at once instead of awaited a timeout each. An explicit sh_comm_wait still waits. */
 void sh_comm_work_free(sh_comm_work *w) {
   if (!w) return;
+  if (w->ordered) { work_release(w); return; }
   int done = 0;
   if (!w->done && g_timed_out) sh_comm_test(w, &done);   /* finished meanwhile: release normally */
   if (!w->done && (g_timed_out || (sh_comm_wait(w) != SH_OK && !w->done))) { abandon(w); return; }
   work_release(w);
 }
 
+int sh_comm_work_order(sh_comm_work *w) {
+  if (!w) return sh_fail(SH_ERR_ARG, "comm order: expected a work handle, got nil");
+  if (w->ordered) return SH_OK;
+  if (!w->backend->order || w->done) return sh_comm_wait(w);
+  int rc = w->backend->order(w);
+  if (rc) {
+    w->done = 1;
+    w->status = rc;
+    return sh_fail_context("%s on %s (rank %d of %d): ", w->what, w->comm->name, w->comm->rank, w->comm->size);
+  }
+  w->ordered = w->done = 1;
+  return SH_OK;
+}
+
+int sh_comm_work_then_begin(sh_comm_work *w) {
+  if (!w) return sh_fail(SH_ERR_ARG, "comm then: expected a work handle, got nil");
+  if (!w->backend->then_begin || w->done) return sh_comm_wait(w);
+  return w->backend->then_begin(w);
+}
+
+int sh_comm_work_then_end(sh_comm_work *w) {
+  if (!w) return sh_fail(SH_ERR_ARG, "comm then: expected a work handle, got nil");
+  if (!w->backend->then_end || w->done) return SH_OK;
+  return w->backend->then_end(w);
+}
+
+/* The blocking forms: a device collective is ordered on the caller's stream, a host one
+ * waited for. */
 static int run(sh_comm_work *w, int rc) {
   if (rc) return rc;
-  rc = sh_comm_wait(w);
+  rc = sh_comm_work_order(w);
   if (w->done) work_release(w); else abandon(w);
   return rc;
 }

@@ -4,8 +4,11 @@
  * collective is issued by every rank of the group in the same order. CPU tensors go through
  * Open MPI (or plain copies in a group of one), CUDA tensors through NCCL.
  *
- * Every collective has an async form returning a work handle; the blocking form is the async
- * one followed by sh_comm_wait. A wait gives up after the communicator's timeout (default
+ * Every collective has an async form returning a work handle. CUDA collectives run on the
+ * device's communication streams, after the work the caller's current stream had queued
+ * when they were issued; the blocking form of a CUDA collective returns once it is queued,
+ * with the caller's current stream ordered after it (as NCCL users expect: no host wait),
+ * and that of a CPU collective returns when it is complete. A wait gives up after the communicator's timeout (default
  * 600 s, or SHARD_COMM_TIMEOUT seconds from the environment) with SH_ERR_COMM and a message
  * naming the op, the group and the rank, instead of hanging. The op is still pending after a
  * timeout: waiting again resumes it, and freeing the handle abandons it (the group is then
@@ -87,7 +90,18 @@ int sh_comm_broadcast_async(sh_comm_work **work, sh_comm *comm, sh_tensor *t, in
 int sh_comm_barrier_async(sh_comm_work **work, sh_comm *comm);
 int sh_comm_wait(sh_comm_work *work);               /* SH_OK once complete (again: SH_OK) */
 int sh_comm_test(sh_comm_work *work, int *done);    /* never blocks */
-void sh_comm_work_free(sh_comm_work *work);         /* waits first if still pending */
+void sh_comm_work_free(sh_comm_work *work);         /* waits first if still pending and not ordered */
+/* Orders the calling thread's current stream after the collective: later work on that stream
+ * sees its outputs. For CUDA tensors this is an event wait on the device and the host never
+ * blocks; for CPU tensors it is sh_comm_wait. The handle may then be freed at once. */
+int sh_comm_work_order(sh_comm_work *work);
+/* Between sh_comm_work_then_begin and sh_comm_work_then_end, the work this thread queues on
+ * the collective's device runs after it, on the collective's own stream, so finishing its
+ * output (a cast, an accumulation, a further collective) never makes the caller's stream
+ * wait; memory freed in between is reused in that stream's order. sh_comm_work_order after
+ * then_end covers that work too. For CPU tensors begin waits and end does nothing. */
+int sh_comm_work_then_begin(sh_comm_work *work);
+int sh_comm_work_then_end(sh_comm_work *work);
 
 /* Collectives issued since the last reset, per kind, and the bytes each rank contributed.
  * comm NULL: every group of this process together. */

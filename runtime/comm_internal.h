@@ -35,7 +35,8 @@ struct sh_comm_work {
   int op, reduce_dtype, root;
   sh_tensor *in, *out;            /* aliases: they keep the storages alive until freed */
   void *state;                    /* the backend's (requests, staging buffers) */
-  int done;
+  int done;                       /* complete, or handed to the device (ordered) */
+  int ordered;                    /* a device stream was made to wait for it: no host wait */
   int status;                     /* the completed op's status */
   char what[200];                 /* "all_reduce of f32[10] cpu (sum)" for messages */
 };
@@ -53,6 +54,14 @@ struct sh_comm_backend {
    * child->size to 0 when color < 0. NULL: the backend cannot split. */
   int (*split)(sh_comm *parent, int color, int key, sh_comm *child);
   void (*destroy)(sh_comm *c);    /* frees this backend's state of c */
+  /* Device-ordered completion (NULL for the host backends, which wait instead). order makes
+   * the calling thread's current stream wait for w on the device and finishes w on the host
+   * side (its state freed, no host wait). then_begin makes w's own stream the thread's
+   * current one; then_end restores the previous stream, moving w's completion past the work
+   * issued in between. */
+  int (*order)(sh_comm_work *w);
+  int (*then_begin)(sh_comm_work *w);
+  int (*then_end)(sh_comm_work *w);
 };
 
 extern const sh_comm_backend sh_comm_local_backend;

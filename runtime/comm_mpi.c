@@ -291,5 +291,5 @@ int sh_comm_mpi_bcast_bytes(sh_comm *c, void *buf, int nbytes, int root) {
 }
 
 const sh_comm_backend sh_comm_mpi_backend = {
-  "mpi", mpi_start, mpi_test, mpi_abandon, mpi_split, mpi_destroy
+  "mpi", mpi_start, mpi_test, mpi_abandon, mpi_split, mpi_destroy, NULL, NULL, NULL
 };

@@ -32,12 +32,30 @@ struct sh_flatparam {
   sh_tensor *flat_grad;         /* reduce dtype, padded (GRAD) while a reduce is in flight */
   sh_tensor *red_out;           /* its reduced shard (or flat_grad itself) */
   sh_comm_work *reduce;
+  sh_comm_work *grad_ready;     /* the last reduction that wrote grad: readers order after it */
   sh_comm *replicate;
   int red_op;
   sh_flatparam *next;           /* the list of live FlatParameters */
 };
 
 static sh_flatparam *g_live;    /* live FlatParameters: a parameter may belong to one only */
+static sh_fp_stats g_stats;     /* buffers in flight, for the schedule's limits */
+
+static void count_gather(int delta) {
+  g_stats.gathers += delta;
+  if (g_stats.gathers > g_stats.gathers_peak) g_stats.gathers_peak = g_stats.gathers;
+}
+
+static void count_reduce(int delta) {
+  g_stats.reduces += delta;
+  if (g_stats.reduces > g_stats.reduces_peak) g_stats.reduces_peak = g_stats.reduces;
+}
+
+void sh_flatparam_stats(sh_fp_stats *out) { *out = g_stats; }
+void sh_flatparam_reset_peaks(void) {
+  g_stats.gathers_peak = g_stats.gathers;
+  g_stats.reduces_peak = g_stats.reduces;
+}
 
 /* ---- small tensor helpers ---------------------------------------------------------------- */
 
@@ -222,15 +240,26 @@ int sh_flatparam_get_slot(const sh_flatparam *fp, int i, int rank, sh_flatparam_
   return SH_OK;
 }
 
+/* Readers of the sharded grad (the optimizer, clipping, zero_grad) order their stream after
+ * the reduction that wrote it. */
+static int order_grad(sh_flatparam *fp) {
+  if (!fp->grad_ready) return SH_OK;
+  int rc = sh_comm_work_order(fp->grad_ready);
+  sh_comm_work_free(fp->grad_ready);
+  fp->grad_ready = NULL;
+  return rc;
+}
+
 int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp) {
   *out = NULL;
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam shard: expected a FlatParameter, got nil");
   return sh_tensor_alias(out, fp->shard);
 }
 
-int sh_flatparam_grad_shard(sh_tensor **out, const sh_flatparam *fp) {
+int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp) {
   *out = NULL;
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam grad_shard: expected a FlatParameter, got nil");
+  if (order_grad(fp)) return sh_fail_context("flatparam grad_shard: ");
   return fp->has_grad ? sh_tensor_alias(out, fp->grad) : SH_OK;
 }
 
@@ -257,6 +286,13 @@ int sh_flatparam_init_param(sh_flatparam *fp, int i, const sh_tensor *value) {
 
 /* ---- unshard / reshard ------------------------------------------------------------------- */
 
+/* The full buffer goes (an alias of the shard under no_shard is not a gathered buffer). */
+static void drop_full(sh_flatparam *fp) {
+  if (fp->full && fp->full->storage != fp->shard->storage) count_gather(-1);
+  sh_tensor_destroy(fp->full);
+  fp->full = NULL;
+}
+
 static void point_params(sh_flatparam *fp) {
   for (int i = 0; i < fp->n; i++)
     if (fp->slots[i].tied_to < 0) point_into(fp->slots[i].p, fp->full, fp->slots[i].offset);
@@ -272,12 +308,13 @@ int sh_flatparam_unshard_start(sh_flatparam *fp) {
     return SH_OK;
   }
   SH_TRY(new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM));
+  count_gather(1);
   sh_tensor *slot = NULL;
   int rc = sh_view_narrow(&slot, fp->full, 0, fp->rank * fp->shard_numel, fp->shard_numel);
   if (!rc) rc = sh_tensor_copy_(slot, fp->shard);
   if (!rc && !fp->no_shard && fp->group) rc = sh_comm_all_gather_into_async(&fp->gather, fp->group, fp->full, slot);
   sh_tensor_destroy(slot);
-  if (rc) { sh_tensor_destroy(fp->full); fp->full = NULL; return sh_fail_context("flatparam unshard: "); }
+  if (rc) { drop_full(fp); return sh_fail_context("flatparam unshard: "); }
   fp->state = SH_FP_GATHERING;
   return SH_OK;
 }
@@ -286,8 +323,8 @@ int sh_flatparam_unshard_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
   if (fp->state == SH_FP_UNSHARDED) return SH_OK;
   if (fp->state == SH_FP_SHARDED) SH_TRY(sh_flatparam_unshard_start(fp));
-  if (fp->gather) {
-    int rc = sh_comm_wait(fp->gather);
+  if (fp->gather) {     /* the caller's stream waits for the gather on the device, not the host */
+    int rc = sh_comm_work_order(fp->gather);
     if (rc) return sh_fail_context("flatparam unshard: ");
     sh_comm_work_free(fp->gather);
     fp->gather = NULL;
@@ -303,15 +340,14 @@ int sh_flatparam_unshard(sh_flatparam *fp) {
 
 int sh_flatparam_reshard(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reshard: expected a FlatParameter, got nil");
-  if (fp->gather) {                 /* a prefetch nobody used: finish it before freeing its buffer */
-    int rc = sh_comm_wait(fp->gather);
+  if (fp->gather) {                 /* a prefetch nobody used: order it before freeing its buffer */
+    int rc = sh_comm_work_order(fp->gather);
     sh_comm_work_free(fp->gather);
     fp->gather = NULL;
     if (rc) return sh_fail_context("flatparam reshard: ");
   }
   for (int i = 0; i < fp->n; i++) if (fp->slots[i].tied_to < 0) drop_storage(fp->slots[i].p);
-  sh_tensor_destroy(fp->full);
-  fp->full = NULL;
+  drop_full(fp);
   fp->state = SH_FP_SHARDED;
   return SH_OK;
 }
@@ -320,6 +356,7 @@ int sh_flatparam_reshard(sh_flatparam *fp) {
 
 static int new_flat_grad(sh_flatparam *fp) {
   SH_TRY(new_tagged(&fp->flat_grad, fp->padded, fp->rdt, fp->device, SH_TAG_GRAD));
+  count_reduce(1);
   return sh_tensor_fill_(fp->flat_grad, 0);
 }
 
@@ -375,6 +412,7 @@ static int flatten_grads(sh_flatparam *fp) {
 
 static void drop_reduce_buffers(sh_flatparam *fp) {
   if (fp->red_out != fp->flat_grad) sh_tensor_destroy(fp->red_out);
+  if (fp->flat_grad) count_reduce(-1);
   sh_tensor_destroy(fp->flat_grad);
   fp->red_out = fp->flat_grad = NULL;
 }
@@ -399,22 +437,34 @@ int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *rep
   return SH_OK;
 }
 
-int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
-  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
-  if (!fp->red_out) return SH_OK;
-  int rc = SH_OK;
-  if (fp->reduce) {
-    rc = sh_comm_wait(fp->reduce);
-    if (rc) return sh_fail_context("flatparam reduce_grad: ");
-    sh_comm_work_free(fp->reduce);
-    fp->reduce = NULL;
-  }
-  if (fp->replicate) rc = sh_comm_all_reduce(fp->replicate, fp->red_out, fp->red_op, -1);
+/* After the reduction: the all-reduce across replicas, then the sum lands in the sharded
+ * grad (master dtype) and the flat buffers go. With a device collective this is queued on
+ * the collective's own stream (sh_comm_work_then_begin), so the caller's stream never waits
+ * for a reduction and the buffers are reused in that stream's order. */
+static int finish_reduce(sh_flatparam *fp) {
+  int rc = fp->replicate ? sh_comm_all_reduce(fp->replicate, fp->red_out, fp->red_op, -1) : SH_OK;
+  if (!rc) rc = order_grad(fp);
   if (!rc && !fp->grad) rc = new_tagged(&fp->grad, fp->shard_numel, fp->master, fp->device, SH_TAG_GRAD);
   if (!rc) rc = fp->has_grad ? accumulate(fp->grad, fp->red_out) : sh_tensor_copy_(fp->grad, fp->red_out);
   drop_reduce_buffers(fp);
+  if (!rc) fp->has_grad = 1;
+  return rc;
+}
+
+int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
+  if (!fp->red_out) return SH_OK;
+  if (!fp->reduce) {
+    int rc = finish_reduce(fp);
+    return rc ? sh_fail_context("flatparam reduce_grad: ") : SH_OK;
+  }
+  int rc = sh_comm_work_then_begin(fp->reduce);
   if (rc) return sh_fail_context("flatparam reduce_grad: ");
-  fp->has_grad = 1;
+  rc = finish_reduce(fp);
+  int end = sh_comm_work_then_end(fp->reduce);
+  fp->grad_ready = fp->reduce;
+  fp->reduce = NULL;
+  if (rc || end) return sh_fail_context("flatparam reduce_grad: ");
   return SH_OK;
 }
 
@@ -425,6 +475,7 @@ int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate
 
 int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam zero_grad: expected a FlatParameter, got nil");
+  if (free_it && order_grad(fp)) return sh_fail_context("flatparam zero_grad: ");
   fp->has_grad = 0;
   if (free_it) { sh_tensor_destroy(fp->grad); fp->grad = NULL; }
   return SH_OK;
@@ -436,10 +487,11 @@ void sh_flatparam_destroy(sh_flatparam *fp) {
   if (!fp) return;
   if (fp->gather) { sh_comm_work_free(fp->gather); fp->gather = NULL; }
   if (fp->reduce) { sh_comm_work_free(fp->reduce); fp->reduce = NULL; }
+  if (fp->grad_ready) { sh_comm_work_free(fp->grad_ready); fp->grad_ready = NULL; }
   drop_reduce_buffers(fp);
   /* The parameter structs are not touched: Lua's finalizers may have freed them already. A
    * parameter still viewing the full buffer keeps that storage alive until it goes. */
-  sh_tensor_destroy(fp->full);
+  drop_full(fp);
   for (sh_flatparam **p = &g_live; *p; p = &(*p)->next)
     if (*p == fp) { *p = fp->next; break; }
   sh_tensor_destroy(fp->shard);

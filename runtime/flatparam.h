@@ -23,6 +23,14 @@
  * reduce_grad_wait with nothing started does nothing. With `replicate`, the all-reduce
  * across it runs inside reduce_grad_wait.
  *
+ * On a CUDA device nothing here waits on the host (comm.h's device ordering): unshard_wait
+ * makes the caller's stream wait for the gather on the device; reduce_grad_wait queues the
+ * replica all-reduce and the accumulation into the sharded grad on the reduction's own
+ * stream and frees the flat buffers in that stream's order, so the backward's stream never
+ * waits for a reduction it just issued; grad_shard and zero_grad order the caller's stream
+ * after the last reduction (the optimizer waits for the reductions it reads). On the CPU
+ * the waits are host waits.
+ *
  * Gather state (sh_flatparam_state; FSDP2's ShardedState), kept here and nowhere else:
  *   SH_FP_SHARDED    only the shard: the parameters have no storage
  *   SH_FP_GATHERING  unshard_start ran: the full buffer exists and its all-gather may be in
@@ -112,7 +120,15 @@ int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it);
  * the parameter shard (master dtype, 1-D, shard_numel) and the sharded grad (*out = NULL
  * when there is none). Ask again after zero_grad with free_it. */
 int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp);
-int sh_flatparam_grad_shard(sh_tensor **out, const sh_flatparam *fp);
+int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp);
+/* Buffers in flight across every FlatParameter of the process: full gathered buffers alive
+ * (a gather started and not resharded) and flat grad buffers alive (prepared or reducing),
+ * with their peaks since the last reset. The schedule bounds both (shard.fsdp's prefetch and
+ * reduces_in_flight), which keeps the memory peak the same every step. */
+typedef struct sh_fp_stats { int32_t gathers, gathers_peak, reduces, reduces_peak; } sh_fp_stats;
+void sh_flatparam_stats(sh_fp_stats *out);
+void sh_flatparam_reset_peaks(void);
+
 /* A 1-D view of the part of parameter i this rank owns (own_numel elements of the shard). */
 int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i);
 /* Copies this rank's part of a full-size value of parameter i (same numel) into the shard. */

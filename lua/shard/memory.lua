@@ -24,6 +24,7 @@ local function tag_id(name)
 end
 
 local raw = ffi.new("sh_mem_stats")
+local fp_raw = ffi.new("sh_fp_stats")
 
 function M.stats(device)
   check(C.sh_mem_stats_get(tensor.device_id(device), raw), 2)
@@ -37,10 +38,24 @@ function M.stats(device)
     by_tag = by_tag, peak_by_tag = peak_by_tag,
     n_alloc = tonumber(raw.n_alloc), n_system_alloc = tonumber(raw.n_system_alloc),
     limit = tonumber(raw.limit),
+    -- FSDP's buffers in flight (every device): gathered units alive and flat grads alive
+    in_flight = M.in_flight(),
   }
 end
 
-function M.reset_peak(device) check(C.sh_mem_reset_peak(tensor.device_id(device)), 2) end
+-- { gathers, gathers_peak, reduces, reduces_peak }: full parameter buffers and flat grad
+-- buffers alive across every FlatParameter, bounded by shard.fsdp's prefetch and
+-- reduces_in_flight.
+function M.in_flight()
+  C.sh_flatparam_stats(fp_raw)
+  return { gathers = fp_raw.gathers, gathers_peak = fp_raw.gathers_peak,
+           reduces = fp_raw.reduces, reduces_peak = fp_raw.reduces_peak }
+end
+
+function M.reset_peak(device)
+  check(C.sh_mem_reset_peak(tensor.device_id(device)), 2)
+  C.sh_flatparam_reset_peaks()
+end
 function M.empty_cache(device) check(C.sh_mem_empty_cache(tensor.device_id(device)), 2) end
 -- Allocations that would take `allocated` past bytes fail with an out-of-memory error;
 -- nil or 0 removes the limit.

@@ -6,6 +6,9 @@
 -- marker nodes on the autograd tape, which drive the step as DESIGN.md lays it out:
 --   forward   pre: unshard (wait a prefetch), prefetch the next unit; post: reshard
 --   backward  pre: unshard, prefetch the previous unit; post: reduce-scatter grads, reshard
+-- Limits on what is in flight (shard.memory.stats().in_flight shows them): prefetch = N
+-- units gathered ahead of the one computing (default 1, 0 = none; the seed's
+-- limit_all_gathers), reduces_in_flight = N flat grads reducing at once (default 2).
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, all-reduce across the groups).
@@ -133,8 +136,12 @@ function Unit:forward(...)
   local order = root.order
   if root.recording_order then order[#order + 1] = self; self.index = #order end
   self:unshard()
-  local nxt = not root.recording_order and order[(self.index or 0) + 1]
-  if nxt and nxt.mode.reshard_after_forward then nxt:prefetch() end
+  if not root.recording_order then
+    for k = 1, root.prefetch_depth do
+      local nxt = order[(self.index or 0) + k]
+      if nxt and nxt.mode.reshard_after_forward then nxt:prefetch() end
+    end
+  end
   local recording = A.grad_enabled
   if recording then A.marker(function() self:post_backward() end, "fsdp post-backward " .. self.name) end
   local out = self.module(...)
@@ -151,15 +158,18 @@ function Unit:pre_backward()
   self:unshard()
   if self.fp then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
-    local prev = self.root.order[(self.index or 1) - 1]
-    if prev then prev:prefetch() end
+    for k = 1, self.root.prefetch_depth do
+      local prev = self.root.order[(self.index or 1) - k]
+      if prev then prev:prefetch() end
+    end
   end
 end
 
 -- Gradient reductions run asynchronously behind the rest of the backward: at most
--- MAX_REDUCES_IN_FLIGHT units' flat grads are alive at once, and the root's post-backward
--- (the last marker of the backward) waits for all of them.
-local MAX_REDUCES_IN_FLIGHT = 2
+-- reduces_in_flight units' flat grads are alive at once, and the root's post-backward (the
+-- last marker of the backward) finishes all of them. On a GPU "finishing" queues the rest
+-- of a reduction on its own stream and frees its buffers in that stream's order: the host
+-- never waits, and the bound keeps the memory of reductions the same every step.
 
 local function wait_reduces(root, keep)
   local pending = root.pending_reduces
@@ -173,7 +183,7 @@ function Unit:post_backward()
   local root = self.root
   root.pending_reduces = root.pending_reduces or {}
   if self.fp then
-    wait_reduces(root, MAX_REDUCES_IN_FLIGHT - 1)
+    wait_reduces(root, root.reduces_in_flight - 1)
     self.fp:reduce_grad_start("avg", self.replicate)
     table.insert(root.pending_reduces, self)
     self:reshard()
@@ -212,6 +222,16 @@ local function apply_policy(module, name, policy, opts, units)
   return unwrapped, nil
 end
 
+-- A schedule limit: a whole number >= least, default when absent.
+local function limit_option(opts, name, default, least)
+  local v = opts[name]
+  if v == nil then return default end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < least then
+    error(("fsdp.wrap: %s = %s; expected a whole number >= %d"):format(name, tostring(v), least), 0)
+  end
+  return v
+end
+
 -- Wraps model; returns the root unit (any field it lacks comes from the model).
 -- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
 -- the full parameters, and each fills its shard with the values an eager init would give.
@@ -227,6 +247,8 @@ function fsdp.wrap(model, opts)
   root.units = units
   for _, u in ipairs(units) do u.root = root end
   root.is_root = true
+  root.prefetch_depth = limit_option(opts, "prefetch", 1, 0)
+  root.reduces_in_flight = limit_option(opts, "reduces_in_flight", 2, 1)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
