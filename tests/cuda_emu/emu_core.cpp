@@ -333,7 +333,7 @@ void graph_line(const char *fmt, ...) {
 
 /* The host waits for (or polls) the device: counted, and a hostwait line while recording.
  * `sync` also counts it in host_syncs (everything but a query that answered not ready). */
-void host_wait(bool sync, const char *kind, const char *fmt = "", ...) __attribute__((format(printf, 3, 4)));
+void host_wait(bool sync, const char *kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void host_wait(bool sync, const char *kind, const char *fmt, ...) {
   g_count.host_waits++;
   if (sync) g_count.host_syncs++;
