@@ -28,8 +28,10 @@ bool is_pinned_range(const void *p, size_t bytes);
 void fail_async(cudaError_t err, const char *what);
 
 /* Counters the tests read (and reset): cudaMalloc calls, cudaFree calls, kernel launches,
- * host synchronisations (stream/event/device sync, synchronous copies). */
-struct counters { long mallocs, frees, launches, host_syncs, library_calls; };
+ * host synchronisations (stream/event/device sync, synchronous copies), library calls
+ * (enqueue), host waits (the host synchronisations plus every cudaEventQuery/cudaStreamQuery
+ * that answered cudaErrorNotReady: the host blocking on or polling the device). */
+struct counters { long mallocs, frees, launches, host_syncs, library_calls, host_waits; };
 counters get_counters();
 void reset_counters();
 

@@ -60,6 +60,9 @@ struct config {
    * SM count (grid-stride launches are sized by it) and the grid's y limit (enforced too). */
   int sms = 132;
   int max_grid_y = 65535;
+  /* A test knob: cudaStreamWaitEvent becomes a no-op (SHARD_EMU_DROP_EVENT_WAITS=1), so that a
+   * test can show it notices every missing cross-stream order. */
+  bool drop_event_waits = false;
 };
 config cfg;
 
@@ -84,6 +87,7 @@ void read_config() {
   if ((v = getenv("SHARD_EMU_MEM_MB"))) cfg.mem_limit = (size_t)atoll(v) << 20;
   if ((v = getenv("SHARD_EMU_SMS"))) cfg.sms = std::max(1, std::min(132, atoi(v)));
   if ((v = getenv("SHARD_EMU_MAX_GRID_Y"))) cfg.max_grid_y = std::max(1, std::min(65535, atoi(v)));
+  if ((v = getenv("SHARD_EMU_DROP_EVENT_WAITS"))) cfg.drop_event_waits = atoi(v) != 0;
 }
 
 /* ===================================================================================== */
@@ -269,6 +273,7 @@ struct op {
   std::function<void()> body;   /* empty for a pure wait */
   int device = 0;
   bool is_kernel = false;
+  bool is_record = false;       /* cudaEventRecord's marker: not device work (no graph node) */
 };
 
 struct stream_rec {
@@ -279,6 +284,10 @@ struct stream_rec {
   std::deque<op *> q;
   uint64_t enq = 0, done = 0;
   uint64_t last_issue = 0;
+  int id = 0;                   /* its place in g_streams: the graph's stream id */
+  int created = -1;             /* cudaStreamCreate* order in the process; -1: legacy */
+  long last_node = 0;           /* graph: the last node queued here while recording, 0 none */
+  std::vector<std::pair<long, const void *>> wait_from;   /* graph: edges to the next node */
 };
 
 struct event_rec {
@@ -289,6 +298,7 @@ struct event_rec {
   double t_ms = 0;
   bool timed = false;
   bool destroyed = false;
+  long node = 0;                /* graph: the last node before the record (0: none / not recording) */
 };
 
 stream_rec *g_legacy[MAX_DEV];
@@ -299,6 +309,42 @@ uint64_t g_issue;
 int g_exec_depth;            /* > 0 while device work runs on this process's executor */
 int g_exec_device = 0;
 std::thread::id g_exec_thread;
+int g_created;               /* streams made by cudaStreamCreate* */
+
+/* The dependency graph being recorded (graph_begin .. graph_end), in the order things
+ * happened: node, edge, wait and hostwait lines; the stream lines are written at the end. */
+struct graph_state {
+  bool on = false;
+  long nodes = 0;
+  std::vector<std::string> lines;
+  std::set<int> streams;     /* ids of the streams that appear */
+};
+graph_state g_graph;
+
+void graph_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void graph_line(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  g_graph.lines.push_back(buf);
+}
+
+/* The host waits for (or polls) the device: counted, and a hostwait line while recording.
+ * `sync` also counts it in host_syncs (everything but a query that answered not ready). */
+void host_wait(bool sync, const char *kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void host_wait(bool sync, const char *kind, const char *fmt, ...) {
+  g_count.host_waits++;
+  if (sync) g_count.host_syncs++;
+  if (!g_graph.on) return;
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  graph_line("hostwait %s %s", kind, buf);
+}
 
 double now_ms() {
   using namespace std::chrono;
@@ -315,6 +361,7 @@ void init_devices() {
     s->device = d;
     s->flags = 0;
     s->legacy = true;
+    s->id = (int)g_streams.size();
     g_legacy[d] = s;
     g_streams.push_back(s);
   }
@@ -379,6 +426,14 @@ void enqueue_op(stream_rec *s, op *o) {
     if (l->enq > 0) o->deps.push_back({l, l->enq});
   }
   s->last_issue = o->issue;
+  if (g_graph.on && o->body && !o->is_record) {   /* device work: a node, and the edges into it */
+    long id = ++g_graph.nodes;
+    g_graph.streams.insert(s->id);
+    graph_line("node %ld %d %s", id, s->id, o->what.c_str());
+    for (auto &w : s->wait_from) graph_line("edge %ld %ld %p", w.first, id, w.second);
+    s->wait_from.clear();
+    s->last_node = id;
+  }
   s->q.push_back(o);
   if (cfg.eager) complete(s, o->seq);
 }
@@ -1385,6 +1440,56 @@ void set_eager(bool eager) {
   cfg.eager = eager;
 }
 
+void set_drop_event_waits(bool drop) {
+  guard g_(g_lock);
+  read_config();
+  cfg.drop_event_waits = drop;
+}
+
+void graph_begin() {
+  guard g_(g_lock);
+  init_devices();
+  g_graph = graph_state{};
+  g_graph.on = true;
+  for (stream_rec *s : g_streams) {
+    s->last_node = 0;
+    s->wait_from.clear();
+  }
+  for (event_rec *e : g_live_events) e->node = 0;
+}
+
+int graph_stream_id(cudaStream_t stream) {
+  guard g_(g_lock);
+  stream_rec *s = resolve(stream);
+  return s ? s->id : -1;
+}
+
+std::string graph_end() {
+  guard g_(g_lock);
+  init_devices();
+  std::string out = "# cuda_emu graph: stream <id> <creation index|legacy> <flags> <device>; node <id> <stream> <what>; "
+                    "edge <from> <to> <event>; wait <stream> <event> <from|->; hostwait <kind> <what>\n";
+  std::set<int> ids = g_graph.streams;
+  for (stream_rec *s : g_live_streams) ids.insert(s->id);
+  char buf[128];
+  for (int id : ids) {
+    const stream_rec *s = g_streams[id];
+    if (s->legacy) snprintf(buf, sizeof buf, "stream %d legacy %u %d\n", id, s->flags, s->device);
+    else snprintf(buf, sizeof buf, "stream %d %d %u %d\n", id, s->created, s->flags, s->device);
+    out += buf;
+  }
+  for (const std::string &l : g_graph.lines) {
+    out += l;
+    out += '\n';
+  }
+  g_graph = graph_state{};
+  for (stream_rec *s : g_streams) {
+    s->last_node = 0;
+    s->wait_from.clear();
+  }
+  return out;
+}
+
 size_t live_device_allocations() {
   guard g_(g_lock);
   size_t n = 0;
@@ -1553,7 +1658,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 
 cudaError_t cudaDeviceSynchronize(void) {
   API_BEGIN
-  g_count.host_syncs++;
+  host_wait(true, "device_sync", "device %d", tl_device);
   drain(tl_device);
   return ret(sticky_now());
 }
@@ -1696,7 +1801,7 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyK
     enqueue_fn(s, what, [dst, src, n] { memmove(dst, src, n); });
   }
   if (sync || d.w == W_PAGEABLE) {
-    g_count.host_syncs++;
+    host_wait(true, "memcpy", "stream %d %s", s->id, what);
     complete(s, s->enq);
     return ret(sticky_now());
   }
@@ -1762,6 +1867,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
   s->device = tl_device;
   s->flags = flags;
   s->legacy = false;
+  s->id = (int)g_streams.size();
+  s->created = g_created++;
   g_streams.push_back(s);
   g_live_streams.insert(s);
   *stream = (cudaStream_t)s;
@@ -1786,7 +1893,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   API_BEGIN
   stream_rec *s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
-  g_count.host_syncs++;
+  host_wait(true, "stream_sync", "stream %d", s->id);
   complete_all(s);
   return ret(sticky_now());
 }
@@ -1797,6 +1904,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   stream_rec *s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
   if (s->done >= s->enq) return cudaSuccess;
+  host_wait(false, "stream_query", "stream %d not ready", s->id);
   complete_all(s);
   return cudaErrorNotReady;
 }
@@ -1807,6 +1915,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   event_rec *e = (event_rec *)event;
   if (!s || !e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (flags != 0) return ret(cudaErrorInvalidValue);
+  if (cfg.drop_event_waits) return cudaSuccess;   /* the test knob: no order at all */
+  if (g_graph.on) {
+    g_graph.streams.insert(s->id);
+    if (e->node) {
+      graph_line("wait %d %p %ld", s->id, (void *)e, e->node);
+      s->wait_from.push_back({e->node, (const void *)e});
+    } else {
+      graph_line("wait %d %p -", s->id, (void *)e);
+    }
+  }
   op *o = new op;
   o->what = "wait event";
   if (e->s && e->s->done < e->seq) o->deps.push_back({e->s, e->seq});
@@ -1848,6 +1966,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   op *o = new op;
   o->what = "event record";
   o->body = [e, timing] { if (timing) { e->t_ms = now_ms(); e->timed = true; } };
+  o->is_record = true;
+  e->node = g_graph.on ? s->last_node : 0;
   e->timed = false;
   e->s = s;
   e->seq = s->enq + 1;   /* the record's place in s (enqueue_op numbers it so; eager mode runs it at once) */
@@ -1862,6 +1982,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   event_rec *e = (event_rec *)event;
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (event_done(e)) return cudaSuccess;
+  host_wait(false, "event_query", "event %p stream %d not ready", (void *)e, e->s->id);
   complete(e->s, e->seq);   /* not ready now; done by the next query */
   return cudaErrorNotReady;
 }
@@ -1870,7 +1991,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   API_BEGIN
   event_rec *e = (event_rec *)event;
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
-  g_count.host_syncs++;
+  if (e->s) host_wait(true, "event_sync", "event %p stream %d", (void *)e, e->s->id);
+  else host_wait(true, "event_sync", "event %p never recorded", (void *)e);
   if (e->s) complete(e->s, e->seq);
   return ret(sticky_now());
 }

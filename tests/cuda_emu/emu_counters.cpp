@@ -3,7 +3,10 @@
  * absent (NULL) and the checks that need them are skipped:
  *   extern void sh_emu_counters_get(long out[4]) __attribute__((weak));
  *   extern void sh_emu_counters_reset(void) __attribute__((weak));
- * out: cudaMalloc calls, cudaFree calls, kernel launches, host synchronisations. */
+ *   extern long sh_emu_host_waits(void) __attribute__((weak));
+ * out: cudaMalloc calls, cudaFree calls, kernel launches, host synchronisations.
+ * sh_emu_host_waits: the host synchronisations plus the cudaEventQuery/cudaStreamQuery calls
+ * that answered cudaErrorNotReady (every time the host blocked on or polled the device). */
 #include "emu_api.h"
 
 extern "C" void sh_emu_counters_get(long out[4]) {
@@ -15,3 +18,5 @@ extern "C" void sh_emu_counters_get(long out[4]) {
 }
 
 extern "C" void sh_emu_counters_reset(void) { emu::reset_counters(); }
+
+extern "C" long sh_emu_host_waits(void) { return emu::get_counters().host_waits; }

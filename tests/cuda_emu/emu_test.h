@@ -3,6 +3,8 @@
  * that the environment variables also set. Test infrastructure only. C++17. */
 #pragma once
 #include <cstddef>
+#include <string>
+#include <cuda_runtime.h>
 
 namespace emu {
 
@@ -21,6 +23,19 @@ void set_block_order(int order, unsigned long long seed);
 void set_thread_order(bool reverse);
 /* Eager: work runs when it is queued (SHARD_EMU_SCHED=eager); else as late as possible. */
 void set_eager(bool eager);
+
+/* cudaStreamWaitEvent does nothing and returns cudaSuccess (SHARD_EMU_DROP_EVENT_WAITS=1):
+ * with the newest-first schedule every cross-stream order a program relies on is then
+ * missing, so a test can show that it notices. */
+void set_drop_event_waits(bool drop);
+
+/* The dependency graph of the device work queued between graph_begin and graph_end (which
+ * stops recording and returns it as text; format: README "Instrumentation", or
+ * emu_counters_lua.cpp's shard_emu_graph_dump). */
+void graph_begin();
+std::string graph_end();
+/* The id a stream has in the graph's lines (the legacy stream for 0), -1 for an invalid one. */
+int graph_stream_id(cudaStream_t stream);
 
 /* Device allocations not yet freed. */
 size_t live_device_allocations();
