@@ -32,6 +32,8 @@ ifneq ($(NVCC),)
 endif
 LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
 
+.DEFAULT_GOAL := all
+
 # The CUDA emulator's build (test infrastructure; never part of lib/ or bin/shard).
 include tests/cuda_emu/emu.mk
 

@@ -170,13 +170,23 @@ end
 -- Runs the tape backward from `root` (a scalar unless `gradient` is given). The nodes root
 -- depends on are run and released; others (another graph recorded alongside) stay on the
 -- tape for their own backward. Marker nodes always run.
+-- Gradients whose value the host knows (the seed of a backward): tensor -> number.
+local known = setmetatable({}, { __mode = "k" })
+function A.known_value(t) return known[t] end
+
 function A.backward(root, gradient)
   if not produced[root] then error("backward: the tensor was not produced by a recorded op (does anything require grad?)", 2) end
   retained[root] = true
   local needed = reachable_from(root)
   local outer_grads = grads          -- a checkpoint's backward runs a nested backward
   grads = {}
-  grads[root] = gradient and gradient:clone() or tensor.ones(root:shape(), { dtype = root:dtype(), device = root:device() })
+  if gradient then grads[root] = gradient:clone()
+  else
+    -- the seed's value is known on the host, so an op that takes its upstream gradient as a
+    -- number (cross-entropy) need not read it back from the device
+    grads[root] = tensor.ones(root:shape(), { dtype = root:dtype(), device = root:device() })
+    known[grads[root]] = 1
+  end
   local was = A.grad_enabled
   A.grad_enabled = false
   local kept = {}

@@ -400,7 +400,12 @@ function F.cross_entropy(logits, targets, ignore_index)
   check(C.sh_cross_entropy_forward(box, box + 1, logits.p, targets.p, ignore_index))
   local loss, lse = take(box, 0), take(box, 1)
   return result(loss, { logits }, function(node, dloss)
-    return { track(new_from(C.sh_cross_entropy_backward, logits.p, node.saved[2].p, lse.p, dloss:item(), ignore_index)) }
+    -- the upstream gradient is a number to the kernel: the seed's known value, or 1 and a
+    -- device-side scale, so the backward never waits for the device to read it
+    local known = A.known_value(dloss)
+    local dlogits = new_from(C.sh_cross_entropy_backward, logits.p, node.saved[2].p, lse.p, known or 1, ignore_index)
+    if not known then dlogits:mul_(dloss) end
+    return { track(dlogits) }
   end, { lse, targets:alias() }, "cross_entropy")
 end
 
