@@ -1,7 +1,7 @@
 # tests/cuda_emu/emu.mk: the CUDA emulator's build (included from the top Makefile).
 #   make test-cuda-emu   builds the emulated device (tests/cuda_emu) and, against it, the
-#                        runtime (-DSHARD_CUDA), every kernels/*.cu but comm_nccl.cu and
-#                        bin/shard-emu; then runs the emulator's self-tests and the CUDA test
+#                        runtime (-DSHARD_CUDA), every kernels/*.cu (comm_nccl.cu against the
+#                        NCCL stand-in, tests/cuda_emu/nccl.cpp) and bin/shard-emu; then runs the emulator's self-tests and the CUDA test
 #                        programs (tests/gpu/test_*.c) on the emulated device.
 #   make shard-emu       only bin/shard-emu (bin/shard's link with the emulated objects).
 # Nothing here uses an NVIDIA header or library: the kernels are rewritten by
@@ -28,7 +28,7 @@ EMU_LIB_SRC  := $(wildcard $(EMU_DIR)/*.cpp)
 EMU_LIB_OBJ  := $(EMU_LIB_SRC:$(EMU_DIR)/%.cpp=$(EMU)/emu/%.o)
 
 EMU_RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(EMU)/%.o)
-EMU_KERNEL_SRC  := $(filter-out kernels/comm_nccl.cu,$(wildcard kernels/*.cu))
+EMU_KERNEL_SRC  := $(wildcard kernels/*.cu)
 EMU_KERNEL_OBJ  := $(EMU_KERNEL_SRC:%.cu=$(EMU)/%.o)
 EMU_KERNEL_HDR  := $(patsubst %,$(EMU)/rw/%,$(wildcard kernels/*.cuh))
 

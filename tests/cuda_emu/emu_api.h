@@ -14,6 +14,16 @@ namespace emu {
  * legacy default stream. Returns cudaErrorInvalidResourceHandle for a destroyed stream. */
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
 
+/* A point in a stream's queue: the work enqueue_after queued there. */
+struct work_ref { cudaStream_t stream; unsigned long long seq; };
+
+/* Like enqueue, plus: the work runs only after each of the n_after points in `after` has run
+ * (work on other streams, as if the stream waited on an event recorded there); *out (when not
+ * null) receives the new work's point. A point whose work has already run is no constraint.
+ * The NCCL stand-in chains every collective of a process to the one issued before it. */
+cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> work,
+                          const work_ref *after, int n_after, work_ref *out);
+
 /* True when [p, p + bytes) lies inside one live device allocation (cudaMalloc) on the current
  * device. Library stand-ins call it before touching a pointer, and return their own
  * documented error (CUBLAS_STATUS_INVALID_VALUE, ncclInvalidArgument, ...) when false. */

@@ -1369,6 +1369,28 @@ cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()>
   return cudaSuccess;
 }
 
+cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> work,
+                          const work_ref *after, int n_after, work_ref *out) {
+  guard g_(g_lock);
+  init_devices();
+  if (sticky_now() != cudaSuccess) return set_error(sticky_now());
+  stream_rec *s = resolve(stream);
+  if (!s || n_after < 0 || (n_after > 0 && !after)) return set_error(s ? cudaErrorInvalidValue : cudaErrorInvalidResourceHandle);
+  op *o = new op;
+  for (int i = 0; i < n_after; i++) {   /* a point names its stream record (never freed) */
+    stream_rec *a = (stream_rec *)after[i].stream;
+    if (std::find(g_streams.begin(), g_streams.end(), a) == g_streams.end()) { delete o; return set_error(cudaErrorInvalidResourceHandle); }
+    if (a->done < after[i].seq) o->deps.push_back({a, after[i].seq});
+  }
+  g_count.library_calls++;
+  o->what = what ? what : "library call";
+  o->body = std::move(work);
+  uint64_t seq = s->enq + 1;   /* o's place in s (eager mode runs and frees o inside enqueue_op) */
+  enqueue_op(s, o);
+  if (out) *out = work_ref{(cudaStream_t)s, seq};
+  return cudaSuccess;
+}
+
 bool is_device_range(const void *p, size_t bytes) {
   guard g_(g_lock);
   init_devices();
