@@ -781,7 +781,8 @@ ncclResult_t issue(int kind, const void *sendbuff, void *recvbuff, size_t count,
   o->recv_bytes = rb;
   o->stream = stream;
   g_colls++;
-  g_trace.push_back(trace_rec{(long)g_trace.size() + 1, c->key, o->seq, kind, count, (int)dt, reduces ? (int)op : -1,
+  /* the job's id prefix makes the name one communicator's on every rank and no other's */
+  g_trace.push_back(trace_rec{(long)g_trace.size() + 1, c->job->key.substr(0, 8) + ":" + c->key, o->seq, kind, count, (int)dt, reduces ? (int)op : -1,
                               rooted ? root : -1});
   if (g_group_depth > 0) {
     g_group.push_back(o);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/cuda_emu/run.sh EMU_BUILD SHARD_EMU_BIN: runs the CUDA emulator's self-tests
 # (EMU_BUILD/self/*), the CUDA test programs built against it (EMU_BUILD/tests/gpu/test_*)
-# and the CUDA Lua scripts (tests/gpu/*.lua but mpi_*) through SHARD_EMU_BIN,
+# and the CUDA Lua scripts (tests/gpu/*.lua; mpi_* and torchrun_* as several ranks over the
+# NCCL stand-in) through SHARD_EMU_BIN,
 # each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
 # crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
 # non-zero status when anything failed. The device runs adversarially: deferred work drained
@@ -80,12 +81,56 @@ done
 # the linear ops must fall back to the plain product and their own epilogue kernels.
 SHARD_EMU_LT_REFUSE_EPILOGUE=1 run_one "gpu/test_op_table linear (emulated, SHARD_EMU_LT_REFUSE_EPILOGUE=1)" \
   "$EMU/tests/gpu/test_op_table" linear
-# The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; mpi_* need NCCL, which
-# the emulated build does not have yet (comm_nccl.cu is left out).
+# The CUDA Lua scripts (tests/gpu/*.lua) through the emulated host; the multi-rank ones below.
 for s in tests/gpu/*.lua; do
   [ -f "$s" ] || continue
-  case $(basename "$s") in mpi_*|support.lua) continue ;; esac
+  case $(basename "$s") in mpi_*|torchrun_*|support.lua) continue ;; esac
   run_one "gpu/$(basename "$s") (emulated)" "$SHARD" run "$s"
+done
+# Ranks as separate processes over the NCCL stand-in (nccl.cpp), started the three ways real
+# runs start: mpirun, `shard launch` and a torchrun-style environment (MASTER_PORT held by
+# another process, as torchrun's store holds it).
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
+scratch=$(mktemp -d)
+trap 'rm -f "$out"; rm -rf "$scratch"' EXIT
+for n in 2 3 4; do
+  rm -f "$scratch"/*
+  run_one "gpu/mpi_fsdp_strategies.lua (emulated, mpirun -np $n)" \
+    $MPIRUN -np $n -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua
+done
+# With every cudaStreamWaitEvent dropped the same test must fail: the harness sees a missing wait.
+rm -f "$scratch"/*
+SHARD_EMU_DROP_EVENT_WAITS=1 SHARD_FSDP_CASES=full_shard/f32/nockpt timeout -k 10 "$TIMEOUT" \
+  $MPIRUN -np 2 -x SHARD_EMU_DROP_EVENT_WAITS -x SHARD_FSDP_CASES -x SHARD_TEST_DIR="$scratch" \
+  "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua >"$out" 2>&1
+if [ $? -ne 0 ] && grep -q '^not ok' "$out"; then
+  passed=$((passed + 1)); echo "ok   gpu/mpi_fsdp_strategies.lua fails with SHARD_EMU_DROP_EVENT_WAITS=1, as it must"
+else
+  failed=$((failed + 1)); echo "FAIL gpu/mpi_fsdp_strategies.lua passed with every event wait dropped"
+  tail -n 20 "$out" | sed 's/^/    /'
+fi
+run_one "gpu/torchrun_fsdp.lua (emulated, shard launch --nproc 2)" "$SHARD" launch --nproc 2 tests/gpu/torchrun_fsdp.lua
+port=$(( 20000 + $$ % 20000 ))
+MASTER_PORT=$port SHARD_HOLD_PORT=1 "$SHARD" run tests/gpu/torchrun_fsdp.lua >"$scratch/hold" 2>&1 &
+holder=$!
+for _ in 1 2 3 4 5 6 7 8 9 10; do grep -q holding "$scratch/hold" 2>/dev/null && break; sleep 0.2; done
+ranks=""
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout -k 10 "$TIMEOUT" "$SHARD" run tests/gpu/torchrun_fsdp.lua >"$scratch/rank$r" 2>&1 &
+  ranks="$ranks $!"
+done
+wait $ranks
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+for r in 0 1; do
+  cp "$scratch/rank$r" "$out"
+  if grep -q holding "$scratch/hold" && grep -qE ' [0-9]+ passed, 0 failed$' "$out"; then
+    passed=$((passed + $(grep -E ' passed, 0 failed$' "$out" | sed -E 's/.* ([0-9]+) passed.*/\1/')))
+    echo "ok   gpu/torchrun_fsdp.lua rank $r (emulated, torchrun-style env, MASTER_PORT $port held)"
+  else
+    failed=$((failed + 1)); echo "FAIL gpu/torchrun_fsdp.lua rank $r (torchrun-style env, MASTER_PORT $port held)"
+    tail -n 20 "$out" | sed 's/^/    /'
+  fi
 done
 echo "cuda_emu: $(( $(date +%s) - start ))s"
 echo "$passed passed, $failed failed"

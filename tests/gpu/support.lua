@@ -23,4 +23,41 @@ function T.rel(a, b)
   return math.sqrt(d / math.max(n, 1e-30))
 end
 
+-- The NCCL stand-in's records of issue order (DIR/nccl-order.R, one line per collective:
+-- "index communicator #seq op count=N dtype=D ...", tests/cuda_emu/README.md): for every two
+-- ranks, the collectives on the communicators both belong to must come in the same order,
+-- or a real job may deadlock. Returns true, or false and the first difference.
+function T.same_collective_order(dir, size)
+  local recs = {}
+  for r = 0, size - 1 do
+    local path = ("%s/nccl-order.%d"):format(dir, r)
+    local f = io.open(path)
+    if not f then return false, "no record " .. path end
+    local list, comms = {}, {}
+    for line in f:lines() do
+      local comm, rest = line:match("^%d+%s+(%S+)%s+(.*)$")
+      if comm then list[#list + 1] = { comm = comm, text = comm .. " " .. rest }; comms[comm] = true end
+    end
+    f:close()
+    recs[r] = { list = list, comms = comms }
+  end
+  for a = 0, size - 1 do
+    for b = a + 1, size - 1 do
+      local function shared(r, other)
+        local out = {}
+        for _, e in ipairs(recs[r].list) do if recs[other].comms[e.comm] then out[#out + 1] = e.text end end
+        return out
+      end
+      local sa, sb = shared(a, b), shared(b, a)
+      for i = 1, math.max(#sa, #sb) do
+        if sa[i] ~= sb[i] then
+          return false, ("ranks %d and %d differ at their shared collective %d: %s / %s"):format(a, b, i,
+            tostring(sa[i]), tostring(sb[i]))
+        end
+      end
+    end
+  end
+  return true
+end
+
 return T
