@@ -14,7 +14,9 @@ namespace emu {
  * legacy default stream. Returns cudaErrorInvalidResourceHandle for a destroyed stream. */
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
 
-/* A point in a stream's queue: the work enqueue_after queued there. */
+/* A point in a stream's queue: the work enqueue_after queued there. `stream` is the
+ * emulator's own name for the stream (the legacy stream's included): pass it back in `after`,
+ * never to the runtime API. */
 struct work_ref { cudaStream_t stream; unsigned long long seq; };
 
 /* Like enqueue, plus: the work runs only after each of the n_after points in `after` has run

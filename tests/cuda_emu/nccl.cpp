@@ -34,7 +34,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 #include <fcntl.h>
@@ -94,7 +93,7 @@ struct shm_proc {
 };
 
 struct shm_job {
-  std::atomic<int> nranks, attached;
+  std::atomic<int> nranks;
   std::atomic<int> lock;                    /* the holder's pid; the comm table's lock */
   shm_proc proc[MAX_RANKS];
   shm_comm comm[MAX_COMMS];

@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -578,7 +579,34 @@ int main() {
     ranks(name, n, check_all_ops);
   }
   ranks("in place n=3", 3, check_in_place);
-  ranks("stream order, group, trace n=2", 2, check_stream_order_group_trace);
+  /* SHARD_EMU_NCCL_TRACE=DIR: every rank writes DIR/nccl.<pid>.log at exit */
+  char dir[] = "/tmp/lib_nccl_XXXXXX";
+  if (mkdtemp(dir)) {
+    setenv("SHARD_EMU_NCCL_TRACE", dir, 1);
+    ranks("stream order, group, trace n=2", 2, check_stream_order_group_trace);
+    unsetenv("SHARD_EMU_NCCL_TRACE");
+    int logs = 0, lines = 0;
+    DIR *d = opendir(dir);
+    while (struct dirent *ent = d ? readdir(d) : nullptr) {
+      if (strncmp(ent->d_name, "nccl.", 5)) continue;
+      logs++;
+      std::string path = std::string(dir) + "/" + ent->d_name;
+      FILE *f = fopen(path.c_str(), "r");
+      for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
+      if (f) fclose(f);
+      unlink(path.c_str());
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+    CHECK(logs == 2 && lines == 6, "SHARD_EMU_NCCL_TRACE: %d logs, %d lines (expected 2 and 6)", logs, lines);
+  }
+  /* SHARD_EMU_SCHED=eager: collectives run when issued (every rank blocks in the call) */
+  setenv("SHARD_EMU_SCHED", "eager", 1);
+  ranks("eager n=3", 3, check_in_place);
+  ranks("eager split n=3", 3, check_split);
+  ranks("eager group n=2", 2, check_stream_order_group_trace);
+  ranks("eager deadlock n=2", 2, check_deadlock);
+  unsetenv("SHARD_EMU_SCHED");
   ranks("split n=2", 2, check_split);
   ranks("split n=4", 4, check_split);
   ranks("abort n=3", 3, check_abort);
