@@ -2,7 +2,9 @@
 # run_gpu.sh: the CUDA test suite (make test-gpu). Usage: sh tests/run_gpu.sh bin/shard [build]
 # Runs every build/tests/gpu/test_* binary twice (with cuBLASLt's fused epilogues, then with
 # SHARD_NO_LT_EPILOGUE=1 so the fallback path is checked too) and every tests/gpu/*.lua
-# script through bin/shard (mpi_*.lua under mpirun -np 1, so CUDA collectives use NCCL); each prints a line ending in "N passed, N failed". Ends with the
+# script through bin/shard (mpi_*.lua under mpirun -np 1, so CUDA collectives use NCCL;
+# torchrun_*.lua under a torchrun-style environment); each prints a line ending in
+# "N passed, N failed". Ends with the
 # totals on one line and exits non-zero when anything failed or a program crashed.
 host=${1:-bin/shard}
 build=${2:-build}
@@ -40,6 +42,13 @@ for s in tests/gpu/*.lua; do
   echo "== $s"
   case $(basename "$s") in
     mpi_*) mpirun --allow-run-as-root -np 1 "$host" run "$s" >"$log" 2>&1; tally $? ;;
+    torchrun_*)   # a torchrun-style environment with MASTER_PORT held, as torchrun's store holds it
+      port=$(( 20000 + $$ % 20000 ))
+      MASTER_PORT=$port SHARD_HOLD_PORT=1 "$host" run "$s" >/dev/null 2>&1 &
+      holder=$!
+      sleep 1
+      RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$host" run "$s" >"$log" 2>&1; tally $?
+      kill "$holder" 2>/dev/null ;;
     *) "$host" run "$s" >"$log" 2>&1; tally $? ;;
   esac
 done

@@ -1,8 +1,8 @@
 -- FSDP on CUDA over NCCL against FSDP on the CPU over MPI, in the same ranks: every strategy
 -- that fits the world (hybrid as 2 x 2 at world 4), f32 and bf16 mixed precision, activation
 -- checkpointing off and on. 3 AdamW steps of a small GPT on a global batch split across
--- ranks must give the CPU run's losses and final shards (f32 to 1e-5 relative; bf16 to a
--- tolerance the two backends' different rounding orders fit in).
+-- ranks must give the CPU run's losses and final shards (f32 to 1e-5 relative, bf16 mixed
+-- precision to 1e-4: both backends round bf16 products the same way).
 --
 -- On the CUDA run it also checks what makes FSDP worth running on a GPU:
 --   * steady state: after the first step no cudaMalloc and no NCCL communicator init, the
@@ -132,7 +132,8 @@ local function compare(case, name)
   local cpu_losses, cpu_shards = train(case, "cpu")
   local graph = emu.graph_dump and size > 1 and case.graph and ("%s/graph.%s.%d"):format(dir, case.strategy, rank) or nil
   local losses, shards, per_step = train(case, cuda, graph)
-  local tol_loss, tol_param = case.bf16 and 2e-2 or 1e-5, case.bf16 and 2e-2 or 1e-5
+  -- both backends compute bf16 products in f32 and round once, so they agree far below a bf16 ulp
+  local tol_loss, tol_param = case.bf16 and 1e-4 or 1e-5, case.bf16 and 1e-4 or 1e-5
   for step = 1, STEPS do
     local a, b = losses[step], cpu_losses[step]
     check(math.abs(a - b) <= tol_loss * math.abs(b), "%s step %d: loss %.7f on CUDA, %.7f on the CPU", name, step, a, b)
@@ -149,6 +150,9 @@ local function compare(case, name)
     if st.mallocs then check(st.mallocs == 0, "%s step %d: %d cudaMalloc calls after the first step", name, step, st.mallocs) end
     if st.inits then check(st.inits == 0, "%s step %d: %d NCCL communicator inits after the first step", name, step, st.inits) end
     check(st.peak == first.peak, "%s step %d: memory peak %d bytes, step 2's was %d", name, step, st.peak, first.peak)
+  end
+  if per_step[2] and per_step[2].waits and rank == 0 then
+    print(("%s: %d host wait(s) in step 2"):format(name, per_step[2].waits))
   end
   for step = 1, STEPS do
     local st = per_step[step]
@@ -238,8 +242,9 @@ local function check_graph(path, name)
         check(false, "%s graph: compute node %d waits on %s stream node %d", name, e.to, from, e.from)
       end
     elseif to == "gather" or to == "reduce" then
-      check(from == "compute" or from == "gather" or from == "reduce",
-            "%s graph: %s node %d waits on %s node %d", name, to, e.to, from, e.from)
+      -- a collective waits only for the compute that wrote its input: never for the other
+      -- communication stream (under hybrid sharding a gather runs while the replicas all-reduce)
+      check(from == "compute", "%s graph: %s stream node %d waits on %s stream node %d", name, to, e.to, from, e.from)
     end
   end
   check((gather_waits > 0) == sharded, "%s graph: compute waited on %d gathers through events", name, gather_waits)
