@@ -17,7 +17,12 @@
 extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
 #endif
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 static sh_comm *g_world;
+static sh_flight_record *g_flight;          /* this rank's flight record, when recording */
 static int g_timed_out;   /* a wait of this process timed out (sh_comm_wait) */
 static sh_comm *g_live;                     /* every live group, for counters and finalize */
 static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
@@ -82,6 +87,52 @@ int sh_comm_read_env(sh_comm_env *out) {
   return SH_OK;
 }
 
+/* ---- the flight record (comm.h) ----------------------------------------------------- */
+
+static void flight_open(const sh_comm *world) {
+  const char *dir = getenv("SHARD_FLIGHT_DIR");
+  if (!dir || !*dir) return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/rank%d.flight", dir, world->rank);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return;                       /* a diagnosis aid: never fail the job over it */
+  void *p = MAP_FAILED;
+  if (ftruncate(fd, sizeof(sh_flight_record)) == 0)
+    p = mmap(NULL, sizeof(sh_flight_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return;
+  g_flight = p;
+  g_flight->rank = world->rank;
+  g_flight->size = world->size;
+  g_flight->pid = (int32_t)getpid();
+  memcpy(g_flight->magic, "shflt01", 8);
+}
+
+static void flight_issue(sh_comm *c, const sh_comm_work *w) {
+  if (!g_flight) return;
+  if (c->flight_slot < 0) {
+    if (g_flight->n_groups >= (int)(sizeof g_flight->groups / sizeof g_flight->groups[0])) return;
+    c->flight_slot = g_flight->n_groups++;
+  }
+  sh_flight_group *g = &g_flight->groups[c->flight_slot];
+  snprintf(g->name, sizeof g->name, "%s", c->name);
+  g->size = c->size;
+  g->last_kind = w->kind;
+  g->last_bytes = w->bytes;
+  g->issued = w->seq;
+}
+
+static void flight_wait(const sh_comm_work *w, int state, double since, double waited) {
+  if (!g_flight) return;
+  snprintf(g_flight->wait_group, sizeof g_flight->wait_group, "%s", w->comm->name);
+  g_flight->wait_seq = w->seq;
+  g_flight->wait_bytes = w->bytes;
+  g_flight->wait_kind = w->kind;
+  g_flight->wait_since = since;
+  g_flight->wait_for = waited;
+  g_flight->wait_state = state;
+}
+
 /* ---- the "none" backend: CPU collectives across ranks without MPI ----------------------- */
 
 static int none_start(sh_comm_work *w) {
@@ -109,6 +160,7 @@ static sh_comm *new_comm(const char *name) {
   snprintf(c->name, sizeof c->name, "%s", name);
   c->timeout = default_timeout();
   c->refs = 1;
+  c->flight_slot = -1;
 #ifdef SHARD_CUDA
   c->gpu = &sh_comm_nccl_backend;     /* NULL when comm_nccl.cu is not linked */
 #endif
@@ -154,6 +206,7 @@ int sh_comm_init_world(sh_comm **out) {
     w->cpu = env.size > 1 ? &none_backend : &sh_comm_local_backend;
   }
   if (sh_comm_mpi_active()) on_exit(finalize_at_exit, NULL);
+  flight_open(w);
   link_comm(w);
   g_world = w;
   *out = w;
@@ -338,6 +391,9 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
   int64_t bytes = src ? sh_tensor_numel(src) * sh_dtype_size(src->dtype) : 0;
   c->count[kind]++; g_count[kind]++;
   c->bytes[kind] += bytes; g_bytes[kind] += bytes;
+  w->seq = ++c->seq;
+  w->bytes = bytes;
+  flight_issue(c, w);
   int rc = b->start(w);
   if (rc) {
     char msg[200];
@@ -370,14 +426,19 @@ int sh_comm_wait(sh_comm_work *w) {
   for (int polls = 0;; polls++) {
     int done = 0;
     int rc = sh_comm_test(w, &done);
-    if (rc || done) return rc;
+    if (rc || done) {
+      if (polls > 0) flight_wait(w, 0, t0, sh_comm_now() - t0);
+      return rc;
+    }
+    if (polls == 0) flight_wait(w, 1, t0, 0);
     double waited = sh_comm_now() - t0;
     if (waited > w->comm->timeout) {
       g_timed_out = 1;
-      return sh_fail(SH_ERR_COMM, "comm: %s on %s timed out after %.3g s on rank %d of %d "
+      flight_wait(w, 2, t0, waited);
+      return sh_fail(SH_ERR_COMM, "comm: %s #%lld on %s timed out after %.3g s on rank %d of %d "
                      "(another rank did not join: it failed, skipped the collective, or is stuck; "
                      "the timeout is %g s: shard launch --timeout=SECONDS or SHARD_COMM_TIMEOUT)",
-                     w->what, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
+                     w->what, (long long)w->seq, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
     }
     if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
     struct timespec ts = { 0, pause_ns };

@@ -103,6 +103,29 @@ int sh_comm_work_order(sh_comm_work *work);
 int sh_comm_work_then_begin(sh_comm_work *work);
 int sh_comm_work_then_end(sh_comm_work *work);
 
+/* The flight record. With SHARD_FLIGHT_DIR set (shard launch sets it), each rank keeps its
+ * collectives' progress in DIR/rank<R>.flight, a shared mapping updated on every issue and
+ * every wait with plain stores (no system call), so that after a hang or a timeout the
+ * launcher can tell which rank never reached which collective (lua/shard/launch.lua reads the
+ * files). Sequence numbers count the collectives issued on a group, from 1. */
+typedef struct sh_flight_group {
+  char name[64];
+  int64_t issued;          /* collectives issued on the group so far */
+  int64_t last_bytes;      /* the latest one's bytes */
+  int32_t last_kind;       /* its sh_coll_kind */
+  int32_t size;            /* ranks in the group */
+} sh_flight_group;
+typedef struct sh_flight_record {
+  char magic[8];           /* "shflt01" once written */
+  int32_t rank, size, pid, n_groups;
+  sh_flight_group groups[16];
+  char wait_group[64];     /* the group of the collective this rank waits in */
+  int64_t wait_seq, wait_bytes;
+  int32_t wait_kind, wait_state;   /* wait_state: 0 not waiting, 1 waiting, 2 timed out */
+  double wait_since;       /* monotonic seconds when the wait began */
+  double wait_for;         /* seconds waited, once timed out */
+} sh_flight_record;
+
 /* Collectives issued since the last reset, per kind, and the bytes each rank contributed.
  * comm NULL: every group of this process together. */
 int64_t sh_comm_count(const sh_comm *comm, int kind);

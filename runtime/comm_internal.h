@@ -25,6 +25,8 @@ struct sh_comm {
   int color, key;
   int64_t count[SH_COLL_N], bytes[SH_COLL_N];
   int abandoned;                  /* work freed while pending: the group is unusable */
+  int64_t seq;                    /* collectives issued on the group (the flight record's numbers) */
+  int flight_slot;                /* its entry in this rank's flight record, or -1 */
   sh_comm *next;                  /* the list of live groups */
 };
 
@@ -32,6 +34,8 @@ struct sh_comm_work {
   sh_comm *comm;
   const sh_comm_backend *backend;
   int kind;                       /* sh_coll_kind */
+  int64_t seq;                    /* its number on the group */
+  int64_t bytes;
   int op, reduce_dtype, root;
   sh_tensor *in, *out;            /* aliases: they keep the storages alive until freed */
   void *state;                    /* the backend's (requests, staging buffers) */

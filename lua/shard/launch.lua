@@ -85,10 +85,13 @@ local function is_root()
   return uid == "0"
 end
 
--- The ranks' command; --timeout reaches every rank's collectives as SHARD_COMM_TIMEOUT.
+-- The ranks' command; --timeout reaches every rank's collectives as SHARD_COMM_TIMEOUT, and
+-- each rank keeps its flight record (comm.h) in the launch's directory.
 local function run_args(o)
   local parts = { quote(M.shard_exe()), "run", quote(o.file) }
-  if o.timeout then table.insert(parts, 1, "env SHARD_COMM_TIMEOUT=" .. o.timeout) end
+  local env = { "env", "SHARD_FLIGHT_DIR=" .. quote(o.flight_dir) }
+  if o.timeout then env[#env + 1] = "SHARD_COMM_TIMEOUT=" .. o.timeout end
+  table.insert(parts, 1, table.concat(env, " "))
   for _, a in ipairs(o.rest) do parts[#parts + 1] = quote(a) end
   return table.concat(parts, " ")
 end
@@ -164,6 +167,83 @@ local function verdict(rank, signal, rc)
   return ("shard launch: exit code %d"):format(rc)
 end
 
+---------------------------------------------------------------------------------------------
+-- the diagnosis of a hang, from the ranks' flight records
+
+local KIND = { [0] = "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
+
+local function read_records(dir, world)
+  local ffi = require "ffi"
+  require "shard.ffi"                        -- declares sh_flight_record
+  local recs = {}
+  for r = 0, world - 1 do
+    local f = io.open(("%s/rank%d.flight"):format(dir, r), "rb")
+    local bytes = f and f:read("*a")
+    if f then f:close() end
+    if bytes and #bytes >= ffi.sizeof("sh_flight_record") then
+      local buf = ffi.new("uint8_t[?]", #bytes)
+      ffi.copy(buf, bytes, #bytes)
+      local rec = ffi.cast("sh_flight_record *", buf)
+      if ffi.string(rec.magic, 7) == "shflt01" then
+        local groups = {}
+        for i = 0, rec.n_groups - 1 do
+          local g = rec.groups[i]
+          groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = KIND[g.last_kind], size = g.size }
+        end
+        recs[r] = { groups = groups, wait_state = rec.wait_state, wait_group = ffi.string(rec.wait_group),
+                    wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for }
+      end
+    end
+  end
+  return recs
+end
+
+local function list(ranks) table.sort(ranks); return table.concat(ranks, ",") end
+
+-- One line naming the rank that never reached (or mismatched) the collective the others
+-- timed out in, as PyTorch's desync debug does; nil when no rank timed out.
+function M.diagnose(dir, world)
+  local recs = read_records(dir, world)
+  local stuck
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec and rec.wait_state == 2 and (not stuck or rec.wait_for > stuck.wait_for) then stuck = rec end
+  end
+  if not stuck then return nil end
+  local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
+  local waited, behind, other = {}, {}, {}
+  local longest = 0
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    local mine = rec and rec.groups[g]
+    if rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind then
+      waited[#waited + 1] = r
+      longest = math.max(longest, rec.wait_for)
+    elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
+      behind[#behind + 1] = r
+    elseif mine and mine.issued >= n and rec.wait_seq ~= n then
+      other[#other + 1] = ("rank %d issued %s #%d on %s instead"):format(r, mine.issued == n and mine.kind or "more collectives",
+        n, g)
+    elseif mine and mine.issued == n and mine.kind ~= kind then
+      other[#other + 1] = ("rank %d issued %s #%d on %s"):format(r, mine.kind, n, g)
+    end
+  end
+  local parts = {}
+  if #behind > 0 then
+    parts[#parts + 1] = ("rank%s %s never reached %s #%d on group %s"):format(#behind > 1 and "s" or "", list(behind), kind, n, g)
+  end
+  for _, line in ipairs(other) do parts[#parts + 1] = line end
+  if #parts == 0 then parts[1] = ("no rank is behind %s #%d on group %s"):format(kind, n, g) end
+  return ("%s; rank%s %s waited %.3g s in it"):format(table.concat(parts, "; "), #waited > 1 and "s" or "", list(waited), longest)
+end
+
+local function temp_dir()
+  local p = io.popen("mktemp -d 2>/dev/null")
+  local dir = p and p:read("*l")
+  if p then p:close() end
+  return dir
+end
+
 function M.main(args)
   local ok, o = pcall(M.parse, args)
   if not ok then
@@ -173,11 +253,18 @@ function M.main(args)
   local f = io.open(o.file, "r")
   if not f then return fail_usage("cannot open " .. o.file) end
   f:close()
+  local world = o.nproc * o.nnodes
+  o.flight_dir = temp_dir()
+  if not o.flight_dir then io.stderr:write("shard launch: mktemp -d failed\n"); return 1 end
   local cmd = o.nnodes > 1 and env_command(o) or mpirun_command(o)
   local rc, kept, untagged = stream(cmd, o)
+  local diagnosis = rc ~= 0 and M.diagnose(o.flight_dir, world)
+  for rank = 0, world - 1 do os.remove(("%s/rank%d.flight"):format(o.flight_dir, rank)) end
+  os.remove(o.flight_dir)
   if rc == 0 then return 0 end
   local r, signal = failed_rank(untagged)
   io.stderr:write(verdict(r, signal, rc), "\n")
+  if diagnosis then io.stderr:write("shard launch: ", diagnosis, "\n") end
   if r and kept[r] and (o.all == false and r ~= 0) then
     for _, line in ipairs(kept[r]) do io.stderr:write("[rank ", r, "] ", line, "\n") end
   elseif not r and #untagged > 0 then
