@@ -30,21 +30,29 @@ local function error_handler(err)
   return msg
 end
 
--- Calls fn(...); on an error prints the message on stderr and returns false.
+-- shard.config's usage and help errors are tables: they keep their shape through the handler.
+local function handler(err)
+  if type(err) == "table" and (err.usage or err.help) then return err end
+  return error_handler(err)
+end
+
+-- Calls fn(...); on an error prints the message on stderr and returns false and the exit
+-- code: 2 for a wrong command line (a usage error), 0 after --help, else 1.
 local function protected(fn, ...)
   local args, n = { ... }, select("#", ...)
-  local ok, result = xpcall(function() return fn(unpack(args, 1, n)) end, error_handler)
-  if not ok then
-    io.stdout:flush()
-    io.stderr:write(result, "\n")
-  end
-  return ok, result
+  local ok, result = xpcall(function() return fn(unpack(args, 1, n)) end, handler)
+  if ok then return true, result end
+  io.stdout:flush()
+  if type(result) == "table" and result.help then print(result.help); return false, 0 end
+  if type(result) == "table" then io.stderr:write("shard: ", result.usage, "\n"); return false, 2 end
+  io.stderr:write(result, "\n")
+  return false, 1
 end
 
 -- A command module's main returns its exit code (nil means success).
 local function call_main(mod, args)
   local ok, rc = protected(function() return require(mod).main(args) end)
-  if not ok then return 1 end
+  if not ok then return rc end
   return type(rc) == "number" and rc or 0
 end
 
@@ -53,7 +61,9 @@ local function run(args)
   if not file then return usage_error("run: missing FILE (usage: shard run FILE [--key=value ...])") end
   local f = io.open(file, "r")
   if not f then return usage_error("run: cannot open " .. file) end
+  local readable = f:read(0)                     -- nil for a directory
   f:close()
+  if not readable and io.open(file .. "/", "r") then return usage_error("run: " .. file .. " is a directory, not a Lua file") end
   local chunk, err = loadfile(file)
   if not chunk then io.stderr:write(err, "\n"); return 1 end
   -- The script sees its arguments as plain lua would give them: arg[0] the file, arg[1..]
@@ -62,8 +72,10 @@ local function run(args)
   for i = 2, #args do script_args[i - 1] = args[i] end
   _G.arg = script_args
   local config = require "shard.config"
-  config.set_overrides(config.parse_args(script_args))
-  return protected(chunk, unpack(script_args)) and 0 or 1
+  local overrides, stray = config.parse_args(script_args)
+  config.set_overrides(overrides, stray, file)
+  local ok, rc = protected(chunk, unpack(script_args))
+  return ok and 0 or rc
 end
 
 -- Commands that live in their own modules; a missing module is reported, not a crash.

@@ -51,6 +51,11 @@ function shard.init(opts)
     error("shard.init: device must be auto, cpu or cuda, got " .. tostring(want), 2)
   end
   tensor.default_device = env.device
+  local limit = os.getenv("SHARD_MEMORY_LIMIT")
+  if limit and limit ~= "" then
+    local ok, err = pcall(require("shard.config").apply_memory_limit, limit, "SHARD_MEMORY_LIMIT")
+    if not ok then error(type(err) == "table" and err.usage or err, 2) end
+  end
   function env.barrier() group:barrier() end
   function env.all_reduce_mean(v)
     local t = tensor.tensor({ v }, { dtype = "f64" })

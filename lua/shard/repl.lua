@@ -100,7 +100,18 @@ local function execute(fn)
   return report(xpcall(fn, traceback))
 end
 
+local HELP = [[
+usage: shard repl
+Interactive Lua with `shard` loaded: each line (or a block, continued while incomplete) runs
+and its values are printed; Ctrl-D exits. With stdin not a terminal it reads the script from
+stdin and exits 1 if any chunk failed.]]
+
 function M.main(args)
+  if args and args[1] then
+    if args[1] == "--help" or args[1] == "-h" or args[1] == "help" then print(HELP); return 0 end
+    io.stderr:write("shard repl: unexpected argument '", args[1], "'\n", HELP, "\n")
+    return 2
+  end
   _G.shard = require "shard"
   local interactive = ffi.C.isatty(0) == 1
   local read, close = line_reader(interactive)

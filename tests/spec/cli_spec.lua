@@ -60,11 +60,76 @@ describe("bin/shard", function()
   it("refuses an override that names no option, listing the known ones", function()
     local path = script [[ require("shard").config{ lr = 1, steps = 2 } ]]
     local code, _, err = shard_cmd("run " .. path .. " --lrr=3")
-    assert.equal(1, code)
+    assert.equal(2, code)   -- a wrong command line, as README's exit codes say
     assert.matches("unknown option --lrr; known options: lr, steps", err, 1, true)
     code, _, err = shard_cmd("run " .. path .. " --steps=many")
-    assert.equal(1, code)
+    assert.equal(2, code)
     assert.matches("--steps expects a number, got 'many'", err, 1, true)
+    os.remove(path)
+  end)
+
+  it("refuses stray arguments, fractions for whole-number keys and negative counts (exit 2)", function()
+    local path = script [[ print(require("shard").config{ lr = 1e-3, max_iters = 10 }.max_iters) ]]
+    local cases = {
+      { "max_iters=5", "stray argument 'max_iters=5'" },
+      { "--max_iters=1.5", "--max_iters expects a whole number" },
+      { "--max_iters=-5", "--max_iters must not be negative" },
+    }
+    for _, c in ipairs(cases) do
+      local code, out, err = shard_cmd("run " .. path .. " " .. c[1])
+      assert.equal(2, code, c[1])
+      assert.equal("", out, c[1])
+      assert.matches(c[2], err, 1, true)
+    end
+    local code, out = shard_cmd("run " .. path .. " --max_iters=1e3")
+    assert.equal(0, code)
+    assert.equal("1000\n", out)
+    os.remove(path)
+  end)
+
+  it("lists a recipe's keys with defaults and types for --help, and exits 0", function()
+    local path = script [[
+      -- A tiny recipe for the help test.
+      local cfg = require("shard").config{ lr = 1e-3, max_iters = 10, data = "x" }
+      print("trained")
+    ]]
+    local code, out = shard_cmd("run " .. path .. " --help")
+    assert.equal(0, code)
+    assert.matches("A tiny recipe for the help test.", out, 1, true)
+    assert.matches("--max_iters%s+integer%s+default 10", out)
+    assert.matches("--lr%s+number%s+default 0.001", out)
+    assert.matches("--data%s+string%s+default x", out)
+    assert.matches("--memory_limit", out, 1, true)
+    assert.is_nil(out:find("trained", 1, true))
+    code, out = shard_cmd("repl --help")
+    assert.equal(0, code)
+    assert.matches("usage: shard repl", out, 1, true)
+    os.remove(path)
+  end)
+
+  it("refuses a directory as the recipe with exit code 2", function()
+    local code, _, err = shard_cmd("run /tmp")
+    assert.equal(2, code)
+    assert.matches("is a directory", err, 1, true)
+  end)
+
+  it("limits memory from --memory_limit and SHARD_MEMORY_LIMIT in every recipe", function()
+    local path = script [[
+      local shard = require "shard"
+      shard.init()
+      shard.config{ n = 1 }
+      print(shard.memory.stats().limit)
+      local ok, err = pcall(shard.zeros, { 1024, 1024 })
+      print(ok, tostring(err):find("out of memory", 1, true) ~= nil)
+    ]]
+    local code, out = shard_cmd("run " .. path .. " --memory_limit=1MiB")
+    assert.equal(0, code)
+    assert.equal("1048576\nfalse\ttrue\n", out)
+    code, out = shard_cmd("run " .. path, nil, "SHARD_MEMORY_LIMIT=2MiB")
+    assert.equal(0, code)
+    assert.equal("2097152\nfalse\ttrue\n", out)
+    code = shard_cmd("run " .. path .. " --memory_limit=lots")
+    assert.equal(2, code)
     os.remove(path)
   end)
 
