@@ -276,7 +276,8 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
   if (strlen(name) != name_len) return syntax(p, "a tensor name holds a NUL character");
   if (!accept(p, '{')) return syntax(p, "expected an object {dtype, shape, data_offsets} for a tensor");
   int have_dtype = 0, have_shape = 0, have_offsets = 0;
-  if (!accept(p, '}')) do {
+  int empty = accept(p, '}');
+  if (!empty) do {
     char *key;
     size_t kl;
     SH_TRY(parse_string(p, &key, &kl));
@@ -314,7 +315,8 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
       if (!accept(p, '[')) return syntax(p, "shape must be an array of integers");
       int cap = 0;
       int64_t *shape = NULL;
-      if (!accept(p, ']')) do {
+      int none = accept(p, ']');
+      if (!none) do {
         int64_t d;
         if (grow((void **)&shape, &cap, t->ndim, sizeof *shape)) return oom(p);   /* t->shape frees it */
         t->shape = shape;
@@ -322,7 +324,7 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
         shape[t->ndim++] = d;
       } while (accept(p, ','));
       t->shape = shape;
-      SH_TRY(expect(p, ']', "expected ',' or ']' in shape"));
+      if (!none) SH_TRY(expect(p, ']', "expected ',' or ']' in shape"));
       have_shape = 1;
     } else {
       SH_TRY(expect(p, '[', "data_offsets must be an array [begin, end]"));
@@ -333,7 +335,7 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
       have_offsets = 1;
     }
   } while (accept(p, ','));
-  SH_TRY(expect(p, '}', "expected ',' or '}' in a tensor entry"));
+  if (!empty) SH_TRY(expect(p, '}', "expected ',' or '}' in a tensor entry"));
   if (!have_dtype || !have_shape || !have_offsets) {
     p->failed = 1;
     return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': missing '%s'", p->path, name,
@@ -375,8 +377,8 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
 static int parse_header(parser *p, sh_st_file *f) {
   if (p->n == 0 || p->s[0] != '{') { p->pos = 0; return syntax(p, "the header must be a JSON object starting with '{'"); }
   p->pos = 1;
-  int have_meta = 0;
-  if (!accept(p, '}')) do {
+  int have_meta = 0, empty = accept(p, '}');
+  if (!empty) do {
     char *key;
     size_t kl;
     SH_TRY(parse_string(p, &key, &kl));
@@ -390,7 +392,7 @@ static int parse_header(parser *p, sh_st_file *f) {
       SH_TRY(parse_tensor(p, f, key, kl));
     }
   } while (accept(p, ','));
-  SH_TRY(expect(p, '}', "expected ',' or '}' after a tensor entry"));
+  if (!empty) SH_TRY(expect(p, '}', "expected ',' or '}' after a tensor entry"));
   skip_ws(p);
   if (p->pos != p->n) return syntax(p, "trailing bytes after the header object");
   return 0;
