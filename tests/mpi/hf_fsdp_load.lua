@@ -57,6 +57,30 @@ for _, case in ipairs(cases) do
   check_model(model, case[1], case[3], case[4])
 end
 
+-- a bf16 file (each rank reads its own range of it) into f32 masters: the values are the
+-- fixture's rounded to bf16, which the shard views hold exactly
+local half = ("%s/shard_hf_fsdp_bf16_%d_%d"):format(TMP, env.world, env.rank)
+os.execute("rm -rf '" .. half .. "' && mkdir -p '" .. half .. "' && cp " .. FIXTURE .. "/config.json '" .. half .. "'")
+local fixture = S.load(FIXTURE .. "/model.safetensors")
+local halves = {}
+for name, t in pairs(fixture) do halves[name] = t:dtype() == "f32" and t:dim() > 0 and t:to("bf16") or t end
+S.save(half .. "/model.safetensors", halves)
+local hm = nn.GPT.from_pretrained(half, { fsdp = { strategy = "full_shard" } })
+for _, u in ipairs(hm.all_units) do
+  for i, t in ipairs(u.params) do
+    local slot = u.fp:slot(i)
+    local name = hm.names[t]
+    if not slot.tied_to and slot.own_numel > 0 and not require("shard.io.hf").is_conv1d(name) then
+      local view = u.fp:shard_view(i)
+      local want = halves[name]:to("f32"):reshape(-1):narrow(1, slot.own_start + 1, slot.own_numel):tolist_flat()
+      local got = view:tolist_flat()
+      for k = 1, #want do if got[k] ~= want[k] then fail("bf16 file: %s[%d] = %.9g, want %.9g", name, slot.own_start + k, got[k], want[k]) end end
+      view:free()
+    end
+  end
+end
+check_model(hm, "bf16 file", 2e-2, 0.1)
+
 -- a model wrapped by the caller
 local wrapped = shard.fsdp.wrap(function()
   shard.manual_seed(9)

@@ -3,7 +3,7 @@
 -- transformers' GPT2LMHeadModel uses, with float64 reference logits and loss).
 local shard = require "shard"
 local S = require "shard.io.safetensors"
-local json = require "shard.io.json"
+local json = require "cjson"
 local hf = require "shard.io.hf"
 local nn = shard.nn
 
@@ -94,6 +94,21 @@ describe("Hugging Face GPT-2 import", function()
       end
     end)
     assert_same_params(nn.GPT.from_pretrained(FIXTURE), nn.GPT.from_pretrained(d))
+  end)
+
+  it("converts a half-precision file (bf16) to the model's f32", function()
+    local d = variant(function(dict)
+      for name, t in pairs(dict) do if t:dtype() == "f32" and t:dim() > 0 then dict[name] = t:to("bf16") end end
+    end)
+    local model = nn.GPT.from_pretrained(d)
+    local want = S.load(FIXTURE .. "/model.safetensors")
+    local w = want["transformer.h.1.mlp.c_fc.weight"]:to("bf16"):to("f32"):transpose(1, 2):contiguous()
+    local got = nil
+    for _, np in ipairs(model:named_parameters()) do
+      if np.name == "transformer.h.1.mlp.c_fc.weight" then got = np.tensor end
+    end
+    assert.equal("f32", got:dtype())
+    assert.same(w:tolist_flat(), got:tolist_flat())
   end)
 
   it("takes an lm_head.weight equal to wte, and refuses an untied one", function()

@@ -15,11 +15,14 @@
 --     ignored; lm_head.weight is tied to wte in shard's GPT, so a file may omit it or hold
 --     an exact copy of wte, and an export omits it (as save_pretrained does for tied weights).
 -- Everything (config, names, shapes, dtypes, the lm_head tie) is checked before anything is
--- copied, so a refused file leaves the model as it was.
+-- copied, so a refused file leaves the model as it was. Under FSDP each rank reads just the
+-- byte range of its slice (a Conv1D weight, whose slice is strided in the file, is read
+-- whole, one tensor at a time).
 local ffi = require "ffi"
 local tensor = require "shard.tensor"
 local S = require "shard.io.safetensors"
-local json = require "shard.io.json"
+local json = require("cjson").new()     -- a private instance: its settings stay ours
+local NULL = json.null
 local V = tensor.views
 
 local M = {}
@@ -84,7 +87,8 @@ function M.resolve(path)
   return file, dir .. "/config.json"
 end
 
--- Reads config.json into a table (the file's own fields).
+-- Reads config.json into a table (the file's own fields; JSON null stays cjson.null, so an
+-- export written from it keeps them).
 function M.read_config(path)
   local ok, cfg = pcall(json.decode, read_all(path))
   if not ok then error(("hf: %s is not valid JSON: %s"):format(path, tostring(cfg)), 0) end
@@ -94,8 +98,10 @@ end
 
 -- A Hugging Face GPT2Config table -> nn.GPT's config. Refuses what nn.GPT cannot compute
 -- the same way (another activation, an MLP width other than 4 n_embd, unscaled attention...).
-function M.config_from_hf(hc, where)
+function M.config_from_hf(raw, where)
   where = where or "config.json"
+  local hc = {}
+  for k, v in pairs(raw) do if v ~= NULL then hc[k] = v end end
   local function need(k)
     local v = hc[k]
     if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
@@ -129,7 +135,7 @@ function M.config_to_hf(c, base)
   local defaults = {
     activation_function = "gelu_new", attn_pdrop = 0.0, bos_token_id = 50256, eos_token_id = 50256,
     initializer_range = 0.02, reorder_and_upcast_attn = false, scale_attn_by_inverse_layer_idx = false,
-    scale_attn_weights = true, summary_activation = nil, summary_first_dropout = 0.1,
+    scale_attn_weights = true, summary_activation = NULL, summary_first_dropout = 0.1,
     summary_proj_to_labels = true, summary_type = "cls_index", summary_use_proj = true, use_cache = true,
     embd_pdrop = c.dropout or 0, resid_pdrop = c.dropout or 0,
   }
@@ -139,7 +145,7 @@ function M.config_to_hf(c, base)
   out.activation_function = "gelu_new"
   out.n_layer, out.n_head, out.n_embd = c.n_layer, c.n_head, c.n_embd
   out.vocab_size, out.n_positions, out.n_ctx = c.vocab_size, c.block_size, c.block_size
-  out.n_inner = nil                                  -- null: 4 * n_embd
+  out.n_inner = NULL                                 -- null: 4 * n_embd
   out.layer_norm_epsilon = c.layer_norm_epsilon or 1e-5
   out.tie_word_embeddings = true
   out.torch_dtype = "float32"
@@ -148,40 +154,26 @@ function M.config_to_hf(c, base)
 end
 
 ---------------------------------------------------------------------------------------------
--- reading: S.open when shard.io.safetensors has it (per-tensor, per-range reads), else S.load
+-- reading: shard.io.safetensors' S.open validates the header up front, then each tensor (or
+-- a range of its elements) is read on its own, so no rank ever holds the whole file
 
 local function open_reader(file)
-  if S.open then
-    local f = S.open(file)
-    local r = { names = f:names() }
-    function r.info(name) return f:info(name) end
-    function r.full(name)
-      local info = f:info(name)
-      local t = tensor.empty(info.shape, { dtype = info.dtype, device = "cpu" })
-      if t:numel() > 0 then f:read(name, t, 0, t:numel()) end
-      return t
-    end
-    -- elements [first, first + count) of the flattened tensor, into a new CPU tensor
-    function r.range(name, first, count)
-      local t = tensor.empty({ count }, { dtype = f:info(name).dtype, device = "cpu" })
-      if count > 0 then f:read(name, t, first, count) end
-      return t
-    end
-    function r.close() f:close() end
-    return r
+  local f = S.open(file)
+  local r = { names = f:names() }
+  function r.info(name) return f:info(name) end
+  function r.full(name)
+    local info = f:info(name)
+    local t = tensor.empty(info.shape, { dtype = info.dtype, device = "cpu" })
+    if t:numel() > 0 then f:read(name, t, 0, t:numel()) end
+    return t
   end
-  local dict = S.load(file)
-  local r = { names = {} }
-  for name in pairs(dict) do r.names[#r.names + 1] = name end
-  table.sort(r.names)
-  function r.info(name)
-    local t = dict[name]
-    if not t then return nil end
-    return { dtype = t:dtype(), shape = t:shape(), nbytes = t:numel() }
+  -- elements [first, first + count) of the flattened tensor, into a new CPU tensor
+  function r.range(name, first, count)
+    local t = tensor.empty({ count }, { dtype = f:info(name).dtype, device = "cpu" })
+    if count > 0 then f:read(name, t, first, count) end
+    return t
   end
-  function r.full(name) return dict[name]:alias() end
-  r.range = nil
-  function r.close() for _, t in pairs(dict) do t:free() end end
+  function r.close() f:close() end
   return r
 end
 
@@ -379,7 +371,7 @@ function M.load_into(model, path)
         local fp, slot = p.unit.fp, p.slot
         local master = fp:info().master_dtype
         if slot.own_numel > 0 then
-          if reader.range and not s.transpose then
+          if not s.transpose then
             -- just this rank's elements: a contiguous byte range of the file
             local part = reader.range(s.file_name, slot.own_start, slot.own_numel)
             local view = fp:shard_view(p.index)
