@@ -418,11 +418,11 @@ static int by_offset(const void *a, const void *b) {
 
 /* Names unique, metadata keys unique, and the tensors' ranges tiling [0, data_len) exactly. */
 static int check_layout(sh_st_file *f) {
-  qsort(f->t, f->n, sizeof *f->t, by_name);
+  if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, by_name);
   for (int i = 1; i < f->n; i++)
     if (!strcmp(f->t[i].name, f->t[i - 1].name))
       return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': duplicate name", f->path, f->t[i].name);
-  qsort(f->meta, f->nmeta, sizeof *f->meta, by_key);
+  if (f->nmeta > 1) qsort(f->meta, f->nmeta, sizeof *f->meta, by_key);
   for (int i = 1; i < f->nmeta; i++)
     if (!by_key(&f->meta[i], &f->meta[i - 1]))
       return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": __metadata__: duplicate key '%.*s'", f->path,
@@ -430,7 +430,7 @@ static int check_layout(sh_st_file *f) {
   const sh_st_tensor **order = ST_MALLOC((f->n ? f->n : 1) * sizeof *order);
   if (!order) return sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory checking the layout", f->path);
   for (int i = 0; i < f->n; i++) order[i] = &f->t[i];
-  qsort(order, f->n, sizeof *order, by_offset);
+  if (f->n > 1) qsort(order, f->n, sizeof *order, by_offset);
   int64_t at = 0;
   const char *prev = NULL;
   int rc = 0;

@@ -132,8 +132,9 @@ function S.save(path, tensors, metadata)
     local rc = C.sh_tensor_check(t.p, "safetensors save '" .. name .. "'")
     if rc ~= 0 then cleanup(); check(rc, 2) end
     if t.p.device >= 0 or not t:is_contiguous() then
-      local h = t:to{ device = "cpu" }:contiguous()
+      local h = t:to{ device = "cpu" }
       made[#made + 1] = h
+      if not h:is_contiguous() then h = h:contiguous(); made[#made + 1] = h end
       hosts[i] = h
     else
       hosts[i] = t
