@@ -37,11 +37,11 @@ LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
 # The CUDA emulator's build (test infrastructure; never part of lib/ or bin/shard).
 include tests/cuda_emu/emu.mk
 
-C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
+C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c)) $(BUILD)/tests/test_safetensors_fuzz
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test c-tests test-asan test-gpu bench clean check-long
+.PHONY: all deps run test c-tests test-asan test-gpu bench clean check-long fuzz
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
@@ -79,6 +79,14 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/c/check.h tests/ops/op_table.h $(RUNTI
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
+# The safetensors fuzzer (tests/fuzz) compiles the reader into itself with a counting
+# allocator; as a C test it runs 20,000 iterations (under SAN in test-asan).
+FUZZ_BUILD := tests/fuzz/fuzz_safetensors.c runtime/status.c runtime/dtype.c
+FUZZ_DEPS  := $(FUZZ_BUILD) runtime/safetensors.c $(wildcard runtime/*.h)
+$(BUILD)/tests/test_safetensors_fuzz: $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(SAN) -Iruntime -o $@ $(FUZZ_BUILD)
+
 c-tests: $(C_TESTS)
 
 deps:
@@ -105,5 +113,20 @@ test-gpu: all $(GPU_TESTS)
 bench: all
 	@sh bench/run.sh
 
+# make fuzz: the safetensors reader under AddressSanitizer and UBSan against FUZZ_ITERS
+# mutated files (minutes; never part of make test). check-long runs it.
+FUZZ_ITERS ?= 1000000
+FUZZ_SEED  ?= 1
+build-fuzz/fuzz_safetensors: $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) -O1 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -Iruntime \
+	  -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -o $@ $(FUZZ_BUILD)
+
+fuzz: build-fuzz/fuzz_safetensors
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=0:max_allocation_size_mb=2048 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-fuzz/fuzz_safetensors $(FUZZ_ITERS) $(FUZZ_SEED)
+
+check-long: fuzz
+
 clean:
-	rm -rf build build-asan build-emu build-cpu lib bin/shard bin/shard-asan bin/shard-emu bin/shard-cpu
+	rm -rf build build-asan build-emu build-cpu build-fuzz lib bin/shard bin/shard-asan bin/shard-emu bin/shard-cpu

@@ -25,6 +25,9 @@ shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
 function shard.save(model, path, metadata) return require("shard.io.checkpoint").save(model, path, metadata) end
 function shard.load(model, path, opts) return require("shard.io.checkpoint").load(model, path, opts) end
+-- An nn.GPT as a Hugging Face GPT-2 directory (model.safetensors + config.json) that
+-- transformers loads as GPT2LMHeadModel; under FSDP every rank calls it. See shard.io.hf.
+function shard.export_hf(model, dir) return require("shard.io.hf").export(model, dir) end
 
 -- The process's place in the job, from mpirun / torchrun-style env / SLURM (else a world of
 -- one): rank, world, local_rank, the device, the world group, and helpers recipes need.

@@ -63,33 +63,66 @@ function M.save(model, path, metadata)
 end
 
 -- Loads path into model; every parameter must be there with its shape, and (unless
--- opts.strict == false) the file may hold nothing else.
+-- opts.strict == false) the file may hold nothing else. All or nothing: the whole header is
+-- validated and every name, shape and dtype checked against the model, then every value is
+-- read into host memory, and only then is anything copied into the model; on any error the
+-- model is as it was.
 function M.load(model, path, opts)
-  local dict = safetensors.load(path)
-  local used = {}
-  local function value_for(name, t)
-    local v = dict[name]
-    if not v then error(("load: %s has no tensor '%s'"):format(path, name), 3) end
-    local a, b = table.concat(v:shape(), "x"), table.concat(t:shape(), "x")
-    if a ~= b then error(("load: %s: '%s' is %s in the file but %s in the model"):format(path, name, a, b), 3) end
-    used[name] = true
-    return v
-  end
+  local C = require("shard.ffi").C
+  local function is_float(dtype) local id = C.sh_dtype_from_name(dtype); return id >= 0 and C.sh_dtype_is_float(id) == 1 end
+  local f = safetensors.open(path)
+  local wanted = {}     -- { name, param, unit, i } in copy order
   if is_fsdp(model) then
-    each_slot(model, function(u, i, t, slot, name)
-      u.fp:init_param(i, value_for(name, t))
-    end)
-    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
+    each_slot(model, function(u, i, t, slot, name) wanted[#wanted + 1] = { name = name, t = t, u = u, i = i } end)
   else
-    for _, np in ipairs(model:named_parameters()) do np.tensor:copy_(value_for(np.name, np.tensor)) end
+    for _, np in ipairs(model:named_parameters()) do wanted[#wanted + 1] = { name = np.name, t = np.tensor } end
+  end
+  local used, problems = {}, {}
+  for _, w in ipairs(wanted) do
+    local info = f:info(w.name)
+    local want = table.concat(w.t:shape(), "x")
+    if not info then
+      problems[#problems + 1] = ("no tensor '%s' (%s %s in the model)"):format(w.name, w.t:dtype(), want)
+    else
+      local have = table.concat(info.shape, "x")
+      if have ~= want then
+        problems[#problems + 1] = ("'%s' is %s in the file but %s in the model"):format(w.name, have, want)
+      elseif C.sh_dtype_from_name(info.dtype) < 0 or is_float(info.dtype) ~= is_float(w.t:dtype()) then
+        problems[#problems + 1] = ("'%s' is %s in the file but %s in the model"):format(w.name, info.dtype, w.t:dtype())
+      end
+      used[w.name] = true
+    end
   end
   if not (opts and opts.strict == false) then
     local extra = {}
-    for name in pairs(dict) do if not used[name] then extra[#extra + 1] = name end end
-    table.sort(extra)
-    if #extra > 0 then error(("load: %s holds tensors the model lacks: %s"):format(path, table.concat(extra, ", ")), 2) end
+    for _, name in ipairs(f:names()) do if not used[name] then extra[#extra + 1] = name end end
+    if #extra > 0 then problems[#problems + 1] = "holds tensors the model lacks: " .. table.concat(extra, ", ") end
   end
-  for _, t in pairs(dict) do t:free() end
+  if #problems > 0 then
+    f:close()
+    error(("load: %s: %s (the model is unchanged)"):format(path, table.concat(problems, "; ")), 2)
+  end
+  -- Every value is read before the first copy, so a read error leaves the model untouched.
+  local values = {}
+  local ok, err = pcall(function()
+    for k, w in ipairs(wanted) do
+      local info = f:info(w.name)
+      values[k] = tensor.empty(info.shape, { dtype = info.dtype, device = "cpu" })
+      f:read(w.name, values[k], 0, info.numel)
+    end
+  end)
+  f:close()
+  if not ok then
+    for _, v in pairs(values) do v:free() end
+    error(("load: %s (the model is unchanged)"):format(tostring(err)), 2)
+  end
+  for k, w in ipairs(wanted) do
+    if w.u then w.u.fp:init_param(w.i, values[k]) else w.t:copy_(values[k]) end
+  end
+  if is_fsdp(model) then
+    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
+  end
+  for _, v in ipairs(values) do v:free() end
 end
 
 return M

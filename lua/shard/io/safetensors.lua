@@ -1,84 +1,161 @@
--- shard.io.safetensors: read and write the safetensors format (an 8-byte little-endian
--- header length, a JSON header of name -> {dtype, shape, data_offsets}, then the raw bytes).
--- Writes are atomic: a temporary file renamed over the target once complete.
+-- shard.io.safetensors: the safetensors format through runtime/safetensors.c, which validates
+-- the whole header (sizes, dtypes, offsets tiling the data section, duplicate keys) before a
+-- byte of data is used, reads just the byte ranges asked for, and writes atomically.
+--   local f = S.open(path)         f:names(), f:info(name), f:metadata(),
+--                                  f:read(name, dst, first, count), f:close()
+--   S.load(path) -> name -> CPU tensor, metadata      S.save(path, tensors, metadata)
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
-local json = require "shard.io.json"
 local C, check = rt.C, rt.check
 
 local S = {}
 
-local TO_SHARD = { F64 = "f64", F32 = "f32", BF16 = "bf16", F16 = "f16", I64 = "i64", I32 = "i32", U8 = "u8", BOOL = "bool" }
-local FROM_SHARD = {}
-for k, v in pairs(TO_SHARD) do FROM_SHARD[v] = k end
+local File = {}
+File.__index = File
 
-local function u64le(s, i)
-  local n = 0
-  for k = 7, 0, -1 do n = n * 256 + s:byte(i + k) end
-  return n
+local function closer(h) C.sh_st_close(h) end
+
+-- Opens and validates path; raises an error naming the file (and the tensor) otherwise.
+function S.open(path)
+  if type(path) ~= "string" then error("safetensors.open: path must be a string, got " .. type(path), 2) end
+  local out = ffi.new("sh_st_file*[1]")
+  check(C.sh_st_open(out, path), 2)
+  local self = setmetatable({ path = path, h = ffi.gc(out[0], closer) }, File)
+  return self
 end
 
--- Returns name -> tensor (CPU) and the header's __metadata__ table.
-function S.load(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("safetensors: cannot open " .. path .. ": " .. tostring(err), 2) end
-  local bytes = f:read("*a")
-  f:close()
-  if #bytes < 8 then error("safetensors: " .. path .. " is too short to be a safetensors file", 2) end
-  local hlen = u64le(bytes, 1)
-  if 8 + hlen > #bytes then error(("safetensors: %s: header length %d exceeds the file size %d"):format(path, hlen, #bytes), 2) end
-  local ok, header = pcall(json.decode, bytes:sub(9, 8 + hlen))
-  if not ok then error("safetensors: " .. path .. ": bad header: " .. header, 2) end
-  local base = 8 + hlen
+local function handle(self, level)
+  if self.h == nil then error("safetensors: " .. self.path .. " is closed", (level or 1) + 1) end
+  return self.h
+end
+
+-- Sorted list of tensor names.
+function File:names()
+  local h = handle(self, 2)
   local out = {}
-  for name, info in pairs(header) do
-    if name ~= "__metadata__" then
-      local dtype = TO_SHARD[info.dtype]
-      if not dtype then error(("safetensors: %s: tensor %s has unsupported dtype %s"):format(path, name, tostring(info.dtype)), 2) end
-      local a, b = info.data_offsets[1], info.data_offsets[2]
-      local t = tensor.empty(info.shape, { dtype = dtype, device = "cpu" })
-      local nbytes = t:numel() * C.sh_dtype_size(t.p.dtype)
-      if b - a ~= nbytes or base + b > #bytes then
-        error(("safetensors: %s: tensor %s: offsets [%d, %d) do not hold %s %s"):format(path, name, a, b, dtype,
-          table.concat(info.shape, "x")), 2)
-      end
-      if nbytes > 0 then ffi.copy(C.sh_tensor_data(t.p), ffi.cast("const char*", bytes) + base + a, nbytes) end
-      out[name] = t
-    end
+  for i = 0, C.sh_st_count(h) - 1 do out[#out + 1] = ffi.string(C.sh_st_at(h, i).name) end
+  return out
+end
+
+local function info_of(t)
+  local shape = {}
+  for d = 0, t.ndim - 1 do shape[d + 1] = tonumber(t.shape[d]) end
+  return {
+    dtype = t.dtype >= 0 and tensor.dtype_name(t.dtype) or ffi.string(t.dtype_name):lower(),
+    shape = shape,
+    numel = tonumber(t.numel),
+    nbytes = tonumber(t["end"] - t.begin),
+  }
+end
+
+-- { dtype = "f32"..., shape = {...}, numel = N, nbytes = N } or nil when name is absent.
+-- I16 and I8 tensors report "i16" / "i8": valid files, but shard has no such dtype to read into.
+function File:info(name)
+  local h = handle(self, 2)
+  local i = C.sh_st_find(h, tostring(name))
+  if i < 0 then return nil end
+  return info_of(C.sh_st_at(h, i))
+end
+
+-- The __metadata__ table (string -> string; empty when the file has none).
+function File:metadata()
+  local h = handle(self, 2)
+  local out = {}
+  local k, kl, v, vl = ffi.new("const char*[1]"), ffi.new("size_t[1]"), ffi.new("const char*[1]"), ffi.new("size_t[1]")
+  for i = 0, C.sh_st_metadata_count(h) - 1 do
+    C.sh_st_metadata_at(h, i, k, kl, v, vl)
+    out[ffi.string(k[0], kl[0])] = ffi.string(v[0], vl[0])
   end
-  return out, header.__metadata__ or {}
+  return out
+end
+
+-- Copies elements [first, first + count) (0-based, row-major) of `name` into dst: a CPU
+-- tensor, contiguous, of the file's dtype, with numel == count. first defaults to 0 and
+-- count to dst's numel. Returns dst.
+function File:read(name, dst, first, count)
+  local h = handle(self, 2)
+  local i = C.sh_st_find(h, tostring(name))
+  if i < 0 then error(("safetensors: %s: no tensor '%s'"):format(self.path, tostring(name)), 2) end
+  if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 2) end
+  first = first or 0
+  count = count or dst:numel()
+  check(C.sh_st_read(h, i, first, count, dst.p), 2)
+  return dst
+end
+
+function File:close()
+  if self.h ~= nil then
+    C.sh_st_close(ffi.gc(self.h, nil))
+    self.h = nil
+  end
+end
+
+-- Returns name -> CPU tensor and the __metadata__ table. All or nothing: on any error the
+-- tensors already read are freed.
+function S.load(path)
+  local f = S.open(path)
+  local out = {}
+  local ok, err = pcall(function()
+    for _, name in ipairs(f:names()) do
+      local info = f:info(name)
+      if C.sh_dtype_from_name(info.dtype) < 0 then
+        error(("safetensors: %s: tensor '%s': dtype %s has no shard equivalent"):format(path, name, info.dtype:upper()), 0)
+      end
+      local t = tensor.empty(info.shape, { dtype = info.dtype, device = "cpu" })
+      out[name] = t
+      f:read(name, t, 0, info.numel)
+    end
+  end)
+  local meta = ok and f:metadata()
+  f:close()
+  if not ok then
+    for _, t in pairs(out) do t:free() end
+    error(err, 2)
+  end
+  return out, meta
 end
 
 -- Writes name -> tensor (any device) with optional string metadata, atomically.
 function S.save(path, tensors, metadata)
   local names = {}
-  for name in pairs(tensors) do names[#names + 1] = name end
-  table.sort(names)
-  local header, blobs, offset = {}, {}, 0
-  for _, name in ipairs(names) do
-    local t = tensors[name]
-    if not tensor.is_tensor(t) then error(("safetensors: '%s' is not a tensor (%s)"):format(name, type(t)), 2) end
-    check(C.sh_tensor_check(t.p, "safetensors save '" .. name .. "'"), 2)
-    local host = (t.p.device >= 0 or not t:is_contiguous()) and t:to{ device = "cpu" }:contiguous() or t
-    local nbytes = host:numel() * C.sh_dtype_size(host.p.dtype)
-    blobs[#blobs + 1] = nbytes > 0 and ffi.string(C.sh_tensor_data(host.p), nbytes) or ""
-    header[name] = { dtype = FROM_SHARD[host:dtype()], shape = host:shape(), data_offsets = { offset, offset + nbytes } }
-    offset = offset + nbytes
+  for name in pairs(tensors) do
+    if type(name) ~= "string" then error(("safetensors: %s: tensor names must be strings, got %s"):format(path, type(name)), 2) end
+    names[#names + 1] = name
   end
-  if metadata then header.__metadata__ = metadata end
-  local h = json.encode(header)
-  h = h .. string.rep(" ", (8 - #h % 8) % 8)
-  local len = {}
-  local n = #h
-  for k = 1, 8 do len[k] = string.char(n % 256); n = math.floor(n / 256) end
-  local tmp = path .. ".tmp." .. tostring(os.time()) .. tostring(math.random(1e9))
-  local f, err = io.open(tmp, "wb")
-  if not f then error("safetensors: cannot write " .. tmp .. ": " .. tostring(err), 2) end
-  f:write(table.concat(len), h)
-  for _, b in ipairs(blobs) do f:write(b) end
-  local ok = f:close()
-  if not ok or not os.rename(tmp, path) then os.remove(tmp); error("safetensors: cannot finish writing " .. path, 2) end
+  table.sort(names)
+  local hosts, made = {}, {}
+  local function cleanup() for _, t in ipairs(made) do t:free() end end
+  for i, name in ipairs(names) do
+    local t = tensors[name]
+    if not tensor.is_tensor(t) then cleanup(); error(("safetensors: '%s' is not a tensor (%s)"):format(name, type(t)), 2) end
+    local rc = C.sh_tensor_check(t.p, "safetensors save '" .. name .. "'")
+    if rc ~= 0 then cleanup(); check(rc, 2) end
+    if t.p.device >= 0 or not t:is_contiguous() then
+      local h = t:to{ device = "cpu" }
+      made[#made + 1] = h
+      if not h:is_contiguous() then h = h:contiguous(); made[#made + 1] = h end
+      hosts[i] = h
+    else
+      hosts[i] = t
+    end
+  end
+  local keys, values = {}, {}
+  for k, v in pairs(metadata or {}) do
+    if type(k) ~= "string" or type(v) ~= "string" then
+      cleanup()
+      error(("safetensors: %s: metadata must map strings to strings (%s -> %s)"):format(path, tostring(k), type(v)), 2)
+    end
+    keys[#keys + 1] = k; values[#values + 1] = v
+  end
+  local n, m = #names, #keys
+  local cnames, cts = ffi.new("const char*[?]", n + 1), ffi.new("sh_tensor*[?]", n + 1)
+  for i = 1, n do cnames[i - 1] = names[i]; cts[i - 1] = hosts[i].p end
+  local ck, cv = ffi.new("const char*[?]", m + 1), ffi.new("const char*[?]", m + 1)
+  for i = 1, m do ck[i - 1] = keys[i]; cv[i - 1] = values[i] end
+  local rc = C.sh_st_save(path, n, cnames, cts, m, ck, cv)
+  cleanup()
+  check(rc, 2)
 end
 
 return S

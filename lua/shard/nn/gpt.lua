@@ -72,6 +72,12 @@ function G.GPT:init(cfg)
   self.lm_head = { weight = self.transformer.wte.weight }
 end
 
+-- A Hugging Face GPT-2 checkpoint (a directory with model.safetensors and config.json, or
+-- the .safetensors file) as an nn.GPT; opts: dropout, fsdp (wrap options). See shard.io.hf.
+function G.GPT.from_pretrained(path, opts)
+  return require("shard.io.hf").from_pretrained(G.GPT, path, opts)
+end
+
 -- idx [B, T] (i64/i32). With targets: the mean cross-entropy loss (0-dim); without: the
 -- logits of the last position [B, V] (what generation needs).
 function G.GPT:forward(idx, targets)
