@@ -181,9 +181,10 @@ function M.save(dir, s)
   if pending then M.wait{ barrier = false } end
   local name = "step-" .. step
   local tmpdir, final = dir .. "/.tmp-" .. name, dir .. "/" .. name
-  if exists(final) then error(("checkpoint.save: %s already exists (rank %d)"):format(final, rank), 2) end
+  if exists(final) and M.latest(dir) == final then error(("checkpoint.save: %s already exists and is the latest (rank %d)"):format(final, rank), 2) end
   if rank == 0 then
     check(C.sh_ckpt_mkdirs(dir))
+    check(C.sh_ckpt_remove_tree(final))    -- renamed by a save killed before `latest` moved to it
     check(C.sh_ckpt_remove_tree(tmpdir))   -- what a killed save left
     check(C.sh_ckpt_mkdirs(tmpdir))
   end
