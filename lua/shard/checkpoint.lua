@@ -343,6 +343,9 @@ function M.load(dir, s)
   local path = M.latest(dir)
   if not path then error(("checkpoint.load: %s holds no checkpoint (no index.json, no latest) (rank %d)"):format(dir, rank), 2) end
   local index_path = path .. "/index.json"
+  if not exists(index_path) then
+    error(("checkpoint.load: %s/latest names %s, which is not a complete checkpoint (no index.json) (rank %d)"):format(dir, path, rank), 2)
+  end
   local ok, index = pcall(json.decode, read_text(index_path))
   if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 2) end
   if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 2) end
