@@ -2,6 +2,9 @@
 -- (nanoGPT reports val loss 1.88 for it). Any text works with --data=PATH.
 --   shard run recipes/gpt_shakespeare_char.lua [--max_iters=2000 ...]
 --   shard launch --nproc 4 recipes/gpt_shakespeare_char.lua --strategy=full_shard
+-- Checkpoints (shard.checkpoint, in OUT_DIR/ckpt): --save_interval=N saves every N steps
+-- (--async_save writes them from a background thread), --keep=K keeps the newest K,
+-- --resume continues from the latest one (at any world size or strategy).
 local shard = require "shard"
 local nn, optim, data = shard.nn, shard.optim, shard.data
 
@@ -20,6 +23,7 @@ local cfg = shard.config{
   lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
+  save_interval = 0, keep = 0, resume = false, async_save = false,
 }
 
 local env = shard.init{ device = cfg.device }
@@ -77,10 +81,23 @@ local function estimate_loss()
   return out
 end
 
+local checkpoint = shard.checkpoint
+local ckpt_dir = cfg.out_dir .. "/ckpt"
+local start = 0
+if cfg.resume then
+  if checkpoint.latest(ckpt_dir) then
+    local info = checkpoint.load(ckpt_dir, { model = model, optim = opt, data = train })
+    start = info.step
+    if env.rank == 0 then print(("resumed from %s at step %d"):format(info.path, start)) end
+  elseif env.rank == 0 then
+    print("resume: no checkpoint in " .. ckpt_dir .. ", starting afresh")
+  end
+end
+
 local tokens_per_iter = cfg.batch_size * cfg.block_size
 local timer = require("shard.timer")
 local window_start, window_iters = timer.now(), 0
-for it = 0, cfg.max_iters do
+for it = start, cfg.max_iters do
   if it % cfg.eval_interval == 0 or it == cfg.max_iters then
     local l = estimate_loss()
     shard.log(it, { train_loss = l.train, val_loss = l.val }, { "train_loss", "val_loss" })
@@ -102,7 +119,12 @@ for it = 0, cfg.max_iters do
     window_start, window_iters = timer.now(), 0
   end
   loss:free(); x:free(); y:free()
+  if cfg.save_interval > 0 and (it + 1) % cfg.save_interval == 0 then
+    checkpoint.save(ckpt_dir, { model = model, optim = opt, step = it + 1, data = train, config = cfg,
+                                keep = cfg.keep, async = cfg.async_save })
+  end
 end
+checkpoint.wait()    -- an asynchronous save still writing
 
 -- where memory went on this rank (peak and the bytes by tag at the peak)
 if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end

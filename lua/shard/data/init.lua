@@ -143,6 +143,14 @@ function D.tokens(opts)
     self.step = self.step + 1
     return self:batch_at(self.step)
   end
+  -- The position, for a checkpoint: batches depend only on (seed, step), so setting it back
+  -- resumes the same stream, at any world size.
+  function self:state() return { step = self.step, seed = self.seed } end
+  function self:set_state(s)
+    if type(s) ~= "table" or type(s.step) ~= "number" then error("data: set_state expects { step = N, seed = S }", 2) end
+    self.step = s.step
+    if s.seed then self.seed = s.seed end
+  end
   return self
 end
 

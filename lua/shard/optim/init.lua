@@ -74,6 +74,59 @@ function Optimizer:step(grad_scale)
   for _, g in ipairs(owned) do g:free() end
 end
 
+-- The optimizer's state for a checkpoint. Each entry's state tensors (f32, the entry's shape)
+-- are the live buffers, not copies: `names` (tensor -> parameter name; FSDP entries carry
+-- their own name and start; a function of the tensor also works) says which slice each entry is.
+--   { kind = "AdamW", step_count = n, hyper = { lr =, ... },
+--     entries = { { name =, start =, numel =, state = { exp_avg = t, exp_avg_sq = t } }, ... } }
+-- Entries without a name (a bare tensor list and no names) are left out.
+local STATE_NAMES = { m = "exp_avg", v = "exp_avg_sq" }
+function Optimizer:state_dict(names)
+  local entries = {}
+  for _, e in ipairs(self.entries) do
+    local name = e.name or (type(names) == "function" and names(e.tensor)) or (type(names) == "table" and names[e.tensor]) or nil
+    if name then
+      local state = {}
+      for field, key in pairs(self.state_names) do if e[field] then state[key] = e[field] end end
+      entries[#entries + 1] = { name = name, start = e.start or 0, numel = e.tensor:numel(), state = state }
+    end
+  end
+  local hyper = {}
+  for _, k in ipairs(self.hyper_names) do hyper[k] = self[k] end
+  return { kind = self.kind, step_count = self.step_count, hyper = hyper, entries = entries }
+end
+
+-- Restores step count and hyperparameters from sd, and, for each of sd.entries that holds
+-- state tensors, copies them into the entry of the same name and start (same numel).
+-- shard.checkpoint fills the live buffers of state_dict() directly and passes just the scalars.
+function Optimizer:load_state_dict(sd, names)
+  if sd.kind and sd.kind ~= self.kind then
+    error(("optim: the state is %s's, this optimizer is %s"):format(sd.kind, self.kind), 2)
+  end
+  self.step_count = sd.step_count or self.step_count
+  for k, v in pairs(sd.hyper or {}) do self[k] = v end
+  if sd.entries then
+    local live = {}
+    for _, e in ipairs(self:state_dict(names).entries) do live[e.name .. "@" .. e.start] = e end
+    for _, e in ipairs(sd.entries) do
+      local key = e.name .. "@" .. (e.start or 0)
+      local to = live[key]
+      if not to then error(("optim: load_state_dict: this optimizer has no entry %s"):format(key), 2) end
+      for k, t in pairs(e.state or {}) do
+        local dst = to.state[k]
+        if not dst then error(("optim: load_state_dict: entry %s has no state '%s'"):format(key, k), 2) end
+        if t:numel() ~= dst:numel() then
+          error(("optim: load_state_dict: %s state '%s' has %d elements, expected %d"):format(key, k, t:numel(), dst:numel()), 2)
+        end
+        local src = t:reshape(dst:shape())
+        dst:copy_(src)
+        src:free()
+      end
+    end
+  end
+  return self
+end
+
 local function new_optimizer(params, fields, update)
   fields.entries = collect(params)
   fields.model = params.parameters and params or nil
@@ -87,6 +140,7 @@ function O.AdamW(params, opts)
   opts = opts or {}
   local betas = opts.betas or {}
   local self = new_optimizer(params, {
+    kind = "AdamW", state_names = STATE_NAMES, hyper_names = { "lr", "beta1", "beta2", "eps", "weight_decay" },
     lr = opts.lr or 1e-3, beta1 = betas[1] or 0.9, beta2 = betas[2] or 0.999,
     eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.01,
   }, function(s, work, grad_scale)
@@ -109,6 +163,8 @@ end
 function O.SGD(params, opts)
   opts = opts or {}
   local self = new_optimizer(params, {
+    kind = "SGD", state_names = { m = "momentum_buffer" },
+    hyper_names = { "lr", "momentum", "dampening", "weight_decay", "nesterov" },
     lr = opts.lr or 1e-2, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov and 1 or 0,
   }, function(s, work, grad_scale)

@@ -1,0 +1,452 @@
+-- shard.checkpoint: resumable sharded training checkpoints.
+--   checkpoint.save(dir, { model =, optim =, step =, data =, config =, extra =, keep =, async = })
+--   local info = checkpoint.load(dir, { model =, optim =, data = })   -- info.step, info.extra, ...
+-- Every rank calls both. A checkpoint is a directory DIR/step-N holding one safetensors file per
+-- rank (rank-RRRRR-of-WWWWW.safetensors) with just the slices that rank owns, and index.json:
+--   params  name -> { shape, dtype, pieces = { { file, tensor, start, count }, ... } }: where
+--           each element range [start, start + count) of the flattened f32 master lives
+--   optim   { kind, step_count, hyper, state = { exp_avg = { name -> pieces }, ... } }
+--   ranks   per rank: { rng = shard.random state, data = loader position, extra = rank_extra }
+--   step, lr, world = { size, strategy, hybrid_group }, config, extra
+-- (the idea of PyTorch's distributed-checkpoint metadata). Tensors in a rank file are named
+-- "param/<name>@<start>" and "optim/<state>/<name>@<start>". Nobody gathers the model: each
+-- rank copies its own slices (device memory grows by nothing; on a GPU each slice is copied
+-- to the host). Loading at any world size or strategy computes, for every slice this rank
+-- holds, the saved pieces that overlap it and preads just those byte ranges.
+--
+-- Atomic: files go to DIR/.tmp-step-N/ (each written to a temporary name, fsynced, renamed);
+-- rank 0 waits for every rank's file, writes index.json, renames the directory to step-N,
+-- then replaces DIR/latest (a one-line file, written and renamed), then prunes to `keep`
+-- step directories. A process killed at any moment leaves `latest` naming a complete one.
+-- async = true: the slices are copied to host memory at the call (the step boundary) and a
+-- background thread (runtime/ckpt_io.h) writes them while training goes on; the next save,
+-- checkpoint.wait() or the process's end waits for it.
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local tensor = require "shard.tensor"
+local json = require "shard.io.json"
+local random = require "shard.random"
+local C, check = rt.C, rt.check
+
+local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
+
+local DTYPE_ST = { f64 = "F64", f32 = "F32", bf16 = "BF16", f16 = "F16", i64 = "I64", i32 = "I32", u8 = "U8", bool = "BOOL" }
+local ST_DTYPE = {}
+for k, v in pairs(DTYPE_ST) do ST_DTYPE[v] = k end
+
+local function where()
+  local env = rawget(require("shard"), "env")
+  if env then return env.rank, env.world, env.group end
+  return 0, 1, nil
+end
+
+local function barrier(group) if group and group:size() > 1 then group:barrier() end end
+
+local function exists(path) return C.sh_ckpt_exists(path) ~= 0 end
+
+local function read_text(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("checkpoint: cannot open " .. path .. ": " .. tostring(err), 0) end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function elem_size(dtype) return tonumber(C.sh_dtype_size(tensor.dtype_id(dtype))) end
+
+---------------------------------------------------------------------------------------------
+-- what a rank holds
+
+-- Every parameter slice this rank holds, as { name, shape, start, count, owner, view }:
+-- elements [start, start + count) of the flattened parameter; view() gives a live 1-D alias
+-- (the caller frees it); owner: this rank is the one that writes the slice (under hybrid
+-- sharding or no_shard several ranks hold the same slice, and the first replica writes).
+-- An unwrapped model's parameters are whole slices that rank 0 writes.
+local function held_slices(model, rank)
+  local out = {}
+  if model.all_units then
+    for _, u in ipairs(model.all_units) do
+      if u.fp then
+        local owner = (u.replicate == nil or u.replicate:rank() == 0) and (u.mode.shard or u.group:rank() == 0)
+        for i, t in ipairs(u.params) do
+          local slot = u.fp:slot(i)
+          if not slot.tied_to and slot.own_numel > 0 then
+            out[#out + 1] = { name = model.names[t], shape = t:shape(), start = slot.own_start, count = slot.own_numel,
+                              owner = owner, view = function() return u.fp:shard_view(i) end }
+          end
+        end
+      end
+    end
+  else
+    for _, np in ipairs(model:named_parameters()) do
+      local t = np.tensor
+      out[#out + 1] = { name = np.name, shape = t:shape(), start = 0, count = t:numel(), owner = rank == 0,
+                        view = function() return t:view({ t:numel() }) end }
+    end
+  end
+  return out
+end
+
+-- tensor -> name for an unwrapped model's optimizer entries (FSDP entries carry their name).
+local function name_of(model)
+  local by_ptr = {}
+  if model and not model.all_units then
+    for _, np in ipairs(model:named_parameters()) do by_ptr[tostring(ffi.cast("void*", np.tensor.p))] = np.name end
+  end
+  return function(t) return by_ptr[tostring(ffi.cast("void*", t.p))] end
+end
+
+local function slice_key(name, start) return name .. "@" .. start end
+
+local function layout_of(model)
+  if not model or not model.all_units then return { strategy = "none" } end
+  return { strategy = model.strategy, hybrid_group = model.opts and model.opts.hybrid_group or nil }
+end
+
+-- Each rank's string, on every rank (two all-gathers: lengths, then the padded bytes).
+local function gather_strings(group, s)
+  if not group or group:size() == 1 then return { s } end
+  local n = group:size()
+  local dev = tensor.default_device or "cpu"
+  local temps = {}
+  local function on(t, device)   -- t on device (a copy when it is elsewhere)
+    if t:device() == device then return t end
+    local c = t:to{ device = device }
+    temps[#temps + 1] = c
+    return c
+  end
+  local len = tensor.tensor({ #s }, { dtype = "f64", device = "cpu" })
+  temps[1] = len
+  local lens_d = group:all_gather(on(len, dev))
+  temps[#temps + 1] = lens_d
+  local lens_h = on(lens_d, "cpu")
+  local lens, max = {}, 1
+  for i = 1, n do lens[i] = lens_h:get({ i }); max = math.max(max, lens[i]) end
+  local buf = tensor.zeros({ max }, { dtype = "u8", device = "cpu" })
+  temps[#temps + 1] = buf
+  ffi.copy(C.sh_tensor_data(buf.p), s, #s)
+  local all_d = group:all_gather(on(buf, dev))
+  temps[#temps + 1] = all_d
+  local all = on(all_d, "cpu")
+  local base = ffi.cast("const char*", C.sh_tensor_data(all.p))
+  local out = {}
+  for i = 1, n do out[i] = ffi.string(base + (i - 1) * max, lens[i]) end
+  for _, t in ipairs(temps) do t:free() end
+  return out
+end
+
+---------------------------------------------------------------------------------------------
+-- the background writer
+
+local pending = nil   -- { job =, keep = { host tensors and strings the job points into }, name = }
+
+local function finish(p)
+  local rc = C.sh_ckpt_job_wait(p.job)
+  local msg = rc ~= 0 and ffi.string(C.sh_last_error()) or nil
+  C.sh_ckpt_job_destroy(ffi.gc(p.job, nil))
+  for _, t in ipairs(p.tensors) do t:free() end
+  p.tensors, p.strings = nil, nil
+  if msg then error(("checkpoint: saving %s failed on rank %d: %s"):format(p.name, p.rank, msg), 0) end
+end
+
+-- Waits for an asynchronous save in flight (no-op when none); raises its error if it failed.
+-- With barrier = true (default), every rank returns once the checkpoint is committed.
+function M.wait(opts)
+  local p = pending
+  pending = nil
+  if p then finish(p) end
+  if not (opts and opts.barrier == false) then
+    local _, _, group = where()
+    barrier(group)
+  end
+end
+
+-- True while an asynchronous save of this rank is still writing.
+function M.busy() return pending ~= nil and C.sh_ckpt_job_done(pending.job) == 0 end
+
+---------------------------------------------------------------------------------------------
+-- save
+
+-- s: model (required), optim, step (required, a whole number), data (a loader with
+-- :state()), config, extra (JSON-able tables stored in the index), rank_extra (per rank),
+-- keep (prune to this many step directories; nil or 0 keeps all), async.
+function M.save(dir, s)
+  if type(dir) ~= "string" or dir == "" then error("checkpoint.save: dir must be a path", 2) end
+  if type(s) ~= "table" or not s.model then error("checkpoint.save: expected { model =, step =, ... }", 2) end
+  local step = s.step
+  if type(step) ~= "number" or step ~= math.floor(step) or step < 0 then
+    error("checkpoint.save: step must be a whole number >= 0, got " .. tostring(step), 2)
+  end
+  local rank, world, group = where()
+  if pending then M.wait{ barrier = false } end
+  local name = "step-" .. step
+  local tmpdir, final = dir .. "/.tmp-" .. name, dir .. "/" .. name
+  if exists(final) and M.latest(dir) == final then error(("checkpoint.save: %s already exists and is the latest (rank %d)"):format(final, rank), 2) end
+  if rank == 0 then
+    check(C.sh_ckpt_mkdirs(dir))
+    check(C.sh_ckpt_remove_tree(final))    -- renamed by a save killed before `latest` moved to it
+    check(C.sh_ckpt_remove_tree(tmpdir))   -- what a killed save left
+    check(C.sh_ckpt_mkdirs(tmpdir))
+  end
+  barrier(group)
+
+  -- this rank's slices: live views, or host copies when the write goes on in the background
+  -- (or the slice is not host memory)
+  local entries, tensors = {}, {}
+  local function add(key, view, desc)
+    local t = view
+    if s.async or view:device() ~= "cpu" or not view:is_contiguous() then
+      t = tensor.empty({ view:numel() }, { dtype = view:dtype(), device = "cpu" })
+      t:copy_(view)
+      view:free()
+    end
+    tensors[#tensors + 1] = t
+    desc.tensor, desc.dtype = key, t:dtype()
+    entries[#entries + 1] = desc
+  end
+  local owned = {}
+  for _, sl in ipairs(held_slices(s.model, rank)) do
+    if sl.owner then
+      owned[slice_key(sl.name, sl.start)] = true
+      add("param/" .. slice_key(sl.name, sl.start), sl.view(),
+          { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count })
+    end
+  end
+  local optim_meta
+  if s.optim then
+    local sd = s.optim:state_dict(name_of(s.model))
+    optim_meta = { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }
+    for _, e in ipairs(sd.entries) do
+      if owned[slice_key(e.name, e.start)] then
+        local states = {}
+        for k in pairs(e.state) do states[#states + 1] = k end
+        table.sort(states)
+        for _, k in ipairs(states) do
+          local st = e.state[k]
+          add(("optim/%s/%s"):format(k, slice_key(e.name, e.start)), st:view({ st:numel() }),
+              { kind = "optim", state = k, name = e.name, start = e.start, count = e.numel })
+        end
+      end
+    end
+  end
+
+  -- the rank file: a safetensors header, then the slices in order
+  local header, offset = {}, 0
+  for i, e in ipairs(entries) do
+    local nbytes = tensors[i]:numel() * elem_size(e.dtype)
+    header[e.tensor] = { dtype = DTYPE_ST[e.dtype], shape = { e.count }, data_offsets = { offset, offset + nbytes } }
+    offset = offset + nbytes
+  end
+  header.__metadata__ = { format = M.FORMAT, step = tostring(step), rank = tostring(rank), world = tostring(world) }
+  local htext = json.encode(header)
+  htext = htext .. string.rep(" ", (8 - #htext % 8) % 8)
+  local n, len = #htext, {}
+  for k = 1, 8 do len[k] = string.char(n % 256); n = math.floor(n / 256) end
+  local head = table.concat(len) .. htext
+  local strings = { head }
+  local nchunks = #tensors + 1
+  local ptrs, sizes = ffi.new("const void*[?]", nchunks), ffi.new("int64_t[?]", nchunks)
+  ptrs[0], sizes[0] = head, #head
+  for i, t in ipairs(tensors) do
+    ptrs[i], sizes[i] = C.sh_tensor_data(t.p), t:numel() * elem_size(t:dtype())
+  end
+
+  -- what every rank holds and its own state, gathered for the index
+  local rank_state = { rng = random.get_state(), data = s.data and s.data:state() or nil, extra = s.rank_extra }
+  local descs = gather_strings(group, json.encode{ pieces = entries, state = rank_state })
+
+  local function file_of(r) return ("rank-%05d-of-%05d.safetensors"):format(r, world) end
+  local box = ffi.new("sh_ckpt_job*[1]")
+  check(C.sh_ckpt_job_create(box))
+  local job = ffi.gc(box[0], C.sh_ckpt_job_destroy)
+  check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. file_of(rank), nchunks, ptrs, sizes))
+  if rank == 0 then
+    local index = { format = M.FORMAT, version = M.VERSION, step = step, files = {}, params = {}, ranks = {},
+                    world = layout_of(s.model), config = s.config, extra = s.extra,
+                    lr = s.optim and s.optim.lr or nil }
+    index.world.size = world
+    if optim_meta then optim_meta.state = {}; index.optim = optim_meta end
+    for r = 0, world - 1 do
+      local d = json.decode(descs[r + 1])
+      index.files[r + 1] = file_of(r)
+      index.ranks[r + 1] = d.state
+      for _, e in ipairs(d.pieces) do
+        local piece = { file = file_of(r), tensor = e.tensor, start = e.start, count = e.count }
+        if e.kind == "param" then
+          local p = index.params[e.name]
+          if not p then p = { shape = e.shape, dtype = e.dtype, pieces = {} }; index.params[e.name] = p end
+          table.insert(p.pieces, piece)
+        else
+          local by_name = optim_meta.state[e.state] or {}
+          optim_meta.state[e.state] = by_name
+          by_name[e.name] = by_name[e.name] or {}
+          table.insert(by_name[e.name], piece)
+        end
+      end
+      if r > 0 then check(C.sh_ckpt_job_wait_file(job, tmpdir .. "/" .. file_of(r), M.timeout_s)) end
+    end
+    local itext = json.encode(index)
+    local latest = name .. "\n"
+    strings[#strings + 1], strings[#strings + 2] = itext, latest
+    check(C.sh_ckpt_job_write(job, tmpdir .. "/index.json", 1, ffi.new("const void*[1]", { itext }), ffi.new("int64_t[1]", { #itext })))
+    check(C.sh_ckpt_job_rename(job, tmpdir, final))
+    check(C.sh_ckpt_job_write(job, dir .. "/latest", 1, ffi.new("const void*[1]", { latest }), ffi.new("int64_t[1]", { #latest })))
+    check(C.sh_ckpt_job_prune(job, dir, s.keep or 0, name))
+  end
+  -- host copies, or live views of the shards (aliases: nothing copied), freed once written
+  pending = { job = job, tensors = tensors, strings = strings, name = final, rank = rank }
+  check(C.sh_ckpt_job_run(job, s.async and 1 or 0))
+  if not s.async then M.wait() end
+  return final
+end
+
+---------------------------------------------------------------------------------------------
+-- load
+
+-- The checkpoint directory dir names: dir itself when it holds index.json, else the one
+-- dir/latest names; nil when there is none.
+function M.latest(dir)
+  if exists(dir .. "/index.json") then return dir end
+  local f = io.open(dir .. "/latest", "rb")
+  if not f then return nil end
+  local name = (f:read("*l") or ""):match("^%s*(.-)%s*$")
+  f:close()
+  if name == "" then return nil end
+  return dir .. "/" .. name
+end
+
+-- A rank file's header: { base = first data byte, tensors = name -> info }.
+local function open_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("checkpoint: cannot open " .. path .. ": " .. tostring(err), 0) end
+  local size = f:seek("end")
+  f:seek("set", 0)
+  local lenb = f:read(8)
+  if not lenb or #lenb < 8 then f:close(); error("checkpoint: " .. path .. " is too short to be a safetensors file", 0) end
+  local hlen = 0
+  for k = 8, 1, -1 do hlen = hlen * 256 + lenb:byte(k) end
+  if 8 + hlen > size then f:close(); error(("checkpoint: %s: header length %d exceeds the file size %d"):format(path, hlen, size), 0) end
+  local text = f:read(hlen)
+  f:close()
+  local ok, header = pcall(json.decode, text)
+  if not ok then error("checkpoint: " .. path .. ": bad header: " .. tostring(header), 0) end
+  return { base = 8 + hlen, size = size, tensors = header }
+end
+
+-- s: model, optim, data (each optional; the model is needed for an optimizer), strict
+-- (default true: every saved parameter must be in the model). Returns the index: step, lr,
+-- config, extra, world, and rank_extra (this rank's, or rank 0's when the saved world was
+-- smaller).
+function M.load(dir, s)
+  s = s or {}
+  local rank = where()
+  local path = M.latest(dir)
+  if not path then error(("checkpoint.load: %s holds no checkpoint (no index.json, no latest) (rank %d)"):format(dir, rank), 2) end
+  local index_path = path .. "/index.json"
+  if not exists(index_path) then
+    error(("checkpoint.load: %s/latest names %s, which is not a complete checkpoint (no index.json) (rank %d)"):format(dir, path, rank), 2)
+  end
+  local ok, index = pcall(json.decode, read_text(index_path))
+  if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 2) end
+  if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 2) end
+
+  local files = {}
+  local function file(name)
+    if not files[name] then files[name] = open_file(path .. "/" .. name) end
+    return files[name]
+  end
+  -- Fills dst (a live 1-D slice of count elements, holding [start, start + count) of `what`)
+  -- from the saved pieces that overlap it.
+  local function fill(what, pieces, dst, start, count)
+    local covered = 0
+    local stop = start + count
+    local direct = dst:device() == "cpu" and dst:is_contiguous()
+    for _, p in ipairs(pieces) do
+      local a, b = math.max(start, p.start), math.min(stop, p.start + p.count)
+      if a < b then
+        local fpath = path .. "/" .. p.file
+        local h = file(p.file)
+        local info = h.tensors[p.tensor]
+        if not info then error(("checkpoint.load: %s has no tensor %s (rank %d)"):format(fpath, p.tensor, rank), 0) end
+        local dtype = ST_DTYPE[info.dtype]
+        local esz = dtype and elem_size(dtype)
+        local numel = 1
+        for _, d in ipairs(info.shape or {}) do numel = numel * d end
+        local o = info.data_offsets or {}
+        if not dtype or numel ~= p.count or o[2] - o[1] ~= numel * esz or h.base + o[2] > h.size then
+          error(("checkpoint.load: %s: tensor %s is %s %s at [%s, %s), expected %d elements (rank %d)"):format(fpath,
+            p.tensor, tostring(info.dtype), table.concat(info.shape or {}, "x"), tostring(o[1]), tostring(o[2]), p.count, rank), 0)
+        end
+        local n, at = b - a, h.base + o[1] + (a - p.start) * esz
+        if direct and dtype == dst:dtype() then
+          local to = ffi.cast("char*", C.sh_tensor_data(dst.p)) + (a - start) * esz
+          check(C.sh_ckpt_pread(fpath, at, to, n * esz))
+        else
+          local tmp = tensor.empty({ n }, { dtype = dtype, device = "cpu" })
+          check(C.sh_ckpt_pread(fpath, at, C.sh_tensor_data(tmp.p), n * esz))
+          local sub = dst:narrow(1, a - start + 1, n)
+          sub:copy_(tmp)
+          sub:free(); tmp:free()
+        end
+        covered = covered + n
+      end
+    end
+    if covered ~= count then
+      error(("checkpoint.load: %s: %s elements [%d, %d) are not all in the checkpoint (found %d of %d) (rank %d)"):format(
+        path, what, start, stop, covered, count, rank), 0)
+    end
+  end
+
+  if s.model then
+    local seen = {}
+    for _, sl in ipairs(held_slices(s.model, rank)) do
+      local p = index.params[sl.name]
+      if not p then error(("checkpoint.load: %s has no parameter '%s' (rank %d)"):format(path, sl.name, rank), 2) end
+      local a, b = table.concat(p.shape, "x"), table.concat(sl.shape, "x")
+      if a ~= b then error(("checkpoint.load: %s: '%s' is %s in the checkpoint but %s in the model (rank %d)"):format(path, sl.name, a, b, rank), 2) end
+      seen[sl.name] = true
+      local v = sl.view()
+      fill(sl.name, p.pieces, v, sl.start, sl.count)
+      v:free()
+    end
+    if s.model.all_units then
+      for _, u in ipairs(s.model.all_units) do u:reshard() end    -- full buffers are stale now
+    end
+    if s.strict ~= false then
+      -- names from a full walk: a rank may hold no slice of a small parameter
+      local known = {}
+      if s.model.all_units then for _, nm in pairs(s.model.names) do known[nm] = true end
+      else for _, np in ipairs(s.model:named_parameters()) do known[np.name] = true end end
+      local extra = {}
+      for nm in pairs(index.params) do if not known[nm] then extra[#extra + 1] = nm end end
+      table.sort(extra)
+      if #extra > 0 then error(("checkpoint.load: %s holds parameters the model lacks: %s (rank %d)"):format(path, table.concat(extra, ", "), rank), 2) end
+    end
+  end
+
+  if s.optim then
+    local o = index.optim
+    if not o then error(("checkpoint.load: %s holds no optimizer state (rank %d)"):format(path, rank), 2) end
+    local sd = s.optim:state_dict(name_of(s.model))
+    if o.kind ~= sd.kind then error(("checkpoint.load: %s holds %s state, the optimizer is %s (rank %d)"):format(path, tostring(o.kind), sd.kind, rank), 2) end
+    for _, e in ipairs(sd.entries) do
+      for k, t in pairs(e.state) do
+        local pieces = o.state[k] and o.state[k][e.name]
+        if not pieces then error(("checkpoint.load: %s has no optimizer state %s for '%s' (rank %d)"):format(path, k, e.name, rank), 2) end
+        local v = t:view({ t:numel() })
+        fill(k .. " of " .. e.name, pieces, v, e.start, e.numel)
+        v:free()
+      end
+    end
+    s.optim:load_state_dict{ kind = o.kind, step_count = o.step_count, hyper = o.hyper }
+  end
+
+  local mine = index.ranks[rank + 1] or index.ranks[1] or {}
+  if mine.rng and s.rng ~= false then random.set_state(mine.rng) end
+  if s.data and mine.data then s.data:set_state(mine.data) end
+  index.rank_extra = mine.extra
+  index.path = path
+  return index
+end
+
+return M
