@@ -306,27 +306,6 @@ void sh_ckpt_job_destroy(sh_ckpt_job *job) {
 
 /* ---- reading and directories ---- */
 
-int sh_ckpt_pread(const char *path, int64_t offset, void *dst, int64_t nbytes) {
-  if (!path || offset < 0 || nbytes < 0 || (nbytes > 0 && !dst)) return sh_fail(SH_ERR_ARG, "checkpoint read: bad arguments");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sh_fail(SH_ERR_IO, "checkpoint: cannot open %s: %s", path, strerror(errno));
-  char *p = dst;
-  int64_t left = nbytes, at = offset;
-  while (left > 0) {
-    ssize_t r = pread(fd, p, left > (1 << 30) ? (1 << 30) : (size_t)left, at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      int e = errno;
-      close(fd);
-      return sh_fail(SH_ERR_IO, "checkpoint: %s: cannot read %lld bytes at offset %lld: %s", path, (long long)nbytes,
-                     (long long)offset, r == 0 ? "the file is too short" : strerror(e));
-    }
-    p += r; at += r; left -= r;
-  }
-  close(fd);
-  return SH_OK;
-}
-
 int sh_ckpt_mkdirs(const char *path) {
   if (!path || !*path) return sh_fail(SH_ERR_ARG, "checkpoint mkdir: empty path");
   char buf[PATH_MAX];

@@ -35,8 +35,6 @@ int sh_ckpt_job_done(sh_ckpt_job *job);
 /* Waits for a run in flight, then frees the job. */
 void sh_ckpt_job_destroy(sh_ckpt_job *job);
 
-/* Reads nbytes at offset of path into dst with pread: just that byte range. */
-int sh_ckpt_pread(const char *path, int64_t offset, void *dst, int64_t nbytes);
 /* mkdir -p. */
 int sh_ckpt_mkdirs(const char *path);
 /* rm -r (no error when path is absent). */

@@ -24,6 +24,9 @@
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
+local safetensors = require "shard.io.safetensors"
+-- Our own JSON module, not lua-cjson: Debian's lua-cjson writes numbers with at most 14
+-- significant digits, which cannot carry the exact integers and doubles a bitwise resume needs.
 local json = require "shard.io.json"
 local random = require "shard.random"
 local C, check = rt.C, rt.check
@@ -31,8 +34,6 @@ local C, check = rt.C, rt.check
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
 
 local DTYPE_ST = { f64 = "F64", f32 = "F32", bf16 = "BF16", f16 = "F16", i64 = "I64", i32 = "I32", u8 = "U8", bool = "BOOL" }
-local ST_DTYPE = {}
-for k, v in pairs(DTYPE_ST) do ST_DTYPE[v] = k end
 
 local function where()
   local env = rawget(require("shard"), "env")
@@ -315,24 +316,6 @@ function M.latest(dir)
   return dir .. "/" .. name
 end
 
--- A rank file's header: { base = first data byte, tensors = name -> info }.
-local function open_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("checkpoint: cannot open " .. path .. ": " .. tostring(err), 0) end
-  local size = f:seek("end")
-  f:seek("set", 0)
-  local lenb = f:read(8)
-  if not lenb or #lenb < 8 then f:close(); error("checkpoint: " .. path .. " is too short to be a safetensors file", 0) end
-  local hlen = 0
-  for k = 8, 1, -1 do hlen = hlen * 256 + lenb:byte(k) end
-  if 8 + hlen > size then f:close(); error(("checkpoint: %s: header length %d exceeds the file size %d"):format(path, hlen, size), 0) end
-  local text = f:read(hlen)
-  f:close()
-  local ok, header = pcall(json.decode, text)
-  if not ok then error("checkpoint: " .. path .. ": bad header: " .. tostring(header), 0) end
-  return { base = 8 + hlen, size = size, tensors = header }
-end
-
 -- s: model, optim, data (each optional; the model is needed for an optimizer), strict
 -- (default true: every saved parameter must be in the model). Returns the index: step, lr,
 -- config, extra, world, and rank_extra (this rank's, or rank 0's when the saved world was
@@ -350,13 +333,13 @@ function M.load(dir, s)
   if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 2) end
   if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 2) end
 
-  local files = {}
+  local files = {}   -- rank file -> an open, validated safetensors handle
   local function file(name)
-    if not files[name] then files[name] = open_file(path .. "/" .. name) end
+    if not files[name] then files[name] = safetensors.open(path .. "/" .. name) end
     return files[name]
   end
   -- Fills dst (a live 1-D slice of count elements, holding [start, start + count) of `what`)
-  -- from the saved pieces that overlap it.
+  -- from the saved pieces that overlap it, reading just their byte ranges.
   local function fill(what, pieces, dst, start, count)
     local covered = 0
     local stop = start + count
@@ -364,30 +347,24 @@ function M.load(dir, s)
     for _, p in ipairs(pieces) do
       local a, b = math.max(start, p.start), math.min(stop, p.start + p.count)
       if a < b then
-        local fpath = path .. "/" .. p.file
         local h = file(p.file)
-        local info = h.tensors[p.tensor]
-        if not info then error(("checkpoint.load: %s has no tensor %s (rank %d)"):format(fpath, p.tensor, rank), 0) end
-        local dtype = ST_DTYPE[info.dtype]
-        local esz = dtype and elem_size(dtype)
-        local numel = 1
-        for _, d in ipairs(info.shape or {}) do numel = numel * d end
-        local o = info.data_offsets or {}
-        if not dtype or numel ~= p.count or o[2] - o[1] ~= numel * esz or h.base + o[2] > h.size then
-          error(("checkpoint.load: %s: tensor %s is %s %s at [%s, %s), expected %d elements (rank %d)"):format(fpath,
-            p.tensor, tostring(info.dtype), table.concat(info.shape or {}, "x"), tostring(o[1]), tostring(o[2]), p.count, rank), 0)
+        local info = h:info(p.tensor)
+        if not info then error(("checkpoint.load: %s/%s has no tensor %s (rank %d)"):format(path, p.file, p.tensor, rank), 0) end
+        if info.numel ~= p.count then
+          error(("checkpoint.load: %s/%s: tensor %s has %d elements, the index says %d (rank %d)"):format(path, p.file,
+            p.tensor, info.numel, p.count, rank), 0)
         end
-        local n, at = b - a, h.base + o[1] + (a - p.start) * esz
-        if direct and dtype == dst:dtype() then
-          local to = ffi.cast("char*", C.sh_tensor_data(dst.p)) + (a - start) * esz
-          check(C.sh_ckpt_pread(fpath, at, to, n * esz))
+        local n, first = b - a, a - p.start
+        local sub = dst:narrow(1, a - start + 1, n)
+        if direct and info.dtype == dst:dtype() then
+          h:read(p.tensor, sub, first, n)
         else
-          local tmp = tensor.empty({ n }, { dtype = dtype, device = "cpu" })
-          check(C.sh_ckpt_pread(fpath, at, C.sh_tensor_data(tmp.p), n * esz))
-          local sub = dst:narrow(1, a - start + 1, n)
+          local tmp = tensor.empty({ n }, { dtype = info.dtype, device = "cpu" })
+          h:read(p.tensor, tmp, first, n)
           sub:copy_(tmp)
-          sub:free(); tmp:free()
+          tmp:free()
         end
+        sub:free()
         covered = covered + n
       end
     end
@@ -446,6 +423,7 @@ function M.load(dir, s)
   if s.data and mine.data then s.data:set_state(mine.data) end
   index.rank_extra = mine.extra
   index.path = path
+  for _, h in pairs(files) do h:close() end
   return index
 end
 
