@@ -643,21 +643,21 @@ static int write_all(int fd, const void *data, int64_t len) {
   return 0;
 }
 
-typedef struct named { const char *name; const sh_tensor *t; } named;
+typedef struct named { const char *name; const sh_tensor *t; int index; } named;
 static int named_cmp(const void *a, const void *b) { return strcmp(((const named *)a)->name, ((const named *)b)->name); }
 typedef struct kv { const char *k, *v; } kv;
 static int kv_cmp(const void *a, const void *b) { return strcmp(((const kv *)a)->k, ((const kv *)b)->k); }
 
-int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *const *tensors,
-               int nmeta, const char *const *keys, const char *const *values) {
-  if (!path || n < 0 || nmeta < 0 || (n && (!names || !tensors)) || (nmeta && (!keys || !values)))
-    return sh_fail(SH_ERR_ARG, "safetensors: save needs a path, names and tensors");
-  named *order = ST_MALLOC((n ? n : 1) * sizeof *order);
+/* Checks the tensors and metadata and builds the file's first bytes into h: the 8-byte
+ * length, then the header (__metadata__ first, the tensors by name, offsets in that order),
+ * padded with spaces to a multiple of 8. order gets the tensors sorted by name: the order of
+ * their data after the header. what names the file in messages. */
+static int build_header(const char *what, int n, const char *const *names, sh_tensor *const *tensors,
+                        int nmeta, const char *const *keys, const char *const *values, named *order, buf *h) {
+  const char *path = what;
   kv *meta = ST_MALLOC((nmeta ? nmeta : 1) * sizeof *meta);
-  buf h = {0};
-  char *tmp = NULL;
-  int fd = -1, rc = 0;
-  if (!order || !meta) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path); goto done; }
+  int rc = 0;
+  if (!meta) return sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path);
   for (int i = 0; i < n; i++) {
     const sh_tensor *t = tensors[i];
     const char *name = names[i];
@@ -673,7 +673,7 @@ int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *con
       rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': save needs a contiguous cpu tensor, got %s", path, name, d);
       goto done;
     }
-    order[i] = (named){ name, t };
+    order[i] = (named){ name, t, i };
   }
   qsort(order, n, sizeof *order, named_cmp);
   for (int i = 1; i < n; i++)
@@ -695,43 +695,82 @@ int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *con
       goto done;
     }
 
-  /* The header: __metadata__ first, then the tensors by name, offsets in that order. */
-  puts_(&h, "{");
+  put(h, "\0\0\0\0\0\0\0\0", 8);   /* the length, filled in below */
+  puts_(h, "{");
   if (nmeta) {
-    puts_(&h, "\"__metadata__\":{");
+    puts_(h, "\"__metadata__\":{");
     for (int i = 0; i < nmeta; i++) {
-      if (i) puts_(&h, ",");
-      put_json_string(&h, meta[i].k);
-      puts_(&h, ":");
-      put_json_string(&h, meta[i].v);
+      if (i) puts_(h, ",");
+      put_json_string(h, meta[i].k);
+      puts_(h, ":");
+      put_json_string(h, meta[i].v);
     }
-    puts_(&h, "}");
+    puts_(h, "}");
   }
   int64_t offset = 0;
   for (int i = 0; i < n; i++) {
     const sh_tensor *t = order[i].t;
     char num[64];
-    if (i || nmeta) puts_(&h, ",");
-    put_json_string(&h, order[i].name);
-    puts_(&h, ":{\"dtype\":\"");
-    puts_(&h, st_dtype_name(t->dtype));
-    puts_(&h, "\",\"shape\":[");
+    if (i || nmeta) puts_(h, ",");
+    put_json_string(h, order[i].name);
+    puts_(h, ":{\"dtype\":\"");
+    puts_(h, st_dtype_name(t->dtype));
+    puts_(h, "\",\"shape\":[");
     for (int d = 0; d < t->ndim; d++) {
       snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-      puts_(&h, num);
+      puts_(h, num);
     }
     int64_t nbytes = sh_tensor_numel(t) * sh_dtype_size(t->dtype);
     snprintf(num, sizeof num, "],\"data_offsets\":[%lld,%lld]}", (long long)offset, (long long)(offset + nbytes));
-    puts_(&h, num);
+    puts_(h, num);
     offset += nbytes;
   }
-  puts_(&h, "}");
-  while (h.n % 8) puts_(&h, " ");
-  if (h.oom) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory for the header", path); goto done; }
-  if (h.n > (size_t)ST_HEADER_LIMIT) {
-    rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": the header would be %zu bytes, above the limit of %lld", path, h.n, ST_HEADER_LIMIT);
+  puts_(h, "}");
+  while ((h->n - 8) % 8) puts_(h, " ");
+  if (h->oom) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory for the header", path); goto done; }
+  if (h->n - 8 > (size_t)ST_HEADER_LIMIT) {
+    rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": the header would be %zu bytes, above the limit of %lld", path, h->n - 8, ST_HEADER_LIMIT);
     goto done;
   }
+  for (int i = 0; i < 8; i++) h->p[i] = (char)(unsigned char)((uint64_t)(h->n - 8) >> (8 * i));
+done:
+  ST_FREE(meta);
+  return rc;
+}
+
+int sh_st_header(const char *what, int n, const char *const *names, sh_tensor *const *tensors, int nmeta,
+                 const char *const *keys, const char *const *values, char **out, int64_t *len, int32_t *data_order) {
+  *out = NULL;
+  *len = 0;
+  if (!what || n < 0 || nmeta < 0 || (n && (!names || !tensors || !data_order)) || (nmeta && (!keys || !values)))
+    return sh_fail(SH_ERR_ARG, "safetensors: header needs a name, names, tensors and an order array");
+  named *order = ST_MALLOC((n ? n : 1) * sizeof *order);
+  buf h = {0};
+  if (!order) return sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", what);
+  int rc = build_header(what, n, names, tensors, nmeta, keys, values, order, &h);
+  if (!rc) {
+    for (int i = 0; i < n; i++) data_order[i] = order[i].index;
+    *out = h.p;
+    *len = (int64_t)h.n;
+    h.p = NULL;
+  }
+  ST_FREE(h.p);
+  ST_FREE(order);
+  return rc;
+}
+
+void sh_st_free(void *p) { ST_FREE(p); }
+
+int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *const *tensors,
+               int nmeta, const char *const *keys, const char *const *values) {
+  if (!path || n < 0 || nmeta < 0 || (n && (!names || !tensors)) || (nmeta && (!keys || !values)))
+    return sh_fail(SH_ERR_ARG, "safetensors: save needs a path, names and tensors");
+  named *order = ST_MALLOC((n ? n : 1) * sizeof *order);
+  buf h = {0};
+  char *tmp = NULL;
+  int fd = -1, rc = 0;
+  if (!order) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path); goto done; }
+  if ((rc = build_header(path, n, names, tensors, nmeta, keys, values, order, &h))) goto done;
 
   /* A fresh temporary beside the target, so the rename stays within one file system. */
   size_t plen = strlen(path);
@@ -744,10 +783,7 @@ int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *con
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) { rc = sh_fail(SH_ERR_IO, "safetensors: cannot create " NAME_FMT ": %s", tmp, strerror(errno)); ST_FREE(tmp); tmp = NULL; goto done; }
-  unsigned char len8[8];
-  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
-  int e = write_all(fd, len8, 8);
-  if (!e) e = write_all(fd, h.p, h.n);
+  int e = write_all(fd, h.p, h.n);
   for (int i = 0; i < n && !e; i++)
     e = write_all(fd, sh_tensor_data(order[i].t), sh_tensor_numel(order[i].t) * sh_dtype_size(order[i].t->dtype));
   if (!e && fsync(fd)) e = errno;
@@ -772,6 +808,5 @@ done:
   if (tmp) { unlink(tmp); ST_FREE(tmp); }
   ST_FREE(h.p);
   ST_FREE(order);
-  ST_FREE(meta);
   return rc;
 }

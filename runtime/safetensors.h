@@ -52,3 +52,10 @@ int sh_st_read(const sh_st_file *f, int i, int64_t first, int64_t count, sh_tens
  * no temporary is left. */
 int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *const *tensors,
                int nmeta, const char *const *keys, const char *const *values);
+/* The first bytes of the file sh_st_save would write (the 8-byte length and the padded
+ * header), for a writer that streams the data itself (shard.checkpoint's background writer):
+ * the tensors' data must follow in the order data_order gives (n indices into names and
+ * tensors: sorted by name). *out is freed with sh_st_free. what names the file in messages. */
+int sh_st_header(const char *what, int n, const char *const *names, sh_tensor *const *tensors, int nmeta,
+                 const char *const *keys, const char *const *values, char **out, int64_t *len, int32_t *data_order);
+void sh_st_free(void *p);

@@ -33,7 +33,7 @@ local C, check = rt.C, rt.check
 
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
 
-local DTYPE_ST = { f64 = "F64", f32 = "F32", bf16 = "BF16", f16 = "F16", i64 = "I64", i32 = "I32", u8 = "U8", bool = "BOOL" }
+local function rank_file(r, world) return ("rank-%05d-of-%05d.safetensors"):format(r, world) end
 
 local function where()
   local env = rawget(require("shard"), "env")
@@ -231,36 +231,38 @@ function M.save(dir, s)
     end
   end
 
-  -- the rank file: a safetensors header, then the slices in order
-  local header, offset = {}, 0
-  for i, e in ipairs(entries) do
-    local nbytes = tensors[i]:numel() * elem_size(e.dtype)
-    header[e.tensor] = { dtype = DTYPE_ST[e.dtype], shape = { e.count }, data_offsets = { offset, offset + nbytes } }
-    offset = offset + nbytes
+  -- the rank file: the safetensors header (runtime/safetensors.c builds it), then the
+  -- slices' bytes in the order it gives (by name)
+  local n = #tensors
+  local names_c, tensors_c = ffi.new("const char*[?]", math.max(n, 1)), ffi.new("sh_tensor*[?]", math.max(n, 1))
+  for i, e in ipairs(entries) do names_c[i - 1], tensors_c[i - 1] = e.tensor, tensors[i].p end
+  local meta = { format = M.FORMAT, rank = tostring(rank), step = tostring(step), world = tostring(world) }
+  local mkeys, mvalues, nmeta = ffi.new("const char*[4]"), ffi.new("const char*[4]"), 0
+  for _, k in ipairs { "format", "rank", "step", "world" } do
+    mkeys[nmeta], mvalues[nmeta] = k, meta[k]
+    nmeta = nmeta + 1
   end
-  header.__metadata__ = { format = M.FORMAT, step = tostring(step), rank = tostring(rank), world = tostring(world) }
-  local htext = json.encode(header)
-  htext = htext .. string.rep(" ", (8 - #htext % 8) % 8)
-  local n, len = #htext, {}
-  for k = 1, 8 do len[k] = string.char(n % 256); n = math.floor(n / 256) end
-  local head = table.concat(len) .. htext
+  local out, len, order = ffi.new("char*[1]"), ffi.new("int64_t[1]"), ffi.new("int32_t[?]", math.max(n, 1))
+  check(C.sh_st_header(rank_file(rank, world), n, names_c, tensors_c, nmeta, mkeys, mvalues, out, len, order))
+  local head = ffi.string(out[0], len[0])
+  C.sh_st_free(out[0])
   local strings = { head }
-  local nchunks = #tensors + 1
+  local nchunks = n + 1
   local ptrs, sizes = ffi.new("const void*[?]", nchunks), ffi.new("int64_t[?]", nchunks)
   ptrs[0], sizes[0] = head, #head
-  for i, t in ipairs(tensors) do
-    ptrs[i], sizes[i] = C.sh_tensor_data(t.p), t:numel() * elem_size(t:dtype())
+  for k = 0, n - 1 do
+    local t = tensors[order[k] + 1]
+    ptrs[k + 1], sizes[k + 1] = C.sh_tensor_data(t.p), t:numel() * elem_size(t:dtype())
   end
 
   -- what every rank holds and its own state, gathered for the index
   local rank_state = { rng = random.get_state(), data = s.data and s.data:state() or nil, extra = s.rank_extra }
   local descs = gather_strings(group, json.encode{ pieces = entries, state = rank_state })
 
-  local function file_of(r) return ("rank-%05d-of-%05d.safetensors"):format(r, world) end
   local box = ffi.new("sh_ckpt_job*[1]")
   check(C.sh_ckpt_job_create(box))
   local job = ffi.gc(box[0], C.sh_ckpt_job_destroy)
-  check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. file_of(rank), nchunks, ptrs, sizes))
+  check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. rank_file(rank, world), nchunks, ptrs, sizes))
   if rank == 0 then
     local index = { format = M.FORMAT, version = M.VERSION, step = step, files = {}, params = {}, ranks = {},
                     world = layout_of(s.model), config = s.config, extra = s.extra,
@@ -269,10 +271,10 @@ function M.save(dir, s)
     if optim_meta then optim_meta.state = {}; index.optim = optim_meta end
     for r = 0, world - 1 do
       local d = json.decode(descs[r + 1])
-      index.files[r + 1] = file_of(r)
+      index.files[r + 1] = rank_file(r, world)
       index.ranks[r + 1] = d.state
       for _, e in ipairs(d.pieces) do
-        local piece = { file = file_of(r), tensor = e.tensor, start = e.start, count = e.count }
+        local piece = { file = rank_file(r, world), tensor = e.tensor, start = e.start, count = e.count }
         if e.kind == "param" then
           local p = index.params[e.name]
           if not p then p = { shape = e.shape, dtype = e.dtype, pieces = {} }; index.params[e.name] = p end
@@ -284,7 +286,7 @@ function M.save(dir, s)
           table.insert(by_name[e.name], piece)
         end
       end
-      if r > 0 then check(C.sh_ckpt_job_wait_file(job, tmpdir .. "/" .. file_of(r), M.timeout_s)) end
+      if r > 0 then check(C.sh_ckpt_job_wait_file(job, tmpdir .. "/" .. rank_file(r, world), M.timeout_s)) end
     end
     local itext = json.encode(index)
     local latest = name .. "\n"
