@@ -93,7 +93,7 @@ deps:
 	@sh tests/deps.sh
 
 run: deps all
-	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 $(ARGS)
+	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 --demo $(ARGS)
 
 # T=NAME[:CASE] runs only the matching tests (tests/run.sh says how).
 # The CUDA path runs too, on the emulated device (tests/cuda_emu/emu.mk: make test-cuda-emu alone).

@@ -8,17 +8,20 @@
 local shard = require "shard"
 local nn, optim, data = shard.nn, shard.optim, shard.data
 
-local function default_text()
-  local here = (os.getenv("SHARD_HOME") or ".")
-  for _, p in ipairs { here .. "/../shared/data/tinyshakespeare.txt", "/usr/share/common-licenses/GPL-3" } do
-    local f = io.open(p, "rb")
-    if f then f:close(); return p end
-  end
-  return "input.txt"
+-- The corpus: --data=PATH, else tinyshakespeare.txt in $SHARD_DATA (default: ../shared/data
+-- beside the project). Only `make run`'s demo (--demo) may fall back to a text every Debian
+-- machine has, and it says so; a --data that does not exist stops the run.
+local SHAKESPEARE = (os.getenv("SHARD_DATA") or ((os.getenv("SHARD_HOME") or ".") .. "/../shared/data")) .. "/tinyshakespeare.txt"
+local DEMO_TEXT = "/usr/share/common-licenses/GPL-3"
+
+local function readable(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
 end
 
 local cfg = shard.config{
-  data = default_text(), out_dir = "out/shakespeare_char",
+  data = "", demo = false, out_dir = "out/shakespeare_char",
   n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12, dropout = 0.0, bias = false,
   lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
@@ -28,6 +31,20 @@ local cfg = shard.config{
 
 local env = shard.init{ device = cfg.device }
 shard.manual_seed(cfg.seed)
+
+local function corpus()
+  if cfg.data ~= "" then return cfg.data end
+  if readable(SHAKESPEARE) then return SHAKESPEARE end
+  if cfg.demo and readable(DEMO_TEXT) then
+    if env.rank == 0 then
+      print(("*** DEMO: %s is missing, so this run trains on %s instead (pass --data=PATH for a real corpus) ***")
+        :format(SHAKESPEARE, DEMO_TEXT))
+    end
+    return DEMO_TEXT
+  end
+  error(("no corpus: %s is missing; pass --data=PATH"):format(SHAKESPEARE), 0)
+end
+cfg.data = corpus()
 
 -- data: characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
 local dir = cfg.out_dir .. "/data"

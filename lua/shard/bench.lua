@@ -7,7 +7,7 @@ local function root() return os.getenv("SHARD_HOME") or "." end
 function M.main(args)
   local name = args[1]
   if not name then
-    local p = io.popen('ls "' .. root() .. '/bench" 2>/dev/null')
+    local p = io.popen("ls " .. require("shard.ffi").shell_quote(root() .. "/bench") .. " 2>/dev/null")
     print("benchmarks (shard bench NAME [--key=value ...]):")
     for f in p:lines() do
       local n = f:match("^(.-)%.lua$")

@@ -32,10 +32,13 @@ end
 
 -- Public headers: the core in dependency order, then every other runtime/*.h that is not
 -- *_internal.h, in name order.
+-- A path as one shell word ('...' with every ' escaped): no path reaches a shell unquoted.
+function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
 local function header_list()
   local seen, list = {}, {}
   for _, h in ipairs(CORE) do seen[h] = true; list[#list + 1] = h end
-  local p = io.popen('ls "' .. M.root .. '/runtime" 2>/dev/null')
+  local p = io.popen("ls " .. M.shell_quote(M.root .. "/runtime") .. " 2>/dev/null")
   local rest = {}
   for name in p:lines() do
     if name:match("%.h$") and not name:match("_internal%.h$") and not seen[name] then rest[#rest + 1] = name end

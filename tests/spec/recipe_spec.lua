@@ -38,6 +38,33 @@ describe("gpt_shakespeare_char recipe", function()
     end)
   end
 
+  it("stops on a --data that does not exist, naming it (no silent substitute)", function()
+    local out, code = run("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_y --data=/nonexistent/corpus.txt --max_iters=1")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("cannot open /nonexistent/corpus.txt", 1, true), out)
+  end)
+
+  it("without the Shakespeare text stops unless it is make run's demo, which says so", function()
+    local home = "SHARD_DATA=/nonexistent "   -- where tinyshakespeare.txt is not
+    local args = " --out_dir=/tmp/shard_recipe_z --n_layer=1 --n_head=1 --n_embd=8 --block_size=8 --batch_size=2"
+      .. " --max_iters=1 --eval_interval=1 --eval_iters=1 --sample_tokens=1"
+    local out, code = support.run(home .. support.quote(support.BIN) .. " run recipes/gpt_shakespeare_char.lua" .. args)
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("no corpus", 1, true), out)
+    out, code = support.run(home .. support.quote(support.BIN) .. " run recipes/gpt_shakespeare_char.lua --demo" .. args)
+    assert.equal(0, code, out)
+    assert.is_truthy(out:find("*** DEMO:", 1, true), out)
+  end)
+
+  it("never hands a path to a shell: an out_dir holding $(...) is a directory name", function()
+    local dir = "/tmp/shard_recipe_$(touch /tmp/shard_injected)"
+    os.remove("/tmp/shard_injected")
+    local out, code = run("run recipes/gpt_shakespeare_char.lua --out_dir=" .. support.quote(dir) .. ARGS .. " --max_iters=1")
+    assert.equal(0, code, out)
+    assert.is_nil(io.open("/tmp/shard_injected", "r"))
+    assert.is_truthy(io.open(dir .. "/data/meta.lua", "r"))
+  end)
+
   it("refuses several ranks without a strategy, naming the choices", function()
     local out, code = run("launch --nproc 2 recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_x" .. ARGS)
     assert.are_not.equal(0, code)

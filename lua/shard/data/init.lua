@@ -58,7 +58,7 @@ end
 -- Writes train.bin, val.bin (first 90% / last 10%) and meta.lua for a text file into dir.
 -- Returns the tokenizer and the token counts. Skips the work when the files are up to date.
 function D.prepare_char(text_path, dir)
-  os.execute('mkdir -p "' .. dir .. '"')
+  rt.check(rt.C.sh_ckpt_mkdirs(dir), 2)   -- mkdir -p through mkdir(2): no shell sees the path
   local text = read_file(text_path)
   local tok = D.char_tokenizer(text)
   local n = #text
