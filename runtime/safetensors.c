@@ -8,8 +8,10 @@
 #include "safetensors.h"
 #include "dtype.h"
 #include "status_internal.h"
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -761,6 +763,27 @@ int sh_st_header(const char *what, int n, const char *const *names, sh_tensor *c
 
 void sh_st_free(void *p) { ST_FREE(p); }
 
+/* Temporaries PATH.tmp.PID.N that a killed save left beside path: removed when process PID
+ * is gone (a live one may be another process's save in progress). */
+static void remove_stale_temporaries(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t dlen = slash ? (size_t)(slash - path) : 0, blen = strlen(base);
+  char dir[4096], victim[4096];
+  if (dlen + 1 >= sizeof dir) return;
+  if (slash) { memcpy(dir, path, dlen ? dlen : 1); dir[dlen ? dlen : 1] = 0; } else strcpy(dir, ".");
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    long pid;
+    int n;
+    if (strncmp(e->d_name, base, blen) || sscanf(e->d_name + blen, ".tmp.%ld.%d", &pid, &n) != 2 || pid <= 0) continue;
+    if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    if (snprintf(victim, sizeof victim, "%s/%s", dir, e->d_name) < (int)sizeof victim) unlink(victim);
+  }
+  closedir(d);
+}
+
 int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *const *tensors,
                int nmeta, const char *const *keys, const char *const *values) {
   if (!path || n < 0 || nmeta < 0 || (n && (!names || !tensors)) || (nmeta && (!keys || !values)))
@@ -771,6 +794,7 @@ int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *con
   int fd = -1, rc = 0;
   if (!order) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path); goto done; }
   if ((rc = build_header(path, n, names, tensors, nmeta, keys, values, order, &h))) goto done;
+  remove_stale_temporaries(path);
 
   /* A fresh temporary beside the target, so the rename stays within one file system. */
   size_t plen = strlen(path);

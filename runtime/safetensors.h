@@ -48,8 +48,9 @@ int sh_st_read(const sh_st_file *f, int i, int64_t first, int64_t count, sh_tens
 
 /* Writes n tensors (CPU, contiguous; names unique) and nmeta metadata pairs (NULL keys when
  * none): header keys sorted, padded with spaces to a multiple of 8 bytes, written to a
- * temporary file beside path, fsynced, renamed over path. On failure path is untouched and
- * no temporary is left. */
+ * temporary file beside path (PATH.tmp.PID.N), fsynced, renamed over path, the directory
+ * fsynced. On failure path is untouched and no temporary is left; temporaries of earlier
+ * saves whose process is gone (killed mid-save) are removed. */
 int sh_st_save(const char *path, int n, const char *const *names, sh_tensor *const *tensors,
                int nmeta, const char *const *keys, const char *const *values);
 /* The first bytes of the file sh_st_save would write (the 8-byte length and the padded

@@ -104,6 +104,19 @@ describe("safetensors", function()
     os.remove(path)
   end)
 
+  it("removes the temporaries of a save killed before its rename, and only those", function()
+    local path = tmp()
+    -- pid 4194305 is above Linux's largest pid (2^22): that process is gone
+    local stale, live = path .. ".tmp.4194305.1", path .. ".tmp.1.1"   -- pid 1 is alive
+    for _, p in ipairs { stale, live } do local f = io.open(p, "wb"); f:write("partial"); f:close() end
+    S.save(path, { x = shard.ones({ 2 }) })
+    assert.is_nil(io.open(stale, "rb"))
+    local f = io.open(live, "rb")
+    assert.is_truthy(f)
+    f:close()
+    os.remove(live); os.remove(path)
+  end)
+
   describe("shard.load is all or nothing", function()
     local CFG = { n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 5, block_size = 4 }
 
