@@ -161,12 +161,7 @@ end
 -- A Lua dim (1-based, negative from the end) as C's 0-based dim; out of range is an error.
 local function cdim(t, dim, op)
   if dim == nil then return nil end
-  local n = t.p.ndim
-  if dim == 0 or dim > n or dim < -n then
-    error(("%s: dim %d is out of range for %s (dims are 1..%d or -%d..-1)"):format(op, dim, t:describe(), n, n), 3)
-  end
-  if dim < 0 then return dim + n end
-  return dim - 1
+  return tensor.cdim(t, dim, op, 0, 3)
 end
 
 local function reduce(opname)
