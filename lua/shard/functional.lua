@@ -416,6 +416,43 @@ function F.dropout(x, p, training)
 end
 
 ---------------------------------------------------------------------------------------------
+-- argument checks: a nil or a non-tensor where an op takes a tensor is named, by op and
+-- argument, instead of surfacing as "attempt to index a nil value" from deep inside.
+-- Each op's tensor arguments in order ("?" marks one that may be nil); ops not listed take
+-- one tensor first. The wrapper tail-calls the op, so error levels inside stay as they are.
+
+local TENSOR_ARGS = {
+  add = { "a" }, sub = { "a" }, mul = { "a" }, div = { "a" }, pow = { "a" },
+  matmul = { "a", "b" }, mm = { "a", "b" }, bmm = { "a", "b" },
+  linear = { "x", "weight", "bias?" }, layernorm = { "x", "weight", "bias?" }, rmsnorm = { "x", "weight" },
+  swiglu = { "a", "b" }, attention = { "q", "k", "v" }, causal_attention = { "qkv" },
+  embedding = { "idx", "weight" }, cross_entropy = { "logits", "targets" },
+}
+
+local function describe_value(v)
+  if type(v) == "table" and getmetatable(v) and getmetatable(v).__name then return "a " .. getmetatable(v).__name end
+  return type(v) == "nil" and "nil" or ("a " .. type(v))
+end
+
+local function checked(name, f, args)
+  local n, names, optional = #args, {}, {}
+  for i, a in ipairs(args) do names[i] = a:gsub("%?$", ""); optional[i] = a:sub(-1) == "?" end
+  return function(...)
+    for i = 1, n do
+      local v = select(i, ...)
+      if not tensor.is_tensor(v) and not (v == nil and optional[i]) then
+        error(("%s: %s (argument %d) must be a tensor, got %s"):format(name, names[i], i, describe_value(v)), 2)
+      end
+    end
+    return f(...)
+  end
+end
+
+for name, f in pairs(F) do
+  if type(f) == "function" then F[name] = checked(name, f, TENSOR_ARGS[name] or { "the input" }) end
+end
+
+---------------------------------------------------------------------------------------------
 -- the Tensor methods that are these ops
 
 for _, name in ipairs { "add", "sub", "mul", "div", "pow", "radd", "rsub", "rmul", "rdiv", "rpow",
