@@ -257,8 +257,10 @@ static int plan_matmul(const sh_tensor *a, const sh_tensor *b, int *dt, int *ndi
   SH_TRY(sh_tensor_check(a, "matmul"));
   SH_TRY(sh_tensor_check(b, "matmul"));
   SH_TRY(sh_check_on(b, a->device, "matmul", "b"));
+  /* both operands float (as torch): an integer operand is a mistake (token ids), not
+   * something to promote silently */
   *dt = sh_promote(a->dtype, b->dtype);
-  if (!sh_dtype_is_float(*dt))
+  if (!sh_dtype_is_float(a->dtype) || !sh_dtype_is_float(b->dtype))
     return sh_fail(SH_ERR_ARG, "matmul: needs float tensors, got %s @ %s", sh_desc(a), sh_desc(b));
   if (a->ndim == 0 || b->ndim == 0)
     return sh_fail(SH_ERR_ARG, "matmul: needs at least 1-D tensors, got %s @ %s", sh_desc(a), sh_desc(b));

@@ -35,6 +35,11 @@ void sh_store(void *base, int dtype, int64_t i, double v) {
 
 /* ---- descriptions ------------------------------------------------------------------ */
 
+const char *sh_ord(int n) {
+  if (n % 100 >= 11 && n % 100 <= 13) return "th";
+  switch (n % 10) { case 1: return "st"; case 2: return "nd"; case 3: return "rd"; default: return "th"; }
+}
+
 const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size) {
   int n = snprintf(buf, size, "[");
   for (int d = 0; d < ndim && n < size; d++)
@@ -381,8 +386,8 @@ int sh_view_expand(sh_tensor **out, const sh_tensor *t, int ndim, const int64_t 
     int64_t size = d < lead ? 1 : t->shape[d - lead];
     int64_t want = shape[d] == -1 && d >= lead ? size : shape[d];
     if (want < 0 || (size != want && size != 1))
-      return sh_fail(SH_ERR_ARG, "expand: cannot expand %s to %s (dim %d: %lld vs %lld)", sh_desc(t),
-                     sh_shape_str(ndim, shape, a, sizeof a), d, (long long)size, (long long)want);
+      return sh_fail(SH_ERR_ARG, "expand: cannot expand %s to %s (the %d%s dim: %lld vs %lld)", sh_desc(t),
+                     sh_shape_str(ndim, shape, a, sizeof a), d + 1, sh_ord(d + 1), (long long)size, (long long)want);
     resolved[d] = want;
     stride[d] = (d < lead || size != want) ? 0 : t->stride[d - lead];
   }
@@ -412,7 +417,8 @@ int sh_view_squeeze(sh_tensor **out, const sh_tensor *t, int dim) {
   SH_TRY(sh_tensor_check(t, "squeeze"));
   SH_TRY(norm_dim("squeeze", t, &dim, 0));
   if (t->shape[dim] != 1)
-    return sh_fail(SH_ERR_ARG, "squeeze: dim %d of %s has size %lld, not 1", dim, sh_desc(t), (long long)t->shape[dim]);
+    return sh_fail(SH_ERR_ARG, "squeeze: the %d%s dim of %s has size %lld, not 1", dim + 1, sh_ord(dim + 1), sh_desc(t),
+                   (long long)t->shape[dim]);
   return sh_view_select(out, t, dim, 0);
 }
 

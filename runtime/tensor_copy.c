@@ -12,8 +12,8 @@ int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const 
     int64_t y = d < n - nb ? 1 : b[d - (n - nb)];
     if (x != y && x != 1 && y != 1) {
       char sa[160], sb[160];
-      return sh_fail(SH_ERR_ARG, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
-                     sh_shape_str(na, a, sa, sizeof sa), sh_shape_str(nb, b, sb, sizeof sb), d,
+      return sh_fail(SH_ERR_ARG, "%s: shapes %s and %s do not broadcast (the %d%s dim of the result: %lld vs %lld)", op,
+                     sh_shape_str(na, a, sa, sizeof sa), sh_shape_str(nb, b, sb, sizeof sb), d + 1, sh_ord(d + 1),
                      (long long)x, (long long)y);
     }
     out[d] = x == 1 ? y : x;

@@ -12,6 +12,10 @@ void sh_store(void *base, int dtype, int64_t i, double v);
 
 /* "[2,3,4]" into buf; returns buf. */
 const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size);
+/* The English ordinal suffix of n ("st" for 1, "nd" for 2, "th" for 11): messages name a
+ * dim the caller did not pass as "the 1st dim", which reads the same to a 0-based C caller
+ * and a 1-based Lua one. */
+const char *sh_ord(int n);
 /* Describes a tensor into a per-thread rotating buffer, for error messages. */
 const char *sh_desc(const sh_tensor *t);
 

@@ -153,6 +153,7 @@ end
 local function reachable_from(root)
   local producer = {}
   for _, node in ipairs(tape) do if node.out then producer[node.out] = node end end
+  if not producer[root] then return nil end
   local seen, stack = {}, { producer[root] }
   while #stack > 0 do
     local node = table.remove(stack)
@@ -175,9 +176,25 @@ local known = setmetatable({}, { __mode = "k" })
 function A.known_value(t) return known[t] end
 
 function A.backward(root, gradient)
+  if not tensor.is_tensor(root) then error("backward: expected a tensor, got " .. type(root), 2) end
   if not produced[root] then error("backward: the tensor was not produced by a recorded op (does anything require grad?)", 2) end
-  retained[root] = true
+  if gradient == nil and root:numel() ~= 1 then
+    error(("backward: %s is not a scalar; pass a gradient of its shape (t:backward(g)) or reduce it first (t:sum():backward())"):format(
+      root:describe()), 2)
+  end
+  if gradient ~= nil then
+    if not tensor.is_tensor(gradient) then error("backward: gradient must be a tensor, got " .. type(gradient), 2) end
+    local rs, gs = root:shape(), gradient:shape()
+    if table.concat(rs, ",") ~= table.concat(gs, ",") then
+      error(("backward: gradient %s does not have the shape of %s"):format(gradient:describe(), root:describe()), 2)
+    end
+  end
   local needed = reachable_from(root)
+  if not needed then
+    error("backward: the graph of " .. root:describe() .. " was already run backward or cleared (its activations are " ..
+          "freed); run the forward again for another backward", 2)
+  end
+  retained[root] = true
   local outer_grads = grads          -- a checkpoint's backward runs a nested backward
   grads = {}
   if gradient then grads[root] = gradient:clone()

@@ -161,12 +161,7 @@ end
 -- A Lua dim (1-based, negative from the end) as C's 0-based dim; out of range is an error.
 local function cdim(t, dim, op)
   if dim == nil then return nil end
-  local n = t.p.ndim
-  if dim == 0 or dim > n or dim < -n then
-    error(("%s: dim %d is out of range for %s (dims are 1..%d or -%d..-1)"):format(op, dim, t:describe(), n, n), 3)
-  end
-  if dim < 0 then return dim + n end
-  return dim - 1
+  return tensor.cdim(t, dim, op, 0, 3)
 end
 
 local function reduce(opname)
@@ -418,6 +413,43 @@ function F.dropout(x, p, training)
   return result(y, { x }, function(node, dy)
     return { track(new_from(C.sh_dropout_backward, dy.p, p, seed, offset)) }
   end, nil, "dropout")
+end
+
+---------------------------------------------------------------------------------------------
+-- argument checks: a nil or a non-tensor where an op takes a tensor is named, by op and
+-- argument, instead of surfacing as "attempt to index a nil value" from deep inside.
+-- Each op's tensor arguments in order ("?" marks one that may be nil); ops not listed take
+-- one tensor first. The wrapper tail-calls the op, so error levels inside stay as they are.
+
+local TENSOR_ARGS = {
+  add = { "a" }, sub = { "a" }, mul = { "a" }, div = { "a" }, pow = { "a" },
+  matmul = { "a", "b" }, mm = { "a", "b" }, bmm = { "a", "b" },
+  linear = { "x", "weight", "bias?" }, layernorm = { "x", "weight", "bias?" }, rmsnorm = { "x", "weight" },
+  swiglu = { "a", "b" }, attention = { "q", "k", "v" }, causal_attention = { "qkv" },
+  embedding = { "idx", "weight" }, cross_entropy = { "logits", "targets" },
+}
+
+local function describe_value(v)
+  if type(v) == "table" and getmetatable(v) and getmetatable(v).__name then return "a " .. getmetatable(v).__name end
+  return type(v) == "nil" and "nil" or ("a " .. type(v))
+end
+
+local function checked(name, f, args)
+  local n, names, optional = #args, {}, {}
+  for i, a in ipairs(args) do names[i] = a:gsub("%?$", ""); optional[i] = a:sub(-1) == "?" end
+  return function(...)
+    for i = 1, n do
+      local v = select(i, ...)
+      if not tensor.is_tensor(v) and not (v == nil and optional[i]) then
+        error(("%s: %s (argument %d) must be a tensor, got %s"):format(name, names[i], i, describe_value(v)), 2)
+      end
+    end
+    return f(...)
+  end
+end
+
+for name, f in pairs(F) do
+  if type(f) == "function" then F[name] = checked(name, f, TENSOR_ARGS[name] or { "the input" }) end
 end
 
 ---------------------------------------------------------------------------------------------

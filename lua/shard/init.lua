@@ -24,7 +24,22 @@ shard.random = require "shard.random"
 shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
 function shard.save(model, path, metadata) return require("shard.io.checkpoint").save(model, path, metadata) end
-function shard.load(model, path, opts) return require("shard.io.checkpoint").load(model, path, opts) end
+-- A directory opens for reading on Linux and only fails on the first read; say so here
+-- rather than let the reader meet a nil.
+local function is_directory(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local _, err, code = f:read(0)
+  f:close()
+  return code == 21 or (err ~= nil and err:match("[Ii]s a directory") ~= nil)
+end
+function shard.load(model, path, opts)
+  if type(path) ~= "string" then error("shard.load: path must be a string, got " .. type(path), 2) end
+  if is_directory(path) then
+    error(("shard.load: %s is a directory; give the checkpoint file (a .safetensors file)"):format(path), 2)
+  end
+  return require("shard.io.checkpoint").load(model, path, opts)
+end
 -- An nn.GPT as a Hugging Face GPT-2 directory (model.safetensors + config.json) that
 -- transformers loads as GPT2LMHeadModel; under FSDP every rank calls it. See shard.io.hf.
 function shard.export_hf(model, dir) return require("shard.io.hf").export(model, dir) end

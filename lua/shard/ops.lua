@@ -36,12 +36,9 @@ function M.argmax(a, dim, keepdim) return new_from(C.sh_argmax, a.p, dim, keepdi
 function M.matmul(a, b) return new_from(C.sh_matmul, a.p, b.p) end
 function M.sum_to_shape(a, ndim, shape) return new_from(C.sh_sum_to_shape, a.p, ndim, shape) end
 
--- A Lua dim (1-based, or negative from the end) as a C dim; C checks the range.
-local function cdim(d, op)
-  if type(d) ~= "number" or d % 1 ~= 0 then error(op .. ": dim must be an integer, got " .. tostring(d), 3) end
-  if d == 0 then error(op .. ": dims are 1-based; dim 0 does not exist", 3) end
-  return d > 0 and d - 1 or d
-end
+-- A Lua dim of t (1-based, or negative from the end) as a C dim, range checked here so the
+-- message is in 1-based terms.
+local function cdim(t, d, op) return tensor.cdim(t, d, op, 0, 3) end
 M.cdim = cdim
 
 local function operand_error(op, x)
@@ -79,13 +76,13 @@ end
 -- raw.sum(t) over everything (a 0-dim tensor), raw.sum(t, dim, keepdim) over one dim.
 for name, op in pairs(REDUCE) do
   raw[name] = function(a, dim, keepdim)
-    return M.reduce(op, a, dim ~= nil and cdim(dim, name) or nil, keepdim)
+    return M.reduce(op, a, dim ~= nil and cdim(a, dim, name) or nil, keepdim)
   end
 end
 
 -- 0-based i64 indices of the first max; over everything when dim is nil.
 function raw.argmax(a, dim, keepdim)
-  if dim ~= nil then return M.argmax(a, cdim(dim, "argmax"), keepdim) end
+  if dim ~= nil then return M.argmax(a, cdim(a, dim, "argmax"), keepdim) end
   local flat = tensor.views.reshape(a, a:numel())
   local ok, r = pcall(M.argmax, flat, 0, false)
   flat:free()

@@ -282,22 +282,64 @@ M.views = V
 function V.view(t, ...) local n, s = shape_args(...); return new_from(C.sh_view_reshape, t.p, n, s) end
 function V.reshape(t, ...) local n, s = shape_args(...); return new_from(C.sh_tensor_reshape, t.p, n, s) end
 function V.expand(t, ...) local n, s = shape_args(...); return new_from(C.sh_view_expand, t.p, n, s) end
--- Dims are 1-based in Lua (negative counts from the end), 0-based in C.
-local function cdim(d)
-  if d < 0 then return d end
-  if d == 0 then error("dims are 1-based: dim 0 does not exist", 3) end
-  return d - 1
+-- Dims and indices are 1-based in Lua (negative counts from the end), 0-based in C. The
+-- checks are made here, so a message names them as the caller wrote them (C's would be
+-- 0-based). `extra` widens the range by one for unsqueeze (a new dim may go last).
+-- `level` is error's, counted from cdim's caller (default 3: the caller of a view's caller).
+local function cdim(t, d, op, extra, level)
+  local n = t.p.ndim + (extra or 0)
+  level = (level or 3) + 1
+  if type(d) ~= "number" or d % 1 ~= 0 then error(("%s: dim must be an integer, got %s"):format(op, tostring(d)), level) end
+  if d == 0 or d > n or d < -n then
+    error(("%s: dim %d is out of range for %s (dims are 1-based: 1..%d or -%d..-1)"):format(op, d, t:describe(), n, n), level)
+  end
+  return d < 0 and d + n or d - 1
 end
-function V.narrow(t, dim, start, length) return new_from(C.sh_view_narrow, t.p, cdim(dim), start - 1, length) end
-function V.select(t, dim, index) return new_from(C.sh_view_select, t.p, cdim(dim), index < 0 and index or index - 1) end
-function V.transpose(t, d0, d1) return new_from(C.sh_view_transpose, t.p, cdim(d0), cdim(d1)) end
-function V.unsqueeze(t, dim) return new_from(C.sh_view_unsqueeze, t.p, cdim(dim)) end
-function V.squeeze(t, dim) return new_from(C.sh_view_squeeze, t.p, cdim(dim)) end
+M.cdim = cdim
+
+local function int_arg(op, what, v)
+  if type(v) ~= "number" or v % 1 ~= 0 then error(("%s: %s must be an integer, got %s"):format(op, what, tostring(v)), 4) end
+end
+
+function V.narrow(t, dim, start, length)
+  local d = cdim(t, dim, "narrow")
+  int_arg("narrow", "start", start); int_arg("narrow", "length", length)
+  local n = tonumber(t.p.shape[d])
+  if start < 1 or length < 0 or start + length - 1 > n then
+    error(("narrow: elements %d..%d are out of range for dim %d of size %d in %s (indices are 1-based)"):format(
+      start, start + length - 1, dim, n, t:describe()), 3)
+  end
+  return new_from(C.sh_view_narrow, t.p, d, start - 1, length)
+end
+function V.select(t, dim, index)
+  local d = cdim(t, dim, "select")
+  int_arg("select", "index", index)
+  local n = tonumber(t.p.shape[d])
+  if index == 0 or index > n or index < -n then
+    error(("select: index %d is out of range for dim %d of size %d in %s (indices are 1-based: 1..%d or -%d..-1)"):format(
+      index, dim, n, t:describe(), n, n), 3)
+  end
+  return new_from(C.sh_view_select, t.p, d, index < 0 and index + n or index - 1)
+end
+function V.transpose(t, d0, d1) return new_from(C.sh_view_transpose, t.p, cdim(t, d0, "transpose"), cdim(t, d1, "transpose")) end
+function V.unsqueeze(t, dim) return new_from(C.sh_view_unsqueeze, t.p, cdim(t, dim, "unsqueeze", 1)) end
+function V.squeeze(t, dim)
+  local d = cdim(t, dim, "squeeze")
+  if t.p.shape[d] ~= 1 then
+    error(("squeeze: dim %d of %s has size %d, not 1"):format(dim, t:describe(), tonumber(t.p.shape[d])), 3)
+  end
+  return new_from(C.sh_view_squeeze, t.p, d)
+end
 function V.permute(t, ...)
   local order = type((...)) == "table" and (...) or { ... }
-  if #order ~= t.p.ndim then error(("permute: %d dims given for %s"):format(#order, t:describe()), 2) end
-  local perm = ffi.new("int[8]")
-  for i = 1, #order do perm[i - 1] = cdim(order[i]) end
+  if #order ~= t.p.ndim then error(("permute: %d dims given for %s"):format(#order, t:describe()), 3) end
+  local perm, seen = ffi.new("int[8]"), {}
+  for i = 1, #order do
+    local d = cdim(t, order[i], "permute")
+    if seen[d] then error(("permute: dim %d is given twice in {%s}"):format(d + 1, table.concat(order, ", ")), 3) end
+    seen[d] = true
+    perm[i - 1] = d
+  end
   return new_from(C.sh_view_permute, t.p, perm)
 end
 function V.contiguous(t) return new_from(C.sh_tensor_contiguous, t.p) end
@@ -323,13 +365,30 @@ function Tensor:double() return self:to("f64") end
 function Tensor:clone() return new_from(C.sh_tensor_to, self.p, self.p.dtype, self.p.device) end
 function Tensor:copy_(src) check(C.sh_tensor_copy_(self.p, src.p), 2); return self end
 
+-- t:get{i, j} or t:get(i, j); t:set({i, j}, value). Indices are 1-based, negative from the
+-- end; each is checked here so the message names it as the caller wrote it.
 local index_buf = ffi.new("int64_t[8]")
-local function fill_index(t, idx)
-  if #idx ~= t.p.ndim then error(("index has %d entries for %s"):format(#idx, t:describe()), 3) end
-  for i = 1, #idx do index_buf[i - 1] = idx[i] < 0 and idx[i] or idx[i] - 1 end
+local function fill_index(t, op, idx)
+  if type(idx) ~= "table" then
+    error(("%s: expected a table of indices such as {1, 2}, got %s"):format(op, type(idx)), 3)
+  end
+  local p = t.p
+  if #idx ~= p.ndim then error(("%s: index has %d entries for %s"):format(op, #idx, t:describe()), 3) end
+  for i = 1, #idx do
+    local v, n = idx[i], tonumber(p.shape[i - 1])
+    if type(v) ~= "number" or v % 1 ~= 0 then
+      error(("%s: index entry %d must be an integer, got %s"):format(op, i, tostring(v)), 3)
+    end
+    if v == 0 or v > n or v < -n then
+      error(("%s: index %d is out of range for dim %d of size %d in %s (indices are 1-based: 1..%d or -%d..-1)"):format(
+        op, v, i, n, t:describe(), n, n), 3)
+    end
+    index_buf[i - 1] = v < 0 and v + n or v - 1
+  end
 end
-function Tensor:get(idx)
-  fill_index(self, idx)
+function Tensor:get(idx, ...)
+  if type(idx) == "number" then idx = { idx, ... } end
+  fill_index(self, "get", idx)
   local host, copied = on_host(self)
   local v = ffi.new("double[1]")
   local rc = C.sh_tensor_get(host.p, index_buf, v)
@@ -338,7 +397,9 @@ function Tensor:get(idx)
   return v[0]
 end
 function Tensor:set(idx, value)
-  fill_index(self, idx)
+  fill_index(self, "set", idx)
+  if type(value) == "boolean" then value = value and 1 or 0 end
+  if type(value) ~= "number" then error(("set: the value must be a number, got %s"):format(type(value)), 2) end
   check(C.sh_tensor_set(self.p, index_buf, value), 2)
   return self
 end

@@ -43,4 +43,77 @@ describe("shard estimate", function()
     assert.matches("estimated peak", out)
     assert.matches("full_shard over 4 ranks", out)
   end)
+
+  -- o with some fields changed
+  local function with(changes, more)
+    local c = {}
+    for k, v in pairs(o) do c[k] = v end
+    for k, v in pairs(changes) do c[k] = v end
+    for k, v in pairs(more or {}) do c[k] = v end
+    return c
+  end
+
+  it("names a bad option instead of printing nan, a negative size or an internal error (issue 12, item 10)", function()
+    local cases = {
+      { { world = 0 }, "%-%-world must be a whole number >= 1, got 0" },
+      { { world = -2 }, "%-%-world must be a whole number >= 1, got %-2" },
+      { { world = 1.5 }, "%-%-world must be a whole number >= 1, got 1.5" },
+      { { world = 8, strategy = "hybrid_shard", hybrid_group = 3 }, "%-%-world=8 is not a multiple of %-%-hybrid_group=3" },
+      { { world = 8, hybrid_group = 4 }, "%-%-hybrid_group applies to hybrid_shard and hybrid_shard_zero2, not full_shard" },
+      { { batch_size = 0 }, "%-%-batch_size must be a whole number >= 1, got 0" },
+      { { n_head = 3 }, "%-%-n_embd=64 is not a multiple of %-%-n_head=3" },
+      { { strategy = "zero3" }, "unknown strategy zero3" },
+      { { param = "fp8" }, "%-%-param must be f32, bf16 or f16, got fp8" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(estimate.estimate, with(c[1]))
+      assert.is_false(ok)
+      assert.matches("estimate: " .. c[2], tostring(err))
+    end
+    local r = estimate.estimate(with{ world = 8, strategy = "hybrid_shard", hybrid_group = 4 })
+    assert.is_true(r.total > 0)
+  end)
+
+  it("counts per-block activations linearly in the batch (gradients are not taken off them)", function()
+    -- before: the peak less 4 bytes x every parameter; the peak comes before any block's
+    -- gradient exists, so each block lost its gradients' bytes (here more than its activations)
+    local per = {}
+    for _, b in ipairs { 1, 2, 4 } do
+      local r = estimate.estimate(with{ n_embd = 128, n_head = 4, block_size = 16, batch_size = b })
+      assert.is_true(r.act_per_block > 0, "per-block activations must be positive")
+      per[b] = r.act_per_block
+    end
+    assert.is_true(math.abs(per[2] / per[1] - 2) < 0.1, ("batch 2 / batch 1 = %.3f"):format(per[2] / per[1]))
+    assert.is_true(math.abs(per[4] / per[1] - 4) < 0.2, ("batch 4 / batch 1 = %.3f"):format(per[4] / per[1]))
+  end)
+
+  -- the recipe's model (gpt_shakespeare_char): large enough that a block's activations, not
+  -- the CPU's f32 staging copies of its bf16 weights for BLAS, are most of its bytes
+  local recipe = { n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12 }
+
+  it("halves per-block activations for bf16 compute parameters", function()
+    local f32 = estimate.estimate(with(recipe))
+    local bf16 = estimate.estimate(with(recipe, { param = "bf16" }))
+    local ratio = bf16.act_per_block / f32.act_per_block
+    assert.is_true(ratio > 0.45 and ratio < 0.55, ("bf16 / f32 per-block activations = %.3f"):format(ratio))
+  end)
+
+  it("predicts the measured peak of a bf16 mixed-precision full_shard step within 25%", function()
+    local r = estimate.estimate(with(recipe, { param = "bf16" }))
+    shard.memory.reset_peak()
+    local base = shard.memory.stats().allocated
+    local model = shard.fsdp.wrap(function()
+      return shard.nn.GPT{ n_layer = 4, n_head = 4, n_embd = 128, vocab_size = 65, block_size = 64, bias = false }
+    end, { policy = shard.fsdp.policy.transformer{ shard.nn.Block }, mixed_precision = { param = "bf16" } })
+    local opt = shard.optim.AdamW(model, { lr = 1e-3 })
+    for _ = 1, 2 do
+      local x = shard.zeros({ 12, 64 }, { dtype = "i64" })
+      local loss = model(x, x)
+      loss:backward()
+      opt:step(); opt:zero_grad(true)
+      loss:free(); x:free()
+    end
+    local peak = shard.memory.stats().peak - base
+    assert.is_true(math.abs(r.total - peak) <= 0.25 * peak, ("estimated %d, measured %d"):format(r.total, peak))
+  end)
 end)

@@ -196,6 +196,16 @@ function Unit:named_parameters(prefix, out, seen) return self.module:named_param
 ---------------------------------------------------------------------------------------------
 -- wrap
 
+-- A policy's answer must be a boolean: Lua would take 0 or "no" as true.
+local function wants_unit(policy, module, name, unwrapped)
+  local r = policy(module, name, unwrapped)
+  if type(r) ~= "boolean" then
+    error(("fsdp.wrap: the policy returned %s (%s) for module '%s'; it must return true or false"):format(
+      tostring(r), type(r), name), 0)
+  end
+  return r
+end
+
 -- Post-order walk: children first, so a policy sees how many parameters are still unwrapped.
 local function apply_policy(module, name, policy, opts, units)
   local unwrapped = 0
@@ -214,7 +224,7 @@ local function apply_policy(module, name, policy, opts, units)
     end
   end
   -- containers that are never called (ModuleList) cannot hook a forward, so never become units
-  if name ~= "" and policy and not module.container and policy(module, name, unwrapped) then
+  if name ~= "" and policy and not module.container and wants_unit(policy, module, name, unwrapped) then
     local u = Unit(module, name, opts, nil)
     units[#units + 1] = u
     return 0, u
@@ -236,7 +246,15 @@ end
 -- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
 -- the full parameters, and each fills its shard with the values an eager init would give.
 function fsdp.wrap(model, opts)
+  if type(model) ~= "function" and not (type(model) == "table" and getmetatable(model) and model._params) then
+    error("fsdp.wrap: expected a module (or a function that builds one), got " .. type(model), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("fsdp.wrap: opts must be a table, got " .. type(opts), 2) end
   opts = opts or {}
+  if opts.policy ~= nil and type(opts.policy) ~= "function" then
+    error(("fsdp.wrap: policy must be a function (module, name, unwrapped) -> boolean, such as " ..
+           "fsdp.policy.transformer{ nn.Block }; got %s %s"):format(type(opts.policy), tostring(opts.policy)), 2)
+  end
   local recipes
   if type(model) == "function" then model, recipes = Module.deferred(model) end
   if opts.sync_module_states then fsdp.sync_module_states(model) end

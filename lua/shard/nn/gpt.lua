@@ -81,6 +81,10 @@ end
 -- idx [B, T] (i64/i32). With targets: the mean cross-entropy loss (0-dim); without: the
 -- logits of the last position [B, V] (what generation needs).
 function G.GPT:forward(idx, targets)
+  if not tensor.is_tensor(idx) then error("GPT: idx must be a [batch, time] tensor of token ids, got " .. type(idx), 2) end
+  if targets ~= nil and not tensor.is_tensor(targets) then
+    error("GPT: targets must be a tensor of token ids (or nil), got " .. type(targets), 2)
+  end
   if idx:dim() ~= 2 then error("GPT: idx must be [batch, time] token ids, got " .. idx:describe(), 2) end
   local B, T = idx:size(1), idx:size(2)
   if targets and (targets:dim() ~= 2 or targets:size(1) ~= B or targets:size(2) ~= T) then

@@ -12,6 +12,17 @@ local L = {}
 -- (Module.deferred: fsdp.wrap given a constructor) can fill each rank's shard alone.
 local param_with = Module.init_param
 
+-- A layer's size argument: a positive integer, else an error naming the layer and the
+-- argument (a nil would otherwise drop out of the shape table: Linear(nil, 3) built a 1-D
+-- weight). The error blames the caller of Layer(...).
+local function size_arg(layer, what, v)
+  if type(v) ~= "number" or v % 1 ~= 0 or v < 1 then
+    error(("%s: %s must be a positive integer, got %s"):format(layer, what, tostring(v)), 4)
+  end
+  return v
+end
+L.size_arg = size_arg
+
 local function random_param(shape, fill, a, b)
   local numel = 1
   for _, d in ipairs(shape) do numel = numel * d end
@@ -29,6 +40,7 @@ L.normal_param, L.const_param = normal_param, const_param
 -- GPT-2 init; nil std_uniform gives torch's U(-1/sqrt(in), 1/sqrt(in)) when opts.std == false).
 L.Linear = Module:extend("Linear")
 function L.Linear:init(n_in, n_out, opts)
+  size_arg("Linear", "n_in (argument 1)", n_in); size_arg("Linear", "n_out (argument 2)", n_out)
   opts = opts or {}
   self.n_in, self.n_out = n_in, n_out
   if opts.std == false then
@@ -44,6 +56,7 @@ function L.Linear:extra_repr() return ("%d -> %d%s"):format(self.n_in, self.n_ou
 
 L.Embedding = Module:extend("Embedding")
 function L.Embedding:init(n, dim, opts)
+  size_arg("Embedding", "n (argument 1)", n); size_arg("Embedding", "dim (argument 2)", dim)
   self.n, self.dim = n, dim
   self:param("weight", normal_param({ n, dim }, (opts and opts.std) or 0.02))
 end
@@ -52,6 +65,7 @@ function L.Embedding:extra_repr() return ("%d x %d"):format(self.n, self.dim) en
 
 L.LayerNorm = Module:extend("LayerNorm")
 function L.LayerNorm:init(dim, opts)
+  size_arg("LayerNorm", "dim (argument 1)", dim)
   opts = opts or {}
   self.dim, self.eps = dim, opts.eps or 1e-5
   self:param("weight", const_param({ dim }, 1))
@@ -62,6 +76,7 @@ function L.LayerNorm:extra_repr() return tostring(self.dim) end
 
 L.RMSNorm = Module:extend("RMSNorm")
 function L.RMSNorm:init(dim, opts)
+  size_arg("RMSNorm", "dim (argument 1)", dim)
   self.dim, self.eps = dim, (opts and opts.eps) or 1e-6
   self:param("weight", const_param({ dim }, 1))
 end
@@ -69,13 +84,19 @@ function L.RMSNorm:forward(x) return F.rmsnorm(x, self.weight, self.eps) end
 function L.RMSNorm:extra_repr() return tostring(self.dim) end
 
 L.Dropout = Module:extend("Dropout")
-function L.Dropout:init(p) self.p = p or 0 end
+function L.Dropout:init(p)
+  if p ~= nil and (type(p) ~= "number" or p < 0 or p >= 1) then
+    error("Dropout: p must be a number in [0, 1), got " .. tostring(p), 3)
+  end
+  self.p = p or 0
+end
 function L.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
 function L.Dropout:extra_repr() return tostring(self.p) end
 
 -- GPT-2's MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout.
 L.MLP = Module:extend("MLP")
 function L.MLP:init(dim, opts)
+  size_arg("MLP", "dim (argument 1)", dim)
   opts = opts or {}
   local hidden = opts.hidden or 4 * dim
   self:child("c_fc", L.Linear(dim, hidden, { bias = opts.bias }))
@@ -89,6 +110,7 @@ end
 -- Llama's MLP: w2(silu(w1 x) * w3 x).
 L.SwiGLU = Module:extend("SwiGLU")
 function L.SwiGLU:init(dim, hidden, opts)
+  size_arg("SwiGLU", "dim (argument 1)", dim); size_arg("SwiGLU", "hidden (argument 2)", hidden)
   opts = opts or {}
   self:child("w1", L.Linear(dim, hidden, { bias = false }))
   self:child("w3", L.Linear(dim, hidden, { bias = false }))

@@ -163,6 +163,12 @@ end
 -- elements [start, start + numel(t)) of the flattened parameter into t. Eagerly the recipe
 -- fills it at once; inside Module.deferred the tensor has no storage and the recipe is kept.
 function Module.init_param(shape, recipe)
+  for i = 1, table.maxn(shape) do
+    local d = shape[i]
+    if type(d) ~= "number" or d % 1 ~= 0 or d < 0 then
+      error(("parameter shape entry %d is %s; sizes must be whole numbers"):format(i, tostring(d)), 2)
+    end
+  end
   if recipes_of_build then
     local n, s = tensor.shape_args(shape)
     local t = tensor.new_from(C.sh_tensor_meta, n, s, C.SH_F32, tensor.device_id(tensor.default_device))
