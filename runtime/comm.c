@@ -468,10 +468,16 @@ int sh_comm_wait(sh_comm_work *w) {
     if (waited > w->comm->timeout) {
       g_timed_out = 1;
       flight_wait(w, 2, t0, waited);
+      /* Across nodes a lost link looks the same from here: every rank waits. */
+      char where[160] = "";
+      if (w->comm->n_nodes > 1)
+        snprintf(where, sizeof where, ", or the network between this node (%s, node %d of %d) and another lost the way",
+                 w->comm->node_name, w->comm->node, w->comm->n_nodes);
       return sh_fail(SH_ERR_COMM, "comm: %s #%lld on %s timed out after %.3g s on rank %d of %d "
-                     "(another rank did not join: it failed, skipped the collective, or is stuck; "
+                     "(another rank did not join: it failed, skipped the collective, or is stuck%s; "
                      "the timeout is %g s: shard launch --timeout=SECONDS or SHARD_COMM_TIMEOUT)",
-                     w->what, (long long)w->seq, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
+                     w->what, (long long)w->seq, w->comm->name, waited, w->comm->rank, w->comm->size, where,
+                     w->comm->timeout);
     }
     if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
     struct timespec ts = { 0, pause_ns };
