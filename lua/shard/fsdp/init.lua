@@ -55,9 +55,11 @@ local function hybrid_mesh(G)
     local node, lr = w:node(), w:local_rank()
     mesh = { shard = w:split_node(("shard group node %d (%s)"):format(node, w:node_name())),
              replicate = w:split(lr, node, ("replicate group local rank %d"):format(lr)) }
-  elseif type(G) ~= "number" or G < 1 or G % 1 ~= 0 or size % G ~= 0 then
-    error(("fsdp: hybrid_group is %s; expected \"node\" or a whole number that divides the world size %d (rank %d)"):format(
-      type(G) == "string" and ("'" .. G .. "'") or tostring(G), size, rank), 0)
+  elseif type(G) ~= "number" or G < 1 or G % 1 ~= 0 then
+    error(("fsdp: hybrid_group is %s; expected \"node\" or a whole number of ranks (rank %d)"):format(
+      type(G) == "string" and ("'" .. G .. "'") or tostring(G), rank), 0)
+  elseif size % G ~= 0 then
+    error(("fsdp: world size %d is not a multiple of the hybrid group size %d (rank %d)"):format(size, G, rank), 0)
   else
     mesh = { shard = w:split(math.floor(rank / G), rank % G, ("shard group %d"):format(math.floor(rank / G))),
              replicate = w:split(rank % G, math.floor(rank / G), ("replicate group %d"):format(rank % G)) }
