@@ -63,20 +63,26 @@ static int env_int(const char *name, int *out) {
 }
 
 int sh_comm_read_env(sh_comm_env *out) {
-  sh_comm_env e = { .launcher = SH_LAUNCH_NONE, .rank = 0, .size = 1, .local_rank = 0, .local_size = 1 };
+  sh_comm_env e = { .launcher = SH_LAUNCH_NONE, .rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
+                    .node = 0, .n_nodes = 1 };
   int r, s;
   if (env_int("OMPI_COMM_WORLD_RANK", &r) && env_int("OMPI_COMM_WORLD_SIZE", &s)) {
-    e = (sh_comm_env){ SH_LAUNCH_MPI, r, s, 0, 1 };
+    e = (sh_comm_env){ SH_LAUNCH_MPI, r, s, 0, 1, -1, 0 };
     env_int("OMPI_COMM_WORLD_LOCAL_RANK", &e.local_rank);
     env_int("OMPI_COMM_WORLD_LOCAL_SIZE", &e.local_size);
   } else if (env_int("RANK", &r) && env_int("WORLD_SIZE", &s)) {
-    e = (sh_comm_env){ SH_LAUNCH_TORCHRUN, r, s, 0, 1 };
+    /* torchrun numbers ranks node by node: a node is LOCAL_WORLD_SIZE consecutive ranks. */
+    e = (sh_comm_env){ SH_LAUNCH_TORCHRUN, r, s, 0, 1, 0, 1 };
     if (!env_int("LOCAL_RANK", &e.local_rank)) e.local_rank = r;
-    if (!env_int("LOCAL_WORLD_SIZE", &e.local_size)) e.local_size = s;
+    if (!env_int("LOCAL_WORLD_SIZE", &e.local_size) || e.local_size < 1) e.local_size = s;
+    if (!env_int("GROUP_RANK", &e.node)) e.node = r / e.local_size;
+    e.n_nodes = (s + e.local_size - 1) / e.local_size;
   } else if (env_int("SLURM_PROCID", &r) && env_int("SLURM_NTASKS", &s)) {
-    e = (sh_comm_env){ SH_LAUNCH_SLURM, r, s, 0, 1 };
+    e = (sh_comm_env){ SH_LAUNCH_SLURM, r, s, 0, 1, -1, 0 };
     env_int("SLURM_LOCALID", &e.local_rank);
     if (!env_int("SLURM_NTASKS_PER_NODE", &e.local_size)) e.local_size = s;
+    env_int("SLURM_NODEID", &e.node);
+    env_int("SLURM_NNODES", &e.n_nodes);
   } else if (env_int("PMIX_RANK", &r)) {
     e.launcher = SH_LAUNCH_MPI;   /* size comes from MPI itself */
     e.rank = r;
@@ -105,7 +111,10 @@ static void flight_open(const sh_comm *world) {
   g_flight->rank = world->rank;
   g_flight->size = world->size;
   g_flight->pid = (int32_t)getpid();
-  memcpy(g_flight->magic, "shflt01", 8);
+  snprintf(g_flight->node_name, sizeof g_flight->node_name, "%s", world->node_name);
+  g_flight->node = world->node;
+  g_flight->local_rank = world->local_rank;
+  memcpy(g_flight->magic, "shflt02", 8);
 }
 
 static void flight_issue(sh_comm *c, const sh_comm_work *w) {
@@ -191,6 +200,11 @@ int sh_comm_init_world(sh_comm **out) {
   w->rank = env.rank;
   w->size = env.size;
   w->local_rank = env.local_rank;
+  w->local_size = env.local_size;
+  w->node = env.node < 0 ? 0 : env.node;
+  w->n_nodes = env.n_nodes < 1 ? 1 : env.n_nodes;
+  w->nodes_uniform = w->size == w->n_nodes * w->local_size;
+  if (gethostname(w->node_name, sizeof w->node_name - 1) != 0) snprintf(w->node_name, sizeof w->node_name, "node%d", w->node);
   if (env.launcher == SH_LAUNCH_MPI || env.launcher == SH_LAUNCH_SLURM) {
     int rc = sh_comm_mpi_init_world(w);
     if (rc) { free(w); return rc; }
@@ -245,6 +259,11 @@ int sh_comm_split(sh_comm **out, sh_comm *parent, int color, int key) {
   sh_comm *c = new_comm(name);
   if (!c) return sh_fail(SH_ERR_OOM, "comm split: out of host memory");
   c->local_rank = parent->local_rank;
+  c->local_size = parent->local_size;
+  c->node = parent->node;
+  c->n_nodes = parent->n_nodes;
+  c->nodes_uniform = parent->nodes_uniform;
+  memcpy(c->node_name, parent->node_name, sizeof c->node_name);
   c->timeout = parent->timeout;
   c->parent = parent;
   c->color = color;
@@ -276,6 +295,20 @@ int sh_comm_split(sh_comm **out, sh_comm *parent, int color, int key) {
 int sh_comm_rank(const sh_comm *c) { return c ? c->rank : 0; }
 int sh_comm_size(const sh_comm *c) { return c ? c->size : 1; }
 int sh_comm_local_rank(const sh_comm *c) { return c ? c->local_rank : 0; }
+int sh_comm_node(const sh_comm *c) { return c ? c->node : 0; }
+int sh_comm_n_nodes(const sh_comm *c) { return c ? c->n_nodes : 1; }
+int sh_comm_local_size(const sh_comm *c) { return c ? c->local_size : 1; }
+int sh_comm_nodes_uniform(const sh_comm *c) { return c ? c->nodes_uniform : 1; }
+const char *sh_comm_node_name(const sh_comm *c) { return c ? c->node_name : ""; }
+
+int sh_comm_split_node(sh_comm **out, sh_comm *c) {
+  *out = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "comm split_node: expected a group, got nil");
+  SH_TRY(sh_comm_split(out, c, c->node, c->rank));
+  char name[96];
+  snprintf(name, sizeof name, "%.60s node %d", c->name, c->node);
+  return sh_comm_set_name(*out, name);
+}
 const char *sh_comm_name(const sh_comm *c) { return c ? c->name : "nil"; }
 const char *sh_comm_backend_name(const sh_comm *c) { return c && c->cpu ? c->cpu->name : "none"; }
 
@@ -435,10 +468,16 @@ int sh_comm_wait(sh_comm_work *w) {
     if (waited > w->comm->timeout) {
       g_timed_out = 1;
       flight_wait(w, 2, t0, waited);
+      /* Across nodes a lost link looks the same from here: every rank waits. */
+      char where[160] = "";
+      if (w->comm->n_nodes > 1)
+        snprintf(where, sizeof where, ", or the network between this node (%s, node %d of %d) and another lost the way",
+                 w->comm->node_name, w->comm->node, w->comm->n_nodes);
       return sh_fail(SH_ERR_COMM, "comm: %s #%lld on %s timed out after %.3g s on rank %d of %d "
-                     "(another rank did not join: it failed, skipped the collective, or is stuck; "
+                     "(another rank did not join: it failed, skipped the collective, or is stuck%s; "
                      "the timeout is %g s: shard launch --timeout=SECONDS or SHARD_COMM_TIMEOUT)",
-                     w->what, (long long)w->seq, w->comm->name, waited, w->comm->rank, w->comm->size, w->comm->timeout);
+                     w->what, (long long)w->seq, w->comm->name, waited, w->comm->rank, w->comm->size, where,
+                     w->comm->timeout);
     }
     if (polls > 64) pause_ns = pause_ns ? (pause_ns * 2 > 1000000 ? 1000000 : pause_ns * 2) : 1000;
     struct timespec ts = { 0, pause_ns };

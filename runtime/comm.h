@@ -42,6 +42,9 @@ typedef struct sh_comm_env {
   int32_t size;         /* 1 when not launched */
   int32_t local_rank;   /* rank within this node */
   int32_t local_size;   /* ranks on this node */
+  int32_t node;         /* this node's index (SLURM_NODEID, GROUP_RANK, RANK / LOCAL_WORLD_SIZE);
+                           -1 under mpirun, where MPI tells it at init */
+  int32_t n_nodes;      /* nodes in the job; 0 when not known before init */
 } sh_comm_env;
 int sh_comm_read_env(sh_comm_env *out);
 
@@ -66,6 +69,19 @@ int sh_comm_finalize(void);
 int sh_comm_rank(const sh_comm *comm);
 int sh_comm_size(const sh_comm *comm);
 int sh_comm_local_rank(const sh_comm *comm);   /* the process's rank within its node */
+/* Nodes. Under MPI a node is what MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) groups (the
+ * hosts mpirun or srun placed the ranks on, whatever the rank numbering); nodes are numbered
+ * 0..n_nodes-1 in the order of their lowest world rank. Under torchrun-style variables the
+ * node is GROUP_RANK (else RANK / LOCAL_WORLD_SIZE). These are the process's, on any group. */
+int sh_comm_node(const sh_comm *comm);         /* this process's node index */
+int sh_comm_n_nodes(const sh_comm *comm);      /* nodes in the job */
+int sh_comm_local_size(const sh_comm *comm);   /* ranks on this process's node */
+/* 1 when every node runs the same number of ranks (a node-by-local-rank mesh exists). */
+int sh_comm_nodes_uniform(const sh_comm *comm);
+const char *sh_comm_node_name(const sh_comm *comm);   /* the host name (MPI_Get_processor_name) */
+/* Collective over comm: the group of comm's ranks on this process's node, ordered by rank in
+ * comm, named "<comm> node N". */
+int sh_comm_split_node(sh_comm **out, sh_comm *comm);
 int sh_comm_set_name(sh_comm *comm, const char *name);  /* used in error messages */
 const char *sh_comm_name(const sh_comm *comm);
 const char *sh_comm_backend_name(const sh_comm *comm);  /* CPU backend: "mpi", "local" or "none" */
@@ -116,7 +132,7 @@ typedef struct sh_flight_group {
   int32_t size;            /* ranks in the group */
 } sh_flight_group;
 typedef struct sh_flight_record {
-  char magic[8];           /* "shflt01" once written */
+  char magic[8];           /* "shflt02" once written */
   int32_t rank, size, pid, n_groups;
   sh_flight_group groups[16];
   char wait_group[64];     /* the group of the collective this rank waits in */
@@ -124,6 +140,8 @@ typedef struct sh_flight_record {
   int32_t wait_kind, wait_state;   /* wait_state: 0 not waiting, 1 waiting, 2 timed out */
   double wait_since;       /* monotonic seconds when the wait began */
   double wait_for;         /* seconds waited, once timed out */
+  char node_name[64];      /* the host this rank runs on */
+  int32_t node, local_rank;   /* its node index and rank within the node */
 } sh_flight_record;
 
 /* Collectives issued since the last reset, per kind, and the bytes each rank contributed.

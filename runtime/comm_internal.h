@@ -14,6 +14,9 @@ typedef struct sh_comm_backend sh_comm_backend;
 struct sh_comm {
   char name[96];
   int rank, size, local_rank;
+  int node, n_nodes, local_size;  /* the process's node (comm.h); copied to every group */
+  int nodes_uniform;              /* every node has local_size ranks */
+  char node_name[64];
   double timeout;                 /* seconds */
   int refs;                       /* references held by sh_comm_init_world / split callers */
   int is_world;
@@ -70,7 +73,8 @@ struct sh_comm_backend {
 
 extern const sh_comm_backend sh_comm_local_backend;
 extern const sh_comm_backend sh_comm_mpi_backend;
-/* Initialises MPI once (MPI_Init_thread), and gives the world's state, rank and size. */
+/* Initialises MPI once (MPI_Init_thread), and gives the world's state, rank and size, and
+ * its node fields (node, n_nodes, local_rank, local_size, nodes_uniform, node_name). */
 int sh_comm_mpi_init_world(sh_comm *world);
 void sh_comm_mpi_finalize(void);
 int sh_comm_mpi_active(void);

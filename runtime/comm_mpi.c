@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef struct mpi_group { MPI_Comm comm; } mpi_group;
@@ -71,6 +72,46 @@ int sh_comm_mpi_active(void) {
   return inited && !finalized;
 }
 
+/* The node fields of the world, from MPI itself so that any launcher and any rank numbering
+ * give the right ones: the ranks sharing memory with this one form its node, a node's leader
+ * is its lowest world rank, and nodes are numbered in the order of their leaders. Blocking
+ * collectives, once, at init (MPI_Init itself waited for every rank). */
+static int node_layout(sh_comm *w) {
+  MPI_Comm node;
+  MPI_Comm comm = group_comm(w);
+  MPI_TRY(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, w->rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int leader = w->rank;
+  MPI_Comm_rank(node, &w->local_rank);
+  MPI_Comm_size(node, &w->local_size);
+  int e = MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  if (e != MPI_SUCCESS) return mpi_fail(e, "MPI_Allreduce (node leader)");
+  int *leaders = malloc(sizeof(int) * (size_t)w->size);
+  if (!leaders) return sh_fail(SH_ERR_OOM, "mpi: out of host memory for the node layout");
+  e = MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, comm);
+  if (e != MPI_SUCCESS) { free(leaders); return mpi_fail(e, "MPI_Allgather (node leaders)"); }
+  /* leaders[r] == r marks a node's leader; count them, and those before mine. */
+  int n_nodes = 0, node_id = 0;
+  for (int r = 0; r < w->size; r++) {
+    if (leaders[r] != r) continue;
+    n_nodes++;
+    if (r < leader) node_id++;
+  }
+  w->node = node_id;
+  w->n_nodes = n_nodes;
+  w->nodes_uniform = w->size == n_nodes * w->local_size;
+  for (int r = 0; r < w->size && w->nodes_uniform; r++) {   /* every node as large as mine */
+    int count = 0;
+    for (int q = 0; q < w->size; q++) count += leaders[q] == leaders[r];
+    if (count != w->local_size) w->nodes_uniform = 0;
+  }
+  free(leaders);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  if (MPI_Get_processor_name(host, &len) == MPI_SUCCESS) snprintf(w->node_name, sizeof w->node_name, "%.*s", len, host);
+  return SH_OK;
+}
+
 int sh_comm_mpi_init_world(sh_comm *w) {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
@@ -81,16 +122,11 @@ int sh_comm_mpi_init_world(sh_comm *w) {
     MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     g_mpi_inited = 1;
   }
-  MPI_Comm dup, node;
+  MPI_Comm dup;
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
   SH_TRY(new_group(w, dup));
-  /* The rank within the node, from MPI itself so that any launcher gives the right one. */
-  if (MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, w->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_rank(node, &w->local_rank);
-    MPI_Comm_free(&node);
-  }
   w->cpu = &sh_comm_mpi_backend;
-  return SH_OK;
+  return node_layout(w);
 }
 
 void sh_comm_mpi_finalize(void) {

@@ -4,6 +4,7 @@
 #   BUILD_DIR/tests/test_mpi_*   the same under mpirun at world sizes 1..4
 #   tests/spec/*_spec.lua        busted specs, one process per file, run through SHARD_BIN
 #   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
+#   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
 # A passing runner prints one line; a failing one prints its output. A runner that crashes
 # or times out counts as one failure. The last line is exactly "N passed, N failed", and the
@@ -128,6 +129,21 @@ for script in tests/mpi/*.lua; do
     fi
   done
 done
+
+# Across hosts on network namespaces (tests/netns/run.sh, about 25 s, needs root: without it
+# that is its one failure): its lines, its totals added.
+if case netns in *"$NAME"*) true ;; *) false ;; esac; then
+  timeout -k 10 "$TIMEOUT" sh tests/netns/run.sh "$SHARD" >"$out" 2>&1
+  rc=$?
+  sed '$d' "$out"
+  set -- $(tail -n 1 "$out" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
+  if [ $# -eq 2 ]; then
+    passed=$((passed + $1)); failed=$((failed + $2))
+    [ "$rc" -eq 0 ] || [ "$2" -ne 0 ] || failed=$((failed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL tests/netns/run.sh ($(why), no summary line)"
+  fi
+fi
 
 # The CUDA path on the emulated device (tests/cuda_emu), when the caller built it
 # (make test passes SHARD_EMU_BUILD and SHARD_EMU_BIN): its runner's lines, its totals added.

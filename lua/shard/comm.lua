@@ -7,6 +7,8 @@
 --   local full = world:all_gather(shard)       -- a new tensor of size * numel
 --   local w = world:all_gather(full, shard, { async = true }); ...; w:wait()
 --   local sub = world:split(color, key)        -- nil on ranks that pass a negative color
+--   local node = world:split_node()            -- the ranks on this process's node
+--   world:node(), world:nodes(), world:local_size(), world:node_name()
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -77,6 +79,13 @@ local function wrap_group(p) return setmetatable({ p = ffi.gc(p, C.sh_comm_destr
 function Group:rank() return C.sh_comm_rank(self.p) end
 function Group:size() return C.sh_comm_size(self.p) end
 function Group:local_rank() return C.sh_comm_local_rank(self.p) end
+-- The process's node: its index (0..nodes()-1), the job's node count, the ranks on it, the
+-- host name, and whether every node runs as many ranks (runtime/comm.h).
+function Group:node() return C.sh_comm_node(self.p) end
+function Group:nodes() return C.sh_comm_n_nodes(self.p) end
+function Group:local_size() return C.sh_comm_local_size(self.p) end
+function Group:node_name() return ffi.string(C.sh_comm_node_name(self.p)) end
+function Group:nodes_uniform() return C.sh_comm_nodes_uniform(self.p) ~= 0 end
 function Group:name() return ffi.string(C.sh_comm_name(self.p)) end
 function Group:backend() return ffi.string(C.sh_comm_backend_name(self.p)) end
 function Group:set_name(name) check(C.sh_comm_set_name(self.p, name), 2); return self end
@@ -90,6 +99,15 @@ function Group:split(color, key, name)
   local box = ffi.new("sh_comm*[1]")
   check(C.sh_comm_split(box, self.p, color, key or self:rank()), 2)
   if box[0] == nil then return nil end
+  local g = wrap_group(box[0])
+  if name then g:set_name(name) end
+  return g
+end
+
+-- Collective over self: the group of self's ranks on this process's node.
+function Group:split_node(name)
+  local box = ffi.new("sh_comm*[1]")
+  check(C.sh_comm_split_node(box, self.p), 2)
   local g = wrap_group(box[0])
   if name then g:set_name(name) end
   return g
@@ -189,7 +207,8 @@ function M.env()
   local e = ffi.new("sh_comm_env")
   check(C.sh_comm_read_env(e), 2)
   return { launcher = LAUNCHERS[e.launcher], rank = e.rank, world = e.size, size = e.size,
-           local_rank = e.local_rank, local_size = e.local_size }
+           local_rank = e.local_rank, local_size = e.local_size,
+           node = e.node >= 0 and e.node or nil, nodes = e.n_nodes > 0 and e.n_nodes or nil }
 end
 
 local cuda_devices = require("shard.ffi").cuda_device_count
@@ -204,7 +223,8 @@ function M.info(opts)
     local n = cuda_devices()
     device = n > 0 and ("cuda:" .. (g:local_rank() % n)) or "cpu"
   end
-  return { rank = g:rank(), world = g:size(), local_rank = g:local_rank(), device = device, group = g }
+  return { rank = g:rank(), world = g:size(), local_rank = g:local_rank(), node = g:node(), nodes = g:nodes(),
+           device = device, group = g }
 end
 
 -- Process-wide counters (every group together).

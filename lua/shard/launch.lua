@@ -4,13 +4,24 @@
 -- the rest within a second or so (a failing rank skips MPI_Finalize, see comm.h); launch
 -- then shows that rank's last lines and returns a non-zero exit code.
 --
--- Multi-node (--nnodes M > 1, --node-rank, --master-addr, --master-port): each node's launch
--- starts its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
--- LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). CUDA collectives then rendezvous over TCP
--- (NCCL); CPU collectives need one mpirun across the nodes instead (mpirun -H a:N,b:N ...).
+-- Across hosts, two ways:
+--   --hosts a:2,b:2 or --hostfile FILE (lines "host [slots=N]"), with --nproc_per_node N for
+--   hosts given without a count: one mpirun over every host (its remote-shell agent, ssh by
+--   default, starts a daemon on each; ranks talk TCP across hosts and shared memory inside
+--   one; --net CIDR|IFACE pins both to a network; --map-by slot (default: each host's ranks
+--   consecutive) or node (round robin)). Each rank learns its node and local rank from MPI.
+--   When a host is lost mpirun's daemon there stops answering: launch names the node and its
+--   ranks, and stops mpirun if it has not ended GRACE seconds after the first failure.
+--   --nnodes M > 1 with --node-rank, --master-addr, --master-port: each node's launch starts
+--   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
+--   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
+--   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
 local M = {}
 
-local USAGE = "usage: shard launch --nproc N [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] FILE [--key=value ...]"
+local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] FILE [--key=value ...]"
+-- Seconds mpirun gets to end the job after the first sign of a failure before launch stops it
+-- (a lost host's daemon never answers mpirun's order to stop its ranks).
+local GRACE = tonumber(os.getenv("SHARD_LAUNCH_GRACE") or "") or 10
 local TAIL = 40          -- lines kept per rank for the failure report
 
 local function fail_usage(msg)
@@ -61,6 +72,12 @@ function M.parse(args)
     elseif flag == "--node-rank" or flag == "--node_rank" then o.node_rank = number(flag, get(flag))
     elseif flag == "--master-addr" or flag == "--master_addr" then o.master_addr = get(flag)
     elseif flag == "--master-port" or flag == "--master_port" then o.master_port = number(flag, get(flag))
+    elseif flag == "--hosts" or flag == "-H" then o.hosts_arg = get(flag)
+    elseif flag == "--hostfile" then o.hostfile = get(flag)
+    elseif flag == "--net" then o.net = get(flag)
+    elseif flag == "--map-by" or flag == "--map_by" then
+      o.map_by = get(flag)
+      if o.map_by ~= "slot" and o.map_by ~= "node" then error({ usage = "--map-by expects slot or node, got '" .. o.map_by .. "'" }) end
     elseif flag == "--all" then o.all = true
     elseif flag == "--timeout" then o.timeout = seconds(flag, get(flag))
     elseif a:sub(1, 2) == "--" then error({ usage = "unknown option " .. a .. " before FILE" })
@@ -72,10 +89,89 @@ function M.parse(args)
     end
     i = i + 1
   end
+  if o.hosts_arg and o.hostfile then error({ usage = "give --hosts or --hostfile, not both" }) end
+  if (o.hosts_arg or o.hostfile) and o.nnodes > 1 then
+    error({ usage = "--hosts/--hostfile start every node through one mpirun; --nnodes is for torchrun-style starts, one launch per node" })
+  end
+  if o.hosts_arg or o.hostfile then
+    M.parse_hosts(o)
+    if not o.file then error({ usage = "missing FILE" }) end
+    return o
+  end
   if not o.nproc or o.nproc < 1 then error({ usage = "--nproc N (N >= 1) is required" }) end
   if o.nnodes < 1 or o.node_rank >= o.nnodes then error({ usage = ("--node-rank %d is not below --nnodes %d"):format(o.node_rank, o.nnodes) }) end
   if not o.file then error({ usage = "missing FILE" }) end
   return o
+end
+
+-- The hosts of --hosts "a:2,b" or --hostfile (Open MPI's format: "host slots=N", # comments):
+-- o.hosts = { { name =, slots = } }, a count given with the host or else --nproc_per_node.
+function M.parse_hosts(o)
+  local entries = {}
+  if o.hosts_arg then
+    for item in o.hosts_arg:gmatch("[^,]+") do
+      local name, n = item:match("^([^:]+):(.*)$")
+      entries[#entries + 1] = { name = name or item, count = n, what = "--hosts entry '" .. item .. "'" }
+    end
+  else
+    local f = io.open(o.hostfile, "r")
+    if not f then error({ usage = "cannot open hostfile " .. o.hostfile }) end
+    local ln = 0
+    for line in f:lines() do
+      ln = ln + 1
+      line = line:gsub("#.*", "")
+      local name = line:match("^%s*(%S+)")
+      if name then
+        entries[#entries + 1] = { name = name, count = line:match("slots%s*=%s*(%S+)"),
+                                  what = ("%s line %d"):format(o.hostfile, ln) }
+      end
+    end
+    f:close()
+  end
+  if #entries == 0 then error({ usage = "no hosts in " .. (o.hostfile or "--hosts") }) end
+  o.hosts = {}
+  local seen = {}
+  for _, e in ipairs(entries) do
+    local n = e.count and tonumber(e.count) or o.nproc
+    if o.nproc and o.hostfile then n = o.nproc end   -- --nproc_per_node overrides slots=
+    if not n or n < 1 or n % 1 ~= 0 then
+      error({ usage = e.what .. (e.count and (" has '" .. e.count .. "' ranks; expected a whole number >= 1")
+                                  or " gives no rank count: add :N (slots=N) or --nproc_per_node N") })
+    end
+    if seen[e.name] then error({ usage = "host " .. e.name .. " is listed twice" }) end
+    seen[e.name] = true
+    o.hosts[#o.hosts + 1] = { name = e.name, slots = n }
+  end
+end
+
+-- rank -> host name for the hosts as mpirun maps them (--map-by slot: each host's ranks
+-- consecutive; node: one per host in turn). nil on one host.
+function M.layout(o)
+  if not o.hosts then return nil end
+  local host_of, left = {}, {}
+  for i, h in ipairs(o.hosts) do left[i] = h.slots end
+  local rank = 0
+  if o.map_by == "node" then
+    local more = true
+    while more do
+      more = false
+      for i, h in ipairs(o.hosts) do
+        if left[i] > 0 then host_of[rank] = h.name; rank = rank + 1; left[i] = left[i] - 1; more = true end
+      end
+    end
+  else
+    for _, h in ipairs(o.hosts) do
+      for _ = 1, h.slots do host_of[rank] = h.name; rank = rank + 1 end
+    end
+  end
+  return host_of
+end
+
+local function world_size(o)
+  if not o.hosts then return o.nproc * o.nnodes end
+  local n = 0
+  for _, h in ipairs(o.hosts) do n = n + h.slots end
+  return n
 end
 
 local function is_root()
@@ -99,6 +195,24 @@ end
 -- The command that starts every local rank; its output lines are tagged with the rank.
 local function mpirun_command(o)
   local cmd = { "mpirun", "--tag-output", "-np", o.nproc, "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "pml", "ob1" }
+  if o.hosts then
+    local list = {}
+    for _, h in ipairs(o.hosts) do list[#list + 1] = h.name .. ":" .. h.slots end
+    -- TCP between hosts, shared memory inside one
+    cmd = { "mpirun", "--tag-output", "-np", world_size(o), "-H", quote(table.concat(list, ",")), "--map-by", o.map_by or "slot",
+            "--mca", "btl", "self,vader,tcp", "--mca", "pml", "ob1" }
+    -- mpirun reaches the other hosts through launch's agent, which runs the user's (ssh by
+    -- default, or OMPI_MCA_plm_rsh_agent) and says which host's daemon ended badly: when a
+    -- host's processes die mpirun only says a daemon failed, not where.
+    if o.agent then
+      cmd[#cmd + 1] = "--mca plm_rsh_agent " .. quote(o.agent) .. " --mca plm_rsh_no_tree_spawn 1"
+    end
+    if o.net then
+      for _, k in ipairs { "btl_tcp_if_include", "oob_tcp_if_include" } do
+        cmd[#cmd + 1] = "--mca " .. k .. " " .. quote(o.net)
+      end
+    end
+  end
   if is_root() then table.insert(cmd, 2, "--allow-run-as-root") end
   return table.concat(cmd, " ") .. " " .. run_args(o)
 end
@@ -110,8 +224,8 @@ local function env_command(o)
   local lines = { "pids=''" }
   for i = 0, o.nproc - 1 do
     local rank = o.node_rank * o.nproc + i
-    lines[#lines + 1] = ("( RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LOCAL_WORLD_SIZE=%d MASTER_ADDR=%s MASTER_PORT=%d %s 2>&1 | sed -u 's/^/[1,%d]<stdout>:/'; exit ${PIPESTATUS[0]} ) & pids=\"$pids $!\"")
-      :format(rank, world, i, o.nproc, quote(o.master_addr), o.master_port, run_args(o), rank)
+    lines[#lines + 1] = ("( RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d LOCAL_WORLD_SIZE=%d GROUP_RANK=%d MASTER_ADDR=%s MASTER_PORT=%d %s 2>&1 | sed -u 's/^/[1,%d]<stdout>:/'; exit ${PIPESTATUS[0]} ) & pids=\"$pids $!\"")
+      :format(rank, world, i, o.nproc, o.node_rank, quote(o.master_addr), o.master_port, run_args(o), rank)
   end
   lines[#lines + 1] = "n=" .. o.nproc .. "; rc=0"
   lines[#lines + 1] = "while [ $n -gt 0 ]; do wait -n; r=$?; n=$((n-1)); if [ $r -ne 0 ]; then rc=$r; kill $pids 2>/dev/null; break; fi; done"
@@ -119,11 +233,37 @@ local function env_command(o)
   return "bash -c " .. quote(table.concat(lines, "\n"))
 end
 
+-- mpirun's lines that say the job is failing: from here it has GRACE seconds to end.
+local FAILING = { "Primary job%s+terminated normally, but", "mpirun noticed that process rank", "ORTE has lost communication",
+                  "exited on signal", "MPI_ABORT was invoked", "An ORTE daemon has unexpectedly failed", "mpirun has exited due to" }
+local function failing(line)
+  for _, pat in ipairs(FAILING) do if line:find(pat) then return true end end
+  return false
+end
+
+-- Stops pid (mpirun) GRACE seconds from now unless disarmed: TERM, and 3 s later KILL to it
+-- and every process under it (its ranks, and the remote-shell agents that reach the other
+-- hosts, which a stopped mpirun may leave behind). Returns the watchdog's pid.
+local function arm(pid)
+  local tree = "tree() { for c in $(cat /proc/$1/task/*/children 2>/dev/null); do tree $c; done; echo $1; }"
+  local p = io.popen(("(%s; sleep %g; t=$(tree %d); kill -TERM %d; sleep 3; kill -KILL $t) >/dev/null 2>&1 & echo $!")
+    :format(tree, GRACE, pid, pid))
+  local w = p and tonumber(p:read("*l"))
+  if p then p:close() end
+  return w
+end
+
 -- Runs cmd, routing tagged lines; returns the exit code and the ranks' kept lines.
 local function stream(cmd, o)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__shard_launch_rc=$?\"", "r"))
+  local p = assert(io.popen("(exec " .. cmd .. ") 2>&1 & echo \"__shard_launch_pid=$!\"; wait $!; echo \"__shard_launch_rc=$?\"", "r"))
   local kept, untagged, rc = {}, {}, 1
+  local pid, watchdog
   for line in p:lines() do
+    -- a rank's collective timeout counts too: after a cut link mpirun may say nothing at all
+    if pid and not watchdog and (failing(line) or line:find("timed out after", 1, true)) then
+      watchdog = arm(pid)
+      o.armed = true
+    end
     local r, stream_name, text = line:match("^%[%d+,(%d+)%]<(%a+)>:(.*)$")
     if r then
       text = text:gsub("%[%d+,%d+%]<%a+>:", "")   -- mpirun tags each write, not each line
@@ -142,10 +282,17 @@ local function stream(cmd, o)
       end
     else
       local code = line:match("^__shard_launch_rc=(%d+)$")
-      if code then rc = tonumber(code) else untagged[#untagged + 1] = line end
+      local started = line:match("^__shard_launch_pid=(%d+)$")
+      if code then
+        rc = tonumber(code)
+        break        -- mpirun has ended; an agent it left behind may still hold the pipe open
+      elseif started then pid = tonumber(started)
+      else untagged[#untagged + 1] = line end
     end
   end
   p:close()
+  if watchdog then os.execute(("kill %d 2>/dev/null"):format(watchdog)) end
+  o.stopped = o.armed and (rc == 143 or rc == 137)
   return rc, kept, untagged
 end
 
@@ -160,10 +307,38 @@ local function failed_rank(untagged)
   end
 end
 
+-- The host whose daemon mpirun lost ("Remote daemon: [[5,0],1] on node b", or the agent's
+-- report), if any.
+local function lost_node(untagged)
+  local lost = false
+  for _, line in ipairs(untagged) do
+    local h = line:match("^__shard_launch_host_lost=(%S+)")
+    if h then return h end
+    if line:find("ORTE has lost communication") or line:find("daemon has unexpectedly failed") then lost = true end
+    local host = lost and line:match("Remote daemon:.-on node (%S+)")
+    if host then return host end
+  end
+end
+
+local function list(ranks) table.sort(ranks); return table.concat(ranks, ",") end
+
+-- "node b (ranks 2,3)" for a host of the layout.
+local function node_ranks(layout, host)
+  local ranks = {}
+  for r, h in pairs(layout or {}) do if h == host then ranks[#ranks + 1] = r end end
+  return ("node %s (rank%s %s)"):format(host, #ranks == 1 and "" or "s", list(ranks))
+end
+
 -- The launcher's one-line verdict on a failed job.
-local function verdict(rank, signal, rc)
-  if rank and signal then return ("shard launch: rank %d was killed by %s"):format(rank, signal) end
-  if rank then return ("shard launch: rank %d failed"):format(rank) end
+local function verdict(rank, signal, rc, o, untagged)
+  local layout = M.layout(o)
+  local host = layout and not rank and lost_node(untagged)
+  if host then
+    return ("shard launch: lost %s: mpirun lost its daemon there (the host went down, or the network to it)"):format(node_ranks(layout, host))
+  end
+  local where = layout and rank and layout[rank] and (" on " .. node_ranks(layout, layout[rank])) or ""
+  if rank and signal then return ("shard launch: rank %d was killed by %s%s"):format(rank, signal, where) end
+  if rank then return ("shard launch: rank %d failed%s"):format(rank, where) end
   return ("shard launch: exit code %d"):format(rc)
 end
 
@@ -172,7 +347,7 @@ end
 
 local KIND = { [0] = "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
 
-local function read_records(dir, world)
+local function read_records(dir, world, layout)
   local ffi = require "ffi"
   require "shard.ffi"                        -- declares sh_flight_record
   local recs = {}
@@ -184,26 +359,51 @@ local function read_records(dir, world)
       local buf = ffi.new("uint8_t[?]", #bytes)
       ffi.copy(buf, bytes, #bytes)
       local rec = ffi.cast("sh_flight_record *", buf)
-      if ffi.string(rec.magic, 7) == "shflt01" then
+      if ffi.string(rec.magic, 7) == "shflt02" then
         local groups = {}
         for i = 0, rec.n_groups - 1 do
           local g = rec.groups[i]
           groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = KIND[g.last_kind], size = g.size }
         end
         recs[r] = { groups = groups, wait_state = rec.wait_state, wait_group = ffi.string(rec.wait_group),
-                    wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for }
+                    wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for,
+                    node = ffi.string(rec.node_name) }
       end
     end
   end
   return recs
 end
 
-local function list(ranks) table.sort(ranks); return table.concat(ranks, ",") end
+-- "2,3" on one host; "0,1 on node a, 2 on node b" across hosts.
+local function by_node(ranks, node_of)
+  if not node_of then return list(ranks) end
+  local groups, order = {}, {}
+  for _, r in ipairs(ranks) do
+    local h = node_of[r] or "?"
+    if not groups[h] then groups[h] = {}; order[#order + 1] = h end
+    table.insert(groups[h], r)
+  end
+  table.sort(order, function(a, b) return math.min(unpack(groups[a])) < math.min(unpack(groups[b])) end)
+  local parts = {}
+  for _, h in ipairs(order) do parts[#parts + 1] = list(groups[h]) .. " on node " .. h end
+  return table.concat(parts, ", ")
+end
 
 -- One line naming the rank that never reached (or mismatched) the collective the others
 -- timed out in, as PyTorch's desync debug does; nil when no rank timed out.
-function M.diagnose(dir, world)
+-- Across hosts (layout: rank -> host) ranks are named with their nodes; a node none of whose
+-- ranks left a record (SHARD_FLIGHT_DIR not shared with that host) is said to be unknown
+-- rather than behind, and when every rank reached the collective, the network between the
+-- nodes is named.
+function M.diagnose(dir, world, layout)
   local recs = read_records(dir, world)
+  local node_of
+  if layout then
+    node_of = {}
+    for r = 0, world - 1 do node_of[r] = recs[r] and recs[r].node ~= "" and recs[r].node or layout[r] end
+  end
+  local recorded = {}   -- hosts with at least one record
+  for r = 0, world - 1 do if recs[r] and node_of then recorded[node_of[r]] = true end end
   local stuck
   for r = 0, world - 1 do
     local rec = recs[r]
@@ -211,12 +411,14 @@ function M.diagnose(dir, world)
   end
   if not stuck then return nil end
   local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
-  local waited, behind, other = {}, {}, {}
+  local waited, behind, other, unknown = {}, {}, {}, {}
   local longest = 0
   for r = 0, world - 1 do
     local rec = recs[r]
     local mine = rec and rec.groups[g]
-    if rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind then
+    if not rec and node_of and not recorded[node_of[r]] then
+      unknown[#unknown + 1] = r
+    elseif rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind then
       waited[#waited + 1] = r
       longest = math.max(longest, rec.wait_for)
     elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
@@ -230,11 +432,51 @@ function M.diagnose(dir, world)
   end
   local parts = {}
   if #behind > 0 then
-    parts[#parts + 1] = ("rank%s %s never reached %s #%d on group %s"):format(#behind > 1 and "s" or "", list(behind), kind, n, g)
+    parts[#parts + 1] = ("rank%s %s never reached %s #%d on group %s"):format(#behind > 1 and "s" or "", by_node(behind, node_of), kind, n, g)
   end
   for _, line in ipairs(other) do parts[#parts + 1] = line end
+  if #unknown > 0 then
+    parts[#parts + 1] = ("no flight record from rank%s %s (SHARD_FLIGHT_DIR is not shared with that host)"):format(
+      #unknown > 1 and "s" or "", by_node(unknown, node_of))
+  end
+  local hosts, seen = {}, {}
+  for _, r in ipairs(waited) do
+    local h = node_of and node_of[r]
+    if h and not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
+  end
+  if #parts == 0 and #hosts > 1 then
+    -- everyone arrived and still nothing moved: the data did not get between the nodes
+    table.sort(hosts)
+    return ("ranks %s all reached %s #%d on group %s and timed out after %.3g s: no rank is behind, so its data did not get between them; check the network between nodes %s"):format(
+      by_node(waited, node_of), kind, n, g, longest, table.concat(hosts, " and "))
+  end
   if #parts == 0 then parts[1] = ("no rank is behind %s #%d on group %s"):format(kind, n, g) end
-  return ("%s; rank%s %s waited %.3g s in it"):format(table.concat(parts, "; "), #waited > 1 and "s" or "", list(waited), longest)
+  return ("%s; rank%s %s waited %.3g s in it"):format(table.concat(parts, "; "), #waited > 1 and "s" or "", by_node(waited, node_of), longest)
+end
+
+-- The agent wrapper (see mpirun_command), written into the launch's directory.
+local AGENT = [[#!/bin/sh
+# written by shard launch: runs the remote-shell agent and reports a daemon that ended badly
+host=""
+for a in "$@"; do case $a in -*) ;; *) host=$a; break ;; esac; done
+$SHARD_LAUNCH_AGENT "$@"
+rc=$?
+[ $rc -eq 0 ] || echo "__shard_launch_host_lost=$host $rc" >&2
+exit $rc
+]]
+
+local function write_agent(o)
+  local real = os.getenv("OMPI_MCA_plm_rsh_agent")
+  if not real or real == "" then real = "ssh" end
+  real = real:match("^([^:]-)%s*:") or real            -- "ssh : rsh": the first
+  local path = o.flight_dir .. "/agent.sh"
+  local f = io.open(path, "w")
+  if not f then return end
+  f:write(AGENT)
+  f:close()
+  os.execute("chmod +x " .. quote(path))
+  o.agent = path
+  o.real_agent = real
 end
 
 local function temp_dir()
@@ -253,22 +495,30 @@ function M.main(args)
   local f = io.open(o.file, "r")
   if not f then return fail_usage("cannot open " .. o.file) end
   f:close()
-  local world = o.nproc * o.nnodes
+  local world = world_size(o)
   o.flight_dir = temp_dir()
   if not o.flight_dir then io.stderr:write("shard launch: mktemp -d failed\n"); return 1 end
+  if o.hosts then write_agent(o) end
   local cmd = o.nnodes > 1 and env_command(o) or mpirun_command(o)
+  if o.real_agent then cmd = "env SHARD_LAUNCH_AGENT=" .. quote(o.real_agent) .. " " .. cmd end
   local rc, kept, untagged = stream(cmd, o)
-  local diagnosis = rc ~= 0 and M.diagnose(o.flight_dir, world)
+  local diagnosis = rc ~= 0 and M.diagnose(o.flight_dir, world, M.layout(o))
   for rank = 0, world - 1 do os.remove(("%s/rank%d.flight"):format(o.flight_dir, rank)) end
+  if o.agent then os.remove(o.agent) end
   os.remove(o.flight_dir)
   if rc == 0 then return 0 end
   local r, signal = failed_rank(untagged)
-  io.stderr:write(verdict(r, signal, rc), "\n")
+  io.stderr:write(verdict(r, signal, rc, o, untagged), "\n")
+  if o.stopped then
+    io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
+  end
   if diagnosis then io.stderr:write("shard launch: ", diagnosis, "\n") end
   if r and kept[r] and (o.all == false and r ~= 0) then
     for _, line in ipairs(kept[r]) do io.stderr:write("[rank ", r, "] ", line, "\n") end
   elseif not r and #untagged > 0 then
-    for _, line in ipairs(untagged) do io.stderr:write(line, "\n") end
+    for _, line in ipairs(untagged) do
+      if not line:find("^__shard_launch") then io.stderr:write(line, "\n") end
+    end
   end
   return rc ~= 0 and rc or 1
 end

@@ -11,7 +11,8 @@
 -- limit_all_gathers), reduces_in_flight = N flat grads reducing at once (default 2).
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
--- groups of hybrid_group ranks, all-reduce across the groups).
+-- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
+-- all-reduce across the groups).
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
@@ -36,19 +37,37 @@ fsdp.STRATEGIES = STRATEGIES
 function fsdp.world() return comm.world() end
 
 local mesh_cache = {}
--- Shard and replicate groups for hybrid sharding with groups of G consecutive ranks.
+-- Shard and replicate groups for hybrid sharding. G ranks: shard groups of G consecutive
+-- ranks, replicate groups of the ranks at the same place in each. G = "node": a shard group
+-- is the ranks of one node, wherever the launcher numbered them (mpirun --map-by node, srun's
+-- cyclic distribution), and a replicate group the ranks with the same local rank, one per
+-- node, so that only the all-reduce crosses nodes.
 local function hybrid_mesh(G)
   if mesh_cache[G] then return mesh_cache[G] end
   local w = fsdp.world()
   local rank, size = w:rank(), w:size()
-  if G < 1 or size % G ~= 0 then
+  local mesh
+  if G == "node" then
+    if not w:nodes_uniform() then
+      error(("fsdp: hybrid_group = \"node\" needs the same number of ranks on every node; rank %d's node %s (%d of %d) runs %d of the world's %d"):format(
+        rank, w:node_name(), w:node(), w:nodes(), w:local_size(), size), 0)
+    end
+    local node, lr = w:node(), w:local_rank()
+    mesh = { shard = w:split_node(("shard group node %d (%s)"):format(node, w:node_name())),
+             replicate = w:split(lr, node, ("replicate group local rank %d"):format(lr)) }
+  elseif type(G) ~= "number" or G < 1 or G % 1 ~= 0 then
+    error(("fsdp: hybrid_group is %s; expected \"node\" or a whole number of ranks (rank %d)"):format(
+      type(G) == "string" and ("'" .. G .. "'") or tostring(G), rank), 0)
+  elseif size % G ~= 0 then
     error(("fsdp: world size %d is not a multiple of the hybrid group size %d (rank %d)"):format(size, G, rank), 0)
+  else
+    mesh = { shard = w:split(math.floor(rank / G), rank % G, ("shard group %d"):format(math.floor(rank / G))),
+             replicate = w:split(rank % G, math.floor(rank / G), ("replicate group %d"):format(rank % G)) }
   end
-  local shard_group = w:split(math.floor(rank / G), rank % G, ("shard group %d"):format(math.floor(rank / G)))
-  local replicate = w:split(rank % G, math.floor(rank / G), ("replicate group %d"):format(rank % G))
-  mesh_cache[G] = { shard = shard_group, replicate = replicate }
-  return mesh_cache[G]
+  mesh_cache[G] = mesh
+  return mesh
 end
+fsdp.hybrid_mesh = hybrid_mesh
 
 ---------------------------------------------------------------------------------------------
 -- the unit
@@ -103,7 +122,7 @@ function Unit:init(module, name, opts, root)
   end
   local group, replicate = fsdp.world(), nil
   if self.mode.hybrid then
-    local mesh = hybrid_mesh(opts.hybrid_group or fsdp.world():size())
+    local mesh = hybrid_mesh(opts.hybrid_group or "node")
     group, replicate = mesh.shard, mesh.replicate
   end
   self.group, self.replicate = group, replicate
