@@ -4,8 +4,9 @@
 -- Every override must name a key of the defaults and match its type: a typo such as --lr_=1
 -- is an error listing the known keys, never a silently ignored setting. A default decides
 -- the type: numbers take numbers, booleans take true/false (a bare --flag means true),
--- strings take the text as written. A default that is a whole number takes whole numbers
--- only, and a non-negative one refuses negative values. An argument that is not --key=value
+-- strings take the text as written. A count (a whole-number default whose key is named like
+-- one: n_layer, max_iters, eval_interval, batch_size, seed, ...) takes whole numbers only, and
+-- a non-negative default refuses negative values. An argument that is not --key=value
 -- (`max_iters=5`) is an error too, once the recipe asks for its config.
 --
 -- Every recipe also understands --help (its first comment line, then each key with its
@@ -95,12 +96,21 @@ local function sorted_keys(t)
   return keys
 end
 
+-- Lua has one number type, so a default of 1 cannot say whether 0.5 is meant: keys named
+-- like counts (n_layer, max_iters, eval_interval, batch_size, seed, ...) take whole numbers.
+local COUNT_PATTERNS = { "^n_", "^num_", "^max_", "_iters$", "_interval$", "_size$", "_tokens$", "_steps?$",
+                         "^steps?$", "^seed$", "^keep$", "^warmup", "accum", "^world", "^epochs?$", "_layers?$", "_heads?$" }
+local function is_count(key)
+  for _, pat in ipairs(COUNT_PATTERNS) do if key:find(pat) then return true end end
+  return false
+end
+
 local function convert(key, raw, default)
   local kind = type(default)
   if kind == "number" then
     local v = tonumber(raw)
     if not v or v ~= v then usage("config: --%s expects a number, got '%s'", key, raw) end
-    local whole = default == math.floor(default)
+    local whole = default == math.floor(default) and is_count(key)
     if whole and v ~= math.floor(v) then usage("config: --%s expects a whole number (its default is %s), got '%s'", key, tostring(default), raw) end
     if default >= 0 and v < 0 then usage("config: --%s must not be negative, got '%s'", key, raw) end
     return v

@@ -404,10 +404,23 @@ function M.diagnose(dir, world, layout)
   end
   local recorded = {}   -- hosts with at least one record
   for r = 0, world - 1 do if recs[r] and node_of then recorded[node_of[r]] = true end end
-  local stuck
+  -- The collective most waiting ranks are in (ties: the longest wait) is the reference; a
+  -- rank waiting in another one is then the one out of step, not the other way round.
+  local votes = {}
   for r = 0, world - 1 do
     local rec = recs[r]
-    if rec and rec.wait_state == 2 and (not stuck or rec.wait_for > stuck.wait_for) then stuck = rec end
+    if rec and rec.wait_state >= 1 then
+      local key = ("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind))
+      votes[key] = (votes[key] or 0) + 1
+    end
+  end
+  local stuck, best
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec and rec.wait_state == 2 then
+      local v = votes[("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind))]
+      if not stuck or v > best or (v == best and rec.wait_for > stuck.wait_for) then stuck, best = rec, v end
+    end
   end
   if not stuck then return nil end
   local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
