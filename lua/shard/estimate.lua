@@ -75,11 +75,16 @@ local function step_peak(cfg, n_layer, batch, dtype)
     g:free()
   end
   local x = shard.zeros({ batch, c.block_size }, { dtype = "i64" })
+  -- the collector would free earlier garbage at a moment of its choosing, inside or outside
+  -- the measured step: collect first, then hold it off for the step
+  collectgarbage()
+  collectgarbage("stop")
   shard.memory.reset_peak()
   local base = shard.memory.stats().allocated
   local loss = model(x, x)
   loss:backward()
   local peak = shard.memory.stats().peak - base
+  collectgarbage("restart")
   loss:free(); x:free()
   for _, t in ipairs(model:parameters()) do t:free() end
   return peak
