@@ -15,9 +15,14 @@ local O = {}
 -- in nanoGPT, only tensors of 2 or more dims are decayed.
 local function collect(params)
   if type(params) == "table" and params.optim_groups then return params:optim_groups() end
+  if type(params) ~= "table" then error("optim: expected a model or a list of tensors, got " .. type(params), 4) end
   local list = params.parameters and params:parameters() or params
   local out = {}
-  for _, t in ipairs(list) do
+  for i, t in ipairs(list) do
+    if not tensor.is_tensor(t) then error(("optim: parameter %d is not a tensor (%s)"):format(i, type(t)), 4) end
+    if t:is_freed() then
+      error(("optim: parameter %d (%s) was freed; build the optimizer over a live model"):format(i, t:describe()), 4)
+    end
     if t.p.requires_grad ~= 0 then out[#out + 1] = { tensor = t, decay = t:dim() >= 2 } end
   end
   return out
