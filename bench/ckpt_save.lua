@@ -18,7 +18,7 @@ local function build()
 end
 
 local function du(path)
-  local p = io.popen("du -sb " .. path .. " 2>/dev/null")
+  local p = io.popen("du -sb " .. require("shard.ffi").shell_quote(path) .. " 2>/dev/null")
   local n = tonumber((p:read("*l") or ""):match("^(%d+)")) or 0
   p:close()
   return n

@@ -430,12 +430,21 @@ end
 -- export
 
 local function mkdir(path)
-  local ok = os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''")))
-  if ok ~= 0 and ok ~= true then error("hf: cannot create directory " .. path, 0) end
+  local C = require("shard.ffi").C
+  if C.sh_ckpt_mkdirs(path) ~= 0 then error("hf: cannot create directory " .. path .. ": " .. require("ffi").string(C.sh_last_error()), 0) end
+end
+
+-- A temporary name beside path that no other process uses: this process's pid and a count
+-- (not math.random, which gives every process the same sequence).
+pcall(ffi.cdef, "int getpid(void);")
+local temps = 0
+local function temp_name(path)
+  temps = temps + 1
+  return ("%s.tmp.%d.%d"):format(path, ffi.C.getpid(), temps)
 end
 
 local function write_atomic(path, text)
-  local tmp = path .. ".tmp." .. tostring(os.time()) .. tostring(math.random(1e9))
+  local tmp = temp_name(path)
   local f, err = io.open(tmp, "wb")
   if not f then error(("hf: cannot write %s: %s"):format(tmp, tostring(err)), 0) end
   f:write(text)
@@ -506,7 +515,7 @@ function M.export(model, dir)
       local fresh = not present(dir)
       local target = dir
       if fresh then
-        target = dir .. ".tmp." .. tostring(os.time()) .. tostring(math.random(1e9))
+        target = temp_name(dir)
       end
       mkdir(target)
       local wok, werr = pcall(function()
