@@ -154,3 +154,30 @@ if cfg.sample_tokens > 0 then   -- every rank runs it: a sharded model's forward
     print(tok.decode(out:tolist()[1]))
   end
 end
+
+-- One machine-readable line for shard sweep: `metrics {json}` on rank 0. peak_bytes is the
+-- largest allocator peak over the ranks (the whole run: training, evaluation, sampling).
+-- Bytes per step come from one more forward and backward after everything else, counted
+-- alone (the loop's counters would mix in evaluation and sampling): the collectives a
+-- training step issues, which the optimizer step adds none to. Its gradients are dropped,
+-- so the model is left as trained.
+do
+  local comm = shard.comm
+  local group = comm.world()
+  local x, y = train:next()
+  comm.reset_counts()
+  local loss = model(x, y)
+  loss:backward()
+  if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
+  local counts, bytes = comm.counts(), {}
+  local total = 0
+  for kind in pairs(counts) do bytes[kind] = comm.bytes(kind); total = total + bytes[kind] end
+  opt:zero_grad(true)
+  loss:free(); x:free(); y:free()
+  local peak = shard.tensor({ shard.memory.stats(env.device).peak }, { dtype = "f64" })
+  group:all_reduce(peak, "max")
+  local fields = { world = env.world, strategy = cfg.strategy, peak_bytes = peak:get({ 1 }),
+                   comm_bytes_per_step = total, comm_bytes_by_kind = bytes, collectives_per_step = counts }
+  peak:free()
+  if env.rank == 0 then print("metrics " .. require("cjson").encode(fields)); io.stdout:flush() end
+end

@@ -1,8 +1,9 @@
 #!/bin/sh
 # make deps: installs the Debian packages that building and testing shard need, only those
 # missing; silent when everything is there. pkg-config finds LuaJIT's flags for the Makefile;
-# g++ compiles kernels/*.cu against the CUDA emulator (tests/cuda_emu) for make test.
-PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config"
+# g++ compiles kernels/*.cu against the CUDA emulator (tests/cuda_emu) for make test;
+# gnuplot (without X) draws shard sweep's PNG plots.
+PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox"
 
 missing=""
 for p in $PACKAGES; do

@@ -12,6 +12,9 @@ usage: shard <command> [args]
                                        timeout, default 600 or SHARD_COMM_TIMEOUT)
   bench ...                            benchmarks
   estimate [--key=value ...]           per-rank memory of a GPT under FSDP
+  sweep FILE.lua [--out DIR] [...]     run a benchmark sweep: each point its own process, results
+                                       appended to JSONL (a rerun skips done points), then a
+                                       Markdown/CSV table and gnuplot PNGs (sweep --help)
   --version                            print the version
   help                                 this text
 
@@ -93,6 +96,7 @@ local COMMANDS = {
   launch = function(args) return delegate("launch", args) end,
   bench = function(args) return delegate("bench", args) end,
   estimate = function(args) return delegate("estimate", args) end,
+  sweep = function(args) return delegate("sweep", args) end,
 }
 
 function M.main(argv)
