@@ -10,7 +10,7 @@
 --     points = { { strategy = "none", world = 1 } },-- and/or an explicit list
 --     skip = function(p) return false end,          -- leave a point out
 --     env = { OMP_NUM_THREADS = 1 },                -- environment of every point
---     timeout = 300,                                -- seconds per point (default 600)
+--     timeout = 300,                                -- seconds per point (default 600), or function(p)
 --     metrics = { "peak_bytes", { "tokens_per_s", reduce = "median" } },
 --     estimate = function(p) return { n_layer = 4, ..., world = p.world } end,  -- shard estimate's options
 --     plots = { { x = "world", y = "tokens_per_s", by = "strategy" },
@@ -21,8 +21,9 @@
 -- through `shard launch --nproc N` when above 1. Each point is its own process under
 -- timeout(1). Metrics come from the point's output: the last `metrics {json}` line (dotted
 -- names reach inside it) and the `iter N | name value | ...` log lines (the last value, or
--- reduce = "median" / "mean" / "max" over the windows after the first, which holds warm-up);
--- a metric may also be a function(output, point).
+-- reduce = "median" / "mean" / "max" over the windows after the first, which holds warm-up),
+-- then lines that are just `name number` (the benches' output); a metric may also be
+-- { name, fn = function(output, point) return value end }.
 --
 -- Results go to OUT/results.jsonl (OUT = out/sweeps/NAME unless --out), one record per point
 -- as it finishes: the settings, status ("ok", "failed", "timeout") with the error, metrics,
@@ -71,7 +72,9 @@ function M.load(file)
   f:close()
   spec.settings = spec.settings or {}
   spec.timeout = spec.timeout or 600
-  if type(spec.timeout) ~= "number" or spec.timeout <= 0 then fail("timeout must be a positive number of seconds") end
+  if type(spec.timeout) ~= "function" and (type(spec.timeout) ~= "number" or spec.timeout <= 0) then
+    fail("timeout must be a positive number of seconds or a function(point) returning one")
+  end
   spec.metrics = spec.metrics or {}
   spec.plots = spec.plots or {}
   spec.env = spec.env or {}
@@ -191,6 +194,14 @@ end
 ---------------------------------------------------------------------------------------------
 -- running one point
 
+-- A point's time limit in seconds (spec.timeout may be a function of the point).
+function M.timeout(spec, point)
+  local t = spec.timeout
+  if type(t) == "function" then t = t(point) end
+  if type(t) ~= "number" or t <= 0 then fail("timeout for %s: expected a positive number of seconds, got %s", M.key(spec, point), tostring(t)) end
+  return t
+end
+
 -- The shell command line of a point (every piece quoted), its output going to log.
 function M.command(spec, point, log)
   local exe = require("shard.launch").shard_exe()
@@ -199,7 +210,7 @@ function M.command(spec, point, log)
     if not tostring(k):match("^[%a_][%w_]*$") then fail("env: %s is not a variable name", tostring(k)) end
     parts[#parts + 1] = quote(k .. "=" .. value_text(spec.env[k]))
   end
-  parts[#parts + 1] = "timeout -k 10 " .. quote(value_text(spec.timeout))
+  parts[#parts + 1] = "timeout -k 10 " .. quote(value_text(M.timeout(spec, point)))
   parts[#parts + 1] = quote(exe)
   if point.world > 1 then
     parts[#parts + 1] = "launch --nproc " .. quote(value_text(point.world))
@@ -233,9 +244,11 @@ local REDUCE = {
 -- The metrics named in the spec, from a point's output. Returns the table and the names of
 -- those not found.
 function M.parse_metrics(spec, output, point)
-  local json, log = nil, {}
+  local json, log, plain = nil, {}, {}
   for line in output:gmatch("[^\n]+") do
     local body = line:match("^metrics (%b{})%s*$")
+    local pname, pvalue = line:match("^([%a_][%w_%.]*) (%S+)%s*$")
+    if pname and tonumber(pvalue) then plain[pname] = tonumber(pvalue) end
     if body then
       local ok, t = pcall(cjson.decode, body)
       if ok and type(t) == "table" then json = t end
@@ -269,6 +282,7 @@ function M.parse_metrics(spec, output, point)
         end
         v = REDUCE[reduce](values)
       end
+      if v == nil then v = plain[s.name] end
     end
     if v == nil then missing[#missing + 1] = s.name else out[s.name] = v end
   end
@@ -355,7 +369,7 @@ function M.run_point(spec, point, log)
                 date = os.date("!%Y-%m-%dT%H:%M:%SZ") }
   if rc == 124 or rc == 137 then
     rec.status = "timeout"
-    rec.error = ("timed out after %s s"):format(value_text(spec.timeout))
+    rec.error = ("timed out after %s s"):format(value_text(M.timeout(spec, point)))
   elseif rc ~= 0 then
     rec.status = "failed"
     rec.error = ("exit %d: %s"):format(rc, last_lines(output, 3))
@@ -650,8 +664,7 @@ function M.main(args)
       if o.force or not r or (o.retry_failed and r.status ~= "ok") then todo[#todo + 1] = { index = i, point = p } end
     end
     local skipped = #points - #todo
-    print(("sweep %s: %d points, %d done before, %d to run (timeout %s s each) -> %s"):format(
-      spec.name, #points, skipped, #todo, value_text(spec.timeout), results))
+    print(("sweep %s: %d points, %d done before, %d to run -> %s"):format(spec.name, #points, skipped, #todo, results))
     io.stdout:flush()
     local t0, spent, failed = now(), 0, 0
     for n, job in ipairs(todo) do
