@@ -29,7 +29,7 @@
 -- as it finishes: the settings, status ("ok", "failed", "timeout") with the error, metrics,
 -- seconds, command, git revision, machine and date. A point is known by its command line: a
 -- rerun skips every point recorded before (--retry-failed runs failed and timed-out ones
--- again, --force all of them). At the end OUT/table.md, OUT/table.csv and one PNG per plot
+-- again, --force all of them); a point stopped by Ctrl-C is not recorded and ends the run. At the end OUT/table.md, OUT/table.csv and one PNG per plot
 -- (gnuplot; skipped with a note when it is not installed).
 local cjson = require "cjson"
 local rt = require "shard.ffi"
@@ -672,6 +672,10 @@ function M.main(args)
       local slug = describe_point(p, columns):gsub("[^%w_=%.%-]+", "_"):sub(1, 80)
       local log = ("%s/logs/%03d-%s.log"):format(out, job.index, slug)
       local rec = M.run_point(spec, p, log)
+      if rec.exit == 130 then   -- Ctrl-C (SIGINT): the point is not done; stop here, unrecorded
+        print(("[%d/%d] %s: interrupted; stopping (a rerun starts here)"):format(skipped + n, #points, describe_point(p, columns)))
+        break
+      end
       M.append(results, rec)
       records[#records + 1] = rec
       spent = spent + rec.seconds
