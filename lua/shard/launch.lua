@@ -339,6 +339,11 @@ local function verdict(rank, signal, rc, o, untagged)
   local where = layout and rank and layout[rank] and (" on " .. node_ranks(layout, layout[rank])) or ""
   if rank and signal then return ("shard launch: rank %d was killed by %s%s"):format(rank, signal, where) end
   if rank then return ("shard launch: rank %d failed%s"):format(rank, where) end
+  -- no rank named but mpirun died of a signal: Open MPI's own teardown (seen when a host's
+  -- network is cut: PMIx_Finalize in mpirun faults while its daemon there is unreachable)
+  if rc > 128 and rc < 160 then
+    return ("shard launch: mpirun itself ended on signal %d while stopping the job (exit code %d)"):format(rc - 128, rc)
+  end
   return ("shard launch: exit code %d"):format(rc)
 end
 
