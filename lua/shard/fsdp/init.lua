@@ -78,16 +78,62 @@ fsdp.Unit = Unit
 local function is_unit(m) return rawget(m, "fsdp_unit") == true end
 
 -- Parameters the module holds outside any unit below it, in registration order (tied ones
--- appear once per holder; the FlatParameter stores a repeated tensor once).
+-- appear once per holder; the FlatParameter stores a repeated tensor once), and those a unit
+-- below left to its ancestors because one of their users lies outside it.
 local function own_params(module, out)
   out = out or {}
   for _, p in ipairs(module._params) do
     out[#out + 1] = p.tensor
   end
   for _, c in ipairs(module._children) do
-    if not is_unit(c.module) then own_params(c.module, out) end
+    if not is_unit(c.module) then own_params(c.module, out)
+    else for _, t in ipairs(c.module.left or {}) do out[#out + 1] = t end end
   end
   return out
+end
+
+-- Shared parameters. Every user of each parameter tensor: the modules that register it and
+-- the ties a module declares (Module:tie, as GPT's lm_head on wte's weight), each as
+-- { at = the module's path, name = the user's dotted name }. A unit keeps a parameter only
+-- when all its users lie inside the unit's module; otherwise the parameter goes up to the
+-- closest unit that holds them all (the root at worst), which stays gathered while any of
+-- them runs: one FlatParameter, one copy, one gradient that both users accumulate into.
+local function param_users(module, prefix, users)
+  users = users or {}
+  local function add(t, at, name)
+    local list = users[t]
+    if not list then list = {}; users[t] = list end
+    list[#list + 1] = { at = at, name = name }
+  end
+  local function dotted(a, b) return a == "" and b or (a .. "." .. b) end
+  for _, p in ipairs(module._params) do add(p.tensor, prefix, dotted(prefix, p.name)) end
+  for _, tie in ipairs(rawget(module, "_ties") or {}) do add(tie.tensor, prefix, dotted(prefix, tie.name)) end
+  for _, c in ipairs(module._children) do
+    local inner = is_unit(c.module) and c.module.module or c.module
+    param_users(inner, dotted(prefix, c.name), users)
+  end
+  return users
+end
+
+local function inside(at, name)
+  return name == "" or at == name or at:sub(1, #name + 1) == name .. "."
+end
+
+-- Splits a would-be unit's parameters into those it keeps and those it leaves to an ancestor.
+local function split_shared(params, name, users)
+  local keep, left, seen = {}, {}, {}
+  for _, t in ipairs(params) do
+    local escapes = false
+    for _, u in ipairs(users[t] or {}) do
+      if not inside(u.at, name) then escapes = true; break end
+    end
+    if escapes then
+      if not seen[t] then seen[t] = true; left[#left + 1] = t end
+    else
+      keep[#keep + 1] = t
+    end
+  end
+  return keep, left
 end
 
 local function param_names(module, prefix, out)
@@ -102,8 +148,9 @@ local function param_names(module, prefix, out)
   return out
 end
 
-function Unit:init(module, name, opts, root)
+function Unit:init(module, name, opts, root, params, left)
   self.fsdp_unit = true
+  self.left = left
   self:child("module", module)
   -- a unit stands where its module stood: fields it does not have come from the module
   local mt = {}
@@ -126,7 +173,7 @@ function Unit:init(module, name, opts, root)
     group, replicate = mesh.shard, mesh.replicate
   end
   self.group, self.replicate = group, replicate
-  self.params = own_params(module)
+  self.params = params or own_params(module)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
   local mp = opts.mixed_precision or {}
@@ -225,16 +272,35 @@ local function wants_unit(policy, module, name, unwrapped)
   return r
 end
 
+-- A unit wrapped on its own before (manual nesting) has already flattened its parameters: one
+-- that a module outside it also uses cannot move up any more, so wrap refuses, naming both.
+local function refuse_split(u, at, users)
+  for _, t in ipairs(u.params) do
+    local list, inner, outer = users[t] or {}, nil, nil
+    for _, x in ipairs(list) do
+      if inside(x.at, at) then inner = inner or x.name else outer = outer or x.name end
+    end
+    if inner and outer then
+      error(("fsdp.wrap: parameter %s is used by %s inside the unit %s, wrapped on its own before, and by %s outside it; " ..
+             "wrap the model once with a policy (the parameter then stays with the closest unit over both users), " ..
+             "or wrap a module that holds both"):format(inner, inner, at, outer), 0)
+    end
+  end
+end
+
 -- Post-order walk: children first, so a policy sees how many parameters are still unwrapped.
-local function apply_policy(module, name, policy, opts, units)
+local function apply_policy(module, name, policy, opts, units, users)
   local unwrapped = 0
   for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
   for _, c in ipairs(module._children) do
     local child_name = name == "" and c.name or (name .. "." .. c.name)
     if is_unit(c.module) then
-      for _, u in ipairs(c.module.all_units or { c.module }) do units[#units + 1] = u end
+      for _, u in ipairs(c.module.all_units or { c.module }) do
+        refuse_split(u, child_name, users)
+        units[#units + 1] = u
+      end
     else
-      local n, wrapped = apply_policy(c.module, child_name, policy, opts, units)
+      local n, wrapped = apply_policy(c.module, child_name, policy, opts, units, users)
       if wrapped then
         module:replace_child(c.name, wrapped)
       else
@@ -244,11 +310,34 @@ local function apply_policy(module, name, policy, opts, units)
   end
   -- containers that are never called (ModuleList) cannot hook a forward, so never become units
   if name ~= "" and policy and not module.container and wants_unit(policy, module, name, unwrapped) then
-    local u = Unit(module, name, opts, nil)
+    local keep, left = split_shared(own_params(module), name, users)
+    local u = Unit(module, name, opts, nil, keep, left)
     units[#units + 1] = u
     return 0, u
   end
   return unwrapped, nil
+end
+
+-- Every parameter with more than one user: its name, its users' names and the unit that
+-- holds it (what fsdp.summary prints under the table).
+local function shared_report(root, users)
+  local owner = {}
+  for _, u in ipairs(root.all_units) do
+    for _, t in ipairs(u.params) do owner[t] = owner[t] or u end
+  end
+  local out = {}
+  for _, u in ipairs(root.all_units) do
+    for _, t in ipairs(u.params) do
+      local list = users[t]
+      if owner[t] == u and list and #list > 1 then
+        owner[t] = false
+        local names = {}
+        for i, x in ipairs(list) do names[i] = x.name end
+        out[#out + 1] = { name = root.names[t], users = names, unit = u.name == "" and "(root)" or u.name }
+      end
+    end
+  end
+  return out
 end
 
 -- A schedule limit: a whole number >= least, default when absent.
@@ -279,7 +368,8 @@ function fsdp.wrap(model, opts)
   if opts.sync_module_states then fsdp.sync_module_states(model) end
   if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
   local units = {}
-  apply_policy(model, "", opts.policy, opts, units)
+  local users = param_users(model, "")
+  apply_policy(model, "", opts.policy, opts, units, users)
   local root = Unit(model, "", opts, nil)
   root.units = units
   for _, u in ipairs(units) do u.root = root end
@@ -289,6 +379,7 @@ function fsdp.wrap(model, opts)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
+  root.shared = shared_report(root, users)
   fsdp.init_shards(root, recipes)
   return root
 end
@@ -413,6 +504,9 @@ function fsdp.summary(root)
     local i = u.info
     lines[#lines + 1] = ("%-28s %12d %12d %8d  %s"):format(u.name == "" and "(root)" or u.name,
       i.numel, i.shard_numel, i.padding, u.strategy)
+  end
+  for _, sh in ipairs(root.shared or {}) do
+    lines[#lines + 1] = ("shared %s (used by %s) is held by %s"):format(sh.name, table.concat(sh.users, ", "), sh.unit)
   end
   return table.concat(lines, "\n")
 end
