@@ -13,11 +13,15 @@
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
 -- all-reduce across the groups).
+-- Shared parameters stay with the closest unit over all their users (split_shared below).
+-- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
+-- unit's collectives and name a unit some ranks skipped, instead of failing inside MPI.
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
 local comm = require "shard.comm"
 local flatparam = require "shard.flatparam"
+local shard_tensor = require "shard.tensor"
 
 local fsdp = { policy = require "shard.fsdp.policy" }
 
@@ -196,8 +200,61 @@ function Unit:reshard()
   if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
 end
 
+-- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
+-- the same units in the same order: a unit skipped on some ranks (a branch, an expert that got
+-- no tokens) leaves the others in an all-gather or a reduce-scatter the skipping ranks never
+-- issue, which MPI reports as a truncated message or never returns. With the check, before
+-- each unit's forward, pre-backward and post-backward (the points where its collectives are
+-- issued) the ranks exchange (phase, unit, step) on a communicator of their own, where every
+-- message has the same size, so a divergence is named at once on every rank, before any
+-- collective of the model's waits. It costs one small blocking all-gather per unit and phase.
+local PHASES = { "forward", "pre-backward", "post-backward" }
+
+local function unit_label(root, uid)
+  local u = root.all_units[uid + 1]
+  return ("unit %d (%s)"):format(uid, u and (u.name == "" and "root" or u.name) or "?")
+end
+
+local function check_schedule(self, phase)
+  local root = self.root
+  local g = root.check_group
+  if not g then return end
+  local mine = root.check_mine
+  mine:fill_(0)
+  local tag = { phase, self.uid, root.step }
+  for i = 1, 3 do mine:set({ i }, tag[i]) end
+  g:all_gather(root.check_all, mine)
+  local all, n = root.check_all:tolist_flat(), g:size()
+  local same = true
+  for r = 1, n - 1 do
+    for i = 1, 3 do if all[3 * r + i] ~= all[i] then same = false end end
+  end
+  if same then return end
+  -- the rank(s) earliest in the step (step, then phase) name the unit the others skipped
+  local function key(r) return all[3 * r + 3] * 10 + all[3 * r + 1] end
+  local first = 0
+  for r = 1, n - 1 do if key(r) < key(first) then first = r end end
+  local at, others, where = {}, {}, {}
+  for r = 0, n - 1 do
+    local same_tag = all[3 * r + 1] == all[3 * first + 1] and all[3 * r + 2] == all[3 * first + 2] and all[3 * r + 3] == all[3 * first + 3]
+    if same_tag then at[#at + 1] = r else others[#others + 1] = r end
+    where[#where + 1] = ("rank %d: step %d, %s of %s"):format(r, all[3 * r + 3], PHASES[all[3 * r + 1]], unit_label(root, all[3 * r + 2]))
+  end
+  local ph, uid, step = all[3 * first + 1], all[3 * first + 2], all[3 * first + 3]
+  A.clear()    -- the step is abandoned: a caller that goes on starts from an empty tape
+  root.pending_reduces = {}
+  local verb = ph == 1 and "ran its forward" or (ph == 2 and "began its backward" or "produced its gradient")
+  error(("fsdp: %s %s on rank%s %s but not on rank%s %s at step %d: every rank must run the same units in " ..
+         "the same order (a unit used on some ranks only must still be called on the others, e.g. on an " ..
+         "empty batch or with its output times 0). Where each rank is: %s"):format(
+    unit_label(root, uid), verb, #at > 1 and "s" or "", table.concat(at, ", "), #others > 1 and "s" or "",
+    table.concat(others, ", "), step, table.concat(where, "; ")), 0)
+end
+
 function Unit:forward(...)
   local root = self.root
+  if self == root then root.step = (root.step or 0) + 1 end
+  check_schedule(self, 1)
   if self == root then root.recording_order = root.order == nil; root.order = root.order or {} end
   local order = root.order
   if root.recording_order then order[#order + 1] = self; self.index = #order end
@@ -221,6 +278,7 @@ function Unit:forward(...)
 end
 
 function Unit:pre_backward()
+  check_schedule(self, 2)
   self:unshard()
   if self.fp then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
@@ -248,6 +306,7 @@ end
 function Unit:post_backward()
   local root = self.root
   root.pending_reduces = root.pending_reduces or {}
+  check_schedule(self, 3)
   if self.fp then
     wait_reduces(root, root.reduces_in_flight - 1)
     self.fp:reduce_grad_start("avg", self.replicate)
@@ -379,6 +438,15 @@ function fsdp.wrap(model, opts)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
+  for i, u in ipairs(root.all_units) do u.uid = i - 1 end
+  local check = opts.check_schedule
+  if check == nil then check = os.getenv("SHARD_FSDP_CHECK") == "1" end
+  if check and fsdp.world():size() > 1 then
+    local w = fsdp.world()
+    root.check_group = w:split(0, w:rank(), "fsdp schedule check")
+    root.check_mine = shard_tensor.zeros({ 3 }, { dtype = "f64", device = "cpu" })
+    root.check_all = shard_tensor.zeros({ 3 * w:size() }, { dtype = "f64", device = "cpu" })
+  end
   root.shared = shared_report(root, users)
   fsdp.init_shards(root, recipes)
   return root
