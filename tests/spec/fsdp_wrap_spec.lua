@@ -123,3 +123,32 @@ describe("fsdp.wrap with shared parameters", function()
     assert.is_truthy(tostring(err):find("and by a.weight outside it", 1, true), err)
   end)
 end)
+
+-- nn.global_loss (issue 19, item 3) in one process; tests/mpi/loss_global.lua runs it on
+-- several ranks with accumulation against one process.
+describe("nn.global_loss", function()
+  it("weighs each micro-batch's mean by its share of the valid target tokens", function()
+    local y1 = shard.tensor({ { 1, 2, -1, -1 } }, { dtype = "i64" })     -- 2 valid
+    local y2 = shard.tensor({ { 3, 4, 5, 6 } }, { dtype = "i64" })       -- 4 valid
+    local y3 = shard.tensor({ { -1, -1, -1, -1 } }, { dtype = "i64" })   -- none
+    local gl = nn.global_loss({ y1, y2, y3 })
+    assert.same({ 2, 4, 0 }, gl.counts)
+    assert.equal(6, gl.tokens)
+    local function scaled(v, i) local t = shard.tensor({ v }); local s = gl:scale(t, i); local r = s:tolist_flat()[1]; t:free(); s:free(); return r end
+    assert.is_true(math.abs(scaled(3, 1) - 1) < 1e-6)        -- 3 * 2 / 6
+    assert.is_true(math.abs(scaled(3, 2) - 2) < 1e-6)        -- 3 * 4 / 6
+    assert.equal(0, scaled(3, 3))
+    assert.is_true(math.abs(gl:mean(3) - 3) < 1e-12)
+  end)
+
+  it("refuses a tensor where a list belongs, and an index outside the list", function()
+    local y = shard.tensor({ { 1, 2 } }, { dtype = "i64" })
+    local ok, err = pcall(nn.global_loss, y)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("one tensor (wrap it in { })", 1, true), err)
+    local gl = nn.global_loss({ y })
+    ok, err = pcall(gl.scale, gl, shard.tensor({ 1 }), 2)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("micro-batch index out of range 1..1", 1, true), err)
+  end)
+end)
