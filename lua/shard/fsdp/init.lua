@@ -207,7 +207,9 @@ end
 -- each unit's forward, pre-backward and post-backward (the points where its collectives are
 -- issued) the ranks exchange (phase, unit, step) on a communicator of their own, where every
 -- message has the same size, so a divergence is named at once on every rank, before any
--- collective of the model's waits. It costs one small blocking all-gather per unit and phase.
+-- collective of the model's waits. It costs one small blocking all-gather per unit and phase
+-- (and they show in shard.comm's process-wide counts). The step it names counts the root's
+-- forward calls, evaluation ones included.
 local PHASES = { "forward", "pre-backward", "post-backward" }
 
 local function unit_label(root, uid)
