@@ -5,6 +5,8 @@
 -- Checkpoints (shard.checkpoint, in OUT_DIR/ckpt): --save_interval=N saves every N steps
 -- (--async_save writes them from a background thread), --keep=K keeps the newest K,
 -- --resume continues from the latest one (at any world size or strategy).
+-- --grad_accum=K: K micro-batches of batch_size per step; the loss of a step is the mean over
+-- every target token of every micro-batch of every rank (shard.nn.global_loss).
 local shard = require "shard"
 local nn, optim, data = shard.nn, shard.optim, shard.data
 
@@ -26,9 +28,10 @@ local cfg = shard.config{
   lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
-  save_interval = 0, keep = 0, resume = false, async_save = false,
+  save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
 }
 
+if cfg.grad_accum < 1 then error(("--grad_accum=%d: expected at least 1 micro-batch per step"):format(cfg.grad_accum), 0) end
 local env = shard.init{ device = cfg.device }
 shard.manual_seed(cfg.seed)
 
@@ -111,7 +114,7 @@ if cfg.resume then
   end
 end
 
-local tokens_per_iter = cfg.batch_size * cfg.block_size
+local tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
 local timer = require("shard.timer")
 local window_start, window_iters = timer.now(), 0
 for it = start, cfg.max_iters do
@@ -122,20 +125,29 @@ for it = start, cfg.max_iters do
   end
   if it == cfg.max_iters then break end
   opt:set_lr(lr_at(it))
-  local x, y = train:next()
-  local loss = model(x, y)
-  loss:backward()
+  local xs, ys = {}, {}
+  for i = 1, cfg.grad_accum do xs[i], ys[i] = train:next() end
+  -- each micro-batch's mean loss weighted by its share of the step's target tokens on all
+  -- ranks, so the gradient is that of the whole global batch whatever each one holds
+  local gl = nn.global_loss(ys)
+  local loss_sum, logging = 0, it % cfg.log_interval == 0
+  for i = 1, cfg.grad_accum do
+    local loss = model(xs[i], ys[i])
+    local scaled = gl:scale(loss, i)
+    scaled:backward()
+    if logging then loss_sum = loss_sum + scaled:item() end   -- read only when logged: a read waits for the device
+    loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
+  end
   if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
   opt:step()
   opt:zero_grad(true)
   window_iters = window_iters + 1
-  if it % cfg.log_interval == 0 then
+  if logging then
     local dt = (timer.now() - window_start) / window_iters
-    shard.log(it, { loss = env.all_reduce_mean(loss:item()), ms_per_iter = dt * 1000, tokens_per_s = tokens_per_iter / dt, lr = opt.lr },
+    shard.log(it, { loss = gl:mean(loss_sum), ms_per_iter = dt * 1000, tokens_per_s = tokens_per_iter / dt, lr = opt.lr },
               { "loss", "ms_per_iter", "tokens_per_s", "lr" })
     window_start, window_iters = timer.now(), 0
   end
-  loss:free(); x:free(); y:free()
   if cfg.save_interval > 0 and (it + 1) % cfg.save_interval == 0 then
     checkpoint.save(ckpt_dir, { model = model, optim = opt, step = it + 1, data = train, config = cfg,
                                 keep = cfg.keep, async = cfg.async_save })

@@ -13,11 +13,15 @@
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
 -- all-reduce across the groups).
+-- Shared parameters stay with the closest unit over all their users (split_shared below).
+-- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
+-- unit's collectives and name a unit some ranks skipped, instead of failing inside MPI.
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
 local comm = require "shard.comm"
 local flatparam = require "shard.flatparam"
+local shard_tensor = require "shard.tensor"
 
 local fsdp = { policy = require "shard.fsdp.policy" }
 
@@ -78,16 +82,62 @@ fsdp.Unit = Unit
 local function is_unit(m) return rawget(m, "fsdp_unit") == true end
 
 -- Parameters the module holds outside any unit below it, in registration order (tied ones
--- appear once per holder; the FlatParameter stores a repeated tensor once).
+-- appear once per holder; the FlatParameter stores a repeated tensor once), and those a unit
+-- below left to its ancestors because one of their users lies outside it.
 local function own_params(module, out)
   out = out or {}
   for _, p in ipairs(module._params) do
     out[#out + 1] = p.tensor
   end
   for _, c in ipairs(module._children) do
-    if not is_unit(c.module) then own_params(c.module, out) end
+    if not is_unit(c.module) then own_params(c.module, out)
+    else for _, t in ipairs(c.module.left or {}) do out[#out + 1] = t end end
   end
   return out
+end
+
+-- Shared parameters. Every user of each parameter tensor: the modules that register it and
+-- the ties a module declares (Module:tie, as GPT's lm_head on wte's weight), each as
+-- { at = the module's path, name = the user's dotted name }. A unit keeps a parameter only
+-- when all its users lie inside the unit's module; otherwise the parameter goes up to the
+-- closest unit that holds them all (the root at worst), which stays gathered while any of
+-- them runs: one FlatParameter, one copy, one gradient that both users accumulate into.
+local function param_users(module, prefix, users)
+  users = users or {}
+  local function add(t, at, name)
+    local list = users[t]
+    if not list then list = {}; users[t] = list end
+    list[#list + 1] = { at = at, name = name }
+  end
+  local function dotted(a, b) return a == "" and b or (a .. "." .. b) end
+  for _, p in ipairs(module._params) do add(p.tensor, prefix, dotted(prefix, p.name)) end
+  for _, tie in ipairs(rawget(module, "_ties") or {}) do add(tie.tensor, prefix, dotted(prefix, tie.name)) end
+  for _, c in ipairs(module._children) do
+    local inner = is_unit(c.module) and c.module.module or c.module
+    param_users(inner, dotted(prefix, c.name), users)
+  end
+  return users
+end
+
+local function inside(at, name)
+  return name == "" or at == name or at:sub(1, #name + 1) == name .. "."
+end
+
+-- Splits a would-be unit's parameters into those it keeps and those it leaves to an ancestor.
+local function split_shared(params, name, users)
+  local keep, left, seen = {}, {}, {}
+  for _, t in ipairs(params) do
+    local escapes = false
+    for _, u in ipairs(users[t] or {}) do
+      if not inside(u.at, name) then escapes = true; break end
+    end
+    if escapes then
+      if not seen[t] then seen[t] = true; left[#left + 1] = t end
+    else
+      keep[#keep + 1] = t
+    end
+  end
+  return keep, left
 end
 
 local function param_names(module, prefix, out)
@@ -102,8 +152,9 @@ local function param_names(module, prefix, out)
   return out
 end
 
-function Unit:init(module, name, opts, root)
+function Unit:init(module, name, opts, root, params, left)
   self.fsdp_unit = true
+  self.left = left
   self:child("module", module)
   -- a unit stands where its module stood: fields it does not have come from the module
   local mt = {}
@@ -126,7 +177,7 @@ function Unit:init(module, name, opts, root)
     group, replicate = mesh.shard, mesh.replicate
   end
   self.group, self.replicate = group, replicate
-  self.params = own_params(module)
+  self.params = params or own_params(module)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
   local mp = opts.mixed_precision or {}
@@ -149,8 +200,63 @@ function Unit:reshard()
   if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
 end
 
+-- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
+-- the same units in the same order: a unit skipped on some ranks (a branch, an expert that got
+-- no tokens) leaves the others in an all-gather or a reduce-scatter the skipping ranks never
+-- issue, which MPI reports as a truncated message or never returns. With the check, before
+-- each unit's forward, pre-backward and post-backward (the points where its collectives are
+-- issued) the ranks exchange (phase, unit, step) on a communicator of their own, where every
+-- message has the same size, so a divergence is named at once on every rank, before any
+-- collective of the model's waits. It costs one small blocking all-gather per unit and phase
+-- (and they show in shard.comm's process-wide counts). The step it names counts the root's
+-- forward calls, evaluation ones included.
+local PHASES = { "forward", "pre-backward", "post-backward" }
+
+local function unit_label(root, uid)
+  local u = root.all_units[uid + 1]
+  return ("unit %d (%s)"):format(uid, u and (u.name == "" and "root" or u.name) or "?")
+end
+
+local function check_schedule(self, phase)
+  local root = self.root
+  local g = root.check_group
+  if not g then return end
+  local mine = root.check_mine
+  mine:fill_(0)
+  local tag = { phase, self.uid, root.step }
+  for i = 1, 3 do mine:set({ i }, tag[i]) end
+  g:all_gather(root.check_all, mine)
+  local all, n = root.check_all:tolist_flat(), g:size()
+  local same = true
+  for r = 1, n - 1 do
+    for i = 1, 3 do if all[3 * r + i] ~= all[i] then same = false end end
+  end
+  if same then return end
+  -- the rank(s) earliest in the step (step, then phase) name the unit the others skipped
+  local function key(r) return all[3 * r + 3] * 10 + all[3 * r + 1] end
+  local first = 0
+  for r = 1, n - 1 do if key(r) < key(first) then first = r end end
+  local at, others, where = {}, {}, {}
+  for r = 0, n - 1 do
+    local same_tag = all[3 * r + 1] == all[3 * first + 1] and all[3 * r + 2] == all[3 * first + 2] and all[3 * r + 3] == all[3 * first + 3]
+    if same_tag then at[#at + 1] = r else others[#others + 1] = r end
+    where[#where + 1] = ("rank %d: step %d, %s of %s"):format(r, all[3 * r + 3], PHASES[all[3 * r + 1]], unit_label(root, all[3 * r + 2]))
+  end
+  local ph, uid, step = all[3 * first + 1], all[3 * first + 2], all[3 * first + 3]
+  A.clear()    -- the step is abandoned: a caller that goes on starts from an empty tape
+  root.pending_reduces = {}
+  local verb = ph == 1 and "ran its forward" or (ph == 2 and "began its backward" or "produced its gradient")
+  error(("fsdp: %s %s on rank%s %s but not on rank%s %s at step %d: every rank must run the same units in " ..
+         "the same order (a unit used on some ranks only must still be called on the others, e.g. on an " ..
+         "empty batch or with its output times 0). Where each rank is: %s"):format(
+    unit_label(root, uid), verb, #at > 1 and "s" or "", table.concat(at, ", "), #others > 1 and "s" or "",
+    table.concat(others, ", "), step, table.concat(where, "; ")), 0)
+end
+
 function Unit:forward(...)
   local root = self.root
+  if self == root then root.step = (root.step or 0) + 1 end
+  check_schedule(self, 1)
   if self == root then root.recording_order = root.order == nil; root.order = root.order or {} end
   local order = root.order
   if root.recording_order then order[#order + 1] = self; self.index = #order end
@@ -174,6 +280,7 @@ function Unit:forward(...)
 end
 
 function Unit:pre_backward()
+  check_schedule(self, 2)
   self:unshard()
   if self.fp then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
@@ -201,6 +308,7 @@ end
 function Unit:post_backward()
   local root = self.root
   root.pending_reduces = root.pending_reduces or {}
+  check_schedule(self, 3)
   if self.fp then
     wait_reduces(root, root.reduces_in_flight - 1)
     self.fp:reduce_grad_start("avg", self.replicate)
@@ -225,16 +333,35 @@ local function wants_unit(policy, module, name, unwrapped)
   return r
 end
 
+-- A unit wrapped on its own before (manual nesting) has already flattened its parameters: one
+-- that a module outside it also uses cannot move up any more, so wrap refuses, naming both.
+local function refuse_split(u, at, users)
+  for _, t in ipairs(u.params) do
+    local list, inner, outer = users[t] or {}, nil, nil
+    for _, x in ipairs(list) do
+      if inside(x.at, at) then inner = inner or x.name else outer = outer or x.name end
+    end
+    if inner and outer then
+      error(("fsdp.wrap: parameter %s is used by %s inside the unit %s, wrapped on its own before, and by %s outside it; " ..
+             "wrap the model once with a policy (the parameter then stays with the closest unit over both users), " ..
+             "or wrap a module that holds both"):format(inner, inner, at, outer), 0)
+    end
+  end
+end
+
 -- Post-order walk: children first, so a policy sees how many parameters are still unwrapped.
-local function apply_policy(module, name, policy, opts, units)
+local function apply_policy(module, name, policy, opts, units, users)
   local unwrapped = 0
   for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
   for _, c in ipairs(module._children) do
     local child_name = name == "" and c.name or (name .. "." .. c.name)
     if is_unit(c.module) then
-      for _, u in ipairs(c.module.all_units or { c.module }) do units[#units + 1] = u end
+      for _, u in ipairs(c.module.all_units or { c.module }) do
+        refuse_split(u, child_name, users)
+        units[#units + 1] = u
+      end
     else
-      local n, wrapped = apply_policy(c.module, child_name, policy, opts, units)
+      local n, wrapped = apply_policy(c.module, child_name, policy, opts, units, users)
       if wrapped then
         module:replace_child(c.name, wrapped)
       else
@@ -244,11 +371,34 @@ local function apply_policy(module, name, policy, opts, units)
   end
   -- containers that are never called (ModuleList) cannot hook a forward, so never become units
   if name ~= "" and policy and not module.container and wants_unit(policy, module, name, unwrapped) then
-    local u = Unit(module, name, opts, nil)
+    local keep, left = split_shared(own_params(module), name, users)
+    local u = Unit(module, name, opts, nil, keep, left)
     units[#units + 1] = u
     return 0, u
   end
   return unwrapped, nil
+end
+
+-- Every parameter with more than one user: its name, its users' names and the unit that
+-- holds it (what fsdp.summary prints under the table).
+local function shared_report(root, users)
+  local owner = {}
+  for _, u in ipairs(root.all_units) do
+    for _, t in ipairs(u.params) do owner[t] = owner[t] or u end
+  end
+  local out = {}
+  for _, u in ipairs(root.all_units) do
+    for _, t in ipairs(u.params) do
+      local list = users[t]
+      if owner[t] == u and list and #list > 1 then
+        owner[t] = false
+        local names = {}
+        for i, x in ipairs(list) do names[i] = x.name end
+        out[#out + 1] = { name = root.names[t], users = names, unit = u.name == "" and "(root)" or u.name }
+      end
+    end
+  end
+  return out
 end
 
 -- A schedule limit: a whole number >= least, default when absent.
@@ -279,7 +429,8 @@ function fsdp.wrap(model, opts)
   if opts.sync_module_states then fsdp.sync_module_states(model) end
   if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
   local units = {}
-  apply_policy(model, "", opts.policy, opts, units)
+  local users = param_users(model, "")
+  apply_policy(model, "", opts.policy, opts, units, users)
   local root = Unit(model, "", opts, nil)
   root.units = units
   for _, u in ipairs(units) do u.root = root end
@@ -289,6 +440,16 @@ function fsdp.wrap(model, opts)
   root.all_units = { root }
   for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
   root.names = param_names(model, "")
+  for i, u in ipairs(root.all_units) do u.uid = i - 1 end
+  local check = opts.check_schedule
+  if check == nil then check = os.getenv("SHARD_FSDP_CHECK") == "1" end
+  if check and fsdp.world():size() > 1 then
+    local w = fsdp.world()
+    root.check_group = w:split(0, w:rank(), "fsdp schedule check")
+    root.check_mine = shard_tensor.zeros({ 3 }, { dtype = "f64", device = "cpu" })
+    root.check_all = shard_tensor.zeros({ 3 * w:size() }, { dtype = "f64", device = "cpu" })
+  end
+  root.shared = shared_report(root, users)
   fsdp.init_shards(root, recipes)
   return root
 end
@@ -413,6 +574,9 @@ function fsdp.summary(root)
     local i = u.info
     lines[#lines + 1] = ("%-28s %12d %12d %8d  %s"):format(u.name == "" and "(root)" or u.name,
       i.numel, i.shard_numel, i.padding, u.strategy)
+  end
+  for _, sh in ipairs(root.shared or {}) do
+    lines[#lines + 1] = ("shared %s (used by %s) is held by %s"):format(sh.name, table.concat(sh.users, ", "), sh.unit)
   end
   return table.concat(lines, "\n")
 end

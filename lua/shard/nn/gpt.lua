@@ -69,7 +69,7 @@ function G.GPT:init(cfg)
   self.config = c
   self:child("transformer", Transformer(c))
   -- lm_head shares wte's weight: one tensor, counted once, under transformer.wte.weight.
-  self.lm_head = { weight = self.transformer.wte.weight }
+  self.lm_head = { weight = self:tie("lm_head.weight", self.transformer.wte.weight) }
 end
 
 -- A Hugging Face GPT-2 checkpoint (a directory with model.safetensors and config.json, or

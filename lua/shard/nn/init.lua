@@ -1,6 +1,7 @@
 -- shard.nn: modules.
 local L = require "shard.nn.layers"
 local G = require "shard.nn.gpt"
+local Loss = require "shard.nn.loss"
 
 local nn = {
   Module = require "shard.nn.module",
@@ -8,4 +9,5 @@ local nn = {
 }
 for k, v in pairs(L) do nn[k] = v end
 for k, v in pairs(G) do nn[k] = v end
+for k, v in pairs(Loss) do nn[k] = v end
 return nn

@@ -38,6 +38,16 @@ function Module:param(name, t, frozen)
   return t
 end
 
+-- Declares that this module also uses t, a parameter registered elsewhere, under `name`
+-- (GPT's lm_head.weight on wte's): nothing is registered or counted twice, but wrappers
+-- that split the model (shard.fsdp) see both users and keep t in one piece.
+function Module:tie(name, t)
+  local ties = rawget(self, "_ties")
+  if not ties then ties = {}; self._ties = ties end
+  ties[#ties + 1] = { name = name, tensor = t }
+  return t
+end
+
 function Module:child(name, m)
   self._children[#self._children + 1] = { name = name, module = m }
   self[name] = m
