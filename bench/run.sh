@@ -25,7 +25,8 @@ PEAK_N=${PEAK_N:-2048}
 THREADS=${THREADS:-"1 $(nproc)"}
 whole ROUNDS "$ROUNDS"; whole ITERS "$ITERS"; whole PEAK_N "$PEAK_N"
 threads=""
-for t in $THREADS; do   # split on blanks only; every word checked before use
+set -f   # THREADS is split on blanks, never globbed; every word is checked before use
+for t in $THREADS; do
   whole THREADS "$t"
   case " $threads " in *" $t "*) ;; *) threads="$threads $t";; esac
 done
@@ -57,7 +58,7 @@ measure() {
   OMP_NUM_THREADS=$m_t "$@" >"$tmp/out" 2>&1
   rc=$?
   v=$(sed -n "s/^$m_key \\([0-9][0-9.eE+-]*\\)\$/\\1/p" "$tmp/out" | tail -n 1)
-  if [ "$rc" -ne 0 ] || [ -z "$v" ]; then
+  if [ "$rc" -ne 0 ] || [ -z "$v" ] || ! awk -v x="$v" 'BEGIN { exit !(x + 0 > 0) }'; then
     echo "bench: $m_name failed at $m_t threads, round $m_r (exit $rc, ${v:-no} $m_key); its output ends:" >&2
     tail -n 20 "$tmp/out" >&2
     exit 1
@@ -73,7 +74,7 @@ measure() {
 shard() { measure shard "$1" "$2" tokens_per_s bin/shard run bench/cpu_train.lua --iters="$ITERS"; }
 torch() { measure pytorch "$1" "$2" tokens_per_s "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"; }
 
-echo "cpu_train: $ROUNDS rounds of $ITERS steps, threads:$threads, peak sgemm ${PEAK_N}^2 (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "cpu_train: $ROUNDS round(s) of $ITERS steps, threads:$threads, peak sgemm ${PEAK_N}^2 (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   line="round $r:"
