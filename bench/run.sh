@@ -37,7 +37,7 @@ for t in $THREADS; do
   case " $threads " in *" $t "*) ;; *) threads="$threads $t";; esac
 done
 [ -n "$threads" ] || die "THREADS names no thread count"
-export OMP_WAIT_POLICY=passive   # the same for both (shard's default); PEER_SPIN adds PyTorch's
+export OMP_WAIT_POLICY=passive   # the same for both (shard's own default); PEER_SPIN adds PyTorch at libgomp's
 
 # The peer: PyTorch in /usr/bin/python3, installed (or named) by bench/deps.sh.
 PY=/usr/bin/python3
