@@ -110,6 +110,9 @@ test-asan: deps
 test-gpu: all $(GPU_TESTS)
 	@sh tests/run_gpu.sh bin/shard $(BUILD)
 
+# make bench: shard vs PyTorch 1.13 (/usr/bin/python3; bench/deps.sh installs python3-torch as
+# root or names it) at 1 and nproc threads in alternating rounds, beside an OpenBLAS sgemm peak;
+# medians [min-max]. Knobs (whole numbers): ROUNDS=3 ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1.
 bench: all
 	@sh bench/run.sh
 

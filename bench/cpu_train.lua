@@ -1,6 +1,9 @@
 -- bench/cpu_train.lua: training-step throughput of the Shakespeare recipe's model on the
 -- CPU (n_layer 4, n_head 4, n_embd 128, block 64, batch 12, vocab 65, AdamW, grad clip 1),
--- on random tokens. Prints "tokens_per_s N" after `warmup` untimed steps.
+-- on random tokens. Prints "tokens_per_s N" after `warmup` untimed steps, and
+-- "flops_per_token N": the step's matmul work, 6 (12 L C^2 + C V) + 6 L C T (forward and
+-- backward of every linear layer and the tied head, attention's QK^T and AV with the causal
+-- half skipped), the convention of bench/gpt2_124m.lua; make bench turns it into GFLOP/s.
 --   shard run bench/cpu_train.lua [--iters=50]
 local shard = require "shard"
 local timer = require "shard.timer"
@@ -42,4 +45,6 @@ local dt = timer.now() - t0
 if cfg.profile then shard.profile.stop(); print(shard.profile.report()) end
 print(("tokens_per_s %.1f"):format(cfg.iters * cfg.batch_size * cfg.block_size / dt))
 print(("ms_per_iter %.3f"):format(dt / cfg.iters * 1000))
+local L, C = cfg.n_layer, cfg.n_embd
+print(("flops_per_token %d"):format(6 * (12 * L * C * C + C * cfg.vocab_size) + 6 * L * C * cfg.block_size))
 print(("peak_bytes %d"):format(shard.memory.stats().peak))

@@ -80,5 +80,6 @@ t0 = time.perf_counter()
 for _ in range(args.iters):
     step()
 dt = time.perf_counter() - t0
+print(f"torch_version {torch.__version__}")
 print(f"tokens_per_s {args.iters * B * T / dt:.1f}")
 print(f"ms_per_iter {dt / args.iters * 1000:.3f}")
