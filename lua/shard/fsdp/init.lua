@@ -175,6 +175,8 @@ function Unit:init(module, name, opts, root, params, left)
   if self.mode.hybrid then
     local mesh = hybrid_mesh(opts.hybrid_group or "node")
     group, replicate = mesh.shard, mesh.replicate
+    -- one replica (hybrid on one node): the all-reduce across replicas would be a copy
+    if replicate and replicate:size() == 1 then replicate = nil end
   end
   self.group, self.replicate = group, replicate
   self.params = params or own_params(module)
