@@ -152,3 +152,22 @@ describe("nn.global_loss", function()
     assert.is_truthy(tostring(err):find("micro-batch index out of range 1..1", 1, true), err)
   end)
 end)
+
+describe("fsdp.wrap mixed precision", function()
+  it("reduces gradients in f32 unless reduce says otherwise", function()
+    local function reduce_dtypes(mp)
+      local model = fsdp.wrap(tiny(), { policy = fsdp.policy.transformer{ nn.Block }, mixed_precision = mp })
+      local seen = {}
+      for _, u in ipairs(model.all_units) do
+        if u.fp then local i = u.fp:info(); seen[i.param_dtype .. "/" .. i.reduce_dtype] = true end
+      end
+      local out = {}
+      for k in pairs(seen) do out[#out + 1] = k end
+      return table.concat(out, ",")
+    end
+    assert.equal("bf16/f32", reduce_dtypes({ param = "bf16" }))
+    assert.equal("f16/f32", reduce_dtypes({ param = "f16" }))
+    assert.equal("bf16/bf16", reduce_dtypes({ param = "bf16", reduce = "bf16" }))
+    assert.equal("f32/f32", reduce_dtypes(nil))
+  end)
+end)

@@ -183,7 +183,11 @@ function Unit:init(module, name, opts, root, params, left)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
   local mp = opts.mixed_precision or {}
-  local fp, err = flatparam.create(self.params, { group = group, param = mp.param, reduce = mp.reduce,
+  -- Gradients are reduced in f32 unless `reduce` says otherwise, even when the parameters
+  -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
+  -- is rounded to 8 bits of mantissa), which is how low-precision reductions drift at scale.
+  local reduce = mp.reduce or (mp.param and "f32") or nil
+  local fp, err = flatparam.create(self.params, { group = group, param = mp.param, reduce = reduce,
                                                   no_shard = not self.mode.shard })
   if not fp then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, err), 0) end
   self.fp = fp
