@@ -658,16 +658,16 @@ function M.main(args)
   local records = M.read_results(results)
   if not o.report then
     local done = latest(records)
-    local todo = {}
+    local pending = {}
     for i, p in ipairs(points) do
       local r = done[M.key(spec, p)]
-      if o.force or not r or (o.retry_failed and r.status ~= "ok") then todo[#todo + 1] = { index = i, point = p } end
+      if o.force or not r or (o.retry_failed and r.status ~= "ok") then pending[#pending + 1] = { index = i, point = p } end
     end
-    local skipped = #points - #todo
-    print(("sweep %s: %d points, %d done before, %d to run -> %s"):format(spec.name, #points, skipped, #todo, results))
+    local skipped = #points - #pending
+    print(("sweep %s: %d points, %d done before, %d to run -> %s"):format(spec.name, #points, skipped, #pending, results))
     io.stdout:flush()
     local t0, spent, failed = now(), 0, 0
-    for n, job in ipairs(todo) do
+    for n, job in ipairs(pending) do
       local p = job.point
       local slug = describe_point(p, columns):gsub("[^%w_=%.%-]+", "_"):sub(1, 80)
       local log = ("%s/logs/%03d-%s.log"):format(out, job.index, slug)
@@ -680,7 +680,7 @@ function M.main(args)
       records[#records + 1] = rec
       spent = spent + rec.seconds
       if rec.status ~= "ok" then failed = failed + 1 end
-      local left = #todo - n
+      local left = #pending - n
       local eta = left > 0 and (", ~" .. clock(spent / n * left) .. " left") or ""
       local what = rec.status == "ok" and "ok" or (rec.status .. " (" .. (rec.error:gsub("\n.*", "")) .. ")")
       print(("[%d/%d] %s: %s in %.1fs | %d/%d done, %d failed, elapsed %s%s"):format(
