@@ -446,10 +446,11 @@ int sh_comm_test(sh_comm_work *w, int *done) {
   if (!w) return sh_fail(SH_ERR_ARG, "comm test: expected a work handle, got nil");
   if (!w->done) {
     int rc = w->backend->test(w, &w->done);
-    if (rc) { w->done = 1; w->status = rc; }
+    if (rc) { w->done = 1; w->status = rc; snprintf(w->why, sizeof w->why, "%s", sh_last_error()); }
   }
   *done = w->done;
-  if (w->done && w->status) return sh_fail(w->status, "%s on %s (rank %d of %d) failed", w->what, w->comm->name, w->comm->rank, w->comm->size);
+  if (w->done && w->status)
+    return sh_fail(w->status, "%s on %s (rank %d of %d) failed: %s", w->what, w->comm->name, w->comm->rank, w->comm->size, w->why);
   return SH_OK;
 }
 

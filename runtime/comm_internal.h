@@ -46,6 +46,7 @@ struct sh_comm_work {
   int ordered;                    /* a device stream was made to wait for it: no host wait */
   int status;                     /* the completed op's status */
   char what[200];                 /* "all_reduce of f32[10] cpu (sum)" for messages */
+  char why[300];                  /* the backend's message when it failed */
 };
 
 struct sh_comm_backend {

@@ -29,7 +29,13 @@ static int mpi_fail(int err, const char *what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(err, msg, &len);
-  return sh_fail(SH_ERR_COMM, "%s failed: %s", what, msg);
+  int cls = 0;
+  MPI_Error_class(err, &cls);
+  /* what a truncated message means for us: the ranks did not issue the same collectives */
+  const char *hint = cls == MPI_ERR_TRUNCATE
+    ? " (the ranks gave this collective different sizes: they are out of step, e.g. an FSDP unit run on"
+      " some ranks only; fsdp.wrap{ check_schedule = true } names the unit and the ranks)" : "";
+  return sh_fail(SH_ERR_COMM, "%s failed: %s%s", what, msg, hint);
 }
 #define MPI_TRY(call, what) do { int e_ = (call); if (e_ != MPI_SUCCESS) return mpi_fail(e_, what); } while (0)
 
@@ -123,6 +129,9 @@ int sh_comm_mpi_init_world(sh_comm *w) {
     g_mpi_inited = 1;
   }
   MPI_Comm dup;
+  /* libnbc reports a failed nonblocking collective (e.g. ranks that gave it different sizes)
+   * through MPI_COMM_WORLD's handler: a status here too, not an abort inside MPI */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
   SH_TRY(new_group(w, dup));
   w->cpu = &sh_comm_mpi_backend;

@@ -15,7 +15,9 @@
 -- all-reduce across the groups).
 -- Shared parameters stay with the closest unit over all their users (split_shared below).
 -- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
--- unit's collectives and name a unit some ranks skipped, instead of failing inside MPI.
+-- unit's collectives (a small all-gather each, so off by default: on a GPU each makes the host
+-- wait) and name a unit some ranks skipped, instead of failing in the collective or, where
+-- the buffers have the same size, averaging different units' gradients without a word.
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
