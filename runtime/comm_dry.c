@@ -5,11 +5,14 @@
  * A split is collective: each rank brings its own color, and the one simulated rank cannot
  * know the others'. The dry world knows its node layout (local_size ranks per node, ranks
  * numbered node by node), so it answers the splits whose members follow from that layout:
- * the ranks of this node (sh_comm_split_node) and the ranks with this rank's local rank, one
- * per node (color = local rank, key = node: hybrid sharding's replicate groups). Any other
- * split fails, naming it. */
+ * the ranks of this node (sh_comm_split_node) and, after that, the ranks with this rank's
+ * local rank, one per node (color = local rank, key = node: hybrid sharding's replicate
+ * groups, which fsdp makes right after the node groups; before a node split, rank 0's
+ * (0, 0) could as well be any other split). Any other split fails, naming it. */
 #include "comm_internal.h"
 #include "status_internal.h"
+
+static int node_split_done;   /* one dry world per process */
 
 static int dry_start(sh_comm_work *w) { w->done = 1; return SH_OK; }
 static int dry_test(sh_comm_work *w, int *done) { *done = 1; return SH_OK; }
@@ -22,7 +25,8 @@ static int dry_split(sh_comm *parent, int color, int key, sh_comm *child) {
   if (whole_nodes && sh_comm_splitting_node()) {
     child->rank = parent->local_rank;
     child->size = parent->local_size;
-  } else if (whole_nodes && color == parent->local_rank && key == parent->node) {
+    node_split_done = 1;
+  } else if (whole_nodes && node_split_done && color == parent->local_rank && key == parent->node) {
     child->rank = parent->node;
     child->size = parent->n_nodes;
   } else {

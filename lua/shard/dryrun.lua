@@ -313,7 +313,8 @@ function M.report(o, r, cpu)
     local b = row[2]
     say("  %-30s %s %s %s %s %s", row[1], ms(b.compute), ms(b.hbm), ms(b.comm), ms(b.overlapped), ms(b.serial))
   end
-  say("  (comm assumes all %d ranks on one NVLink domain; across nodes the network is slower)", o.world)
+  say("  (comm: rings over all %d ranks on one NVLink domain, an upper bound for hybrid's smaller groups; across", o.world)
+  say("  nodes the network is slower)")
   return table.concat(lines, "\n")
 end
 

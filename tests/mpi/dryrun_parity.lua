@@ -1,7 +1,8 @@
 -- A dry run against the real run it stands for (issue 19, item 7), at the world size mpirun
--- gives. Each rank trains the Shakespeare recipe (small; full_shard, or the strategy given
--- after this script: `shard launch --nproc 2 tests/mpi/dryrun_parity.lua --strategy=no_shard`)
--- for 2 steps on the CPU under the dry run's probe, which reads comm.lua's counters and
+-- gives. Each rank trains the Shakespeare recipe (small; at world 1 to 4 full_shard,
+-- shard_grad_op, full_shard (uneven shards), hybrid_shard, or the strategy given after this
+-- script: `shard launch --nproc 2 tests/mpi/dryrun_parity.lua --strategy=no_shard`) for 2
+-- steps on the CPU under the dry run's probe, which reads comm.lua's counters and
 -- shard.memory.stats() around the last step; then it runs `shard estimate --dry-run --json`
 -- as the same rank of the same world in a child process and compares: every collective
 -- kind's count and bytes exact, the sharded state (param, grad, optim) at the peak exact,
@@ -11,10 +12,13 @@ local cjson = require "cjson"
 local comm = require "shard.comm"
 
 local RECIPE = "recipes/gpt_shakespeare_char.lua"
-local args = { "--data=/usr/share/common-licenses/GPL-3", "--n_layer=2", "--n_head=2", "--n_embd=32",
-               "--block_size=16", "--batch_size=12", "--strategy=full_shard" }
-for i = 1, #arg do args[#args + 1] = arg[i] end   -- later settings win
 local world, rank = comm.size(), comm.rank()
+local STRATEGY = { "full_shard", "shard_grad_op", "full_shard", "hybrid_shard" }
+local args = { "--data=/usr/share/common-licenses/GPL-3", "--n_layer=2", "--n_head=2", "--n_embd=32",
+               "--block_size=16", "--batch_size=12", "--strategy=" .. (STRATEGY[world] or "full_shard") }
+for i = 1, #arg do args[#args + 1] = arg[i] end   -- later settings win
+local strategy
+for _, a in ipairs(args) do strategy = a:match("^%-%-strategy=(.*)$") or strategy end
 local home = os.getenv("SHARD_HOME") or "."
 local bin = os.getenv("SHARD_BIN") or (home .. "/bin/shard")
 if not bin:match("^/") then bin = home .. "/" .. bin end
@@ -42,7 +46,7 @@ if not line then error(("rank %d of %d: the dry run printed no result:\n%s"):for
 local dry = cjson.decode(line)
 
 local function fail(fmt, ...)
-  error(("dry run vs real run, rank %d of %d, %s: "):format(rank, world, args[#args]) .. fmt:format(...), 0)
+  error(("dry run vs real run, rank %d of %d, %s: "):format(rank, world, strategy) .. fmt:format(...), 0)
 end
 for _, kind in ipairs(dryrun.KINDS) do
   if dry.count[kind] ~= real.count[kind] or dry.bytes[kind] ~= real.bytes[kind] then
@@ -56,6 +60,6 @@ for _, tag in ipairs { "param", "grad", "optim" } do
 end
 local off = math.abs(dry.peak - real.peak) / real.peak
 if off > 0.05 then fail("peak: dry %d bytes, real %d (%.1f%% apart)", dry.peak, real.peak, 100 * off) end
-print(("rank %d of %d: peak dry %d, real %d bytes (%.4f%% apart); %d bytes of collectives per step, equal"):format(
-  rank, world, dry.peak, real.peak, 100 * off,
+print(("%s, rank %d of %d: peak dry %d, real %d bytes (%.4f%% apart); %d bytes of collectives per step, equal"):format(
+  strategy, rank, world, dry.peak, real.peak, 100 * off,
   real.bytes.all_gather + real.bytes.reduce_scatter + real.bytes.all_reduce + real.bytes.broadcast))
