@@ -11,7 +11,9 @@
 --   --steps=S (2)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
 -- The recipe runs with its device set to meta and, where it has these settings, one
 -- evaluation batch, no sampling, no checkpoints and no progress lines (DRY_SETTINGS). A value
--- read from a meta tensor is 0, so a recipe must not branch on one.
+-- read from a meta tensor is 0, so a recipe must not branch on one. Files are real: what a
+-- recipe's rank 0 prepares for the others (the Shakespeare recipe's token files) must exist
+-- before a dry run as another rank reads them (a dry run as rank 0, or a real run, makes them).
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local C, check = rt.C, rt.check
@@ -266,6 +268,9 @@ function M.run(o)
   if #probe.steps < o.steps then
     error(("dry run: %s made %d optimizer steps, fewer than --steps=%d (does it read max_iters?)"):format(
       o.recipe, #probe.steps, o.steps), 0)
+  end
+  if probe.steps[#probe.steps].peak == 0 then
+    error(("dry run: %s put nothing on the meta device (does it pass its device setting to shard.init?)"):format(o.recipe), 0)
   end
   return probe:step()
 end
