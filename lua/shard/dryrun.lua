@@ -8,7 +8,7 @@
 -- the FLOPs, and the step time that a device's peak figures imply (an estimate: bounds, not
 -- a measurement). Dry-run options come before RECIPE, the recipe's own after it:
 --   --world=N (1)  --rank=R (0)  --local_size=L (8 ranks per node; hybrid_group = "node")
---   --steps=S (2)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
+--   --steps=S (3)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
 -- The recipe runs with its device set to meta and, where it has these settings, one
 -- evaluation batch, no sampling, no checkpoints and no progress lines (DRY_SETTINGS). A value
 -- read from a meta tensor is 0, so a recipe must not branch on one. Files are real: what a
@@ -171,14 +171,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- the step time that peak figures imply
 
--- Peak figures: bf16 dense tensor TFLOP/s, HBM GB/s, NVLink GB/s (both directions together,
--- as the data sheets give it; a ring sends at half that each way). NVIDIA H100 SXM5 and H200
--- SXM data sheets.
-M.DEVICES = {
-  { name = "H100 SXM", tflops = 989, hbm_gbs = 3350, link_gbs = 900 },
-  { name = "H200 SXM", tflops = 989, hbm_gbs = 4800, link_gbs = 900 },
-}
-
 -- Bytes one rank sends per step in ring collectives over n ranks, from the counted bytes (the
 -- input of each: a shard for all_gather, the full buffer for reduce_scatter and all_reduce).
 function M.ring_bytes(bytes, n)
@@ -187,20 +179,10 @@ function M.ring_bytes(bytes, n)
          + bytes.broadcast
 end
 
--- This CPU's f32 GEMM rate (GFLOP/s, best of a few 512^3 matmuls) and copy bandwidth (GB/s,
--- 32 MiB read + written), measured now.
-function M.cpu_rates()
+-- This CPU as a device row (shard.peak's shape): its f32 GEMM rate (shard.peak's measurement)
+-- and its copy bandwidth (32 MiB read and written, best of 4) for memory; no link.
+function M.cpu_row()
   local shard, timer = require "shard", require "shard.timer"
-  local n = 512
-  local a, b = shard.randn({ n, n }, { device = "cpu" }), shard.randn({ n, n }, { device = "cpu" })
-  local best = math.huge
-  for _ = 1, 4 do
-    local t0 = timer.now()
-    local c = a:matmul(b)
-    best = math.min(best, timer.now() - t0)
-    c:free()
-  end
-  a:free(); b:free()
   local m = 8 * 1024 * 1024
   local src, dst = shard.zeros({ m }, { device = "cpu" }), shard.empty({ m }, { device = "cpu" })
   local copy = math.huge
@@ -210,15 +192,17 @@ function M.cpu_rates()
     copy = math.min(copy, timer.now() - t0)
   end
   src:free(); dst:free()
-  return { gflops = 2 * n ^ 3 / best / 1e9, copy_gbs = 2 * 4 * m / copy / 1e9 }
+  local flops = require("shard.peak").measure_cpu()
+  return { name = ("this CPU (%.0f GFLOP/s sgemm)"):format(flops / 1e9), bf16 = flops, hbm = 2 * 4 * m / copy }
 end
 
--- Time bounds (seconds) of one step on a device: compute at peak, every kernel byte through
--- HBM once, the ring's bytes over the link; with perfect overlap the step takes at least the
--- largest, with none their sum.
+-- Time bounds (seconds) of one step on a device (a shard.peak.DEVICES row: bf16 FLOP/s, hbm
+-- and nvlink bytes/s each way): compute at the bf16 dense peak, every kernel byte through
+-- memory once, the ring's bytes over the link; with perfect overlap the step takes at least
+-- the largest, with none their sum.
 function M.step_bounds(r, world, dev)
-  local b = { compute = r.flops / (dev.tflops * 1e12), hbm = r.kernel_bytes / (dev.hbm_gbs * 1e9) }
-  b.comm = dev.link_gbs and M.ring_bytes(r.bytes, world) / (dev.link_gbs / 2 * 1e9) or nil
+  local b = { compute = r.flops / dev.bf16, hbm = r.kernel_bytes / dev.hbm }
+  b.comm = dev.nvlink and M.ring_bytes(r.bytes, world) / dev.nvlink or nil
   b.overlapped = math.max(b.compute, b.hbm, b.comm or 0)
   b.serial = b.compute + b.hbm + (b.comm or 0)
   return b
@@ -228,7 +212,7 @@ end
 -- the command
 
 local function parse(args)
-  local o = { world = 1, rank = 0, local_size = 8, steps = 2, verbose = false, json = false }
+  local o = { world = 1, rank = 0, local_size = 8, steps = 3, verbose = false, json = false }
   local i = 1
   while args[i] and args[i]:match("^%-%-") do
     local key, value = args[i]:match("^%-%-([%w_]+)=(.*)$")
@@ -248,8 +232,9 @@ local function parse(args)
   if o.world < 1 or o.rank < 0 or o.rank >= o.world then
     error({ usage = ("estimate --dry-run: --rank=%d is not a rank of --world=%d"):format(o.rank, o.world) }, 0)
   end
-  if o.local_size < 1 or o.steps < 2 then
-    error({ usage = ("estimate --dry-run: --local_size must be >= 1 and --steps >= 2 (the last step is measured from the one before); got %d and %d"):format(o.local_size, o.steps) }, 0)
+  if o.local_size < 1 or o.steps < 3 then
+    error({ usage = ("estimate --dry-run: --local_size must be >= 1 and --steps >= 3 (the last step is measured from the " ..
+      "one before, and step 1 ends with the first progress line's collectives); got %d and %d"):format(o.local_size, o.steps) }, 0)
   end
   return o
 end
@@ -303,23 +288,23 @@ function M.report(o, r, cpu)
   say("  total           %12d bytes (%s)", total, fmt_bytes(total))
   say("FLOPs per step (rank %d): %s (matmul %s, attention %s); kernels touch %s", o.rank, si(r.flops, "FLOP"),
       si(r.flops_matmul, "FLOP"), si(r.flops_attention, "FLOP"), fmt_bytes(r.kernel_bytes))
-  say("step time ESTIMATE from peak figures (bounds, not a measurement): compute at peak, each kernel byte")
+  say("step time ESTIMATE from peak figures (shard.peak; bounds, not a measurement): compute at peak, each kernel byte")
   say("through memory once, ring collectives over the link; overlapped = the largest, serial = the sum")
   say("  %-30s %12s %12s %12s %12s %12s", "device", "compute", "memory", "comm", "overlapped", "serial")
   local rows = {}
-  for _, d in ipairs(M.DEVICES) do
-    rows[#rows + 1] = { ("%s (%d TFLOP/s bf16)"):format(d.name, d.tflops), M.step_bounds(r, o.world, d) }
+  for _, d in ipairs(require("shard.peak").DEVICES) do
+    rows[#rows + 1] = { ("%s (%.0f TFLOP/s bf16)"):format(d.name, d.bf16 / 1e12), d }
   end
-  if cpu then
-    local d = { tflops = cpu.gflops / 1e3, hbm_gbs = cpu.copy_gbs }
-    rows[#rows + 1] = { ("this CPU (%.0f GFLOP/s sgemm)"):format(cpu.gflops), M.step_bounds(r, o.world, d) }
-  end
+  if cpu then rows[#rows + 1] = { cpu.name, cpu } end
   for _, row in ipairs(rows) do
-    local b = row[2]
+    local b = M.step_bounds(r, o.world, row[2])
     say("  %-30s %s %s %s %s %s", row[1], ms(b.compute), ms(b.hbm), ms(b.comm), ms(b.overlapped), ms(b.serial))
   end
-  say("  (comm: rings over all %d ranks on one NVLink domain, an upper bound for hybrid's smaller groups; across", o.world)
-  say("  nodes the network is slower)")
+  if o.world > 1 then
+    say("  (comm: rings over all %d ranks in one NVLink domain at %.0f GB/s each way, an upper bound for", o.world,
+        require("shard.peak").DEVICES[1].nvlink / 1e9)
+    say("  hybrid's smaller groups; across nodes the network is slower)")
+  end
   return table.concat(lines, "\n")
 end
 
@@ -334,7 +319,7 @@ function M.main(args)
       flops_attention = r.flops_attention, kernel_bytes = r.kernel_bytes, seconds = took }))
     return 0
   end
-  print(M.report(o, r, M.cpu_rates()))
+  print(M.report(o, r, M.cpu_row()))
   print(("(dry run took %.1f s)"):format(took))
   return 0
 end

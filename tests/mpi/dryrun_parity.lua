@@ -1,7 +1,7 @@
 -- A dry run against the real run it stands for (issue 19, item 7), at the world size mpirun
 -- gives. Each rank trains the Shakespeare recipe (small; at world 1 to 4 full_shard,
 -- shard_grad_op, full_shard (uneven shards), hybrid_shard, or the strategy given after this
--- script: `shard launch --nproc 2 tests/mpi/dryrun_parity.lua --strategy=no_shard`) for 2
+-- script: `shard launch --nproc 2 tests/mpi/dryrun_parity.lua --strategy=no_shard`) for 3
 -- steps on the CPU under the dry run's probe, which reads comm.lua's counters and
 -- shard.memory.stats() around the last step; then it runs `shard estimate --dry-run --json`
 -- as the same rank of the same world in a child process and compares: every collective
@@ -25,7 +25,7 @@ if not bin:match("^/") then bin = home .. "/" .. bin end
 
 -- the real run
 local probe = dryrun.probe("cpu")
-local forced = { max_iters = 2, out_dir = ("/tmp/shard_dryrun_parity_real_%d"):format(world) }
+local forced = { max_iters = 3, out_dir = ("/tmp/shard_dryrun_parity_real_%d"):format(world) }
 for k, v in pairs(dryrun.DRY_SETTINGS) do forced[k] = v end
 forced.device = "cpu"
 dryrun.run_recipe(RECIPE, args, forced, false)

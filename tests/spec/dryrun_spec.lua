@@ -144,9 +144,9 @@ describe("shard estimate --dry-run", function()
     out, code = support.shard("estimate --dry-run --wrold=4" .. RECIPE)
     assert.equal(2, code)
     assert.matches("unknown option %-%-wrold=4", out)
-    out, code = support.shard("estimate --dry-run --world=4 --steps=1" .. RECIPE)
+    out, code = support.shard("estimate --dry-run --world=4 --steps=2" .. RECIPE)
     assert.equal(2, code)
-    assert.matches("%-%-steps >= 2", out)
+    assert.matches("%-%-steps >= 3", out)
     -- hybrid_group = 2 splits by rank / 2: the other ranks' colors are unknowable from one rank
     -- (rank 0's first split, color 0 and key 0, looks like a node layout's: it must fail too)
     local script = support.script([[
