@@ -1,5 +1,7 @@
 #include "alloc_internal.h"
 #include "status_internal.h"
+#include "meta_internal.h"
+#include "tensor_internal.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@ typedef struct device_pool {
 } device_pool;
 
 static device_pool pools[MAX_DEVICES]; /* [0] is the CPU, [1 + N] is cuda:N */
+static device_pool meta_pool;           /* the meta device (meta.h): accounted, never backed */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int current_tag = SH_TAG_OTHER;
 static sh_mem_backend cuda_backend;
@@ -27,7 +30,10 @@ const char *sh_mem_tag_name(int tag) { return tag >= 0 && tag < SH_N_TAGS ? tag_
 void sh_mem_register_cuda(const sh_mem_backend *backend) { cuda_backend = *backend; }
 const sh_mem_backend *sh_mem_cuda(void) { return cuda_backend.raw_alloc ? &cuda_backend : NULL; }
 
+static device_pool *slot(int device) { return device == SH_DEVICE_META ? &meta_pool : &pools[device + 1]; }
+
 static device_pool *pool_for(int device) {
+  if (device == SH_DEVICE_META) return &meta_pool;
   if (device < -1 || device >= MAX_DEVICES - 1) {
     sh_fail(SH_ERR_DEVICE, "memory: no device %d", device);
     return NULL;
@@ -36,7 +42,7 @@ static device_pool *pool_for(int device) {
     sh_fail(SH_ERR_DEVICE, "memory: cuda:%d requested but shard was built without CUDA or no GPU is present", device);
     return NULL;
   }
-  return &pools[device + 1];
+  return slot(device);
 }
 
 /* Size classes: 64-byte steps up to 1 KiB, then four classes per power of two. */
@@ -55,11 +61,13 @@ static int size_class(size_t n, size_t *class_bytes) {
 }
 
 static void *system_alloc(int device, size_t bytes) {
+  if (device == SH_DEVICE_META) return sh_meta_address(bytes);
   if (device < 0) return aligned_alloc(ALIGN, bytes);
   return cuda_backend.raw_alloc(device, bytes);
 }
 
 static void system_free(int device, void *ptr) {
+  if (device == SH_DEVICE_META) return;
   if (device < 0) free(ptr); else cuda_backend.raw_free(device, ptr);
 }
 
@@ -93,7 +101,7 @@ static void release_cache(int device, device_pool *p) {
 static int oom(int device, device_pool *p, size_t bytes, int tag, const char *why) {
   const sh_mem_stats *s = &p->stats;
   char dev[16];
-  if (device < 0) snprintf(dev, sizeof dev, "cpu"); else snprintf(dev, sizeof dev, "cuda:%d", device);
+  sh_device_str(device, dev, sizeof dev);
   return sh_fail(SH_ERR_OOM,
     "out of memory on %s: %s allocating %zu bytes (tag %s); allocated %lld, reserved %lld, "
     "limit %lld; by tag: param %lld, grad %lld, optim %lld, activation %lld, comm %lld, other %lld",
@@ -146,7 +154,7 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
   if (!ptr) return;
   if (tag < 0 || tag >= SH_N_TAGS) tag = SH_TAG_OTHER;
   pthread_mutex_lock(&lock);
-  device_pool *p = &pools[device + 1];
+  device_pool *p = slot(device);
   size_t bytes;
   int cls = size_class(nbytes, &bytes);
   free_block *b = p->spare_nodes;

@@ -1,8 +1,10 @@
 /* backend.c: the per-device kernel tables (backend_internal.h). The CPU table is assembled
- * once from every op family's registration; the CUDA table arrives from kernels/device.cu. */
+ * once from every op family's registration; the CUDA table arrives from kernels/device.cu;
+ * the meta device's (dry runs) is meta.c's. */
 #include <pthread.h>
 #include "backend_internal.h"
 #include "status_internal.h"
+#include "meta_internal.h"
 
 static sh_backend cpu_backend = { .name = "cpu" };
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -26,6 +28,7 @@ static void cpu_register(void) {
 void sh_backend_register_cuda(const sh_backend *b) { cuda_backend = b; }
 
 int sh_backend_for(const sh_backend **out, int device, const char *op) {
+  if (device == SH_DEVICE_META) { *out = sh_meta_backend(); return SH_OK; }
   if (device < 0) {
     pthread_once(&cpu_once, cpu_register);
     *out = &cpu_backend;

@@ -26,6 +26,7 @@ static sh_flight_record *g_flight;          /* this rank's flight record, when r
 static int g_timed_out;   /* a wait of this process timed out (sh_comm_wait) */
 static sh_comm *g_live;                     /* every live group, for counters and finalize */
 static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
+static int g_splitting_node;                /* inside sh_comm_split_node (comm_dry.c asks) */
 static double g_wait_seconds;               /* time blocked in sh_comm_wait */
 
 static const char *KIND_NAME[SH_COLL_N] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
@@ -228,6 +229,27 @@ int sh_comm_init_world(sh_comm **out) {
   return SH_OK;
 }
 
+int sh_comm_init_dry(sh_comm **out, int rank, int size, int local_size) {
+  *out = NULL;
+  if (g_world) return sh_fail(SH_ERR_COMM, "comm: a dry-run world must be made before the world group exists");
+  if (size < 1 || rank < 0 || rank >= size || local_size < 1)
+    return sh_fail(SH_ERR_ARG, "comm: a dry-run world of %d ranks (%d per node) has no rank %d", size, local_size, rank);
+  sh_comm *w = new_comm("dry world");
+  if (!w) return sh_fail(SH_ERR_OOM, "comm: out of host memory for the world group");
+  *w = (sh_comm){ .rank = rank, .size = size, .local_rank = rank % local_size, .local_size = local_size,
+                  .node = rank / local_size, .n_nodes = (size + local_size - 1) / local_size,
+                  .nodes_uniform = size % local_size == 0, .timeout = w->timeout, .refs = 1, .is_world = 1,
+                  .cpu = &sh_comm_dry_backend, .flight_slot = -1 };
+  snprintf(w->name, sizeof w->name, "dry world");
+  snprintf(w->node_name, sizeof w->node_name, "dry-node%d", w->node);
+  link_comm(w);
+  g_world = w;
+  *out = w;
+  return SH_OK;
+}
+
+int sh_comm_splitting_node(void) { return g_splitting_node; }
+
 static void free_comm(sh_comm *c) {
   if (c->gpu && c->gpu_state) c->gpu->destroy(c);
   if (c->cpu) c->cpu->destroy(c);
@@ -305,7 +327,10 @@ const char *sh_comm_node_name(const sh_comm *c) { return c ? c->node_name : ""; 
 int sh_comm_split_node(sh_comm **out, sh_comm *c) {
   *out = NULL;
   if (!c) return sh_fail(SH_ERR_ARG, "comm split_node: expected a group, got nil");
-  SH_TRY(sh_comm_split(out, c, c->node, c->rank));
+  g_splitting_node = 1;
+  int rc = sh_comm_split(out, c, c->node, c->rank);
+  g_splitting_node = 0;
+  SH_TRY(rc);
   char name[96];
   snprintf(name, sizeof name, "%.60s node %d", c->name, c->node);
   return sh_comm_set_name(*out, name);
@@ -407,6 +432,9 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
    * through the CPU side unless only NCCL spans the ranks. */
   const sh_comm_backend *b = any ? (any->device >= 0 ? device_backend(c) : c->cpu)
                                  : (c->cpu != &none_backend || !c->gpu ? c->cpu : c->gpu);
+  if (any && any->device == SH_DEVICE_META && b != &sh_comm_dry_backend)
+    return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a meta tensor, which only a dry-run world "
+                   "(shard estimate --dry-run) can take", KIND_NAME[kind], c->name, c->rank, sh_desc(any));
   if (!b)
     return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a CUDA tensor but shard was built without NCCL",
                    KIND_NAME[kind], c->name, c->rank, sh_desc(any));

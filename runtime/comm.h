@@ -55,6 +55,11 @@ int sh_comm_read_env(sh_comm_env *out);
  * nothing set it is a world of one. Later calls return the same group (counted references:
  * each is ended with sh_comm_destroy). */
 int sh_comm_init_world(sh_comm **out);
+/* A dry-run world instead (lua/shard/dryrun.lua): this process stands for `rank` of `size`
+ * ranks, local_size per node (numbered node by node). Collectives complete at once, move no
+ * data and are counted as real ones; meta tensors (meta.h) may only go through such a
+ * world. It must come before the first sh_comm_init_world, which then returns it. */
+int sh_comm_init_dry(sh_comm **out, int rank, int size, int local_size);
 /* Collective over `comm`: ranks giving the same color form a group, ordered by (key, rank).
  * color < 0 gives *out = NULL on that rank. The new group is named "<parent> color C" until
  * sh_comm_set_name renames it. */

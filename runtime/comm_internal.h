@@ -73,6 +73,9 @@ struct sh_comm_backend {
 };
 
 extern const sh_comm_backend sh_comm_local_backend;
+extern const sh_comm_backend sh_comm_dry_backend;     /* comm_dry.c: a dry run's world */
+/* 1 while sh_comm_split_node is splitting (the dry backend answers that split from the layout). */
+int sh_comm_splitting_node(void);
 extern const sh_comm_backend sh_comm_mpi_backend;
 /* Initialises MPI once (MPI_Init_thread), and gives the world's state, rank and size, and
  * its node fields (node, n_nodes, local_rank, local_size, nodes_uniform, node_name). */

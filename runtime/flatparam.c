@@ -104,7 +104,7 @@ static int copy_flat_range(sh_tensor *dst, const sh_tensor *t, int64_t start, in
 
 /* dst += src elementwise (same numel, contiguous, 1-D). */
 static int accumulate(sh_tensor *dst, const sh_tensor *src) {
-  if (dst->device >= 0) return sh_axpy_(dst, 1.0, src);
+  if (dst->device != -1) return sh_axpy_(dst, 1.0, src);
   int64_t n = sh_tensor_numel(dst);
   void *d = sh_tensor_data(dst);
   const void *s = sh_tensor_data(src);

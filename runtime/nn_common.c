@@ -30,9 +30,8 @@ int sh_check_on(const sh_tensor *t, int device, const char *op, const char *name
   if (!t->storage) return sh_fail(SH_ERR_FREED, "%s: %s %s was used after :free()", op, name, sh_desc(t));
   if (t->device == device) return SH_OK;
   char want[16];
-  if (device < 0) snprintf(want, sizeof want, "cpu");
-  else snprintf(want, sizeof want, "cuda:%d", device);
-  return sh_fail(SH_ERR_DEVICE, "%s: %s is %s but the op runs on %s: move it first", op, name, sh_desc(t), want);
+  return sh_fail(SH_ERR_DEVICE, "%s: %s is %s but the op runs on %s: move it first", op, name, sh_desc(t),
+                 sh_device_str(device, want, sizeof want));
 }
 
 int sh_nn_check_shape(const sh_tensor *t, const char *op, const char *name, int ndim, const int64_t *shape) {

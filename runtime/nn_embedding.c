@@ -107,7 +107,7 @@ static int check_indices(const sh_tensor *idx, const sh_tensor *w, const char *o
   SH_TRY(sh_check_on(idx, w->device, op, "idx"));
   if (idx->dtype != SH_I64 && idx->dtype != SH_I32)
     return sh_fail(SH_ERR_ARG, "%s: idx must be i64 or i32, got %s", op, sh_desc(idx));
-  return w->device < 0 ? check_range(idx, w->shape[0], op) : SH_OK;
+  return w->device == -1 ? check_range(idx, w->shape[0], op) : SH_OK;
 }
 
 int sh_embedding_forward(sh_tensor **y, const sh_tensor *idx, const sh_tensor *w) {

@@ -155,7 +155,7 @@ static int check_ce(const char *op, const sh_tensor *logits, const sh_tensor *ta
     return sh_fail(SH_ERR_ARG, "%s: targets must have the shape of logits without its last dim; got logits %s and targets %s",
                    op, sh_desc(logits), sh_desc(targets));
   int64_t V = logits->shape[logits->ndim - 1];
-  if (logits->device < 0) SH_TRY(check_targets(op, targets, V, ignore));
+  if (logits->device == -1) SH_TRY(check_targets(op, targets, V, ignore));
   if (V == 0 && sh_tensor_numel(targets) > 0)
     return sh_fail(SH_ERR_ARG, "%s: logits %s has no classes", op, sh_desc(logits));
   return SH_OK;

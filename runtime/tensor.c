@@ -48,13 +48,18 @@ const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size) {
   return buf;
 }
 
+const char *sh_device_str(int device, char *buf, int size) {
+  if (device == SH_DEVICE_META) snprintf(buf, size, "meta");
+  else if (device < 0) snprintf(buf, size, "cpu");
+  else snprintf(buf, size, "cuda:%d", device);
+  return buf;
+}
+
 int sh_tensor_describe(const sh_tensor *t, char *buf, int size) {
-  char shape[160];
+  char shape[160], dev[16];
   if (!t) return snprintf(buf, size, "nil");
   sh_shape_str(t->ndim, t->shape, shape, sizeof shape);
-  if (t->device < 0)
-    return snprintf(buf, size, "%s%s cpu%s", sh_dtype_name(t->dtype), shape, t->storage ? "" : " (freed)");
-  return snprintf(buf, size, "%s%s cuda:%d%s", sh_dtype_name(t->dtype), shape, t->device,
+  return snprintf(buf, size, "%s%s %s%s", sh_dtype_name(t->dtype), shape, sh_device_str(t->device, dev, sizeof dev),
                   t->storage ? "" : " (freed)");
 }
 

@@ -2,6 +2,7 @@
 #include "backend_internal.h"
 #include "tensor_internal.h"
 #include "alloc_internal.h"
+#include "meta_internal.h"
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -209,6 +210,7 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   /* Across devices the bytes move between contiguous images of the same dtype and shape;
    * dtype conversion and any striding happen on one side (the host, or a device's copy_). */
   if (dst->device == src->device) return copy_within(dst, src);
+  if (dst->device == SH_DEVICE_META || src->device == SH_DEVICE_META) return sh_meta_copy_across(dst, src);
   if (src->device < 0) return copy_from_host(dst, src);
   if (dst->device < 0) return copy_to_host(dst, src);
   return copy_between_devices(dst, src);
@@ -244,7 +246,7 @@ int sh_tensor_reshape(sh_tensor **out, const sh_tensor *t, int ndim, const int64
 
 static int require_cpu(const sh_tensor *t, const char *op) {
   SH_TRY(sh_tensor_check(t, op));
-  if (t->device >= 0) return sh_fail(SH_ERR_DEVICE, "%s: needs a cpu tensor, got %s (use :to('cpu'))", op, sh_desc(t));
+  if (t->device != -1) return sh_fail(SH_ERR_DEVICE, "%s: needs a cpu tensor, got %s (use :to('cpu'))", op, sh_desc(t));
   return SH_OK;
 }
 

@@ -4,12 +4,15 @@
 #include "tensor.h"
 #include "dtype.h"
 #include "status_internal.h"
+#include "meta.h"
 
 enum { SH_MAX_DIMS = 8 };
 
 double sh_load(const void *base, int dtype, int64_t i);
 void sh_store(void *base, int dtype, int64_t i, double v);
 
+/* "cpu", "cuda:N" or "meta" into buf; returns buf. */
+const char *sh_device_str(int device, char *buf, int size);
 /* "[2,3,4]" into buf; returns buf. */
 const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size);
 /* The English ordinal suffix of n ("st" for 1, "nd" for 2, "th" for 11): messages name a

@@ -12,6 +12,9 @@ usage: shard <command> [args]
                                        timeout, default 600 or SHARD_COMM_TIMEOUT)
   bench ...                            benchmarks
   estimate [--key=value ...]           per-rank memory of a GPT under FSDP
+  estimate --dry-run [--world=N] RECIPE [--key=value ...]
+                                       run RECIPE as one of N ranks with no data (meta tensors):
+                                       peak memory by tag, bytes per collective, FLOPs per step
   sweep FILE.lua [--out DIR] [...]     run a benchmark sweep: each point its own process, results
                                        appended to JSONL (a rerun skips done points), then a
                                        Markdown/CSV table and gnuplot PNGs (sweep --help)

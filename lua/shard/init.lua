@@ -65,8 +65,10 @@ function shard.init(opts)
     env.device = "cuda:" .. dev
   elseif want == "cpu" or want == "auto" then
     env.device = "cpu"
+  elseif want == "meta" then    -- a dry run (shard estimate --dry-run): shapes and memory, no data
+    env.device = "meta"
   else
-    error("shard.init: device must be auto, cpu or cuda, got " .. tostring(want), 2)
+    error("shard.init: device must be auto, cpu, cuda or meta, got " .. tostring(want), 2)
   end
   tensor.default_device = env.device
   local limit = os.getenv("SHARD_MEMORY_LIMIT")

@@ -54,6 +54,7 @@ function M.of(device, dtype)
     cpu_measured = cpu_measured or M.measure_cpu()
     return { flops = cpu_measured, name = "cpu", source = "measured f32 GEMM peak (512^3)" }
   end
+  if not device:match("^cuda") then return nil end   -- the meta device (dry runs) computes nothing
   local name = cuda_name(device)
   local row = name and M.device_row(name)
   if not row then return nil end

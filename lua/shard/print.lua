@@ -124,6 +124,7 @@ end
 
 function M.tensor(t)
   if t:is_freed() then return "tensor (freed) " .. footer(t) end
+  if t:device() == "meta" then return "tensor (meta: a shape, no values) " .. footer(t) end
   local src = t:is_cuda() and t:to("cpu") or t
   local n = src:numel()
   local body

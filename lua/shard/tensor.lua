@@ -33,15 +33,19 @@ function M.dtype_id(name)
 end
 function M.dtype_name(id) return DTYPES[id] end
 
+-- Device ids: -1 the CPU, N cuda:N, C.SH_DEVICE_META the meta device (runtime/meta.h: shapes
+-- and memory accounting without data, for dry runs).
+local META = C.SH_DEVICE_META
 function M.device_id(dev)
   if dev == nil or dev == "cpu" or dev == -1 then return -1 end
   if type(dev) == "number" then return dev end
+  if dev == "meta" then return META end
   if dev == "cuda" then return 0 end
   local n = type(dev) == "string" and dev:match("^cuda:(%d+)$")
-  if not n then error("unknown device '" .. tostring(dev) .. "' (expected cpu, cuda or cuda:N)", 3) end
+  if not n then error("unknown device '" .. tostring(dev) .. "' (expected cpu, cuda, cuda:N or meta)", 3) end
   return tonumber(n)
 end
-function M.device_name(id) return id < 0 and "cpu" or ("cuda:" .. id) end
+function M.device_name(id) return id == META and "meta" or (id < 0 and "cpu" or ("cuda:" .. id)) end
 
 local Handle = ffi.typeof("sh_handle")
 local box = ffi.new("sh_tensor*[1]")
@@ -130,7 +134,7 @@ function M.tensor(data, opts)
   local buf = ffi.new("double[?]", math.max(#flat, 1))
   for i = 1, #flat do buf[i - 1] = flat[i] end
   check(C.sh_tensor_write_f64(host.p, buf), 2)
-  if device < 0 then return host end
+  if device == -1 then return host end
   local t = host:to(M.device_name(device))
   host:free()
   return t
@@ -171,9 +175,9 @@ function Tensor:describe()
   return ffi.string(buf)
 end
 
--- A device tensor is copied to the host first (a synchronising read).
+-- A device tensor is copied to the host first (a synchronising read; a meta tensor reads 0).
 local function on_host(t)
-  if t.p.device < 0 then return t, false end
+  if t.p.device == -1 then return t, false end
   return t:to("cpu"), true
 end
 
@@ -188,7 +192,7 @@ end
 
 -- Every element as a flat Lua array of numbers (row-major); moves to the CPU if needed.
 function Tensor:tolist_flat()
-  local src = self.p.device >= 0 and self:to("cpu") or self
+  local src = self.p.device ~= -1 and self:to("cpu") or self
   local n = src:numel()
   local buf = ffi.new("double[?]", math.max(n, 1))
   check(C.sh_tensor_read_f64(src.p, buf), 2)
@@ -353,7 +357,7 @@ function Tensor:to(what)
   if type(what) == "table" then
     if what.dtype then dtype = M.dtype_id(what.dtype) end
     if what.device then device = M.device_id(what.device) end
-  elseif type(what) == "string" and (what == "cpu" or what:match("^cuda")) then
+  elseif type(what) == "string" and (what == "cpu" or what == "meta" or what:match("^cuda")) then
     device = M.device_id(what)
   else
     dtype = M.dtype_id(what)

@@ -1,0 +1,327 @@
+-- shard.dryrun: `shard estimate --dry-run --world=N RECIPE [--key=value ...]` runs a recipe as
+-- one rank of an N-rank job, in one process, with nothing computed: the real fsdp.wrap,
+-- schedule and caching allocator, over tensors on the meta device (runtime/meta.h: shapes and
+-- memory accounting, no data; kernels count FLOPs and bytes) and a dry-run world
+-- (runtime/comm_dry.c: collectives counted as real ones, no data moved). It prints, for the
+-- last of --steps training steps (the optimizer's step calls delimit them): the rank's peak
+-- memory by tag and the unit running when it was reached, the collectives and their bytes,
+-- the FLOPs, and the step time that a device's peak figures imply (an estimate: bounds, not
+-- a measurement). Dry-run options come before RECIPE, the recipe's own after it:
+--   --world=N (1)  --rank=R (0)  --local_size=L (8 ranks per node; hybrid_group = "node")
+--   --steps=S (3)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
+-- The recipe runs with its device set to meta and, where it has these settings, one
+-- evaluation batch, no sampling, no checkpoints and no progress lines (DRY_SETTINGS). A value
+-- read from a meta tensor is 0, so a recipe must not branch on one. Files are real: what a
+-- recipe's rank 0 prepares for the others (the Shakespeare recipe's token files) must exist
+-- before a dry run as another rank reads them (a dry run as rank 0, or a real run, makes them).
+local ffi = require "ffi"
+local rt = require "shard.ffi"
+local C, check = rt.C, rt.check
+
+local M = {}
+
+---------------------------------------------------------------------------------------------
+-- the probe: per-step counters, and the unit at the peak
+
+local KINDS = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
+M.KINDS = KINDS
+
+-- Step k's counters: comm counts and bytes (this process's, every group), the meta device's
+-- FLOPs and bytes, and the memory peak of `device` since the previous step, by tag.
+local function counters(device)
+  local comm, memory = require "shard.comm", require "shard.memory"
+  local c = { count = {}, bytes = {} }
+  for _, k in ipairs(KINDS) do c.count[k], c.bytes[k] = comm.count(k), comm.bytes(k) end
+  c.flops_matmul = tonumber(C.sh_meta_count(C.SH_META_FLOPS_MATMUL))
+  c.flops_attention = tonumber(C.sh_meta_count(C.SH_META_FLOPS_ATTENTION))
+  c.kernel_bytes = tonumber(C.sh_meta_count(C.SH_META_BYTES))
+  local s = memory.stats(device)
+  c.peak, c.peak_by_tag, c.allocated = s.peak, s.peak_by_tag, s.allocated
+  return c
+end
+
+local Probe = {}
+Probe.__index = Probe
+
+-- The label of the innermost FSDP phase running now.
+function Probe:label() return self.stack[#self.stack] or "outside the units (data, loss scaling, optimizer)" end
+
+-- The peak is monotonic between resets: a rise since the last look happened in the region
+-- that ran since then, which is the current label's.
+function Probe:observe()
+  C.sh_mem_stats_get(self.device_id, self.raw)
+  local peak = tonumber(self.raw.peak)
+  if peak > self.seen then self.seen, self.at_peak_now = peak, self:label() end
+end
+
+function Probe:enter(label) self:observe(); self.stack[#self.stack + 1] = label end
+function Probe:leave(label)
+  self:observe()
+  if self.stack[#self.stack] == label then self.stack[#self.stack] = nil end
+end
+
+function Probe:after_step()
+  self:observe()
+  local c = counters(self.device)
+  c.at_peak = self.at_peak_now
+  self.steps[#self.steps + 1] = c
+  require("shard.memory").reset_peak(self.device)
+  C.sh_mem_stats_get(self.device_id, self.raw)
+  self.seen, self.at_peak_now = tonumber(self.raw.peak), self:label()
+end
+
+-- The figures of step k (default the last): the difference of the counters across it.
+function Probe:step(k)
+  k = k or #self.steps
+  local now, before = self.steps[k], self.steps[k - 1]
+  if not now or not before then
+    error(("dry run: step %s of %d has no step before it to measure from (run at least 2 steps)"):format(tostring(k), #self.steps), 2)
+  end
+  local r = { step = k, count = {}, bytes = {}, peak = now.peak, peak_by_tag = now.peak_by_tag, at_peak = now.at_peak }
+  for _, kind in ipairs(KINDS) do
+    r.count[kind] = now.count[kind] - before.count[kind]
+    r.bytes[kind] = now.bytes[kind] - before.bytes[kind]
+  end
+  r.flops_matmul = now.flops_matmul - before.flops_matmul
+  r.flops_attention = now.flops_attention - before.flops_attention
+  r.flops = r.flops_matmul + r.flops_attention
+  r.kernel_bytes = now.kernel_bytes - before.kernel_bytes
+  return r
+end
+
+local function wrap_method(class, name, around)
+  local orig = class[name]
+  class[name] = function(self, ...) return around(orig, self, ...) end
+  return function() class[name] = orig end
+end
+
+-- Hooks the optimizers' step (every optimizer built from now on) and the FSDP units' phases.
+-- device: where the model's memory lives ("meta" in a dry run, "cpu" for the real runs the
+-- dry run is checked against). Returns the probe; probe:remove() takes the hooks out.
+function M.probe(device)
+  local optim, fsdp = require "shard.optim", require "shard.fsdp"
+  local self = setmetatable({ device = device, device_id = require("shard.tensor").device_id(device),
+                              raw = ffi.new("sh_mem_stats"), stack = {}, steps = {}, seen = 0, undo = {} }, Probe)
+  local function unit_name(u) return u.name == "" and "(root)" or u.name end
+  for _, ctor in ipairs { "AdamW", "SGD" } do
+    self.undo[#self.undo + 1] = wrap_method(optim, ctor, function(orig, ...)
+      local opt = orig(...)
+      local step = opt.step
+      opt.step = function(o, ...) local r = step(o, ...); self:after_step(); return r end
+      return opt
+    end)
+  end
+  self.undo[#self.undo + 1] = wrap_method(fsdp.Unit, "forward", function(orig, u, ...)
+    local label = "forward of " .. unit_name(u)
+    self:enter(label)
+    local out = orig(u, ...)
+    self:leave(label)
+    return out
+  end)
+  self.undo[#self.undo + 1] = wrap_method(fsdp.Unit, "pre_backward", function(orig, u)
+    self:enter("backward of " .. unit_name(u))
+    return orig(u)
+  end)
+  self.undo[#self.undo + 1] = wrap_method(fsdp.Unit, "post_backward", function(orig, u)
+    orig(u)
+    self:leave("backward of " .. unit_name(u))
+  end)
+  self.steps[0] = counters(device)    -- step 1 is measured from here
+  return self
+end
+
+function Probe:remove()
+  for i = #self.undo, 1, -1 do self.undo[i]() end
+  self.undo = {}
+end
+
+---------------------------------------------------------------------------------------------
+-- running a recipe
+
+-- Settings a dry run gives a recipe that has them: the meta device, no sampling, checkpoints
+-- or progress lines, one evaluation batch (the evaluation before the first step and after the
+-- last still runs: it lies outside the measured step). max_iters is --steps.
+local DRY_SETTINGS = { device = "meta", sample_tokens = 0, save_interval = 0, eval_iters = 1,
+                       log_interval = 1000000000, eval_interval = 1000000000, resume = false }
+M.DRY_SETTINGS = DRY_SETTINGS
+
+-- Runs the recipe file with its command-line overrides, the given settings forced over them
+-- (only those its defaults have). print is silenced unless verbose.
+function M.run_recipe(path, args, forced, verbose)
+  local config = require "shard.config"
+  local chunk, err = loadfile(path)
+  if not chunk then error("dry run: " .. tostring(err), 0) end
+  local script_args = { [0] = path, [-1] = "shard" }
+  for i, a in ipairs(args) do script_args[i] = a end
+  _G.arg = script_args
+  local overrides, stray = config.parse_args(script_args)
+  config.set_overrides(overrides, stray, path)
+  local apply, print_ = config.apply, _G.print
+  config.apply = function(defaults)
+    local cfg = apply(defaults)
+    for k, v in pairs(forced) do if defaults[k] ~= nil then cfg[k] = v end end
+    return cfg
+  end
+  if not verbose then _G.print = function() end end
+  local ok, e = pcall(chunk, unpack(script_args))
+  config.apply, _G.print = apply, print_
+  if not ok then error(e, 0) end
+end
+
+---------------------------------------------------------------------------------------------
+-- the step time that peak figures imply
+
+-- Bytes one rank sends per step in ring collectives over n ranks, from the counted bytes (the
+-- input of each: a shard for all_gather, the full buffer for reduce_scatter and all_reduce).
+function M.ring_bytes(bytes, n)
+  if n <= 1 then return 0 end
+  return bytes.all_gather * (n - 1) + bytes.reduce_scatter * (n - 1) / n + bytes.all_reduce * 2 * (n - 1) / n
+         + bytes.broadcast
+end
+
+-- This CPU as a device row (shard.peak's shape): its f32 GEMM rate (shard.peak's measurement)
+-- and its copy bandwidth (32 MiB read and written, best of 4) for memory; no link.
+function M.cpu_row()
+  local shard, timer = require "shard", require "shard.timer"
+  local m = 8 * 1024 * 1024
+  local src, dst = shard.zeros({ m }, { device = "cpu" }), shard.empty({ m }, { device = "cpu" })
+  local copy = math.huge
+  for _ = 1, 4 do
+    local t0 = timer.now()
+    dst:copy_(src)
+    copy = math.min(copy, timer.now() - t0)
+  end
+  src:free(); dst:free()
+  local flops = require("shard.peak").measure_cpu()
+  return { name = ("this CPU (%.0f GFLOP/s sgemm)"):format(flops / 1e9), bf16 = flops, hbm = 2 * 4 * m / copy }
+end
+
+-- Time bounds (seconds) of one step on a device (a shard.peak.DEVICES row: bf16 FLOP/s, hbm
+-- and nvlink bytes/s each way): compute at the bf16 dense peak, every kernel byte through
+-- memory once, the ring's bytes over the link; with perfect overlap the step takes at least
+-- the largest, with none their sum.
+function M.step_bounds(r, world, dev)
+  local b = { compute = r.flops / dev.bf16, hbm = r.kernel_bytes / dev.hbm }
+  b.comm = dev.nvlink and M.ring_bytes(r.bytes, world) / dev.nvlink or nil
+  b.overlapped = math.max(b.compute, b.hbm, b.comm or 0)
+  b.serial = b.compute + b.hbm + (b.comm or 0)
+  return b
+end
+
+---------------------------------------------------------------------------------------------
+-- the command
+
+local function parse(args)
+  local o = { world = 1, rank = 0, local_size = 8, steps = 3, verbose = false, json = false }
+  local i = 1
+  while args[i] and args[i]:match("^%-%-") do
+    local key, value = args[i]:match("^%-%-([%w_]+)=(.*)$")
+    if args[i] == "--verbose" or args[i] == "--json" then o[args[i]:sub(3)] = true
+    elseif not key or type(o[key]) ~= "number" then
+      error({ usage = ("estimate --dry-run: unknown option %s before the recipe (known: --world, --rank, --local_size, --steps, --verbose, --json)"):format(args[i]) }, 0)
+    else
+      local n = tonumber(value)
+      if not n or n ~= math.floor(n) then error({ usage = ("estimate --dry-run: --%s=%s is not a whole number"):format(key, value) }, 0) end
+      o[key] = n
+    end
+    i = i + 1
+  end
+  o.recipe = args[i]
+  if not o.recipe then error({ usage = "estimate --dry-run [--world=N --rank=R --local_size=L --steps=S --verbose] RECIPE [--key=value ...]" }, 0) end
+  o.args = { unpack(args, i + 1) }
+  if o.world < 1 or o.rank < 0 or o.rank >= o.world then
+    error({ usage = ("estimate --dry-run: --rank=%d is not a rank of --world=%d"):format(o.rank, o.world) }, 0)
+  end
+  if o.local_size < 1 or o.steps < 3 then
+    error({ usage = ("estimate --dry-run: --local_size must be >= 1 and --steps >= 3 (the last step is measured from the " ..
+      "one before, and step 1 ends with the first progress line's collectives); got %d and %d"):format(o.local_size, o.steps) }, 0)
+  end
+  return o
+end
+
+-- Runs the dry run; returns the options and the measured step (Probe:step's table).
+function M.run(o)
+  local box = ffi.new("sh_comm*[1]")
+  check(C.sh_comm_init_dry(box, o.rank, o.world, math.min(o.local_size, o.world)), 2)
+  C.sh_comm_destroy(box[0])      -- comm.init() takes the world's reference from here
+  local probe = M.probe("meta")
+  local forced = { max_iters = o.steps }
+  for k, v in pairs(DRY_SETTINGS) do forced[k] = v end
+  local ok, err = pcall(M.run_recipe, o.recipe, o.args, forced, o.verbose)
+  probe:remove()
+  if not ok then error(err, 0) end
+  if #probe.steps < o.steps then
+    error(("dry run: %s made %d optimizer steps, fewer than --steps=%d (does it read max_iters?)"):format(
+      o.recipe, #probe.steps, o.steps), 0)
+  end
+  if probe.steps[#probe.steps].peak == 0 then
+    error(("dry run: %s put nothing on the meta device (does it pass its device setting to shard.init?)"):format(o.recipe), 0)
+  end
+  return probe:step()
+end
+
+local function fmt_bytes(n) return require("shard.memory").format_bytes(n) end
+local function si(x, unit)
+  local prefixes = { { 1e15, "P" }, { 1e12, "T" }, { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } }
+  for _, p in ipairs(prefixes) do if math.abs(x) >= p[1] then return ("%.3g %s%s"):format(x / p[1], p[2], unit) end end
+  return ("%d %s"):format(x, unit)
+end
+local function ms(s) return s and ("%9.3f ms"):format(s * 1e3) or "        n/a" end
+
+function M.report(o, r, cpu)
+  local memory = require "shard.memory"
+  local lines = {}
+  local function say(fmt, ...) lines[#lines + 1] = fmt:format(...) end
+  say("dry run of %s: rank %d of %d (%d per node), step %d of %d", o.recipe, o.rank, o.world,
+      math.min(o.local_size, o.world), r.step, o.steps)
+  say("peak memory (rank %d): %s", o.rank, fmt_bytes(r.peak))
+  for _, tag in ipairs(memory.TAGS) do
+    if r.peak_by_tag[tag] ~= 0 then say("  %-11s %12s", tag, fmt_bytes(r.peak_by_tag[tag])) end
+  end
+  say("  reached in: %s", r.at_peak or "?")
+  say("communication per step (rank %d sends its share of each):", o.rank)
+  local total = 0
+  for _, k in ipairs(KINDS) do
+    if r.count[k] > 0 then say("  %-15s %5d x, %12d bytes (%s)", k, r.count[k], r.bytes[k], fmt_bytes(r.bytes[k])) end
+    total = total + r.bytes[k]
+  end
+  say("  total           %12d bytes (%s)", total, fmt_bytes(total))
+  say("FLOPs per step (rank %d): %s (matmul %s, attention %s); kernels touch %s", o.rank, si(r.flops, "FLOP"),
+      si(r.flops_matmul, "FLOP"), si(r.flops_attention, "FLOP"), fmt_bytes(r.kernel_bytes))
+  say("step time ESTIMATE from peak figures (shard.peak; bounds, not a measurement): compute at peak, each kernel byte")
+  say("through memory once, ring collectives over the link; overlapped = the largest, serial = the sum")
+  say("  %-30s %12s %12s %12s %12s %12s", "device", "compute", "memory", "comm", "overlapped", "serial")
+  local rows = {}
+  for _, d in ipairs(require("shard.peak").DEVICES) do
+    rows[#rows + 1] = { ("%s (%.0f TFLOP/s bf16)"):format(d.name, d.bf16 / 1e12), d }
+  end
+  if cpu then rows[#rows + 1] = { cpu.name, cpu } end
+  for _, row in ipairs(rows) do
+    local b = M.step_bounds(r, o.world, row[2])
+    say("  %-30s %s %s %s %s %s", row[1], ms(b.compute), ms(b.hbm), ms(b.comm), ms(b.overlapped), ms(b.serial))
+  end
+  if o.world > 1 then
+    say("  (comm: rings over all %d ranks in one NVLink domain at %.0f GB/s each way, an upper bound for", o.world,
+        require("shard.peak").DEVICES[1].nvlink / 1e9)
+    say("  hybrid's smaller groups; across nodes the network is slower)")
+  end
+  return table.concat(lines, "\n")
+end
+
+function M.main(args)
+  local o = parse(args)
+  local t0 = require("shard.timer").now()
+  local r = M.run(o)
+  local took = require("shard.timer").now() - t0
+  if o.json then
+    print("dryrun " .. require("cjson").encode({ rank = o.rank, world = o.world, peak = r.peak, peak_by_tag = r.peak_by_tag,
+      at_peak = r.at_peak, count = r.count, bytes = r.bytes, flops = r.flops, flops_matmul = r.flops_matmul,
+      flops_attention = r.flops_attention, kernel_bytes = r.kernel_bytes, seconds = took }))
+    return 0
+  end
+  print(M.report(o, r, M.cpu_row()))
+  print(("(dry run took %.1f s)"):format(took))
+  return 0
+end
+
+return M
