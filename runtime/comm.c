@@ -18,6 +18,7 @@ extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
 #endif
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -141,6 +142,75 @@ static void flight_wait(const sh_comm_work *w, int state, double since, double w
   g_flight->wait_since = since;
   g_flight->wait_for = waited;
   g_flight->wait_state = state;
+}
+
+/* ---- trace events (comm.h) --------------------------------------------------------------- */
+
+static struct {
+  pthread_mutex_t lock;
+  sh_comm_event *ev;
+  int capacity, head, n;     /* the oldest event is ev[head]; n events are held */
+  int64_t dropped;
+  int label;
+} g_trace = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+int sh_comm_trace_start(int capacity) {
+  if (capacity < 0) return sh_fail(SH_ERR_ARG, "comm trace: capacity %d; expected >= 0 events", capacity);
+  sh_comm_event *ev = capacity ? calloc((size_t)capacity, sizeof *ev) : NULL;
+  if (capacity && !ev) return sh_fail(SH_ERR_OOM, "comm trace: out of host memory for %d events", capacity);
+  pthread_mutex_lock(&g_trace.lock);
+  free(g_trace.ev);
+  g_trace.ev = ev;
+  g_trace.capacity = capacity;
+  g_trace.head = g_trace.n = 0;
+  g_trace.dropped = 0;
+  pthread_mutex_unlock(&g_trace.lock);
+  return SH_OK;
+}
+
+int sh_comm_trace_read(sh_comm_event *out, int max) {
+  pthread_mutex_lock(&g_trace.lock);
+  int k = 0;
+  for (; k < max && g_trace.n > 0; k++) {
+    out[k] = g_trace.ev[g_trace.head];
+    g_trace.head = (g_trace.head + 1) % g_trace.capacity;
+    g_trace.n--;
+  }
+  pthread_mutex_unlock(&g_trace.lock);
+  return k;
+}
+
+int64_t sh_comm_trace_dropped(void) { return g_trace.dropped; }
+
+int sh_comm_trace_label(int label) {
+  int old = g_trace.label;
+  g_trace.label = label;
+  return old;
+}
+
+static void trace_push(const sh_comm_work *w, int wait, double t0, double t1) {
+  if (!g_trace.ev) return;
+  pthread_mutex_lock(&g_trace.lock);
+  if (g_trace.ev) {
+    if (g_trace.n == g_trace.capacity) {     /* full: the oldest goes */
+      g_trace.head = (g_trace.head + 1) % g_trace.capacity;
+      g_trace.n--;
+      g_trace.dropped++;
+    }
+    sh_comm_event *e = &g_trace.ev[(g_trace.head + g_trace.n++) % g_trace.capacity];
+    const sh_tensor *t = w->in ? w->in : w->out;
+    *e = (sh_comm_event){ .t0 = t0, .t1 = t1, .bytes = w->bytes, .seq = w->seq, .kind = w->kind, .wait = wait,
+                          .device = t ? t->device : -1, .label = w->label };
+    snprintf(e->group, sizeof e->group, "%s", w->comm->name);
+  }
+  pthread_mutex_unlock(&g_trace.lock);
+}
+
+/* The collective's event, once, when the host first sees it complete (or ordered). */
+static void trace_done(sh_comm_work *w) {
+  if (w->traced || !w->done) return;
+  w->traced = 1;
+  trace_push(w, 0, w->issued, sh_comm_now());
 }
 
 /* ---- the "none" backend: CPU collectives across ranks without MPI ----------------------- */
@@ -429,6 +499,8 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
   c->bytes[kind] += bytes; g_bytes[kind] += bytes;
   w->seq = ++c->seq;
   w->bytes = bytes;
+  w->issued = sh_comm_now();
+  w->label = g_trace.label;
   flight_issue(c, w);
   int rc = b->start(w);
   if (rc) {
@@ -437,6 +509,7 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
     work_release(w);
     return sh_fail_context("%s on %s (rank %d of %d): ", msg, c->name, c->rank, c->size);
   }
+  trace_done(w);
   *out = w;
   return SH_OK;
 }
@@ -447,6 +520,7 @@ int sh_comm_test(sh_comm_work *w, int *done) {
   if (!w->done) {
     int rc = w->backend->test(w, &w->done);
     if (rc) { w->done = 1; w->status = rc; }
+    if (!rc) trace_done(w);
   }
   *done = w->done;
   if (w->done && w->status) return sh_fail(w->status, "%s on %s (rank %d of %d) failed", w->what, w->comm->name, w->comm->rank, w->comm->size);
@@ -467,6 +541,7 @@ int sh_comm_wait(sh_comm_work *w) {
         double waited = sh_comm_now() - t0;
         g_wait_seconds += waited;
         flight_wait(w, 0, t0, waited);
+        trace_push(w, 1, t0, t0 + waited);
       }
       return rc;
     }
@@ -523,6 +598,7 @@ int sh_comm_work_order(sh_comm_work *w) {
     return sh_fail_context("%s on %s (rank %d of %d): ", w->what, w->comm->name, w->comm->rank, w->comm->size);
   }
   w->ordered = w->done = 1;
+  trace_done(w);
   return SH_OK;
 }
 

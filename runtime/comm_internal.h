@@ -46,6 +46,9 @@ struct sh_comm_work {
   int ordered;                    /* a device stream was made to wait for it: no host wait */
   int status;                     /* the completed op's status */
   char what[200];                 /* "all_reduce of f32[10] cpu (sum)" for messages */
+  double issued;                  /* monotonic seconds at issue (trace events) */
+  int label;                      /* sh_comm_trace_label at issue */
+  int traced;                     /* its completion event is recorded */
 };
 
 struct sh_comm_backend {
