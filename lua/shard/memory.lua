@@ -175,16 +175,21 @@ end
 local function gp_string(x) return "'" .. tostring(x):gsub("'", "''") .. "'" end
 
 -- Draws the timeline as a PNG through gnuplot: one band per tag (stacked), the peak marked,
--- each mark a dotted line labelled at the top. Returns the series (as timeline_series).
+-- each mark a dotted line labelled at the top (reshards red, gathers blue). Returns the series (as timeline_series).
 function M.timeline_png(tl, path, title)
   local series = M.timeline_series(tl)
   local data, script = path .. ".dat", path .. ".gp"
   local f = assert(io.open(data, "w"))
   local tags = M.TAGS
+  -- each point twice, at its time with the previous sizes and then its own: steps, not slopes
+  local prev
   for _, p in ipairs(series.points) do
-    local row, sum = { ("%.6f"):format((p.t - tl.t0) * 1e3) }, 0
+    local x, row, sum = ("%.6f"):format((p.t - tl.t0) * 1e3), {}, 0
     for _, name in ipairs(tags) do sum = sum + p.by_tag[name]; row[#row + 1] = ("%.6f"):format(sum / 1048576) end
-    f:write(table.concat(row, " "), "\n")
+    row = table.concat(row, " ")
+    if prev then f:write(x, " ", prev, "\n") end
+    f:write(x, " ", row, "\n")
+    prev = row
   end
   f:close()
   local peak = series.peak
@@ -199,7 +204,8 @@ function M.timeline_png(tl, path, title)
   }
   for i, m in ipairs(tl.marks) do
     local x = (m.t - tl.t0) * 1e3
-    lines[#lines + 1] = ("set arrow from %.6f, graph 0 to %.6f, graph 1 nohead dt 3 lc rgb 'gray40'"):format(x, x)
+    local color = m.label:match("^reshard") and "'#b03030'" or "'#3050b0'"   -- frees red, gathers blue
+    lines[#lines + 1] = ("set arrow from %.6f, graph 0 to %.6f, graph 1 nohead dt 3 lc rgb %s"):format(x, x, color)
     lines[#lines + 1] = ("set label %d %s at %.6f, graph 1 rotate by 90 right offset 0,-0.3 font ',7' front"):format(
       i + 1, gp_string(m.label), x)
   end

@@ -210,11 +210,14 @@ end
 ---------------------------------------------------------------------------------------------
 -- trace events
 
-local function us(t, origin) return math.floor((t - origin) * 1e9 + 0.5) / 1e3 end
+-- Microseconds from the origin, to the nanosecond; durations from the rounded ends, so that
+-- spans that nest in time nest in the file.
+local function ns(t, origin) return math.floor((t - origin) * 1e9 + 0.5) end
+local function us(t, origin) return ns(t, origin) / 1e3 end
 
 local function complete(out, r, tid, name, cat, t0, t1, args)
-  local ts = us(t0, r.origin)
-  out[#out + 1] = { ph = "X", pid = r.rank, tid = tid, name = name, cat = cat, ts = ts, dur = us(t1, r.origin) - ts, args = args }
+  local a = ns(t0, r.origin)
+  out[#out + 1] = { ph = "X", pid = r.rank, tid = tid, name = name, cat = cat, ts = a / 1e3, dur = (ns(t1, r.origin) - a) / 1e3, args = args }
 end
 
 -- Greedy lanes: a collective goes to the first lane of its class free at its start.
@@ -413,27 +416,29 @@ end
 
 -- Stops recording and writes what setup asked for: the merged trace (rank 0 prints the
 -- summary) and each rank's memory timeline PNG. Every rank must call it (a barrier).
--- Returns the summary table on rank 0 when a trace was written.
+-- Returns { steps, png, timeline_peak (bytes), summary (rank 0, when a trace was written) }.
 function M.finish()
   if not rec then return end
   finished = true
   local r = stop()
   local steps = #r.steps > 0 and (r.steps[1] == r.steps[#r.steps] and ("step " .. r.steps[1]) or
                 ("steps " .. r.steps[1] .. "-" .. r.steps[#r.steps])) or "no complete step"
+  local result = { steps = steps }
+  if r.timeline then result.timeline_peak = memory.timeline_series(r.timeline).peak.bytes end
   if cfg.memory_timeline and r.timeline then
-    local png = timeline_path(cfg.memory_timeline, r.rank)
-    local series = memory.timeline_png(r.timeline, png, ("memory timeline, rank %d, %s"):format(r.rank, steps))
-    print(("memory timeline: rank %d, peak %s -> %s"):format(r.rank, memory.format_bytes(series.peak.bytes), png))
+    result.png = timeline_path(cfg.memory_timeline, r.rank)
+    memory.timeline_png(r.timeline, result.png, ("memory timeline, rank %d, %s"):format(r.rank, steps))
+    print(("memory timeline: rank %d, peak %s -> %s"):format(r.rank, memory.format_bytes(result.timeline_peak), result.png))
   end
-  if not cfg.path then return end
+  if not cfg.path then return result end
   write_part(part_path(cfg.path, r.rank), r, rank_events(r))
   if r.world > 1 then world():barrier() end
-  if r.rank ~= 0 then return end
-  local sum = M.summarize(merge(cfg.path, r.world))
-  print(M.format_summary(sum, steps))
+  if r.rank ~= 0 then return result end
+  result.summary = M.summarize(merge(cfg.path, r.world))
+  print(M.format_summary(result.summary, steps))
   print(("trace: %d rank%s, %s -> %s (open in ui.perfetto.dev)"):format(r.world, r.world > 1 and "s" or "", steps, cfg.path))
   if (r.comm_dropped or 0) > 0 then print(("trace: %d collective events were dropped (ring full)"):format(r.comm_dropped)) end
-  return sum
+  return result
 end
 
 return M
