@@ -106,13 +106,13 @@ end
 local recording          -- { device, t0, base = by_tag at the start, marks, capacity }
 local mem_event = ffi.typeof("sh_mem_event[?]")
 
--- Starts recording: the peak is reset, so the timeline's peak is stats().peak at the stop.
--- opts: device (default the CPU), capacity (events held, default 1M; older ones are dropped
--- and counted).
+-- Starts recording. opts: device (default the CPU), capacity (events held, default 1M; older
+-- ones are dropped and counted), reset_peak (default true: the timeline's peak is then
+-- stats().peak at the stop; shard.trace passes false to leave a run's own figures alone).
 function M.timeline_start(opts)
   opts = opts or {}
   local capacity = opts.capacity or 1048576
-  M.reset_peak(opts.device)
+  if opts.reset_peak ~= false then M.reset_peak(opts.device) end
   local s = M.stats(opts.device)
   check(C.sh_mem_trace_start(capacity), 2)
   recording = { device = tensor.device_id(opts.device), t0 = timer.now(), base = s.by_tag, marks = {}, capacity = capacity }

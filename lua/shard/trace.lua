@@ -52,9 +52,10 @@ function M.parse_steps(s)
 end
 
 -- opts: path (the trace, nil for none), steps ("1:2" by default), memory_timeline (a PNG
--- path, nil for none). Nothing is recorded unless one of the two outputs is asked for.
+-- path, nil for none), device (whose memory the timeline follows; default the CPU). Nothing is recorded unless one of the two outputs is asked for.
 function M.setup(opts)
-  cfg = { path = opts.path ~= "" and opts.path or nil, memory_timeline = opts.memory_timeline ~= "" and opts.memory_timeline or nil }
+  cfg = { path = opts.path ~= "" and opts.path or nil, memory_timeline = opts.memory_timeline ~= "" and opts.memory_timeline or nil,
+          device = opts.device }
   cfg.first, cfg.last = M.parse_steps(opts.steps or "1:2")
   finished = false
 end
@@ -160,7 +161,7 @@ local function start()
   rec = { origin = timer.now(), rank = w:rank(), world = w:size(), spans = {}, comm = {}, steps = {} }
   check(C.sh_comm_trace_start(1048576))
   if not memory.timeline_recording() then
-    memory.timeline_start { device = require("shard.tensor").default_device }
+    memory.timeline_start { device = cfg.device, reset_peak = false }
     rec.owns_timeline = true
   end
   hook()

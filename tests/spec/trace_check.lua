@@ -7,7 +7,8 @@ local T = {}
 
 -- Steps 0..3 of a 2-layer GPT wrapped full_shard, tracing `steps` (default 1:2) into path.
 -- Returns { counts, bytes (per collective kind over the traced steps), wait (seconds blocked
--- over them), peak (stats().peak after finish), allocated, result (trace.finish's) }.
+-- over them), peak (stats().peak since the first traced step, at the finish), result
+-- (trace.finish's) }.
 function T.run(shard, path, opts)
   opts = opts or {}
   local trace, comm, nn = shard.trace, shard.comm, shard.nn
@@ -17,12 +18,12 @@ function T.run(shard, path, opts)
     return nn.GPT{ n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 11, block_size = 8, bias = false }
   end, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = "full_shard" })
   local opt = shard.optim.AdamW(model, { lr = 1e-3 })
-  trace.setup{ path = path, steps = opts.steps or "1:2", memory_timeline = opts.png }
+  trace.setup{ path = path, steps = opts.steps or "1:2", memory_timeline = opts.png, device = device }
   local first, last = trace.parse_steps(opts.steps or "1:2")
   local out = { counts = {}, bytes = {} }
   local wait0
   for it = 0, last + 1 do
-    if it == first then comm.reset_counts(); wait0 = comm.wait_seconds() end
+    if it == first then comm.reset_counts(); wait0 = comm.wait_seconds(); shard.memory.reset_peak(device) end
     trace.begin_step(it)
     local x = trace.span("data", function()
       return shard.tensor({ { 1, 2, 3, 4, 5, 6, 7, 8 }, { 8, 7, 6, 5, 4, 3, 2, 1 } }, { dtype = "i64", device = device })
@@ -36,9 +37,8 @@ function T.run(shard, path, opts)
       for k in pairs(comm.KINDS) do out.counts[k], out.bytes[k] = comm.count(k), comm.bytes(k) end
     end
     out.result = trace.end_step(it) or out.result
+    if it == last then out.peak = shard.memory.stats(device).peak end
   end
-  local s = shard.memory.stats(device)
-  out.peak, out.allocated = s.peak, s.allocated
   return out
 end
 
