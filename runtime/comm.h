@@ -159,7 +159,7 @@ double sh_comm_wait_seconds(void);
  * keeps a ring of events: one per collective once the host sees it complete (issue time to
  * that moment; for a CPU op under MPI the op progresses only while some call polls it, so
  * the end is when a wait or test found it done; a CUDA op ordered on a stream ends when it
- * was handed to the device, and its device times come from events on its stream), and one
+ * was handed to the device), and one
  * per sh_comm_wait that blocked (the host's exposed communication, the same time that
  * sh_comm_wait_seconds counts). A full ring drops the oldest events and counts them. */
 typedef struct sh_comm_event {
@@ -171,6 +171,12 @@ typedef struct sh_comm_event {
   int32_t device;          /* -1 for CPU tensors (and barriers), else cuda:N */
   int32_t label;           /* the label current when it was issued (sh_comm_trace_label) */
   char group[64];
+  /* A CUDA collective's timing events (sh_cuda_event *, cuda.h), which the reader owns and
+   * destroys: [0] on the caller's stream and [1] on the collective's stream before it was
+   * queued (it starts on the device once both are reached), [2] on its stream after it.
+   * NULL for CPU collectives, waits, and a build without CUDA. */
+  void *device_events[3];
+  int32_t stream;          /* the collective's sh_stream_kind, for CUDA collectives */
 } sh_comm_event;
 /* Starts recording into a ring of `capacity` events (emptied); 0 stops and frees it. */
 int sh_comm_trace_start(int capacity);

@@ -11,12 +11,17 @@ local Tensor = tensor.Tensor
 local P = { stats = {} }
 local saved_F, saved_T, saved_record
 -- Who hears of each timed op: fn(name, "fwd" | "bwd", t0, t1), called as the op returns
--- (so an op's span comes after those of the ops it called). The stats are one of them;
+-- (so an op's span comes after those of the ops it called), and before(name, phase) if given,
+-- called as it starts (shard.trace records CUDA events there). The stats are one of them;
 -- shard.trace adds another.
-local observers = {}
+local observers, befores = {}, {}
 
 local function notify(name, phase, t0, t1)
   for i = 1, #observers do observers[i](name, phase, t0, t1) end
+end
+
+local function starting(name, phase)
+  for _, b in pairs(befores) do b(name, phase) end
 end
 
 local function stat(name)
@@ -33,6 +38,7 @@ end
 
 local function timed(name, fn)
   return function(...)
+    starting(name, "fwd")
     local t0 = timer.now()
     local a, b, c = fn(...)
     notify(name, "fwd", t0, timer.now())
@@ -54,6 +60,7 @@ local function install()
   A.record = function(out, inputs, backward, saved, name)
     name = name or "?"
     local bw = function(node, g)
+      starting(name, "bwd")
       local t0 = timer.now()
       local r = backward(node, g)
       notify(name, "bwd", t0, timer.now())
@@ -71,13 +78,15 @@ local function uninstall()
 end
 
 -- Adds an observer (the ops are wrapped while any is there); unwatch removes it.
-function P.watch(fn)
+function P.watch(fn, before)
   for _, o in ipairs(observers) do if o == fn then return end end
   observers[#observers + 1] = fn
+  befores[fn] = before
   if not saved_F then install() end
 end
 
 function P.unwatch(fn)
+  befores[fn] = nil
   for i, o in ipairs(observers) do if o == fn then table.remove(observers, i); break end end
   if #observers == 0 and saved_F then uninstall() end
 end

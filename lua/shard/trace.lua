@@ -10,13 +10,14 @@
 --   communication (tids 10.. gathers and broadcasts, 20.. reductions): each collective from
 --     issue to completion with its bytes, group and the unit it serves (runtime/comm.c's
 --     event ring); overlapping collectives take further lanes;
---   a memory counter by tag (runtime/alloc.c's event ring, shard.memory's timeline).
+--   a memory counter by tag (runtime/alloc.c's event ring, shard.memory's timeline);
+--   on a CUDA device, one track per stream (tids 30 compute, 31 all-gather, 32 reduce-scatter)
+--   with each op's and each collective's device time (shard.trace_device).
 -- Every rank writes its part beside the path; rank 0 merges them after a barrier. Times are
 -- the ranks' CLOCK_MONOTONIC, shifted so the earliest rank starts at 0: comparable across
 -- ranks of one node (each rank's own track stays exact across nodes).
--- On a CUDA device the host spans time the launches; the summary's compute then is host
--- time and exposed communication is what the host blocked for (near zero: NCCL waits are on
--- the device).
+-- On a CUDA device the host spans time the launches, and the summary comes from the device
+-- tracks instead (see summarize).
 local ffi = require "ffi"
 local cjson = require "cjson"
 local rt = require "shard.ffi"
@@ -24,6 +25,8 @@ local timer = require "shard.timer"
 local profile = require "shard.profile"
 local memory = require "shard.memory"
 local A = require "shard.autograd"
+local tensor = require "shard.tensor"
+local trace_device = require "shard.trace_device"
 local C, check = rt.C, rt.check
 
 local M = {}
@@ -31,7 +34,7 @@ local M = {}
 local KIND = { [C.SH_COLL_ALL_GATHER] = "all_gather", [C.SH_COLL_REDUCE_SCATTER] = "reduce_scatter",
                [C.SH_COLL_ALL_REDUCE] = "all_reduce", [C.SH_COLL_BROADCAST] = "broadcast", [C.SH_COLL_BARRIER] = "barrier" }
 local REDUCTION = { reduce_scatter = true, all_reduce = true }
-M.HOST, M.GATHERS, M.REDUCTIONS = 1, 10, 20
+M.HOST, M.GATHERS, M.REDUCTIONS, M.DEVICE = 1, 10, 20, 30
 
 local cfg = {}          -- setup's options
 local rec               -- the recording: { origin, rank, world, spans, steps, ... } while on
@@ -84,7 +87,14 @@ function M.span(name, fn, ...)
 end
 
 local function on_op(name, phase, t0, t1)
-  span(phase == "fwd" and name or (name .. " backward"), phase == "fwd" and "op" or "op.bwd", t0, t1)
+  if not rec then return end
+  local full, cat = phase == "fwd" and name or (name .. " backward"), phase == "fwd" and "op" or "op.bwd"
+  span(full, cat, t0, t1)
+  if rec.dev then rec.dev:op_end(full, cat == "op" and "device" or "device.bwd") end
+end
+
+local function before_op()
+  if rec and rec.dev then rec.dev:op_begin() end
 end
 
 ---------------------------------------------------------------------------------------------
@@ -133,7 +143,7 @@ local FSDP_SPANS = { { "forward", "forward" }, { "pre_backward", "pre-backward" 
 local saved_backward
 
 local function hook()
-  profile.watch(on_op)
+  profile.watch(on_op, before_op)
   local Unit = require("shard.fsdp").Unit
   for _, s in ipairs(FSDP_SPANS) do traced_method(Unit, s[1], s[2], s[3]) end
   saved_backward = A.backward
@@ -159,6 +169,8 @@ end
 local function start()
   local w = world()
   rec = { origin = timer.now(), rank = w:rank(), world = w:size(), spans = {}, comm = {}, steps = {} }
+  local device = tensor.device_id(cfg.device)
+  if device >= 0 then rec.dev = trace_device.new(device) end
   check(C.sh_comm_trace_start(1048576))
   if not memory.timeline_recording() then
     memory.timeline_start { device = cfg.device, reset_peak = false }
@@ -175,8 +187,15 @@ local function read_comm()
     local n = C.sh_comm_trace_read(buf, 1024)
     for i = 0, n - 1 do
       local e = buf[i]
-      out[#out + 1] = { t0 = e.t0, t1 = e.t1, bytes = tonumber(e.bytes), seq = tonumber(e.seq), kind = KIND[e.kind],
-                        wait = e.wait ~= 0, device = e.device, unit = label_names[e.label] or "?", group = ffi.string(e.group) }
+      local c = { t0 = e.t0, t1 = e.t1, bytes = tonumber(e.bytes), seq = tonumber(e.seq), kind = KIND[e.kind],
+                  wait = e.wait ~= 0, device = e.device, unit = label_names[e.label] or "?", group = ffi.string(e.group) }
+      out[#out + 1] = c
+      if rec.dev then
+        rec.dev:collective(c.kind .. " " .. c.unit, e.stream, e.device_events,
+                           { bytes = c.bytes, group = c.group, seq = c.seq, unit = c.unit, device = c.device })
+      else
+        for j = 0, 2 do if e.device_events[j] ~= nil then C.sh_cuda_event_destroy(e.device_events[j]) end end
+      end
     end
     if n < 1024 then break end
   end
@@ -188,6 +207,7 @@ end
 local function stop()
   unhook()
   rec.comm = read_comm()
+  if rec.dev then rec.device_spans = rec.dev:finish() end
   if rec.owns_timeline then rec.timeline = memory.timeline_stop() end
   local r = rec
   rec = nil
@@ -270,6 +290,8 @@ local function rank_events(r)
       complete(out, r, tid, e.kind .. " " .. e.unit, "comm", e.t0, e.t1, args)
     end
   end
+  for kind, name in pairs(r.device_spans and trace_device.STREAMS or {}) do thread_name(out, r, M.DEVICE + kind, name) end
+  for _, s in ipairs(r.device_spans or {}) do complete(out, r, M.DEVICE + s.kind, s.name, s.cat, s.t0, s.t1, s.args) end
   memory_counters(out, r)
   return out
 end
@@ -293,16 +315,54 @@ local function union(list)
   return total
 end
 
+-- A rank with device tracks (CUDA), from them: step is the window from its first device
+-- span to its last, compute the time some op ran on the device, comm the time some
+-- collective did, exposed the time a collective ran and no op did (each such moment split
+-- evenly between the collectives then running, for exposed_by_unit), other the idle rest.
+local function device_times(ops, colls)
+  local marks = {}
+  -- { time, depth change, collective (+i starts, -i ends), 0 for a start and 1 for an end }
+  for _, iv in ipairs(ops) do marks[#marks + 1] = { iv[1], 1, 0, 0 }; marks[#marks + 1] = { iv[2], -1, 0, 1 } end
+  for i, c in ipairs(colls) do marks[#marks + 1] = { c[1], 0, i, 0 }; marks[#marks + 1] = { c[2], 0, -i, 1 } end
+  table.sort(marks, function(a, b) if a[1] ~= b[1] then return a[1] < b[1] end return a[4] < b[4] end)
+  local r = { compute = 0, comm = 0, exposed = 0, other = 0, exposed_by_unit = {} }
+  local depth, running, n = 0, {}, 0
+  for k, m in ipairs(marks) do
+    if m[2] ~= 0 then depth = depth + m[2]
+    elseif m[3] > 0 then running[m[3]] = true; n = n + 1
+    else running[-m[3]] = nil; n = n - 1 end
+    local nxt = marks[k + 1]
+    local len = nxt and (nxt[1] - m[1]) / 1e3 or 0
+    if len > 0 then
+      if depth > 0 then r.compute = r.compute + len end
+      if n > 0 then r.comm = r.comm + len end
+      if depth == 0 and n > 0 then
+        r.exposed = r.exposed + len
+        for i in pairs(running) do
+          local u = colls[i].unit
+          r.exposed_by_unit[u] = (r.exposed_by_unit[u] or 0) + len / n
+        end
+      elseif depth == 0 then
+        r.other = r.other + len
+      end
+    end
+  end
+  r.step = #marks > 0 and (marks[#marks][1] - marks[1][1]) / 1e3 or 0
+  return r
+end
+
 -- Per rank, in milliseconds: step (the steps' spans), compute (host time in ops), comm (time
 -- some collective was in flight or waited for), exposed (host blocked in waits), overlap
 -- (1 - exposed / comm), other (step - compute - exposed: FSDP bookkeeping, data, the loop),
--- exposed_by_unit, and per collective kind its count and bytes.
+-- exposed_by_unit, and per collective kind its count and bytes; clock "host". On a CUDA
+-- device the same from the device tracks (device_times), clock "device".
 function M.summarize(events)
   local ranks = {}
   local function rank(pid)
     local s = ranks[pid + 1]
     if not s then
-      s = { rank = pid, step = 0, ops = {}, comm = {}, exposed = 0, exposed_by_unit = {}, count = {}, bytes = {} }
+      s = { rank = pid, step = 0, ops = {}, comm = {}, exposed = 0, exposed_by_unit = {}, count = {}, bytes = {},
+            dev_ops = {}, dev_comm = {} }
       ranks[pid + 1] = s
     end
     return s
@@ -312,6 +372,8 @@ function M.summarize(events)
       local s, iv = rank(e.pid), { e.ts, e.ts + e.dur }
       if e.cat == "step" and e.name:match("^step ") then s.step = s.step + e.dur
       elseif e.cat == "op" or e.cat == "op.bwd" then s.ops[#s.ops + 1] = iv
+      elseif e.cat == "device" or e.cat == "device.bwd" then s.dev_ops[#s.dev_ops + 1] = iv
+      elseif e.cat == "device.comm" then s.dev_comm[#s.dev_comm + 1] = { iv[1], iv[2], unit = e.args.unit }
       elseif e.cat == "comm.wait" then
         s.exposed = s.exposed + e.dur
         s.comm[#s.comm + 1] = iv
@@ -328,11 +390,17 @@ function M.summarize(events)
   for i = 1, #ranks do
     local s = ranks[i]
     if s then
-      local comm = union(s.comm) / 1e3
-      local r = { rank = s.rank, step = s.step / 1e3, compute = union(s.ops) / 1e3, comm = comm, exposed = s.exposed / 1e3,
-                  exposed_by_unit = s.exposed_by_unit, count = s.count, bytes = s.bytes }
-      r.overlap = comm > 0 and 1 - r.exposed / comm or 1
-      r.other = r.step - r.compute - r.exposed
+      local r
+      if #s.dev_ops + #s.dev_comm > 0 then
+        r = device_times(s.dev_ops, s.dev_comm)
+        r.clock = "device"
+      else
+        r = { step = s.step / 1e3, compute = union(s.ops) / 1e3, comm = union(s.comm) / 1e3, exposed = s.exposed / 1e3,
+              exposed_by_unit = s.exposed_by_unit, clock = "host" }
+        r.other = r.step - r.compute - r.exposed
+      end
+      r.rank, r.count, r.bytes = s.rank, s.count, s.bytes
+      r.overlap = r.comm > 0 and 1 - r.exposed / r.comm or 1
       out[#out + 1] = r
     end
   end
@@ -341,11 +409,11 @@ end
 
 function M.format_summary(sum, steps)
   local lines = { ("trace summary over %s (ms per rank, all traced steps together):"):format(steps),
-                  ("%4s %10s %10s %10s %10s %8s %10s"):format("rank", "step", "compute", "comm", "exposed", "overlap", "other") }
+                  ("%4s %10s %10s %10s %10s %8s %10s %7s"):format("rank", "step", "compute", "comm", "exposed", "overlap", "other", "clock") }
   local units, seen = {}, {}
   for _, r in ipairs(sum) do
-    lines[#lines + 1] = ("%4d %10.2f %10.2f %10.2f %10.2f %7.1f%% %10.2f"):format(r.rank, r.step, r.compute, r.comm, r.exposed,
-      100 * r.overlap, r.other)
+    lines[#lines + 1] = ("%4d %10.2f %10.2f %10.2f %10.2f %7.1f%% %10.2f %7s"):format(r.rank, r.step, r.compute, r.comm, r.exposed,
+      100 * r.overlap, r.other, r.clock)
     for u in pairs(r.exposed_by_unit) do if not seen[u] then seen[u] = true; units[#units + 1] = u end end
   end
   table.sort(units)
