@@ -40,6 +40,12 @@ local cfg = {}          -- setup's options
 local rec               -- the recording: { origin, rank, world, spans, steps, ... } while on
 local finished = false
 
+local function create(path, what)
+  local f, err = io.open(path, "w")
+  if not f then error(("trace: cannot write the %s %s (%s)"):format(what, path, err), 0) end
+  return f
+end
+
 ---------------------------------------------------------------------------------------------
 -- steps to trace: "3:5" (3 to 5), "4" (just 4)
 
@@ -55,12 +61,16 @@ function M.parse_steps(s)
 end
 
 -- opts: path (the trace, nil for none), steps ("1:2" by default), memory_timeline (a PNG
--- path, nil for none), device (whose memory the timeline follows; default the CPU). Nothing is recorded unless one of the two outputs is asked for.
+-- path, nil for none), device (whose memory the timeline follows; default the CPU).
+-- Nothing is recorded unless one of the two outputs is asked for.
 function M.setup(opts)
   cfg = { path = opts.path ~= "" and opts.path or nil, memory_timeline = opts.memory_timeline ~= "" and opts.memory_timeline or nil,
           device = opts.device }
   cfg.first, cfg.last = M.parse_steps(opts.steps or "1:2")
   finished = false
+  -- a path that cannot be written fails now, not after the steps
+  if cfg.path then create(cfg.path, "trace"):close(); os.remove(cfg.path) end
+  if cfg.memory_timeline then create(cfg.memory_timeline, "memory timeline"):close(); os.remove(cfg.memory_timeline) end
 end
 
 function M.enabled() return (cfg.path or cfg.memory_timeline) ~= nil end
@@ -72,7 +82,6 @@ function M.recording() return rec ~= nil end
 local function span(name, cat, t0, t1, args)
   if rec then rec.spans[#rec.spans + 1] = { name = name, cat = cat, t0 = t0, t1 = t1, args = args } end
 end
-M.add_span = span
 
 local function finish_span(name, cat, t0, ok, ...)
   span(name, cat, t0, timer.now())
@@ -436,7 +445,7 @@ end
 local function part_path(path, rank) return ("%s.rank%d.part"):format(path, rank) end
 
 local function write_part(path, r, events)
-  local f = assert(io.open(path, "w"))
+  local f = create(path, "rank part")
   f:write(cjson.encode { rank = r.rank, origin = ("%.9f"):format(r.origin), steps = r.steps, dropped = r.comm_dropped }, "\n")
   for _, e in ipairs(events) do f:write(cjson.encode(e), "\n") end
   f:close()
@@ -468,7 +477,7 @@ local function merge(path, world_size)
     end
     os.remove(part_path(path, r))
   end
-  local f = assert(io.open(path, "w"))
+  local f = create(path, "trace")
   f:write('{"displayTimeUnit":"ms","otherData":', cjson.encode { tool = "shard.trace", ranks = world_size, steps = heads[0].steps },
           ',"traceEvents":[\n')
   for i, e in ipairs(all) do f:write(cjson.encode(e), i < #all and ",\n" or "\n") end

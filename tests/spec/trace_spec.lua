@@ -69,9 +69,12 @@ describe("shard.trace", function()
     assert.is_false(shard.trace.recording())
   end)
 
-  it("names a bad step range", function()
+  it("names a bad step range and a trace it cannot write, before any step", function()
     assert.has_error(function() shard.trace.parse_steps("5:3") end,
       "trace: --trace_steps=5:3; expected FIRST:LAST (e.g. 3:5) or one step, FIRST <= LAST")
+    assert.has_error(function() shard.trace.setup{ path = dir .. "/no/such/dir/t.json" } end,
+      "trace: cannot write the trace " .. dir .. "/no/such/dir/t.json (" .. dir .. "/no/such/dir/t.json: No such file or directory)")
+    shard.trace.setup{}
   end)
 end)
 
