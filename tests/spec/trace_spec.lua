@@ -78,6 +78,27 @@ describe("shard.trace", function()
   end)
 end)
 
+describe("--trace on the recipe", function()
+  it("writes one file for 2 ranks, its summary, and each rank's memory timeline", function()
+    local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+    local out, code = support.shard("launch --nproc 2 recipes/gpt_shakespeare_char.lua --data=/usr/share/common-licenses/GPL-3" ..
+      " --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --max_iters=4 --eval_interval=100" ..
+      " --eval_iters=1 --sample_tokens=0 --device=cpu --strategy=full_shard --out_dir=" .. dir .. "/run" ..
+      " --trace=" .. dir .. "/r.json --trace_steps=1:2 --memory_timeline=" .. dir .. "/m.png")
+    assert.equal(0, code, out)
+    assert.matches("trace summary over steps 1%-2", out)
+    assert.matches("trace: 2 ranks, steps 1%-2", out)
+    local doc = T.load(dir .. "/r.json")
+    assert.same({}, T.nesting_problems(doc))
+    for pid = 0, 1 do
+      local loop = table.concat(T.names(doc, pid, "loop"), ",")
+      assert.equal("data,clip grad norm,optimizer,data,clip grad norm,optimizer", loop)
+      assert.is_true(#T.names(doc, pid, "comm") > 0)
+    end
+    assert.is_true(T.is_png(dir .. "/m.png") and T.is_png(dir .. "/m.rank1.png"))
+  end)
+end)
+
 describe("shard.memory.timeline", function()
   it("replays to the allocator's peak and its final allocation", function()
     local memory = shard.memory
