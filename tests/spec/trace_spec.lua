@@ -99,6 +99,34 @@ describe("--trace on the recipe", function()
   end)
 end)
 
+describe("the runtime's event rings", function()
+  it("keep the newest events when full and count the ones dropped", function()
+    local ffi, C = require "ffi", shard.C
+    local g = shard.comm.world()
+    C.sh_comm_trace_start(4)
+    for _ = 1, 6 do g:barrier() end
+    local buf = ffi.new("sh_comm_event[8]")
+    local n = C.sh_comm_trace_read(buf, 8)
+    assert.equal(4, n)
+    assert.equal(2, tonumber(C.sh_comm_trace_dropped()))
+    for i = 0, 3 do
+      assert.equal(C.SH_COLL_BARRIER, buf[i].kind)
+      assert.equal(tonumber(buf[0].seq) + i, tonumber(buf[i].seq))   -- the newest four, in order
+    end
+    assert.equal(0, C.sh_comm_trace_read(buf, 8))
+    C.sh_comm_trace_start(0)
+    C.sh_mem_trace_start(3)
+    local ts = {}
+    for i = 1, 5 do ts[i] = shard.zeros({ 100 * i }) end
+    local mbuf = ffi.new("sh_mem_event[8]")
+    assert.equal(3, C.sh_mem_trace_read(mbuf, 8))
+    assert.equal(2, tonumber(C.sh_mem_trace_dropped()))
+    assert.same({ 1216, 1600, 2048 }, { tonumber(mbuf[0].bytes), tonumber(mbuf[1].bytes), tonumber(mbuf[2].bytes) })
+    C.sh_mem_trace_start(0)
+    for _, t in ipairs(ts) do t:free() end
+  end)
+end)
+
 describe("shard.memory.timeline", function()
   it("replays to the allocator's peak and its final allocation", function()
     local memory = shard.memory
