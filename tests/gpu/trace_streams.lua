@@ -3,6 +3,8 @@
 -- device span on the stream it ran on, and every collective the counters saw has its device
 -- span, with its bytes, on the all-gather or reduce-scatter stream; spans nest on every
 -- track, and the summary (from the device tracks) adds up. Prints "N passed, N failed".
+-- Under mpirun (tests/cuda_emu/run.sh runs it at 2 ranks, SHARD_TEST_DIR shared) each rank
+-- checks its own tracks in the merged file.
 local shard = require "shard"
 local here = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or ""
 local support = dofile(here .. "support.lua")
@@ -10,10 +12,12 @@ local T = dofile(here .. "../spec/trace_check.lua")
 local check = support.check
 
 local env = shard.init{ device = "cuda" }
-local dir = os.tmpname()
-os.remove(dir)
-os.execute("mkdir -p " .. dir)
+local rank = env.rank
+local dir = os.getenv("SHARD_TEST_DIR")
+local own_dir = not dir
+if own_dir then dir = os.tmpname(); os.remove(dir); os.execute("mkdir -p " .. dir) end
 local run = T.run(shard, dir .. "/t.json", { device = env.device, png = dir .. "/mem.png" })
+env.barrier()     -- rank 0 has merged the file
 local doc = T.load(dir .. "/t.json")
 
 check(#T.field_problems(doc) == 0, "trace events: " .. table.concat(T.field_problems(doc), "; "))
@@ -21,8 +25,8 @@ check(#T.nesting_problems(doc) == 0, "spans nest: " .. table.concat(T.nesting_pr
 
 local threads, by_tid = {}, {}
 for _, e in ipairs(doc.traceEvents) do
-  if e.ph == "M" and e.name == "thread_name" then threads[e.tid] = e.args.name end
-  if e.ph == "X" then
+  if e.ph == "M" and e.name == "thread_name" and e.pid == rank then threads[e.tid] = e.args.name end
+  if e.ph == "X" and e.pid == rank then
     by_tid[e.tid] = by_tid[e.tid] or {}
     table.insert(by_tid[e.tid], e)
   end
@@ -31,8 +35,8 @@ check(threads[30] == "cuda: compute stream" and threads[31] == "cuda: all-gather
       and threads[32] == "cuda: reduce-scatter stream", "a track per stream")
 
 -- every op: one host span and one device span (ops launch on the compute stream here)
-local host_ops = #T.names(doc, 0, "op") + #T.names(doc, 0, "op.bwd")
-local dev_ops = #T.names(doc, 0, "device") + #T.names(doc, 0, "device.bwd")
+local host_ops = #T.names(doc, rank, "op") + #T.names(doc, rank, "op.bwd")
+local dev_ops = #T.names(doc, rank, "device") + #T.names(doc, rank, "device.bwd")
 check(host_ops > 0 and host_ops == dev_ops, ("%d host op spans, %d device op spans"):format(host_ops, dev_ops))
 for _, e in ipairs(by_tid[30] or {}) do
   if e.cat == "device.comm" then check(false, "a collective on the compute stream: " .. e.name) break end
@@ -61,15 +65,18 @@ for k, n in pairs(run.counts) do
 end
 check(seen >= 2 * 3 * 2, ("%d collectives: a gather and a reduction per unit and step"):format(seen))
 
-local sum = run.result.summary[1]
-check(sum.clock == "device", "the summary is the device's")
-check(math.abs(sum.step - (sum.compute + sum.exposed + sum.other)) < 1e-6,
-      ("window %.4f ms = compute %.4f + exposed %.4f + idle %.4f"):format(sum.step, sum.compute, sum.exposed, sum.other))
-check(sum.compute > 0 and sum.exposed <= sum.comm + 1e-9 and sum.overlap >= 0 and sum.overlap <= 1, "summary ranges")
-local by_unit = 0
-for _, ms in pairs(sum.exposed_by_unit) do by_unit = by_unit + ms end
-check(math.abs(by_unit - sum.exposed) < 1e-6, ("exposed by unit %.6f, total %.6f"):format(by_unit, sum.exposed))
+for _, sum in ipairs(rank == 0 and run.result.summary or {}) do
+  check(sum.clock == "device", "the summary is the device's")
+  check(math.abs(sum.step - (sum.compute + sum.exposed + sum.other)) < 1e-6,
+        ("rank %d: window %.4f ms = compute %.4f + exposed %.4f + idle %.4f"):format(sum.rank, sum.step, sum.compute, sum.exposed, sum.other))
+  check(sum.compute > 0 and sum.exposed <= sum.comm + 1e-9 and sum.overlap >= 0 and sum.overlap <= 1, "summary ranges")
+  local by_unit = 0
+  for _, ms in pairs(sum.exposed_by_unit) do by_unit = by_unit + ms end
+  check(math.abs(by_unit - sum.exposed) < 1e-6, ("rank %d: exposed by unit %.6f, total %.6f"):format(sum.rank, by_unit, sum.exposed))
+end
+check(rank ~= 0 or #run.result.summary == env.world, "a summary row per rank")
 check(run.peak == run.result.timeline_peak and T.is_png(run.result.png), "the memory timeline's peak is the allocator's")
 
-os.execute("rm -rf " .. dir)
-support.finish("gpu/trace_streams")
+env.barrier()
+if own_dir then os.execute("rm -rf " .. dir) end
+support.finish(("gpu/trace_streams (rank %d of %d)"):format(rank, env.world))
