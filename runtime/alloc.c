@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { MAX_DEVICES = 17, N_CLASSES = 256, ALIGN = 64 };
 
@@ -43,6 +44,51 @@ static device_pool *pool_for(int device) {
     return NULL;
   }
   return slot(device);
+}
+
+/* ---- allocation events (alloc.h), kept under `lock` ------------------------------------- */
+
+static struct { sh_mem_event *ev; int capacity, head, n; int64_t dropped; } ring;
+
+int sh_mem_trace_start(int capacity) {
+  if (capacity < 0) return sh_fail(SH_ERR_ARG, "memory trace: capacity %d; expected >= 0 events", capacity);
+  sh_mem_event *ev = capacity ? calloc((size_t)capacity, sizeof *ev) : NULL;
+  if (capacity && !ev) return sh_fail(SH_ERR_OOM, "memory trace: out of host memory for %d events", capacity);
+  pthread_mutex_lock(&lock);
+  free(ring.ev);
+  ring.ev = ev;
+  ring.capacity = capacity;
+  ring.head = ring.n = 0;
+  ring.dropped = 0;
+  pthread_mutex_unlock(&lock);
+  return SH_OK;
+}
+
+int sh_mem_trace_read(sh_mem_event *out, int max) {
+  pthread_mutex_lock(&lock);
+  int k = 0;
+  for (; k < max && ring.n > 0; k++) {
+    out[k] = ring.ev[ring.head];
+    ring.head = (ring.head + 1) % ring.capacity;
+    ring.n--;
+  }
+  pthread_mutex_unlock(&lock);
+  return k;
+}
+
+int64_t sh_mem_trace_dropped(void) { return ring.dropped; }
+
+static void ring_push(int device, int tag, int64_t bytes) {
+  if (!ring.ev) return;
+  if (ring.n == ring.capacity) {          /* full: the oldest goes */
+    ring.head = (ring.head + 1) % ring.capacity;
+    ring.n--;
+    ring.dropped++;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ring.ev[(ring.head + ring.n++) % ring.capacity] =
+    (sh_mem_event){ .t = ts.tv_sec + ts.tv_nsec * 1e-9, .bytes = bytes, .tag = tag, .device = device };
 }
 
 /* Size classes: 64-byte steps up to 1 KiB, then four classes per power of two. */
@@ -145,6 +191,7 @@ void *sh_mem_alloc(int device, size_t nbytes, int tag) {
   }
   p->stats.n_alloc++;
   account(&p->stats, tag, used_bytes(nbytes));
+  ring_push(device, tag, used_bytes(nbytes));
 out:
   pthread_mutex_unlock(&lock);
   return ptr;
@@ -170,6 +217,7 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
     p->stats.reserved -= (int64_t)bytes;
   }
   account(&p->stats, tag, -used_bytes(nbytes));
+  ring_push(device, tag, -used_bytes(nbytes));
   pthread_mutex_unlock(&lock);
 }
 

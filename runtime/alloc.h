@@ -29,3 +29,18 @@ int sh_mem_empty_cache(int device);        /* return cached free blocks to the s
 int sh_mem_set_limit(int device, int64_t bytes);
 int sh_mem_set_tag(int tag);               /* the tag new storages get; returns the old one */
 const char *sh_mem_tag_name(int tag);
+
+/* Allocation events, for memory timelines (shard.memory.timeline). While recording, every
+ * block handed out or given back adds { time, +/- bytes (as `allocated` counts them), tag,
+ * device } to a ring; a full ring drops the oldest events and counts them. */
+typedef struct sh_mem_event {
+  double t;                /* monotonic seconds (the clock of shard.timer) */
+  int64_t bytes;           /* > 0 allocated, < 0 freed */
+  int32_t tag;             /* sh_mem_tag */
+  int32_t device;          /* -1 the CPU, else cuda:N */
+} sh_mem_event;
+/* Starts recording into a ring of `capacity` events (emptied); 0 stops and frees it. */
+int sh_mem_trace_start(int capacity);
+/* Moves up to max recorded events, oldest first, into out; returns how many. */
+int sh_mem_trace_read(sh_mem_event *out, int max);
+int64_t sh_mem_trace_dropped(void);     /* events lost to a full ring since the start */

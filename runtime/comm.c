@@ -12,12 +12,14 @@
 #include <time.h>
 
 #ifdef SHARD_CUDA
+#include "cuda.h"
 /* Weak, so that a build without kernels/comm_nccl.cu still links: the address is then NULL
  * and CUDA tensors get a clean "built without NCCL" error. */
 extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
 #endif
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -142,6 +144,117 @@ static void flight_wait(const sh_comm_work *w, int state, double since, double w
   g_flight->wait_since = since;
   g_flight->wait_for = waited;
   g_flight->wait_state = state;
+}
+
+/* ---- trace events (comm.h) --------------------------------------------------------------- */
+
+static struct {
+  pthread_mutex_t lock;
+  sh_comm_event *ev;
+  int capacity, head, n;     /* the oldest event is ev[head]; n events are held */
+  int64_t dropped;
+  int label;
+} g_trace = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* A CUDA collective's timing events (sh_comm_event.device_events), given back. */
+static void destroy_device_events(void **ev) {
+#ifdef SHARD_CUDA
+  for (int i = 0; i < 3; i++) { sh_cuda_event_destroy(ev[i]); ev[i] = NULL; }
+#endif
+}
+
+int sh_comm_trace_start(int capacity) {
+  if (capacity < 0) return sh_fail(SH_ERR_ARG, "comm trace: capacity %d; expected >= 0 events", capacity);
+  sh_comm_event *ev = capacity ? calloc((size_t)capacity, sizeof *ev) : NULL;
+  if (capacity && !ev) return sh_fail(SH_ERR_OOM, "comm trace: out of host memory for %d events", capacity);
+  pthread_mutex_lock(&g_trace.lock);
+  for (int k = 0; k < g_trace.n; k++) destroy_device_events(g_trace.ev[(g_trace.head + k) % g_trace.capacity].device_events);
+  free(g_trace.ev);
+  g_trace.ev = ev;
+  g_trace.capacity = capacity;
+  g_trace.head = g_trace.n = 0;
+  g_trace.dropped = 0;
+  pthread_mutex_unlock(&g_trace.lock);
+  return SH_OK;
+}
+
+int sh_comm_trace_read(sh_comm_event *out, int max) {
+  pthread_mutex_lock(&g_trace.lock);
+  int k = 0;
+  for (; k < max && g_trace.n > 0; k++) {
+    out[k] = g_trace.ev[g_trace.head];
+    g_trace.head = (g_trace.head + 1) % g_trace.capacity;
+    g_trace.n--;
+  }
+  pthread_mutex_unlock(&g_trace.lock);
+  return k;
+}
+
+int64_t sh_comm_trace_dropped(void) { return g_trace.dropped; }
+
+int sh_comm_trace_label(int label) {
+  int old = g_trace.label;
+  g_trace.label = label;
+  return old;
+}
+
+/* ---- device times of CUDA collectives (sh_comm_event.device_events) ---- */
+
+/* Before w is queued: events on the caller's stream and on the stream the collective will
+ * run on (NCCL's backend: gathers and broadcasts on the all-gather stream, reductions on the
+ * reduce-scatter one). Tracing never fails a collective: without events it has no device times. */
+static void device_events_before(sh_comm_work *w, const sh_tensor *t) {
+#ifdef SHARD_CUDA
+  if (!g_trace.ev || !t || t->device < 0) return;
+  int gathers = w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST;
+  w->stream = gathers ? SH_STREAM_ALL_GATHER : SH_STREAM_REDUCE_SCATTER;
+  sh_cuda_stream *caller, *own;
+  int ok = !sh_cuda_current_stream(&caller, t->device) && !sh_cuda_stream_get(&own, t->device, w->stream);
+  for (int i = 0; ok && i < 3; i++) ok = !sh_cuda_event_create((sh_cuda_event **)&w->device_events[i], t->device, 1);
+  ok = ok && !sh_cuda_event_record(w->device_events[0], caller) && !sh_cuda_event_record(w->device_events[1], own);
+  if (!ok) { destroy_device_events(w->device_events); sh_clear_error(); }
+#endif
+}
+
+static void device_events_after(sh_comm_work *w, const sh_tensor *t) {
+#ifdef SHARD_CUDA
+  sh_cuda_stream *own;
+  if (!w->device_events[2]) return;
+  if (sh_cuda_stream_get(&own, t->device, w->stream) || sh_cuda_event_record(w->device_events[2], own)) {
+    destroy_device_events(w->device_events);
+    sh_clear_error();
+  }
+#endif
+}
+
+static void trace_push(sh_comm_work *w, int wait, double t0, double t1) {
+  if (!g_trace.ev) return;
+  pthread_mutex_lock(&g_trace.lock);
+  if (g_trace.ev) {
+    if (g_trace.n == g_trace.capacity) {     /* full: the oldest goes */
+      destroy_device_events(g_trace.ev[g_trace.head].device_events);
+      g_trace.head = (g_trace.head + 1) % g_trace.capacity;
+      g_trace.n--;
+      g_trace.dropped++;
+    }
+    sh_comm_event *e = &g_trace.ev[(g_trace.head + g_trace.n++) % g_trace.capacity];
+    const sh_tensor *t = w->in ? w->in : w->out;
+    *e = (sh_comm_event){ .t0 = t0, .t1 = t1, .bytes = w->bytes, .seq = w->seq, .kind = w->kind, .wait = wait,
+                          .device = t ? t->device : -1, .label = w->label, .stream = w->stream };
+    snprintf(e->group, sizeof e->group, "%s", w->comm->name);
+    if (!wait) {                             /* the ring takes the device events over */
+      memcpy(e->device_events, w->device_events, sizeof e->device_events);
+      memset(w->device_events, 0, sizeof w->device_events);
+    }
+  }
+  pthread_mutex_unlock(&g_trace.lock);
+}
+
+/* The collective's event, once, when the host first sees it complete (or ordered). */
+static void trace_done(sh_comm_work *w) {
+  if (w->traced || !w->done) return;
+  w->traced = 1;
+  trace_push(w, 0, w->issued, sh_comm_now());
 }
 
 /* ---- the "none" backend: CPU collectives across ranks without MPI ----------------------- */
@@ -414,6 +527,7 @@ static int alias_or_null(sh_tensor **out, const sh_tensor *t) {
 }
 
 static void work_release(sh_comm_work *w) {
+  destroy_device_events(w->device_events);   /* never recorded in the ring */
   sh_tensor_destroy(w->in);
   if (w->out != w->in) sh_tensor_destroy(w->out);
   free(w);
@@ -457,14 +571,19 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
   c->bytes[kind] += bytes; g_bytes[kind] += bytes;
   w->seq = ++c->seq;
   w->bytes = bytes;
+  w->issued = sh_comm_now();
+  w->label = g_trace.label;
   flight_issue(c, w);
+  if (b == c->gpu) device_events_before(w, any);
   int rc = b->start(w);
+  if (!rc) device_events_after(w, any);
   if (rc) {
     char msg[200];
     snprintf(msg, sizeof msg, "%s", w->what);
     work_release(w);
     return sh_fail_context("%s on %s (rank %d of %d): ", msg, c->name, c->rank, c->size);
   }
+  trace_done(w);
   *out = w;
   return SH_OK;
 }
@@ -475,6 +594,7 @@ int sh_comm_test(sh_comm_work *w, int *done) {
   if (!w->done) {
     int rc = w->backend->test(w, &w->done);
     if (rc) { w->done = 1; w->status = rc; snprintf(w->why, sizeof w->why, "%s", sh_last_error()); }
+    if (!rc) trace_done(w);
   }
   *done = w->done;
   if (w->done && w->status)
@@ -496,6 +616,7 @@ int sh_comm_wait(sh_comm_work *w) {
         double waited = sh_comm_now() - t0;
         g_wait_seconds += waited;
         flight_wait(w, 0, t0, waited);
+        trace_push(w, 1, t0, t0 + waited);
       }
       return rc;
     }
@@ -524,6 +645,7 @@ int sh_comm_wait(sh_comm_work *w) {
 /* Gives up an op still pending after its timeout: the peers never came. The buffers it would
  * write stay referenced (leaked) so that a late completion cannot touch freed memory. */
 static void abandon(sh_comm_work *w) {
+  destroy_device_events(w->device_events);
   w->backend->abandon(w);
   w->comm->abandoned = 1;
   free(w);
@@ -552,6 +674,7 @@ int sh_comm_work_order(sh_comm_work *w) {
     return sh_fail_context("%s on %s (rank %d of %d): ", w->what, w->comm->name, w->comm->rank, w->comm->size);
   }
   w->ordered = w->done = 1;
+  trace_done(w);
   return SH_OK;
 }
 

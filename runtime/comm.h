@@ -159,3 +159,35 @@ void sh_comm_reset_counts(sh_comm *comm);
  * peers waits least, so step time minus this is the rank's own work (straggler detection).
  * On a CUDA device the waits are on the device and this stays near zero. */
 double sh_comm_wait_seconds(void);
+
+/* Collective events, for step traces (lua/shard/trace.lua). While recording, this process
+ * keeps a ring of events: one per collective once the host sees it complete (issue time to
+ * that moment; for a CPU op under MPI the op progresses only while some call polls it, so
+ * the end is when a wait or test found it done; a CUDA op ordered on a stream ends when it
+ * was handed to the device), and one
+ * per sh_comm_wait that blocked (the host's exposed communication, the same time that
+ * sh_comm_wait_seconds counts). A full ring drops the oldest events and counts them. */
+typedef struct sh_comm_event {
+  double t0, t1;           /* monotonic seconds (the clock of shard.timer) */
+  int64_t bytes;           /* what this rank contributed, as the counters count it */
+  int64_t seq;             /* the collective's number on its group */
+  int32_t kind;            /* sh_coll_kind */
+  int32_t wait;            /* 0: issue to completion; 1: the host blocked waiting for it */
+  int32_t device;          /* -1 for CPU tensors (and barriers), else cuda:N */
+  int32_t label;           /* the label current when it was issued (sh_comm_trace_label) */
+  char group[64];
+  /* A CUDA collective's timing events (sh_cuda_event *, cuda.h), which the reader owns and
+   * destroys: [0] on the caller's stream and [1] on the collective's stream before it was
+   * queued (it starts on the device once both are reached), [2] on its stream after it.
+   * NULL for CPU collectives, waits, and a build without CUDA. */
+  void *device_events[3];
+  int32_t stream;          /* the collective's sh_stream_kind, for CUDA collectives */
+} sh_comm_event;
+/* Starts recording into a ring of `capacity` events (emptied); 0 stops and frees it. */
+int sh_comm_trace_start(int capacity);
+/* Moves up to max recorded events, oldest first, into out; returns how many. */
+int sh_comm_trace_read(sh_comm_event *out, int max);
+int64_t sh_comm_trace_dropped(void);    /* events lost to a full ring since the start */
+/* Sets the label that collectives issued from now carry (e.g. the FSDP unit they serve);
+ * returns the previous one. */
+int sh_comm_trace_label(int label);

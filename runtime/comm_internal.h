@@ -47,6 +47,11 @@ struct sh_comm_work {
   int status;                     /* the completed op's status */
   char what[200];                 /* "all_reduce of f32[10] cpu (sum)" for messages */
   char why[300];                  /* the backend's message when it failed */
+  double issued;                  /* monotonic seconds at issue (trace events) */
+  int label;                      /* sh_comm_trace_label at issue */
+  int traced;                     /* its completion event is recorded */
+  void *device_events[3];         /* CUDA timing events while tracing (sh_comm_event), until recorded */
+  int stream;                     /* the sh_stream_kind they were recorded on */
 };
 
 struct sh_comm_backend {

@@ -10,6 +10,19 @@ local Tensor = tensor.Tensor
 
 local P = { stats = {} }
 local saved_F, saved_T, saved_record
+-- Who hears of each timed op: fn(name, "fwd" | "bwd", t0, t1), called as the op returns
+-- (so an op's span comes after those of the ops it called), and before(name, phase) if given,
+-- called as it starts (shard.trace records CUDA events there). The stats are one of them;
+-- shard.trace adds another.
+local observers, befores = {}, {}
+
+local function notify(name, phase, t0, t1)
+  for i = 1, #observers do observers[i](name, phase, t0, t1) end
+end
+
+local function starting(name, phase)
+  for _, b in pairs(befores) do b(name, phase) end
+end
 
 local function stat(name)
   local s = P.stats[name]
@@ -17,19 +30,24 @@ local function stat(name)
   return s
 end
 
+local function count(name, phase, t0, t1)
+  local s = stat(name)
+  if phase == "fwd" then s.calls, s.fwd = s.calls + 1, s.fwd + t1 - t0
+  else s.bwd, s.bwd_calls = s.bwd + t1 - t0, s.bwd_calls + 1 end
+end
+
 local function timed(name, fn)
   return function(...)
+    starting(name, "fwd")
     local t0 = timer.now()
     local a, b, c = fn(...)
-    local s = stat(name)
-    s.calls, s.fwd = s.calls + 1, s.fwd + timer.now() - t0
+    notify(name, "fwd", t0, timer.now())
     return a, b, c
   end
 end
 
-function P.start()
-  if saved_F then return end
-  P.stats, saved_F, saved_T = {}, {}, {}
+local function install()
+  saved_F, saved_T = {}, {}
   for name, fn in pairs(F) do
     if type(fn) == "function" then saved_F[name] = fn; F[name] = timed(name, fn) end
   end
@@ -40,24 +58,46 @@ function P.start()
   end
   saved_record = A.record
   A.record = function(out, inputs, backward, saved, name)
-    local s = stat(name or "?")
+    name = name or "?"
     local bw = function(node, g)
+      starting(name, "bwd")
       local t0 = timer.now()
       local r = backward(node, g)
-      s.bwd, s.bwd_calls = s.bwd + timer.now() - t0, s.bwd_calls + 1
+      notify(name, "bwd", t0, timer.now())
       return r
     end
     return saved_record(out, inputs, bw, saved, name)
   end
 end
 
-function P.stop()
-  if not saved_F then return end
+local function uninstall()
   for name, fn in pairs(saved_F) do F[name] = fn end
   for name, fn in pairs(saved_T) do Tensor[name] = fn end
   A.record = saved_record
   saved_F, saved_T, saved_record = nil, nil, nil
 end
+
+-- Adds an observer (the ops are wrapped while any is there); unwatch removes it.
+function P.watch(fn, before)
+  for _, o in ipairs(observers) do if o == fn then return end end
+  observers[#observers + 1] = fn
+  befores[fn] = before
+  if not saved_F then install() end
+end
+
+function P.unwatch(fn)
+  befores[fn] = nil
+  for i, o in ipairs(observers) do if o == fn then table.remove(observers, i); break end end
+  if #observers == 0 and saved_F then uninstall() end
+end
+
+function P.start()
+  for _, o in ipairs(observers) do if o == count then return end end
+  P.stats = {}
+  P.watch(count)
+end
+
+function P.stop() P.unwatch(count) end
 
 -- A table sorted by total time: op, calls, forward ms, backward ms, share of the total.
 function P.report()

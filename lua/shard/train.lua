@@ -20,6 +20,9 @@
 -- plots. At the same points each rank's own work per step is compared with the others'
 -- (shard.straggler): a rank slower than the median by --straggler_margin for
 -- --straggler_windows intervals in a row is named in a warning.
+-- --trace=FILE writes a Chrome/Perfetto trace of steps --trace_steps=FIRST:LAST (default 1:2)
+-- and prints its summary (shard.trace); --memory_timeline=PNG draws each rank's allocations
+-- over those steps, stacked by tag.
 local shard = require "shard"
 local cjson = require "cjson"
 local timer = require "shard.timer"
@@ -37,6 +40,7 @@ M.COMMON = {
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
   save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
   metrics_file = "", straggler_margin = 0.25, straggler_windows = 3,
+  trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
 }
 
 local function readable(path)
@@ -137,8 +141,9 @@ end
 -- One training step of grad_accum micro-batches; returns the step's loss when `read` (a read
 -- waits for the device, so only logged steps read it).
 local function step(model, opt, train, cfg, read)
+  local trace = shard.trace
   local xs, ys = {}, {}
-  for i = 1, cfg.grad_accum do xs[i], ys[i] = train:next() end
+  trace.span("data", function() for i = 1, cfg.grad_accum do xs[i], ys[i] = train:next() end end)
   -- each micro-batch's mean loss weighted by its share of the step's target tokens on all
   -- ranks, so the gradient is that of the whole global batch whatever each one holds
   local gl = shard.nn.global_loss(ys)
@@ -150,9 +155,8 @@ local function step(model, opt, train, cfg, read)
     if read then loss_sum = loss_sum + scaled:item() end
     loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
   end
-  if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
-  opt:step()
-  opt:zero_grad(true)
+  if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
+  trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
   return read and gl:mean(loss_sum) or nil
 end
 
@@ -259,6 +263,7 @@ function M.run(recipe)
          n_params = model:num_params(), flops_per_token = meter.per_token, tokens_per_step = meter.tokens_per_step,
          peak_tflops = meter.peak and meter.peak.flops / 1e12, peak_source = meter.peak and meter.peak.source }
   local rates, mfus = {}, {}
+  shard.trace.setup{ path = cfg.trace, steps = cfg.trace_steps, memory_timeline = cfg.memory_timeline, device = env.device }
   for it = start, cfg.max_iters do
     if it % cfg.eval_interval == 0 or it == cfg.max_iters then
       local l = estimate_loss(model, splits, cfg, env)
@@ -269,7 +274,9 @@ function M.run(recipe)
     if it == cfg.max_iters then break end
     opt:set_lr(lr_at(it))
     local logging = it % cfg.log_interval == 0
+    shard.trace.begin_step(it)
     local loss = step(model, opt, train, cfg, logging)
+    shard.trace.end_step(it)
     meter.steps = meter.steps + 1
     if logging then
       local w = meter:window()
@@ -290,6 +297,7 @@ function M.run(recipe)
     end
   end
   checkpoint.wait()    -- an asynchronous save still writing
+  shard.trace.finish()   -- when the run ended before the last traced step
 
   -- where memory went on this rank (peak and the bytes by tag at the peak)
   if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end

@@ -98,6 +98,9 @@ for n in 2 3 4; do
   run_one "gpu/mpi_fsdp_strategies.lua (emulated, mpirun -np $n)" \
     $MPIRUN -np $n -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua
 done
+rm -f "$scratch"/*
+run_one "gpu/trace_streams.lua (emulated, mpirun -np 2)" \
+  $MPIRUN -np 2 -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/trace_streams.lua
 # With every cudaStreamWaitEvent dropped the same test must fail: the harness sees a missing wait.
 rm -f "$scratch"/*
 SHARD_EMU_DROP_EVENT_WAITS=1 SHARD_FSDP_CASES=full_shard/f32/nockpt timeout -k 10 "$TIMEOUT" \
