@@ -1,8 +1,10 @@
 -- FSDP of nn.Llama (policy fsdp.policy.transformer{ nn.LlamaBlock }) against single-process
 -- training, at the world size mpirun gives: for each strategy, the gradients before the
--- optimizer (every rank's shard of them) after the first backward, then the losses of 5
--- AdamW steps and the final parameters must equal one process training on the whole batch
--- (f32, 1e-5 relative). Also: one unit per LlamaBlock plus the root.
+-- optimizer (every rank's shard of them) after the first backward (1e-5 of each tensor's
+-- largest gradient), then the losses of 5 AdamW steps and the final parameters (1e-5
+-- relative, absolute below 1, as fsdp_parity.lua: AdamW turns last-bit differences of the
+-- ranks' summation order into ~1e-6 steps on elements with tiny gradients) must equal one
+-- process training on the whole batch. Also: one unit per LlamaBlock plus the root.
 local shard = require "shard"
 local ffi = require "ffi"
 local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
@@ -75,9 +77,9 @@ for _, np in ipairs(ref:named_parameters()) do ref_params[np.name] = np.tensor:t
 
 local function close(a, b) return math.abs(a - b) <= 1e-5 * math.max(1, math.abs(b)) end
 
--- The largest error of this rank's slices (values(e) of each optim entry) against want, relative
--- to each tensor's largest magnitude.
-local function worst_slice(model, values, want)
+-- The largest error of this rank's slices (values(e) of each optim entry) against want:
+-- relative to each tensor's largest magnitude (per_tensor), else to max(1, |element|).
+local function worst_slice(model, values, want, per_tensor)
   local worst, where = 0, ""
   for _, e in ipairs(model:optim_groups()) do
     local mine = values(e)
@@ -85,7 +87,8 @@ local function worst_slice(model, values, want)
     local scale = 1e-3
     for _, v in ipairs(ref_t) do scale = math.max(scale, math.abs(v)) end
     for i = 1, #mine do
-      local d = math.abs(mine[i] - ref_t[e.start + i]) / scale
+      local r = ref_t[e.start + i]
+      local d = math.abs(mine[i] - r) / (per_tensor and scale or math.max(1, math.abs(r)))
       if d > worst then worst, where = d, ("%s[%d]: %.9g vs %.9g"):format(e.name, e.start + i, mine[i], ref_t[e.start + i]) end
     end
     e.tensor:free()
@@ -111,7 +114,7 @@ for _, strategy in ipairs { "full_shard", "shard_grad_op", "no_shard" } do
         local v = g:tolist_flat()
         g:free()
         return v
-      end, ref_grads)
+      end, ref_grads, true)
       if worst > 1e-5 then fail("%s: gradients before the optimizer differ by %.3g at %s", strategy, worst, where) end
       if rank == 0 then print(("%s world %d: max gradient difference %.3g"):format(strategy, size, worst)) end
     end

@@ -103,7 +103,14 @@ describe("nn.Llama.from_pretrained", function()
     write(d .. "/model.safetensors.index.json", json.encode(index))
     local ok, err = pcall(nn.Llama.from_pretrained, d)
     assert.is_false(ok)
-    assert.matches("maps 'lm_head.weight' to model-00001-of-00002.safetensors, which lacks it", err, 1, true)
+    assert.matches("hf: model-00002-of-00002.safetensors holds 'lm_head.weight' but " .. d
+      .. "/model.safetensors.index.json maps it to model-00001-of-00002.safetensors", err, 1, true)
+    index.weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    index.weight_map["model.extra.weight"] = "model-00001-of-00002.safetensors"
+    write(d .. "/model.safetensors.index.json", json.encode(index))
+    ok, err = pcall(nn.Llama.from_pretrained, d)
+    assert.is_false(ok)
+    assert.matches("maps 'model.extra.weight' to model-00001-of-00002.safetensors, which lacks it", err, 1, true)
   end)
 
   it("refuses a model of another size in load_llama_into", function()

@@ -486,17 +486,19 @@ local function open_sharded_reader(dir, index_path)
       readers[fname] = readers[fname] or open_reader(dir .. "/" .. fname)
       owner[name] = readers[fname]
     end
-    for fname, r in pairs(readers) do
-      local held = {}
-      for _, n in ipairs(r.names) do
+    local files, held = {}, {}
+    for fname in pairs(readers) do files[#files + 1] = fname end
+    table.sort(files)   -- the first problem named is the same every run
+    for _, fname in ipairs(files) do
+      for _, n in ipairs(readers[fname].names) do
         held[n] = true
         if map[n] ~= fname then
           error(("hf: %s holds '%s' but %s maps it to %s"):format(fname, n, index_path, tostring(map[n])), 0)
         end
       end
-      for name, f in pairs(map) do
-        if f == fname and not held[name] then error(("hf: %s maps '%s' to %s, which lacks it"):format(index_path, name, fname), 0) end
-      end
+    end
+    for name, fname in pairs(map) do
+      if not held[name] then error(("hf: %s maps '%s' to %s, which lacks it"):format(index_path, name, fname), 0) end
     end
   end)
   if not ok then
