@@ -14,7 +14,13 @@
  *     no atomics, so gradients are identical from run to run.
  * q, k, v, out and dout may be strided views (heads split from a fused qkv projection) as
  * long as the last dim is unit-stride and rows are 16-byte aligned.
- * Other dtypes and head sizes take a simple path (one warp per row, f32 math, D <= 256). */
+ * Other dtypes and head sizes take a simple path (one warp per row, f32 math, D <= 256).
+ *
+ * Grouped-query attention: k and v have Hkv heads, G = H / Hkv query heads per k/v head.
+ * Query head h reads k/v head h / G in place; the dK/dV kernels run one block per (key tile,
+ * k/v head) and walk the G query heads of the group, so each dk/dv row still has one writer.
+ * Rotary embeddings (rope_kernel): the rotation of runtime/nn_attention.c, one thread per
+ * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <mma.h>
@@ -123,7 +129,7 @@ __device__ __forceinline__ void mm_acc(float *acc, int ldo, const __nv_bfloat16 
 
 __global__ void __launch_bounds__(AT_THREADS) attn_fwd_tc_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, at_view qv, at_view kv, at_view vv,
-    __nv_bfloat16 *out, float *lse, int H, int64_t T, int D, float scale) {
+    __nv_bfloat16 *out, float *lse, int H, int G, int64_t T, int D, float scale) {
   extern __shared__ __align__(128) char smem[];
   at_smem L = at_layout(D);
   __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
@@ -131,7 +137,7 @@ __global__ void __launch_bounds__(AT_THREADS) attn_fwd_tc_kernel(
   __nv_bfloat16 *P = (__nv_bfloat16 *)(smem + L.p);
   int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t i0 = (int64_t)blockIdx.x * AT;
-  const __nv_bfloat16 *qh = q + b * qv.sb + h * qv.sh, *kh = k + b * kv.sb + h * kv.sh, *vh = v + b * vv.sb + h * vv.sh;
+  const __nv_bfloat16 *qh = q + b * qv.sb + h * qv.sh, *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
   load_tile(Qs, L.ld, qh, qv.st, i0, T, D);
   for (int c = threadIdx.x; c < AT * L.ldo; c += blockDim.x) O[c] = 0.0f;
   if (threadIdx.x < AT) { mrow[threadIdx.x] = -INFINITY; lrow[threadIdx.x] = 0.0f; }
@@ -224,19 +230,21 @@ __device__ __forceinline__ void bwd_tile(const at_smem &L, char *smem, const flo
 __global__ void __launch_bounds__(AT_THREADS) attn_bwd_kv_tc_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
     at_view kv, at_view vv, at_view dv, const float *lse, const float *Dq, __nv_bfloat16 *dk, __nv_bfloat16 *dvout, int H,
-    int64_t T, int D, float scale) {
+    int G, int64_t T, int D, float scale) {
   extern __shared__ __align__(128) char smem[];
   at_smem L = at_layout(D);
   __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
   __nv_bfloat16 *dOs = (__nv_bfloat16 *)(smem + L.d), *P = (__nv_bfloat16 *)(smem + L.p), *dS = (__nv_bfloat16 *)(smem + L.ds);
   float *dK = (float *)(smem + L.acc0), *dV = (float *)(smem + L.acc1);
-  int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int Hkv = H / G, bkv = blockIdx.y, b = bkv / Hkv, hk = bkv % Hkv, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t j0 = (int64_t)blockIdx.x * AT;
-  load_tile(Ks, L.ld, k + b * kv.sb + h * kv.sh, kv.st, j0, T, D);
-  load_tile(Vs, L.ld, v + b * vv.sb + h * vv.sh, vv.st, j0, T, D);
+  load_tile(Ks, L.ld, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
+  load_tile(Vs, L.ld, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
   for (int c = threadIdx.x; c < AT * L.ldo; c += blockDim.x) { dK[c] = 0.0f; dV[c] = 0.0f; }
-  const float *lse_h = lse + (int64_t)bh * T, *dq_h = Dq + (int64_t)bh * T;
-  for (int64_t i0 = j0; i0 < T; i0 += AT) {
+  int64_t ntiles = (T - j0 + AT - 1) / AT;   /* the query tiles that see this key tile */
+  for (int64_t it = 0; it < G * ntiles; it++) {   /* (query head of the group, query tile) */
+    int64_t h = hk * G + it / ntiles, i0 = j0 + it % ntiles * AT, bh = b * H + h;
+    const float *lse_h = lse + bh * T, *dq_h = Dq + bh * T;
     __syncthreads();   /* the previous Q/dO tiles and P/dS are no longer read */
     load_tile(Qs, L.ld, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
     load_tile(dOs, L.ld, dout + b * dv.sb + h * dv.sh, dv.st, i0, T, D);
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(AT_THREADS) attn_bwd_kv_tc_kernel(
     int r = 16 * w + rr;
     int64_t kj = j0 + r;
     if (kj >= T) break;
-    __nv_bfloat16 *dkr = dk + ((int64_t)bh * T + kj) * D, *dvr = dvout + ((int64_t)bh * T + kj) * D;
+    __nv_bfloat16 *dkr = dk + ((int64_t)bkv * T + kj) * D, *dvr = dvout + ((int64_t)bkv * T + kj) * D;
     for (int d = lane; d < D; d += 32) {
       dkr[d] = __float2bfloat16_rn(dK[r * L.ldo + d] * scale);
       dvr[d] = __float2bfloat16_rn(dV[r * L.ldo + d]);
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(AT_THREADS) attn_bwd_kv_tc_kernel(
 
 __global__ void __launch_bounds__(AT_THREADS) attn_bwd_q_tc_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
-    at_view kv, at_view vv, at_view dv, const float *lse, const float *Dq, __nv_bfloat16 *dq, int H, int64_t T, int D,
+    at_view kv, at_view vv, at_view dv, const float *lse, const float *Dq, __nv_bfloat16 *dq, int H, int G, int64_t T, int D,
     float scale) {
   extern __shared__ __align__(128) char smem[];
   at_smem L = at_layout(D);
@@ -276,8 +284,8 @@ __global__ void __launch_bounds__(AT_THREADS) attn_bwd_q_tc_kernel(
   const float *lse_h = lse + (int64_t)bh * T, *dq_h = Dq + (int64_t)bh * T;
   for (int64_t j0 = 0; j0 <= i0; j0 += AT) {
     __syncthreads();
-    load_tile(Ks, L.ld, k + b * kv.sb + h * kv.sh, kv.st, j0, T, D);
-    load_tile(Vs, L.ld, v + b * vv.sb + h * vv.sh, vv.st, j0, T, D);
+    load_tile(Ks, L.ld, k + b * kv.sb + (h / G) * kv.sh, kv.st, j0, T, D);
+    load_tile(Vs, L.ld, v + b * vv.sb + (h / G) * vv.sh, vv.st, j0, T, D);
     __syncthreads();
     bwd_tile(L, smem, lse_h, dq_h, i0, j0, T, D, scale, w, lane);
     mm_acc(dQ, L.ldo, dS, 0, Ks, L.ld, D, w);   /* warp w reads only its own dS rows */
@@ -294,17 +302,20 @@ __global__ void __launch_bounds__(AT_THREADS) attn_bwd_q_tc_kernel(
 
 /* ---- the simple path: any float dtype, D <= 256, one warp per row, f32 math ------------------ */
 
+/* The contiguous [B, Hkv] index of the k/v head that query head bh = (b, h) of [B, H] reads. */
+__device__ __forceinline__ int64_t kv_head(int64_t bh, int H, int G) { return bh / H * (H / G) + bh % H / G; }
+
 enum { SD = SIMPLE_MAX_D / 32 };
 
 /* Forward: warp per query row; lane owns elements lane + 32 u of q and of the accumulator. */
 template <typename T>
-__global__ void attn_fwd_simple_kernel(const T *q, const T *k, const T *v, T *out, float *lse, int64_t rows, int64_t Tn,
-                                       int D, float scale) {
+__global__ void attn_fwd_simple_kernel(const T *q, const T *k, const T *v, T *out, float *lse, int64_t rows, int H, int G,
+                                       int64_t Tn, int D, float scale) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  int64_t bh = row / Tn, qi = row % Tn;
-  const T *kh = k + bh * Tn * D, *vh = v + bh * Tn * D, *qr = q + row * D;
+  int64_t bh = row / Tn, qi = row % Tn, bkv = kv_head(bh, H, G);
+  const T *kh = k + bkv * Tn * D, *vh = v + bkv * Tn * D, *qr = q + row * D;
   float qf[SD], acc[SD];
 #pragma unroll
   for (int u = 0; u < SD; u++) { int d = lane + 32 * u; qf[u] = d < D ? to_f(qr[d]) : 0.0f; acc[u] = 0.0f; }
@@ -330,12 +341,12 @@ __global__ void attn_fwd_simple_kernel(const T *q, const T *k, const T *v, T *ou
 /* Backward for dq: warp per query row i, over keys j <= i. */
 template <typename T>
 __global__ void attn_bwd_q_simple_kernel(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *Dq,
-                                         T *dq, int64_t rows, int64_t Tn, int D, float scale) {
+                                         T *dq, int64_t rows, int H, int G, int64_t Tn, int D, float scale) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  int64_t bh = row / Tn, qi = row % Tn;
-  const T *kh = k + bh * Tn * D, *vh = v + bh * Tn * D;
+  int64_t bh = row / Tn, qi = row % Tn, bkv = kv_head(bh, H, G);
+  const T *kh = k + bkv * Tn * D, *vh = v + bkv * Tn * D;
   float qf[SD], dof[SD], acc[SD];
 #pragma unroll
   for (int u = 0; u < SD; u++) {
@@ -362,15 +373,15 @@ __global__ void attn_bwd_q_simple_kernel(const T *q, const T *k, const T *v, con
   for (int u = 0; u < SD; u++) { int d = lane + 32 * u; if (d < D) dq[row * D + d] = from_f<T>(acc[u] * scale); }
 }
 
-/* Backward for dk and dv: warp per key row j, over queries i >= j. */
+/* Backward for dk and dv: warp per key row j of [B, Hkv, T], over queries i >= j of the G
+ * query heads that read it. */
 template <typename T>
 __global__ void attn_bwd_kv_simple_kernel(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *Dq,
-                                          T *dk, T *dv, int64_t rows, int64_t Tn, int D, float scale) {
+                                          T *dk, T *dv, int64_t rows, int H, int G, int64_t Tn, int D, float scale) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  int64_t bh = row / Tn, kj = row % Tn;
-  const T *qh = q + bh * Tn * D, *doh = dout + bh * Tn * D;
+  int64_t bkv = row / Tn, kj = row % Tn, Hkv = H / G;
   float kf[SD], vf[SD], ak[SD], av[SD];
 #pragma unroll
   for (int u = 0; u < SD; u++) {
@@ -380,20 +391,23 @@ __global__ void attn_bwd_kv_simple_kernel(const T *q, const T *k, const T *v, co
     ak[u] = 0.0f;
     av[u] = 0.0f;
   }
-  for (int64_t i = kj; i < Tn; i++) {
-    float s = 0, dp = 0;
+  for (int64_t bh = bkv / Hkv * H + bkv % Hkv * G; bh < bkv / Hkv * H + (bkv % Hkv + 1) * G; bh++) {
+    const T *qh = q + bh * Tn * D, *doh = dout + bh * Tn * D;
+    for (int64_t i = kj; i < Tn; i++) {
+      float s = 0, dp = 0;
 #pragma unroll
-    for (int u = 0; u < SD; u++) {
-      int d = lane + 32 * u;
-      if (d < D) { s += to_f(qh[i * D + d]) * kf[u]; dp += to_f(doh[i * D + d]) * vf[u]; }
-    }
-    s = warp_sum(s);
-    dp = warp_sum(dp);
-    float p = __expf(s * scale - lse[bh * Tn + i]), ds = p * (dp - Dq[bh * Tn + i]);
+      for (int u = 0; u < SD; u++) {
+        int d = lane + 32 * u;
+        if (d < D) { s += to_f(qh[i * D + d]) * kf[u]; dp += to_f(doh[i * D + d]) * vf[u]; }
+      }
+      s = warp_sum(s);
+      dp = warp_sum(dp);
+      float p = __expf(s * scale - lse[bh * Tn + i]), ds = p * (dp - Dq[bh * Tn + i]);
 #pragma unroll
-    for (int u = 0; u < SD; u++) {
-      int d = lane + 32 * u;
-      if (d < D) { av[u] += p * to_f(doh[i * D + d]); ak[u] += ds * to_f(qh[i * D + d]); }
+      for (int u = 0; u < SD; u++) {
+        int d = lane + 32 * u;
+        if (d < D) { av[u] += p * to_f(doh[i * D + d]); ak[u] += ds * to_f(qh[i * D + d]); }
+      }
     }
   }
 #pragma unroll
@@ -457,6 +471,7 @@ static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tenso
                                   double scale) {
   const char *op = "attention";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
+  int G = (int)(H / k->shape[1]);
   float sc = (float)scale;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, q->device, &st));
@@ -476,7 +491,7 @@ static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tenso
       dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(sh_min64(nb, B - b0) * H));
       attn_fwd_tc_kernel<<<grid, AT_THREADS, smem, st>>>(
           bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), view_of(Q), view_of(K), view_of(V),
-          (__nv_bfloat16 *)sh_tensor_data(out) + b0 * H * T * D, (float *)sh_tensor_data(lse) + b0 * H * T, (int)H, T, (int)D, sc);
+          (__nv_bfloat16 *)sh_tensor_data(out) + b0 * H * T * D, (float *)sh_tensor_data(lse) + b0 * H * T, (int)H, G, T, (int)D, sc);
       CU_LAUNCHED(op);
     }
   } else {
@@ -488,19 +503,20 @@ static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tenso
     SH_DISPATCH_FLOAT(q->dtype, Tt, op, {
       attn_fwd_simple_kernel<Tt><<<blocks, 256, 0, st>>>((const Tt *)sh_tensor_data(qc.t), (const Tt *)sh_tensor_data(kc.t),
                                                          (const Tt *)sh_tensor_data(vc.t), (Tt *)sh_tensor_data(out),
-                                                         (float *)sh_tensor_data(lse), rows, T, (int)D, sc);
+                                                         (float *)sh_tensor_data(lse), rows, (int)H, G, T, (int)D, sc);
     });
     CU_LAUNCHED(op);
   }
   return SH_OK;
 }
 
-/* The contiguous tensor of q's dtype a backward kernel writes gradient dst into: dst itself
- * when it has that dtype, else scratch (converted into dst after; dst may be NULL, not asked for). */
-static int grad_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *q, sh_tensor **out) {
+/* The contiguous tensor of q's dtype and src's shape a backward kernel writes gradient dst into:
+ * dst itself when it has that dtype, else scratch (converted into dst after; dst may be NULL,
+ * not asked for). */
+static int grad_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *src, const sh_tensor *q, sh_tensor **out) {
   *out = dst;
   if (dst && dst->dtype == q->dtype) return SH_OK;
-  SH_TRY(sh_tensor_empty(g.out(), 4, q->shape, q->dtype, q->device));
+  SH_TRY(sh_tensor_empty(g.out(), 4, src->shape, q->dtype, q->device));
   *out = g.t;
   return SH_OK;
 }
@@ -510,6 +526,8 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
                                    double scale) {
   const char *op = "attention_backward";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
+  int64_t Hkv = k->shape[1], kv_rows = B * Hkv * T;
+  int G = (int)(H / Hkv);
   float sc = (float)scale;
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, q->device, &st));
@@ -517,9 +535,10 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
   bool tc = use_tc(q);
   if (!tc) SH_TRY(simple_fits(op, D));
   int dt = tc ? SH_BF16 : q->dtype;
-  sh_tensor *dst[3] = {dq, dk, dv}, *G[3];
+  sh_tensor *dst[3] = {dq, dk, dv}, *Gr[3];
+  const sh_tensor *src[3] = {q, k, v};
   sh_tguard gs[3], lc, oc, dqrow, qc, kc, vc, doc;
-  for (int i = 0; i < 3; i++) SH_TRY(grad_target(gs[i], dst[i], q, &G[i]));
+  for (int i = 0; i < 3; i++) SH_TRY(grad_target(gs[i], dst[i], src[i], q, &Gr[i]));
   const sh_tensor *Q, *K, *V, *dO;
   if (tc) {
     SH_TRY(tc_input(qc, q, &Q));
@@ -550,16 +569,19 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
     CU_TRY(op, cudaFuncSetAttribute(attn_bwd_kv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CU_TRY(op, cudaFuncSetAttribute(attn_bwd_q_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     for (int64_t b0 = 0; b0 < B; b0 += nb) {
-      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(sh_min64(nb, B - b0) * H));
+      unsigned tiles = (unsigned)((T + AT - 1) / AT);
+      dim3 grid(tiles, (unsigned)(sh_min64(nb, B - b0) * H)), kv_grid(tiles, (unsigned)(sh_min64(nb, B - b0) * Hkv));
       const __nv_bfloat16 *qp = bf16_at(Q, b0), *kp = bf16_at(K, b0), *vp = bf16_at(V, b0), *dop = bf16_at(dO, b0);
-      int64_t row0 = b0 * H * T;   /* lse, Dq and the (contiguous) gradients */
-      __nv_bfloat16 *dqp = (__nv_bfloat16 *)sh_tensor_data(G[0]) + row0 * D;
-      __nv_bfloat16 *dkp = (__nv_bfloat16 *)sh_tensor_data(G[1]) + row0 * D, *dvp = (__nv_bfloat16 *)sh_tensor_data(G[2]) + row0 * D;
-      attn_bwd_kv_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO),
-                                                            L + row0, Dq + row0, dkp, dvp, (int)H, T, (int)D, sc);
+      int64_t row0 = b0 * H * T, kv_row0 = b0 * Hkv * T;   /* lse, Dq and the (contiguous) gradients */
+      __nv_bfloat16 *dqp = (__nv_bfloat16 *)sh_tensor_data(Gr[0]) + row0 * D;
+      __nv_bfloat16 *dkp = (__nv_bfloat16 *)sh_tensor_data(Gr[1]) + kv_row0 * D;
+      __nv_bfloat16 *dvp = (__nv_bfloat16 *)sh_tensor_data(Gr[2]) + kv_row0 * D;
+      attn_bwd_kv_tc_kernel<<<kv_grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V),
+                                                               view_of(dO), L + row0, Dq + row0, dkp, dvp, (int)H, G, T,
+                                                               (int)D, sc);
       CU_LAUNCHED(op);
       attn_bwd_q_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO),
-                                                           L + row0, Dq + row0, dqp, (int)H, T, (int)D, sc);
+                                                           L + row0, Dq + row0, dqp, (int)H, G, T, (int)D, sc);
       CU_LAUNCHED(op);
     }
   } else {
@@ -567,18 +589,56 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
     SH_DISPATCH_FLOAT(dt, Tt, op, {
       const Tt *qp = (const Tt *)sh_tensor_data(Q), *kp = (const Tt *)sh_tensor_data(K);
       const Tt *vp = (const Tt *)sh_tensor_data(V), *dop = (const Tt *)sh_tensor_data(dO);
-      attn_bwd_q_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(G[0]), rows, T, (int)D, sc);
-      attn_bwd_kv_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(G[1]),
-                                                            (Tt *)sh_tensor_data(G[2]), rows, T, (int)D, sc);
+      attn_bwd_q_simple_kernel<Tt><<<blocks, 256, 0, st>>>(qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(Gr[0]), rows, (int)H,
+                                                           G, T, (int)D, sc);
+      attn_bwd_kv_simple_kernel<Tt><<<(unsigned)((kv_rows + 7) / 8), 256, 0, st>>>(
+          qp, kp, vp, dop, L, Dq, (Tt *)sh_tensor_data(Gr[1]), (Tt *)sh_tensor_data(Gr[2]), kv_rows, (int)H, G, T, (int)D, sc);
     });
     CU_LAUNCHED(op);
   }
   for (int i = 0; i < 3; i++)
-    if (dst[i] && dst[i] != G[i]) SH_TRY(sh_tensor_copy_(dst[i], G[i]));
+    if (dst[i] && dst[i] != Gr[i]) SH_TRY(sh_tensor_copy_(dst[i], Gr[i]));
+  return SH_OK;
+}
+
+/* ---- rotary embeddings ---------------------------------------------------------------------- */
+
+/* y (contiguous [B, H, T, D]) = x rotated by t * theta^(-2i/D), pairs (i, i + D/2); sign -1
+ * rotates back. One thread per pair; the angle in double as on the CPU. */
+template <typename T>
+__global__ void rope_kernel(const T *x, at_view xv, T *y, int64_t pairs, int H, int64_t Tn, int D, double theta, float sign) {
+  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= pairs) return;
+  int half = D / 2, i = (int)(p % half);
+  int64_t row = p / half, t = row % Tn, h = row / Tn % H, b = row / Tn / H;
+  double sn, cs;
+  sincos((double)t * pow(theta, -2.0 * i / D), &sn, &cs);
+  const T *xr = x + b * xv.sb + h * xv.sh + t * xv.st;
+  float x1 = to_f(xr[i]), x2 = to_f(xr[i + half]), c = (float)cs, s = sign * (float)sn;
+  y[row * D + i] = from_f<T>(x1 * c - x2 * s);
+  y[row * D + i + half] = from_f<T>(x2 * c + x1 * s);
+}
+
+static int cuda_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
+  const char *op = inverse ? "rope_backward" : "rope";
+  int64_t H = x->shape[1], T = x->shape[2], D = x->shape[3], pairs = sh_tensor_numel(x) / 2;
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, x->device, &st));
+  if (pairs == 0) return SH_OK;
+  sh_tguard xc;
+  const sh_tensor *X = x;
+  if (x->stride[3] != 1) { SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype)); X = xc.t; }
+  SH_DISPATCH_FLOAT(x->dtype, Tt, op, {
+    rope_kernel<Tt><<<(unsigned)((pairs + 255) / 256), 256, 0, st>>>((const Tt *)sh_tensor_data(X), view_of(X),
+                                                                      (Tt *)sh_tensor_data(y), pairs, (int)H, T, (int)D,
+                                                                      theta, inverse ? -1.0f : 1.0f);
+  });
+  CU_LAUNCHED(op);
   return SH_OK;
 }
 
 extern "C" void sh_attention_register_cuda(sh_backend *b) {
   b->attention_forward = cuda_attention_forward;
   b->attention_backward = cuda_attention_backward;
+  b->rope = cuda_rope;
 }

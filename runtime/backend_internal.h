@@ -102,6 +102,9 @@ typedef struct sh_backend {
   int (*attention_backward)(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
                             const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                             const sh_tensor *out, const sh_tensor *lse, double scale);
+  /* nn.h, rotary embeddings: y contiguous [B, H, T, D] of x's dtype, D even, theta > 0;
+   * inverse rotates back (the transpose) */
+  int (*rope)(sh_tensor *y, const sh_tensor *x, double theta, int inverse);
   int (*embedding_forward)(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w);
   int (*embedding_backward)(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx);
   int (*cross_entropy_forward)(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits,

@@ -47,14 +47,31 @@ int sh_swiglu_backward(sh_tensor **da, sh_tensor **db, const sh_tensor *dy, cons
 int sh_softmax_forward(sh_tensor **y, const sh_tensor *x);
 int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y);
 
-/* Causal scaled-dot-product attention, q k v [B, H, T, D]: out [B, H, T, D] and the
- * row log-sum-exp lse [B, H, T] (f32) for backward. Blocked like flash attention: at most one
- * block of the T x T scores per head is ever held. scale <= 0 means 1/sqrt(D). */
+/* Causal scaled-dot-product attention, q [B, H, T, D] and k v [B, Hkv, T, D]: out [B, H, T, D]
+ * and the row log-sum-exp lse [B, H, T] (f32) for backward. Blocked like flash attention: at
+ * most one block of the T x T scores per head is ever held. scale <= 0 means 1/sqrt(D).
+ * Grouped-query attention when Hkv < H (Hkv divides H): query head h reads key/value head
+ * h / (H / Hkv), shared in place, never repeated; dk and dv sum over the group. */
 int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
                          const sh_tensor *v, double scale);
 int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
                           const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                           const sh_tensor *out, const sh_tensor *lse, double scale);
+
+/* Rotary position embedding of x [B, H, T, D] (D even) at positions t = 0..T-1, in Hugging
+ * Face's rotate_half layout (so their q_proj/k_proj weights load unpermuted): for i < D/2 and
+ * angle a = t * theta^(-2i/D) (computed in double),
+ *   y_i = x_i cos a - x_{i+D/2} sin a,   y_{i+D/2} = x_{i+D/2} cos a + x_i sin a.
+ * backward rotates dy back (the transpose). y has x's dtype and is contiguous. */
+int sh_rope_forward(sh_tensor **y, const sh_tensor *x, double theta);
+int sh_rope_backward(sh_tensor **dx, const sh_tensor *dy, double theta);
+/* attention(rope(q), rope(k), v) as one op: the rotated q and k are scratch of the call,
+ * never kept; backward recomputes them and returns the gradients of the unrotated q and k. */
+int sh_attention_rope_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
+                              const sh_tensor *v, double scale, double theta);
+int sh_attention_rope_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
+                               const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                               const sh_tensor *out, const sh_tensor *lse, double scale, double theta);
 
 /* embedding: idx (i64 or i32) [...], w [V, C] -> y [..., C]; backward scatter-adds into dw.
  * An index outside [0, V) is an error naming it. */

@@ -13,6 +13,17 @@
  *   dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i.
  * A (batch, head) is one task, so dk/dv/dq of a head are written by one thread only.
  *
+ * Grouped-query attention: k and v may have fewer heads (Hkv, dividing H) than q; query head
+ * h reads key/value head h / (H / Hkv) in place (no repeated copies). Backward then runs one
+ * task per (batch, key/value head) that walks the group's query heads, so a dk/dv row still
+ * has one writer.
+ *
+ * Rotary embeddings (sh_attention_rope_*, every device): the front rotates q and k into
+ * scratch with the device's rope kernel (that copy stands in for the staging copy a strided
+ * head view gets anyway), runs the attention kernel on them and drops them: rotated tensors
+ * are never kept for backward, which rotates them again and rotates dq and dk back (the
+ * transpose of the rotation).
+ *
  * q, k, v, out and dout may be strided views (e.g. heads split out of a fused qkv
  * projection) as long as their last dim is unit-stride; anything else is copied once.
  * The block products (S = Q K^T, O += P V, and the five of backward) are small sgemm
@@ -45,6 +56,7 @@ static inline float *row_at(const view4 *v, int64_t b, int64_t h, int64_t t) {
 
 typedef struct attn_args {
   int64_t B, H, T, D;
+  int64_t G;       /* query heads per key/value head (1 without grouped-query attention) */
   float scale;
   view4 q, k, v, out, dout, dq, dk, dv;
   float *lse;      /* [B, H, T] contiguous */
@@ -116,7 +128,7 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
     for (int64_t j0 = 0; j0 < i1; j0 += BK) {
       int64_t nk = j0 + BK < i1 ? BK : i1 - j0;
       gemm_nt((int)nq, (int)nk, (int)D, a->scale, row_at(&a->q, b, h, i0), a->q.s2,
-              row_at(&a->k, b, h, j0), a->k.s2, 0.0f, S, BK);
+              row_at(&a->k, b, h / a->G, j0), a->k.s2, 0.0f, S, BK);
       for (int64_t ii = 0; ii < nq; ii++) {
         float *s = S + ii * BK, t[BK];
         int64_t nv = visible(i0, ii, j0, nk);    /* >= 1: key blocks start at or before i0 */
@@ -131,7 +143,7 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
 #pragma omp simd
         for (int64_t d = 0; d < D; d++) ar[d] *= alpha;
       }
-      gemm_nn((int)nq, (int)D, (int)nk, S, BK, row_at(&a->v, b, h, j0), a->v.s2, acc, D);
+      gemm_nn((int)nq, (int)D, (int)nk, S, BK, row_at(&a->v, b, h / a->G, j0), a->v.s2, acc, D);
     }
     for (int64_t ii = 0; ii < nq; ii++) {
       float *o = row_at(&a->out, b, h, i0 + ii), inv = 1.0f / l[ii];
@@ -144,16 +156,17 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
   free(scratch);
 }
 
-/* Tasks are (b, h): key blocks outside, query blocks inside, so dk/dv of a key block are
- * finished before the next; dq, dk, dv are contiguous and zeroed by the caller. */
+/* Tasks are (b, key/value head), each walking its G query heads: key blocks outside, query
+ * blocks inside, so dk/dv of a key block are finished before the next; dq, dk, dv are
+ * contiguous and zeroed by the caller. */
 SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
   attn_args *a = (attn_args *)arg;
-  int64_t D = a->D, T = a->T;
+  int64_t D = a->D, T = a->T, Hkv = a->H / a->G;
   float *scratch = calloc((size_t)(2 * BQ * BK + T) + 16, sizeof(float));
   if (!scratch) { set_failed(a); return; }
   float *P = scratch, *dP = P + BQ * BK, *Di = dP + BQ * BK;
-  for (int64_t bh = t0; bh < t1; bh++) {
-    int64_t b = bh / a->H, h = bh % a->H;
+  for (int64_t it = t0 * a->G; it < t1 * a->G; it++) {   /* (task, query head of its group) */
+    int64_t task = it / a->G, b = task / Hkv, hk = task % Hkv, h = hk * a->G + it % a->G, bh = b * a->H + h;
     const float *lse = a->lse + bh * T;
     for (int64_t i = 0; i < T; i++) {
       const float *o = row_at(&a->out, b, h, i), *go = row_at(&a->dout, b, h, i);
@@ -164,8 +177,8 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
       int64_t nk = j0 + BK < T ? BK : T - j0;
-      const float *kj = row_at(&a->k, b, h, j0), *vj = row_at(&a->v, b, h, j0);
-      float *dkj = row_at(&a->dk, b, h, j0), *dvj = row_at(&a->dv, b, h, j0);
+      const float *kj = row_at(&a->k, b, hk, j0), *vj = row_at(&a->v, b, hk, j0);
+      float *dkj = row_at(&a->dk, b, hk, j0), *dvj = row_at(&a->dv, b, hk, j0);
       for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {    /* earlier queries see none of it */
         int64_t nq = i0 + BQ < T ? BQ : T - i0;
         const float *qi = row_at(&a->q, b, h, i0), *goi = row_at(&a->dout, b, h, i0);
@@ -205,6 +218,7 @@ static int stage_rows(sh_tensor **out, const sh_tensor *t, const char *op, const
 static int stage_qkv(sh_tensor **st, attn_args *a, const char *op, const sh_tensor *q,
                      const sh_tensor *k, const sh_tensor *v, double scale) {
   a->B = q->shape[0]; a->H = q->shape[1]; a->T = q->shape[2]; a->D = q->shape[3];
+  a->G = q->shape[1] / k->shape[1];
   a->scale = (float)scale;
   SH_TRY(stage_rows(&st[0], q, op, "q"));
   SH_TRY(stage_rows(&st[1], k, op, "k"));
@@ -262,11 +276,11 @@ static int cpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, c
   if (!rc) rc = stage_rows(&st[3], dout, op, "dout");
   if (!rc) rc = stage_rows(&st[4], out, op, "out");
   if (!rc) rc = sh_nn_f32(&st[5], lse, op, "lse");
-  for (int i = 0; i < 3 && !rc; i++) rc = grad_begin(&g[i], dst[i], q->shape);
+  for (int i = 0; i < 3 && !rc; i++) rc = grad_begin(&g[i], dst[i], i ? k->shape : q->shape);
   if (!rc) {
     a.dout = view_of(st[3]); a.out = view_of(st[4]); a.lse = sh_nn_ptr(st[5]);
     a.dq = view_of(g[0].buf); a.dk = view_of(g[1].buf); a.dv = view_of(g[2].buf);
-    sh_nn_parallel_for(a.B * a.H, attn_work(&a), attn_bwd_range, &a);
+    sh_nn_parallel_for(a.B * (a.H / a.G), attn_work(&a), attn_bwd_range, &a);
     if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
   }
   for (int i = 0; i < 3 && !rc; i++)
@@ -276,21 +290,101 @@ static int cpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, c
   return rc;
 }
 
+/* ---- rotary embeddings ----------------------------------------------------------------------- */
+
+typedef struct rope_args {
+  view4 x;
+  float *y;                   /* contiguous [B, H, T, D] */
+  const float *cos, *sin;     /* [T, D/2] */
+  int64_t H, T, D;
+  float sign;                 /* +1 rotates by the angle, -1 back (the transpose) */
+} rope_args;
+
+/* Rows (b, h, t) of the rotation, Hugging Face's rotate_half pairing: element i with i + D/2. */
+SH_NN_SIMD static void rope_range(const void *arg, int64_t r0, int64_t r1) {
+  const rope_args *a = (const rope_args *)arg;
+  int64_t half = a->D / 2;
+  for (int64_t row = r0; row < r1; row++) {
+    int64_t t = row % a->T, h = (row / a->T) % a->H, b = row / (a->T * a->H);
+    const float *x = row_at(&a->x, b, h, t), *c = a->cos + t * half, *s = a->sin + t * half;
+    float *y = a->y + row * a->D;
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) {
+      float x1 = x[i], x2 = x[i + half], sn = a->sign * s[i];
+      y[i] = x1 * c[i] - x2 * sn;
+      y[i + half] = x2 * c[i] + x1 * sn;
+    }
+  }
+}
+
+/* y = x rotated (inverse: rotated back) at positions 0..T-1; y is the front's output. The
+ * angles t * theta^(-2i/D) are computed in double, once per (t, i). */
+static int cpu_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
+  const char *op = inverse ? "rope_backward" : "rope";
+  int64_t T = x->shape[2], D = x->shape[3], half = D / 2;
+  float *cs = malloc(sizeof(float) * (size_t)(2 * T * half + 1));
+  if (!cs) return sh_fail(SH_ERR_OOM, "%s: out of host memory for the [%lld, %lld] angle table", op,
+                          (long long)T, (long long)half);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t i = 0; i < half; i++) {
+      double ang = (double)t * pow(theta, -2.0 * (double)i / (double)D);
+      cs[t * half + i] = (float)cos(ang);
+      cs[T * half + t * half + i] = (float)sin(ang);
+    }
+  sh_tensor *xs = NULL;
+  sh_nn_accum o = {0};
+  int rc = sh_nn_f32_rows(&xs, x, op, "x");
+  if (!rc) rc = sh_nn_out_begin(&o, y);
+  if (!rc) {
+    rope_args a = {view_of(xs), sh_nn_ptr(o.buf), cs, cs + T * half, x->shape[1], T, D, inverse ? -1.0f : 1.0f};
+    int64_t rows = sh_nn_rows(x);
+    sh_nn_parallel_for(rows, rows * D * 4, rope_range, &a);
+    rc = sh_nn_accum_end(&o);
+  }
+  sh_nn_accum_drop(&o);
+  sh_tensor_destroy(xs);
+  free(cs);
+  return rc;
+}
+
 /* ---- the fronts: checks and output planning for every device ------------------------------ */
 
-/* Checks q, k, v: float [B, H, T, D] of one shape on q's device with D >= 1. *sc is the
- * scale every kernel receives: the given one, or 1/sqrt(D) when it is <= 0. */
+/* Checks q [B, H, T, D] and k, v [B, Hkv, T, D] (float, on q's device, Hkv dividing H, D >= 1).
+ * *sc is the scale every kernel receives: the given one, or 1/sqrt(D) when it is <= 0. */
 static int check_qkv(const char *op, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                      double scale, double *sc) {
   SH_TRY(sh_nn_check_float(q, op, "q"));
   SH_TRY(sh_nn_check_float_on(k, q->device, op, "k"));
   SH_TRY(sh_nn_check_float_on(v, q->device, op, "v"));
   if (q->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: q must be [B, H, T, D], got %s", op, sh_desc(q));
-  SH_TRY(sh_nn_check_same_shape(k, q, op, "k", "q"));
-  SH_TRY(sh_nn_check_same_shape(v, q, op, "v", "q"));
+  if (k->ndim != 4 || k->shape[0] != q->shape[0] || k->shape[2] != q->shape[2] || k->shape[3] != q->shape[3] ||
+      k->shape[1] < 1 || q->shape[1] % k->shape[1] != 0)
+    return sh_fail(SH_ERR_ARG, "%s: k must be [B, Hkv, T, D] with Hkv dividing q's H, got k %s and q %s", op,
+                   sh_desc(k), sh_desc(q));
+  SH_TRY(sh_nn_check_same_shape(v, k, op, "v", "k"));
   if (!(scale == scale)) return sh_fail(SH_ERR_ARG, "%s: scale is NaN", op);
   if (q->shape[3] < 1) return sh_fail(SH_ERR_ARG, "%s: head dim D must be >= 1, got %s", op, sh_desc(q));
   *sc = scale > 0 ? scale : 1.0 / sqrt((double)q->shape[3]);
+  return SH_OK;
+}
+
+/* Rotary embeddings need an even head size and a base theta > 0. */
+static int check_rope(const char *op, const sh_tensor *x, double theta) {
+  if (!(theta > 0) || isinf(theta)) return sh_fail(SH_ERR_ARG, "%s: rope theta must be a finite number > 0, got %g", op, theta);
+  if (x->shape[3] % 2) return sh_fail(SH_ERR_ARG, "%s: rotary embeddings need an even head dim D, got %s", op, sh_desc(x));
+  return SH_OK;
+}
+
+/* out, lse = attention(q, k, v) on checked inputs. */
+static int attention_fwd(const char *op, sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
+                         const sh_tensor *v, double sc) {
+  sh_tensor *res[2] = {0};
+  int rc = sh_tensor_empty(&res[0], 4, q->shape, q->dtype, q->device);
+  if (!rc) rc = sh_tensor_empty(&res[1], 3, q->shape, SH_F32, q->device);
+  if (!rc) rc = SH_KERNEL(op, q->device, attention_forward, res[0], res[1], q, k, v, sc);
+  if (rc) { destroy_all(res, 2); return rc; }
+  *out = res[0];
+  *lse = res[1];
   return SH_OK;
 }
 
@@ -301,14 +395,33 @@ int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, c
   *lse = NULL;
   double sc;
   SH_TRY(check_qkv(op, q, k, v, scale, &sc));
-  sh_tensor *res[2] = {0};
-  int rc = sh_tensor_empty(&res[0], 4, q->shape, q->dtype, q->device);
-  if (!rc) rc = sh_tensor_empty(&res[1], 3, q->shape, SH_F32, q->device);
-  if (!rc) rc = SH_KERNEL(op, q->device, attention_forward, res[0], res[1], q, k, v, sc);
-  if (rc) { destroy_all(res, 2); return rc; }
-  *out = res[0];
-  *lse = res[1];
-  return SH_OK;
+  return attention_fwd(op, out, lse, q, k, v, sc);
+}
+
+/* Checks what backward gets beyond q, k, v: dout and out of q's shape, lse [B, H, T]. */
+static int check_bwd(const char *op, const sh_tensor *dout, const sh_tensor *q, const sh_tensor *out,
+                     const sh_tensor *lse) {
+  int dev = q->device;
+  SH_TRY(sh_nn_check_float_on(dout, dev, op, "dout"));
+  SH_TRY(sh_nn_check_same_shape(dout, q, op, "dout", "q"));
+  SH_TRY(sh_nn_check_float_on(out, dev, op, "out"));
+  SH_TRY(sh_nn_check_same_shape(out, q, op, "out", "q"));
+  SH_TRY(sh_nn_check_float_on(lse, dev, op, "lse"));
+  return sh_nn_check_shape(lse, op, "lse", 3, q->shape);
+}
+
+/* The gradients asked for (dst[i] non-NULL) of checked inputs, each in its input's dtype
+ * and shape; g[i] is NULL for the others. */
+static int attention_bwd(const char *op, sh_tensor **g, sh_tensor **const *dst, const sh_tensor *dout,
+                         const sh_tensor *q, const sh_tensor *k, const sh_tensor *v, const sh_tensor *out,
+                         const sh_tensor *lse, double sc) {
+  const sh_tensor *src[3] = {q, k, v};
+  int rc = SH_OK;
+  for (int i = 0; i < 3 && !rc; i++)
+    if (dst[i]) rc = sh_tensor_empty(&g[i], 4, src[i]->shape, src[i]->dtype, q->device);
+  if (!rc) rc = SH_KERNEL(op, q->device, attention_backward, g[0], g[1], g[2], dout, q, k, v, out, lse, sc);
+  if (rc) destroy_all(g, 3);
+  return rc;
 }
 
 int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
@@ -320,21 +433,71 @@ int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const 
     if (dst[i]) *dst[i] = NULL;
   double sc;
   SH_TRY(check_qkv(op, q, k, v, scale, &sc));
-  int dev = q->device;
-  SH_TRY(sh_nn_check_float_on(dout, dev, op, "dout"));
-  SH_TRY(sh_nn_check_same_shape(dout, q, op, "dout", "q"));
-  SH_TRY(sh_nn_check_float_on(out, dev, op, "out"));
-  SH_TRY(sh_nn_check_same_shape(out, q, op, "out", "q"));
-  SH_TRY(sh_nn_check_float_on(lse, dev, op, "lse"));
-  SH_TRY(sh_nn_check_shape(lse, op, "lse", 3, q->shape));
-  /* each gradient asked for takes its input's dtype */
-  const sh_tensor *src[3] = {q, k, v};
+  SH_TRY(check_bwd(op, dout, q, out, lse));
   sh_tensor *g[3] = {0};
-  int rc = SH_OK;
-  for (int i = 0; i < 3 && !rc; i++)
-    if (dst[i]) rc = sh_tensor_empty(&g[i], 4, q->shape, src[i]->dtype, dev);
-  if (!rc) rc = SH_KERNEL(op, dev, attention_backward, g[0], g[1], g[2], dout, q, k, v, out, lse, sc);
-  if (rc) { destroy_all(g, 3); return rc; }
+  SH_TRY(attention_bwd(op, g, dst, dout, q, k, v, out, lse, sc));
+  for (int i = 0; i < 3; i++)
+    if (dst[i]) *dst[i] = g[i];
+  return SH_OK;
+}
+
+/* *y = x rotated (inverse: back) by the device's rope kernel, x float [B, H, T, D], checked. */
+static int rope_into(const char *op, sh_tensor **y, const sh_tensor *x, double theta, int inverse) {
+  sh_tensor *t = NULL;
+  int rc = sh_tensor_empty(&t, 4, x->shape, x->dtype, x->device);
+  if (!rc) rc = SH_KERNEL(op, x->device, rope, t, x, theta, inverse);
+  return sh_nn_give(rc, t, y);
+}
+
+static int rope_front(const char *op, sh_tensor **y, const sh_tensor *x, double theta, int inverse) {
+  *y = NULL;
+  SH_TRY(sh_nn_check_float(x, op, "x"));
+  if (x->ndim != 4) return sh_fail(SH_ERR_ARG, "%s: x must be [B, H, T, D], got %s", op, sh_desc(x));
+  SH_TRY(check_rope(op, x, theta));
+  return rope_into(op, y, x, theta, inverse);
+}
+
+int sh_rope_forward(sh_tensor **y, const sh_tensor *x, double theta) { return rope_front("rope", y, x, theta, 0); }
+int sh_rope_backward(sh_tensor **dx, const sh_tensor *dy, double theta) {
+  return rope_front("rope_backward", dx, dy, theta, 1);
+}
+
+int sh_attention_rope_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, const sh_tensor *k,
+                              const sh_tensor *v, double scale, double theta) {
+  const char *op = "attention_rope";
+  *out = NULL;
+  *lse = NULL;
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  SH_TRY(check_rope(op, q, theta));
+  sh_tensor *r[2] = {0};
+  int rc = rope_into(op, &r[0], q, theta, 0);
+  if (!rc) rc = rope_into(op, &r[1], k, theta, 0);
+  if (!rc) rc = attention_fwd(op, out, lse, r[0], r[1], v, sc);
+  destroy_all(r, 2);
+  return rc;
+}
+
+int sh_attention_rope_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
+                               const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                               const sh_tensor *out, const sh_tensor *lse, double scale, double theta) {
+  const char *op = "attention_rope_backward";
+  sh_tensor **dst[3] = {dq, dk, dv};
+  for (int i = 0; i < 3; i++)
+    if (dst[i]) *dst[i] = NULL;
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  SH_TRY(check_rope(op, q, theta));
+  SH_TRY(check_bwd(op, dout, q, out, lse));
+  sh_tensor *r[2] = {0}, *g[3] = {0}, *back[2] = {0};
+  int rc = rope_into(op, &r[0], q, theta, 0);
+  if (!rc) rc = rope_into(op, &r[1], k, theta, 0);
+  if (!rc) rc = attention_bwd(op, g, dst, dout, r[0], r[1], v, out, lse, sc);
+  for (int i = 0; i < 2 && !rc; i++)   /* the gradients of the rotated q and k, rotated back */
+    if (g[i]) rc = rope_into(op, &back[i], g[i], theta, 1);
+  destroy_all(r, 2);
+  if (rc) { destroy_all(g, 3); destroy_all(back, 2); return rc; }
+  for (int i = 0; i < 2; i++) { sh_tensor_destroy(g[i]); g[i] = back[i]; }
   for (int i = 0; i < 3; i++)
     if (dst[i]) *dst[i] = g[i];
   return SH_OK;
@@ -343,4 +506,5 @@ int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const 
 void sh_attention_register_cpu(sh_backend *b) {
   b->attention_forward = cpu_attention_forward;
   b->attention_backward = cpu_attention_backward;
+  b->rope = cpu_rope;
 }

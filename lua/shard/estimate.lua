@@ -2,6 +2,10 @@
 -- (shard estimate --dry-run ... RECIPE runs a recipe itself as one of N ranks: shard.dryrun.)
 --   shard estimate --n_layer=12 --n_head=12 --n_embd=768 --vocab_size=50304 --block_size=1024
 --                  --world=8 --strategy=full_shard --batch_size=8 --param=bf16
+--   shard estimate --model=llama --n_layer=32 --n_head=32 --n_kv_head=8 --n_embd=4096
+--                  --ffn_dim=14336 --vocab_size=128256 --block_size=8192 --world=8   (Llama 3 8B)
+-- (for --model=llama, --n_embd is the width `dim`, --block_size max_seq_len; --n_kv_head=0
+-- means n_head and --ffn_dim=0 Meta's size from --multiple_of).
 -- Parameters, gradients and AdamW state come from the model's exact parameter shapes and the
 -- FlatParameter layout (units from the transformer policy, padding to the group size); the
 -- model is built under deferred init, so nothing is allocated for it. Activation memory is
@@ -19,11 +23,34 @@ local M = {}
 local MiB = 1024 * 1024
 local function mib(b) return ("%10.1f MiB"):format(b / MiB) end
 
-local function gpt_units(cfg)
-  local model = Module.deferred(nn.GPT, cfg)
+-- The model kinds: the nn class, its config from the options, and the list of its blocks
+-- (one FSDP unit each under the transformer policy; the rest is the root unit).
+local MODELS = {
+  gpt = {
+    class = function() return nn.GPT end,
+    config = function(o)
+      return { n_layer = o.n_layer, n_head = o.n_head, n_embd = o.n_embd, vocab_size = o.vocab_size,
+               block_size = o.block_size, bias = o.bias, dropout = 0 }
+    end,
+    blocks = function(model) return model.transformer.h end,
+  },
+  llama = {
+    class = function() return nn.Llama end,
+    config = function(o)
+      return { n_layer = o.n_layer, n_head = o.n_head, n_kv_head = o.n_kv_head > 0 and o.n_kv_head or o.n_head,
+               dim = o.n_embd, ffn_dim = o.ffn_dim > 0 and o.ffn_dim or nil, multiple_of = o.multiple_of,
+               vocab_size = o.vocab_size, max_seq_len = o.block_size, tie_embeddings = o.tie_embeddings }
+    end,
+    blocks = function(model) return model.model.layers end,
+  },
+}
+
+-- The per-unit parameter counts, root first, of the model built under deferred init.
+local function model_units(kind, cfg)
+  local model = Module.deferred(kind.class(), cfg)
   local units, root = {}, 0
   local seen = {}
-  for _, c in ipairs(model.transformer.h._children) do
+  for _, c in ipairs(kind.blocks(model)._children) do
     local n = 0
     for _, t in ipairs(c.module:parameters()) do n = n + t:numel(); seen[t] = true end
     units[#units + 1] = n
@@ -63,19 +90,19 @@ end
 -- gradients that did not exist yet: the peak comes at the head's backward, before any
 -- block's gradient, so each block's 27 MiB of GPT-2 gradients was subtracted from its
 -- activations, and the per-block figure came out as 57 B - 27 MiB, not linear in B.)
-local function step_peak(cfg, n_layer, batch, dtype)
+local function step_peak(kind, cfg, n_layer, batch, seq, dtype)
   local c = {}
   for k, v in pairs(cfg) do c[k] = v end
   c.n_layer = n_layer
   shard.manual_seed(1)
-  local model = nn.GPT(c)
+  local model = kind.class()(c)
   if dtype ~= "f32" then cast_params(model, dtype) end
   for _, t in ipairs(model:parameters()) do
     local g = shard.zeros(t:shape(), { dtype = t:dtype() })
     t.grad = g
     g:free()
   end
-  local x = shard.zeros({ batch, c.block_size }, { dtype = "i64" })
+  local x = shard.zeros({ batch, seq }, { dtype = "i64" })
   -- the collector would free earlier garbage at a moment of its choosing, inside or outside
   -- the measured step: collect first, then hold it off for the step
   collectgarbage()
@@ -104,6 +131,13 @@ local function check_options(o)
     whole(o, name, 1)
   end
   whole(o, "hybrid_group", 0)
+  o.model = o.model or "gpt"
+  if not MODELS[o.model] then error(("estimate: unknown model %s (expected gpt or llama)"):format(tostring(o.model)), 0) end
+  if o.model == "llama" then
+    whole(o, "n_kv_head", 0); whole(o, "ffn_dim", 0); whole(o, "multiple_of", 1)
+    local kv = o.n_kv_head > 0 and o.n_kv_head or o.n_head
+    if o.n_head % kv ~= 0 then error(("estimate: --n_kv_head=%d does not divide --n_head=%d"):format(kv, o.n_head), 0) end
+  end
   if o.n_embd % o.n_head ~= 0 then
     error(("estimate: --n_embd=%d is not a multiple of --n_head=%d"):format(o.n_embd, o.n_head), 0)
   end
@@ -128,14 +162,16 @@ local function check_options(o)
   return strategy
 end
 
-function M.estimate(o)
-  local cfg = { n_layer = o.n_layer, n_head = o.n_head, n_embd = o.n_embd, vocab_size = o.vocab_size,
-                block_size = o.block_size, bias = o.bias, dropout = 0 }
+-- The state part (no step is run): parameter count, units and the per-rank bytes of master
+-- parameters, gradients, AdamW state, gathered parameters and flat gradient buffers.
+function M.state(o)
   local strategy = check_options(o)
+  local kind = MODELS[o.model]
+  local cfg = kind.config(o)
   local N = o.world
   local shard_n = strategy.shard and (strategy.hybrid and (o.hybrid_group > 0 and o.hybrid_group or N) or N) or 1
   local pbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[o.param]
-  local units = gpt_units(cfg)
+  local units = model_units(kind, cfg)
   local P, padded, largest = 0, 0, { 0, 0 }
   for _, n in ipairs(units) do
     P = P + n
@@ -153,7 +189,13 @@ function M.estimate(o)
   elseif strategy.reshard_after_forward then r.gathered = pbytes * (largest[1] + largest[2])
   else r.gathered = pbytes * padded end
   r.flat_grad = 4 * largest[1] * (strategy.shard and 2 or 1)   -- a unit's flat grad and its reduced shard
-  local one, two = step_peak(cfg, 1, o.batch_size, o.param), step_peak(cfg, 2, o.batch_size, o.param)
+  return r, kind, cfg
+end
+
+function M.estimate(o)
+  local r, kind, cfg = M.state(o)
+  local one = step_peak(kind, cfg, 1, o.batch_size, o.block_size, o.param)
+  local two = step_peak(kind, cfg, 2, o.batch_size, o.block_size, o.param)
   r.act_per_block, r.act_fixed = two - one, one - (two - one)
   r.activations = r.act_fixed + r.act_per_block * o.n_layer
   r.total = r.master + r.grads + r.adamw + r.gathered + r.flat_grad + r.activations
@@ -170,10 +212,11 @@ function M.main(args)
   end
   config.set_overrides(config.parse_args(args))
   local o = config{ n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304, block_size = 1024, bias = true,
-                    world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32" }
+                    world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32",
+                    model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false }
   local r = M.estimate(o)
-  print(("GPT %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
-    o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))
+  print(("%s %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
+    o.model == "llama" and "Llama" or "GPT", o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))
   print(("per rank, %s over %d ranks, batch %d per rank, %s compute parameters:"):format(o.strategy, o.world, o.batch_size, o.param))
   print("  master parameters (f32)  " .. mib(r.master))
   print("  gradients (f32)          " .. mib(r.grads))

@@ -380,6 +380,42 @@ function F.causal_attention(qkv, n_head, scale)
   end, { q, k, v, out, lse }, "causal_attention")
 end
 
+-- Llama's causal self-attention straight from its projections: q [B, T, H*D] and k, v
+-- [B, T, Hkv*D] (heads are strided views, never copied). Rotary embeddings of base theta turn
+-- q and k inside the op (sh_attention_rope_*: the rotated copies are the call's scratch), and
+-- each k/v head serves H/Hkv query heads in place. Returns y [B, T, H*D].
+function F.rope_attention(q, k, v, n_head, n_kv_head, theta)
+  local B, T = q:size(1), q:size(2)
+  local D = q:size(3) / n_head
+  local function heads(x, h) -- [B, h, T, D] view of x
+    local v4 = V.view(x, B, T, h, D)
+    local t = V.transpose(v4, 2, 3)
+    v4:free()
+    return t
+  end
+  local qh, kh, vh = heads(q, n_head), heads(k, n_kv_head), heads(v, n_kv_head)
+  local box = slots(2)
+  check(C.sh_attention_rope_forward(box, box + 1, qh.p, kh.p, vh.p, 0, theta))
+  local out, lse = take(box, 0), take(box, 1)
+  local ot = V.transpose(out, 2, 3)
+  local oc = V.contiguous(ot)
+  local y = V.view(oc, B, T, n_head * D)
+  ot:free(); oc:free()
+  local inputs = { q, k, v }
+  return result(y, inputs, function(node, dy)
+    local dout = tv(V.transpose, tv(V.view, dy, B, T, n_head, D), 2, 3)
+    local g = slots(3)
+    check(C.sh_attention_rope_backward(requires(q) and g or nil, requires(k) and g + 1 or nil,
+      requires(v) and g + 2 or nil, dout.p, qh.p, kh.p, vh.p, out.p, lse.p, 0, theta))
+    local grads = {}
+    for i, x in ipairs(inputs) do   -- [B, h, T, D] -> x's [B, T, h*D]
+      local gi = taken(g, i - 1)
+      if gi then grads[i] = tv(V.view, tv(V.contiguous, tv(V.transpose, gi, 2, 3)), B, T, x:size(3)) end
+    end
+    return grads
+  end, { qh, kh, vh, out, lse }, "rope_attention")
+end
+
 function F.embedding(idx, w)
   local y = new_from(C.sh_embedding_forward, idx.p, w.p)
   return result(y, { w }, function(node, dy)

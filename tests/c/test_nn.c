@@ -788,6 +788,16 @@ static void test_attention(void) {
   CHECK_FAILS(sh_attention_forward(&o, &l, q, k, q, 0), SH_ERR_ARG, "f32[1,2,4,4]");
   CHECK(o == NULL && l == NULL, "attention: outputs must be NULL after an error");
   CHECK_FAILS(sh_attention_forward(&o, &l, q3, q3, q3, 0), SH_ERR_ARG, "[B, H, T, D]");
+  /* grouped-query attention: k's heads must divide q's; rope needs an even D and theta > 0 */
+  sh_tensor *q6 = mkf(4, (int64_t[]){1, 6, 3, 4}, NULL), *k4 = mkf(4, (int64_t[]){1, 4, 3, 4}, NULL);
+  sh_tensor *k2 = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *q5 = mkf(4, (int64_t[]){1, 2, 3, 5}, NULL);
+  CHECK_FAILS(sh_attention_forward(&o, &l, q6, k4, k4, 0), SH_ERR_ARG, "Hkv dividing");
+  CHECK_FAILS(sh_attention_forward(&o, &l, q6, k2, k4, 0), SH_ERR_ARG, "v");
+  CHECK_FAILS(sh_attention_rope_forward(&o, &l, q6, k2, k2, 0, 0), SH_ERR_ARG, "theta");
+  CHECK_FAILS(sh_attention_rope_forward(&o, &l, q5, q5, q5, 0, 1e4), SH_ERR_ARG, "even head dim");
+  CHECK_FAILS(sh_rope_forward(&o, q3, 1e4), SH_ERR_ARG, "[B, H, T, D]");
+  CHECK(o == NULL && l == NULL, "attention_rope: outputs must be NULL after an error");
+  sh_tensor_destroy(q6); sh_tensor_destroy(k4); sh_tensor_destroy(k2); sh_tensor_destroy(q5);
   sh_tensor_destroy(q); sh_tensor_destroy(k); sh_tensor_destroy(q3);
 }
 

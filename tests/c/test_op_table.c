@@ -13,14 +13,15 @@
 
 /* ---- the references' own checks ----------------------------------------------------------- */
 
-enum { FD_LINEAR, FD_NORM, FD_RMSNORM, FD_GELU, FD_SILU, FD_SWIGLU, FD_SOFTMAX, FD_ATTENTION, FD_CE };
+enum { FD_LINEAR, FD_NORM, FD_RMSNORM, FD_GELU, FD_SILU, FD_SWIGLU, FD_SOFTMAX, FD_ATTENTION, FD_CE, FD_GQA };
 
 typedef struct fd_ctx {
   int kind;
   int64_t a, b, c;       /* sizes: rows/in/out, rows/C, BH/T/D, N/V */
   double eps;            /* norm eps; attention scale; cross-entropy dloss */
   const double *dy;      /* the weights of L = sum(dy * f(inputs)) */
-  const double *t;       /* cross-entropy targets */
+  const double *t;       /* cross-entropy targets; grouped-query attention's {B, H, Hkv, rope theta}
+                          * (its a, b are T, D and eps the scale) */
 } fd_ctx;
 
 static uint64_t fd_rng = 0x5EED;
@@ -43,7 +44,8 @@ static double fd_dot(const double *a, const double *b, int64_t n) {
 
 /* L(inputs) = sum(dy * forward(inputs)) by the forward reference */
 static double fd_loss(const fd_ctx *c, double *const *in) {
-  int64_t n = c->kind == FD_LINEAR ? c->a * c->c : c->kind == FD_ATTENTION ? c->a * c->b * c->c : c->a * c->b;
+  int64_t n = c->kind == FD_LINEAR ? c->a * c->c : c->kind == FD_ATTENTION ? c->a * c->b * c->c
+            : c->kind == FD_GQA ? (int64_t)(c->t[0] * c->t[1]) * c->a * c->b : c->a * c->b;
   double *y = fd_zeros(n), L;
   switch (c->kind) {
     case FD_LINEAR: ref_linear(in[0], in[1], in[2], y, c->a, c->b, c->c); break;
@@ -54,6 +56,10 @@ static double fd_loss(const fd_ctx *c, double *const *in) {
     case FD_SWIGLU: for (int64_t i = 0; i < n; i++) y[i] = ot_silu(in[0][i]) * in[1][i]; break;
     case FD_SOFTMAX: ref_softmax(in[0], y, c->a, c->b); break;
     case FD_ATTENTION: ref_attention(in[0], in[1], in[2], y, NULL, c->a, c->b, c->c, c->eps); break;
+    case FD_GQA:
+      ref_gqa_attention(in[0], in[1], in[2], y, NULL, (int64_t)c->t[0], (int64_t)c->t[1], (int64_t)c->t[2], c->a, c->b,
+                        c->eps, c->t[3]);
+      break;
     case FD_CE: L = c->eps * ref_cross_entropy(in[0], c->t, NULL, c->a, c->b, OT_IGNORE); free(y); return L;
   }
   L = fd_dot(c->dy, y, n);
@@ -130,6 +136,16 @@ static void check_references(void) {
     double *in[3] = {fd_vec(n), fd_vec(n), fd_vec(n)}, *g[3] = {fd_zeros(n), fd_zeros(n), fd_zeros(n)};
     ref_attention_bwd(c.dy, in[0], in[1], in[2], g[0], g[1], g[2], BH, T, D, 0.7);
     fd_check("attention", &c, 3, in, (int64_t[]){n, n, n}, g);
+    for (int i = 0; i < 3; i++) { free(in[i]); free(g[i]); }
+    free((void *)c.dy);
+  }
+  for (int rope = 0; rope < 2; rope++) { /* grouped-query attention, plain and rotary: dq, dk, dv */
+    int64_t B = 2, H = 4, Hkv = 2, T = 5, D = 4, nq = B * H * T * D, nk = B * Hkv * T * D;
+    double shape[4] = {(double)B, (double)H, (double)Hkv, rope ? 100.0 : 0.0};
+    fd_ctx c = {FD_GQA, T, D, 0, 0.6, fd_vec(nq), shape};
+    double *in[3] = {fd_vec(nq), fd_vec(nk), fd_vec(nk)}, *g[3] = {fd_zeros(nq), fd_zeros(nk), fd_zeros(nk)};
+    ref_gqa_attention_bwd(c.dy, in[0], in[1], in[2], g[0], g[1], g[2], B, H, Hkv, T, D, 0.6, shape[3]);
+    fd_check(rope ? "rope gqa attention" : "gqa attention", &c, 3, in, (int64_t[]){nq, nk, nk}, g);
     for (int i = 0; i < 3; i++) { free(in[i]); free(g[i]); }
     free((void *)c.dy);
   }

@@ -1213,6 +1213,144 @@ static void run_dropout(ot_run *r) {
   ot_out(r, w_->k[1] ? "dx" : "y", y);
 }
 
+/* Rotary embedding of [BH, T, D] rows in place, straight from its definition: pairs
+ * (i, i + D/2) turned by t * theta^(-2i/D); sign -1 turns them back. */
+static void ref_rope(double *x, int64_t BH, int64_t T, int64_t D, double theta, double sign) {
+  int64_t half = D / 2;
+  for (int64_t bh = 0; bh < BH; bh++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t i = 0; i < half; i++) {
+        double a = (double)t * pow(theta, -2.0 * (double)i / (double)D), c = cos(a), s = sign * sin(a);
+        double *r = x + (bh * T + t) * D, x1 = r[i], x2 = r[i + half];
+        r[i] = x1 * c - x2 * s;
+        r[i + half] = x2 * c + x1 * s;
+      }
+}
+
+/* k [B, Hkv, T, D] repeated to [B, H, T, D] (query head h reads kv head h / (H / Hkv)):
+ * the reference materialises what the kernels share. */
+static double *ref_repeat_kv(const double *k, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D) {
+  double *o = malloc(sizeof(double) * (size_t)(B * H * T * D + 1));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      memcpy(o + (b * H + h) * T * D, k + (b * Hkv + h / (H / Hkv)) * T * D, sizeof(double) * (size_t)(T * D));
+  return o;
+}
+
+/* Grouped-query attention with rotary q and k (theta 0: none), contiguous inputs. */
+static void ref_gqa_attention(const double *q, const double *k, const double *v, double *out, double *lse,
+                              int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D, double scale, double theta) {
+  int64_t n = B * H * T * D;
+  double *qr = malloc(sizeof(double) * (size_t)(n + 1)), *kr = ref_repeat_kv(k, B, H, Hkv, T, D);
+  double *vr = ref_repeat_kv(v, B, H, Hkv, T, D);
+  memcpy(qr, q, sizeof(double) * (size_t)n);
+  if (theta > 0) { ref_rope(qr, B * H, T, D, theta, 1); ref_rope(kr, B * H, T, D, theta, 1); }
+  ref_attention(qr, kr, vr, out, lse, B * H, T, D, scale);
+  free(qr); free(kr); free(vr);
+}
+
+/* Its backward: the repeated heads' dk, dv summed over each group; dq, dk turned back. */
+static void ref_gqa_attention_bwd(const double *dout, const double *q, const double *k, const double *v, double *dq,
+                                  double *dk, double *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
+                                  double scale, double theta) {
+  int64_t n = B * H * T * D, nkv = B * Hkv * T * D, G = H / Hkv;
+  double *qr = malloc(sizeof(double) * (size_t)(n + 1)), *kr = ref_repeat_kv(k, B, H, Hkv, T, D);
+  double *vr = ref_repeat_kv(v, B, H, Hkv, T, D);
+  double *dkr = malloc(sizeof(double) * (size_t)(n + 1)), *dvr = malloc(sizeof(double) * (size_t)(n + 1));
+  memcpy(qr, q, sizeof(double) * (size_t)n);
+  if (theta > 0) { ref_rope(qr, B * H, T, D, theta, 1); ref_rope(kr, B * H, T, D, theta, 1); }
+  ref_attention_bwd(dout, qr, kr, vr, dq, dkr, dvr, B * H, T, D, scale);
+  memset(dk, 0, sizeof(double) * (size_t)nkv);
+  memset(dv, 0, sizeof(double) * (size_t)nkv);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t e = 0; e < T * D; e++) {
+        dk[(b * Hkv + h / G) * T * D + e] += dkr[(b * H + h) * T * D + e];
+        dv[(b * Hkv + h / G) * T * D + e] += dvr[(b * H + h) * T * D + e];
+      }
+  if (theta > 0) { ref_rope(dq, B * H, T, D, theta, -1); ref_rope(dk, B * Hkv, T, D, theta, -1); }
+  free(qr); free(kr); free(vr); free(dkr); free(dvr);
+}
+
+/* Grouped-query attention with rotary embeddings: s = B, H, T, D; k[0] forward (0) or
+ * backward (1); k[1] = Hkv; k[2]: q, k, v are head views of [B, T, heads, D] projections (the
+ * Llama layout); a[0] = rope theta (0: plain grouped-query attention through
+ * sh_attention_forward). Scale 1/sqrt(D). */
+static void run_gqa_attention(ot_run *r) {
+  const ot_row *w_ = r->row;
+  int64_t B = w_->s[0], H = w_->s[1], T = w_->s[2], D = w_->s[3], Hkv = w_->k[1];
+  int64_t qs[4] = {B, H, T, D}, ks[4] = {B, Hkv, T, D};
+  double theta = w_->a[0];
+  sh_tensor *q, *k, *v;
+  if (w_->k[2]) {
+    q = ot_transpose(r, ot_in(r, 4, OT_S(B, T, H, D), OT_ROW, OT_NORMAL, 0, 1), 1, 2);
+    k = ot_transpose(r, ot_in(r, 4, OT_S(B, T, Hkv, D), OT_ROW, OT_NORMAL, 0, 1), 1, 2);
+    v = ot_transpose(r, ot_in(r, 4, OT_S(B, T, Hkv, D), OT_ROW, OT_NORMAL, 0, 1), 1, 2);
+  } else {
+    q = ot_in(r, 4, qs, OT_ROW, OT_NORMAL, 0, 1);
+    k = ot_in(r, 4, ks, OT_ROW, OT_NORMAL, 0, 1);
+    v = ot_in(r, 4, ks, OT_ROW, OT_NORMAL, 0, 1);
+  }
+  sh_tensor *dout = w_->k[0] ? ot_in(r, 4, qs, OT_ROW, OT_NORMAL, 0, 1) : NULL;
+  OT_OK(r);
+  double lse_tol = r->dtype == SH_F32 ? 1e-5 : 5e-3, scale = 1.0 / sqrt((double)D);
+  if (r->host) {
+    double *qv = ot_d(r, q), *kv = ot_d(r, k), *vv = ot_d(r, v);
+    OT_OK(r);
+    if (!w_->k[0]) {
+      double *o = ot_buf(r, B * H * T * D), *l = ot_buf(r, B * H * T);
+      ref_gqa_attention(qv, kv, vv, o, l, B, H, Hkv, T, D, scale, theta);
+      ot_host_out(r, "out", 4, qs, o);
+      ot_host_out_full(r, "lse", 3, qs, SH_F64, l, 1, lse_tol);
+    } else {
+      double *dq = ot_buf(r, B * H * T * D), *dk = ot_buf(r, B * Hkv * T * D), *dv = ot_buf(r, B * Hkv * T * D);
+      double *g = ot_d(r, dout);
+      OT_OK(r);
+      ref_gqa_attention_bwd(g, qv, kv, vv, dq, dk, dv, B, H, Hkv, T, D, scale, theta);
+      ot_host_out_full(r, "dq", 4, qs, SH_F64, dq, 2, -1);
+      ot_host_out_full(r, "dk", 4, ks, SH_F64, dk, 2, -1);
+      ot_host_out_full(r, "dv", 4, ks, SH_F64, dv, 2, -1);
+    }
+    return;
+  }
+  sh_tensor *o = NULL, *l = NULL;
+  if (theta > 0) OT_CALL(r, sh_attention_rope_forward(&o, &l, q, k, v, 0, theta));
+  else OT_CALL(r, sh_attention_forward(&o, &l, q, k, v, 0));
+  if (!w_->k[0]) {
+    ot_out(r, "out", o);
+    ot_out_tol(r, "lse", l, lse_tol);
+    return;
+  }
+  ot_tmp(r, o);
+  ot_tmp(r, l);
+  sh_tensor *dq = NULL, *dk = NULL, *dv = NULL;
+  if (theta > 0) OT_CALL(r, sh_attention_rope_backward(&dq, &dk, &dv, dout, q, k, v, o, l, 0, theta));
+  else OT_CALL(r, sh_attention_backward(&dq, &dk, &dv, dout, q, k, v, o, l, 0));
+  if (T == 1) { ot_out_zero(r, "dq", dq); ot_out_zero(r, "dk", dk); }   /* softmax over one key */
+  else { ot_out_mult(r, "dq", dq, 2); ot_out_mult(r, "dk", dk, 2); }
+  ot_out_mult(r, "dv", dv, 2);
+}
+
+/* rope forward (k[0] = 0) or backward (1) of x [B, H, T, D] given as the transposed view of a
+ * [B, T, H, D] buffer (s = B, H, T, D); a[0] = theta. */
+static void run_rope(ot_run *r) {
+  const ot_row *w_ = r->row;
+  int64_t B = w_->s[0], H = w_->s[1], T = w_->s[2], D = w_->s[3], shape[4] = {B, H, T, D};
+  sh_tensor *x = ot_transpose(r, ot_in(r, 4, OT_S(B, T, H, D), OT_ROW, OT_NORMAL, 0, 1), 1, 2);
+  OT_OK(r);
+  if (r->host) {
+    double *v = ot_d(r, x);
+    OT_OK(r);
+    ref_rope(v, B * H, T, D, w_->a[0], w_->k[0] ? -1 : 1);
+    ot_host_out(r, w_->k[0] ? "dx" : "y", 4, shape, v);
+    return;
+  }
+  sh_tensor *y = NULL;
+  if (w_->k[0]) OT_CALL(r, sh_rope_backward(&y, x, w_->a[0]));
+  else OT_CALL(r, sh_rope_forward(&y, x, w_->a[0]));
+  ot_out(r, w_->k[0] ? "dx" : "y", y);
+}
+
 /* attention forward (k[0] = 0) or backward (1): s = B, H, T, D; k[1]: q, k, v are views of
  * one fused [B, T, 3, H, D] buffer (a qkv projection's layout); scale a[0] (0: 1/sqrt(D)).
  * The backward uses the run's own forward out and lse, as training does. */
@@ -1473,6 +1611,17 @@ static void run_sgd(ot_run *r) {
   {"attention_backward", "B " #B " H " #H " T " #T " D " #D why, OT_FLOATS, OT_REF_HOST, run_attention, .s = {B, H, T, D}, \
    .k = {1, strided}, .tol = {[SH_BF16] = 2e-2, [SH_F16] = 2e-2}}
 
+/* GQA(B, H, T, D, Hkv, llama_views, theta, dtypes, why): grouped-query attention (rotary when
+ * theta > 0). The bf16 tensor-core kernels put B * H on grid.y, which the emulator's small
+ * device caps at 3: rows with more heads leave bf16 out. */
+#define GQA(B, H, T, D, Hkv, views, theta, dtypes, why)                                                      \
+  {"attention_gqa_forward", "B " #B " H " #H " Hkv " #Hkv " T " #T " D " #D why, dtypes, OT_REF_HOST,         \
+   run_gqa_attention, .s = {B, H, T, D}, .k = {0, Hkv, views}, .a = {theta},                                 \
+   .tol = {[SH_BF16] = 2e-2, [SH_F16] = 2e-2}},                                                               \
+  {"attention_gqa_backward", "B " #B " H " #H " Hkv " #Hkv " T " #T " D " #D why, dtypes, OT_REF_HOST,        \
+   run_gqa_attention, .s = {B, H, T, D}, .k = {1, Hkv, views}, .a = {theta},                                 \
+   .tol = {[SH_BF16] = 2e-2, [SH_F16] = 2e-2}}
+
 static const ot_row ot_table[] = {
   /* copies and fills: every (source, destination) dtype pair through a transposed view */
   COPY(SH_F32, "f32"), COPY(SH_BF16, "bf16"), COPY(SH_F16, "f16"), COPY(SH_F64, "f64"), COPY(SH_I64, "i64"),
@@ -1640,6 +1789,20 @@ static const ot_row ot_table[] = {
   {"attention_backward", "B 1 H 2 T 17 D 8 scale 0.3", OT_FLOATS, OT_REF_HOST, run_attention, .s = {1, 2, 17, 8},
    .k = {1}, .a = {0.3}},
   ATT(1, 1, 17, 8, 0, " (small)"),
+
+  /* grouped-query attention (k and v with Hkv heads) and its rotary form, the Llama layout
+   * (heads as views of [B, T, heads, D] projections) included; rope alone */
+  GQA(1, 2, 37, 16, 1, 0, 0, OT_FLOATS, " (GQA)"), GQA(2, 3, 70, 64, 1, 1, 10000, OT_FLOATS, " (GQA rope, Llama views)"),
+  GQA(1, 3, 130, 32, 1, 1, 10000, OT_FLOATS, " (GQA rope, T > 2 tiles)"),
+  GQA(1, 2, 17, 24, 2, 0, 500, OT_FLOATS, " (rope, MHA, D 24)"), GQA(1, 3, 1, 16, 3, 0, 10000, OT_FLOATS, " (rope, T 1)"),
+  GQA(1, 2, 33, 128, 1, 1, 500000, OT_FLOATS, " (GQA rope, D 128)"),
+  GQA(2, 6, 70, 64, 2, 1, 10000, OT_F32 | OT_F16, " (GQA rope, 2 kv heads of 3)"),
+  GQA(1, 8, 40, 16, 2, 0, 0, OT_F32 | OT_F16, " (GQA, 2 kv heads of 4)"),
+  {"rope_forward", "B 2 H 3 T 19 D 10 theta 10000", OT_FLOATS, OT_REF_HOST, run_rope, .s = {2, 3, 19, 10}, .a = {10000}},
+  {"rope_backward", "B 2 H 3 T 19 D 10 theta 10000", OT_FLOATS, OT_REF_HOST, run_rope, .s = {2, 3, 19, 10}, .k = {1},
+   .a = {10000}},
+  {"rope_forward", "B 1 H 1 T 300 D 64 theta 500000", OT_FLOATS, OT_REF_HOST, run_rope, .s = {1, 1, 300, 64},
+   .a = {500000}},
 
   /* embedding and the loss */
   {"embedding_forward", "w [301,40] idx i64 [4,37] in [0,50)", OT_FLOATS, OT_REF_HOST, run_embedding, {2}, {{4, 37}},

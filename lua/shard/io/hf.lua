@@ -15,7 +15,13 @@
 --     ignored; lm_head.weight is tied to wte in shard's GPT, so a file may omit it or hold
 --     an exact copy of wte, and an export omits it (as save_pretrained does for tied weights).
 -- Everything (config, names, shapes, dtypes, the lm_head tie) is checked before anything is
--- copied, so a refused file leaves the model as it was. Under FSDP each rank reads just the
+-- copied, so a refused file leaves the model as it was.
+--
+-- Llama (nn.Llama.from_pretrained, M.load_llama_into): LlamaForCausalLM directories, with
+-- model.safetensors or the sharded form (model.safetensors.index.json naming a file per
+-- tensor). Names are HF's own (shard's Llama uses them), weights [out, in] as nn.Linear, and
+-- q_proj/k_proj rows in HF's rotate_half order, which shard's rope uses: nothing is renamed,
+-- transposed or permuted. The rotary_emb.inv_freq buffers of older files are computed, not read. Under FSDP each rank reads just the
 -- byte range of its slice (a Conv1D weight, whose slice is strided in the file, is read
 -- whole, one tensor at a time).
 local ffi = require "ffi"
@@ -350,6 +356,35 @@ local function check_config(model, want, where)
   if have.bias == false then error(("hf: %s is GPT-2 (with biases) but the model was built with bias = false"):format(where), 0) end
 end
 
+-- Copies the planned tensors from reader into the model's parameters; under FSDP each rank
+-- writes its own slice (the call sites reshard afterwards).
+local function copy_steps(reader, steps)
+  for _, s in ipairs(steps) do
+    local p = s.param
+    if p.unit then
+      local fp, slot = p.unit.fp, p.slot
+      local master = fp:info().master_dtype
+      if slot.own_numel > 0 then
+        if not s.transpose then
+          -- just this rank's elements: a contiguous byte range of the file
+          local part = reader.range(s.file_name, slot.own_start, slot.own_numel)
+          local view = fp:shard_view(p.index)
+          view:copy_(part)
+          view:free(); part:free()
+        else
+          local v = full_value(reader, s, master)
+          fp:init_param(p.index, v)
+          v:free()
+        end
+      end
+    else
+      local v = full_value(reader, s, p.tensor:dtype())
+      p.tensor:copy_(v)
+      v:free()
+    end
+  end
+end
+
 -- Loads a Hugging Face GPT-2 checkpoint (directory or .safetensors file) into model, an
 -- nn.GPT built already, plain or FSDP-wrapped. Under FSDP every rank copies only its slice.
 -- Returns model.
@@ -363,33 +398,7 @@ function M.load_into(model, path)
     check_config(model, cfg, config_path)
   end
   local reader = open_reader(file)
-  local ok, err = pcall(function()
-    local steps = plan(model, reader, file, hc)
-    for _, s in ipairs(steps) do
-      local p = s.param
-      if p.unit then
-        local fp, slot = p.unit.fp, p.slot
-        local master = fp:info().master_dtype
-        if slot.own_numel > 0 then
-          if not s.transpose then
-            -- just this rank's elements: a contiguous byte range of the file
-            local part = reader.range(s.file_name, slot.own_start, slot.own_numel)
-            local view = fp:shard_view(p.index)
-            view:copy_(part)
-            view:free(); part:free()
-          else
-            local v = full_value(reader, s, master)
-            fp:init_param(p.index, v)
-            v:free()
-          end
-        end
-      else
-        local v = full_value(reader, s, p.tensor:dtype())
-        p.tensor:copy_(v)
-        v:free()
-      end
-    end
-  end)
+  local ok, err = pcall(function() copy_steps(reader, plan(model, reader, file, hc)) end)
   reader.close()
   if not ok then error(err, 0) end
   if is_fsdp(model) then
@@ -424,6 +433,180 @@ function M.from_pretrained(GPT, path, opts)
     model = GPT(cfg)
   end
   return M.load_into(model, path)
+end
+
+---------------------------------------------------------------------------------------------
+-- Llama import
+
+-- A Hugging Face LlamaConfig table -> nn.Llama's config. Refuses what nn.Llama cannot compute
+-- the same way (another activation, rope scaling, biases, a head size other than dim / heads).
+function M.llama_config_from_hf(raw, where)
+  local hc = {}
+  for k, v in pairs(raw) do if v ~= NULL then hc[k] = v end end
+  local function need(k, default)
+    local v = hc[k] == nil and default or hc[k]
+    if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
+      error(("hf: %s: %s must be a positive whole number, got %s"):format(where, k, tostring(v)), 0)
+    end
+    return v
+  end
+  local function refuse(what) error(("hf: %s: %s; shard's Llama cannot load it"):format(where, what), 0) end
+  if hc.model_type ~= nil and hc.model_type ~= "llama" then refuse(("model_type is '%s', not 'llama'"):format(tostring(hc.model_type))) end
+  local act = hc.hidden_act or "silu"
+  if act ~= "silu" then refuse(("hidden_act is '%s' (SwiGLU's silu only)"):format(tostring(act))) end
+  if hc.rope_scaling ~= nil then refuse("rope_scaling is set (only plain rotary embeddings are supported)") end
+  if hc.attention_bias == true then refuse("attention_bias is true") end
+  if hc.mlp_bias == true then refuse("mlp_bias is true") end
+  local c = { n_layer = need("num_hidden_layers"), n_head = need("num_attention_heads"), dim = need("hidden_size"),
+              ffn_dim = need("intermediate_size"), vocab_size = need("vocab_size"),
+              max_seq_len = need("max_position_embeddings", 2048) }
+  c.n_kv_head = need("num_key_value_heads", c.n_head)
+  if hc.head_dim ~= nil and hc.head_dim * c.n_head ~= c.dim then
+    refuse(("head_dim %s is not hidden_size / num_attention_heads = %s"):format(tostring(hc.head_dim), tostring(c.dim / c.n_head)))
+  end
+  c.rope_theta = hc.rope_theta or 10000
+  c.norm_eps = hc.rms_norm_eps or 1e-6
+  if type(c.rope_theta) ~= "number" or c.rope_theta <= 0 then refuse("rope_theta is " .. tostring(c.rope_theta)) end
+  if type(c.norm_eps) ~= "number" or c.norm_eps <= 0 then refuse("rms_norm_eps is " .. tostring(c.norm_eps)) end
+  c.tie_embeddings = hc.tie_word_embeddings == true
+  return c
+end
+
+-- One reader (open_reader's interface) over the shards a model.safetensors.index.json names;
+-- the index and the shards must agree tensor for tensor.
+local function open_sharded_reader(dir, index_path)
+  local map = M.read_config(index_path).weight_map
+  if type(map) ~= "table" then error(("hf: %s has no weight_map object"):format(index_path), 0) end
+  local readers, owner, names = {}, {}, {}
+  local ok, err = pcall(function()
+    for name, fname in pairs(map) do
+      if type(fname) ~= "string" or fname:find("/", 1, true) then
+        error(("hf: %s maps '%s' to %s, not a file name in %s"):format(index_path, name, tostring(fname), dir), 0)
+      end
+      readers[fname] = readers[fname] or open_reader(dir .. "/" .. fname)
+      owner[name] = readers[fname]
+    end
+    local files, held = {}, {}
+    for fname in pairs(readers) do files[#files + 1] = fname end
+    table.sort(files)   -- the first problem named is the same every run
+    for _, fname in ipairs(files) do
+      for _, n in ipairs(readers[fname].names) do
+        held[n] = true
+        if map[n] ~= fname then
+          error(("hf: %s holds '%s' but %s maps it to %s"):format(fname, n, index_path, tostring(map[n])), 0)
+        end
+      end
+    end
+    for name, fname in pairs(map) do
+      if not held[name] then error(("hf: %s maps '%s' to %s, which lacks it"):format(index_path, name, fname), 0) end
+    end
+  end)
+  if not ok then
+    for _, r in pairs(readers) do r.close() end
+    error(err, 0)
+  end
+  for name in pairs(map) do names[#names + 1] = name end
+  table.sort(names)
+  return {
+    names = names,
+    info = function(name) return owner[name].info(name) end,
+    full = function(name) return owner[name].full(name) end,
+    range = function(name, first, count) return owner[name].range(name, first, count) end,
+    close = function() for _, r in pairs(readers) do r.close() end end,
+  }
+end
+
+-- A reader over a Llama directory's weights and what to call them in errors.
+local function open_llama_weights(dir)
+  local single, index = dir .. "/model.safetensors", dir .. "/model.safetensors.index.json"
+  if exists(single) then return open_reader(single), single end
+  if exists(index) then return open_sharded_reader(dir, index), index end
+  error(("hf: %s holds neither model.safetensors nor model.safetensors.index.json"):format(dir), 0)
+end
+
+-- Checks the file's tensors against the Llama's parameters (same names, shapes, float dtypes)
+-- and returns the copy plan; raises an error listing every problem otherwise.
+local function plan_llama(model, reader, where)
+  local problems, in_file, used, steps, missing = {}, {}, {}, {}, {}
+  for _, n in ipairs(reader.names) do
+    if not n:match("%.rotary_emb%.inv_freq$") then in_file[n] = true end
+  end
+  for _, p in ipairs(model_params(model)) do
+    if not in_file[p.name] then
+      missing[#missing + 1] = p.name
+    else
+      used[p.name] = true
+      local info = reader.info(p.name)
+      if not same_shape(info.shape, p.shape) then
+        problems[#problems + 1] = ("'%s' is %s in the file but the model needs %s"):format(p.name, dims(info.shape), dims(p.shape))
+      elseif not FLOATS[info.dtype] then
+        problems[#problems + 1] = ("'%s' has dtype %s; expected a float type"):format(p.name, tostring(info.dtype))
+      else
+        steps[#steps + 1] = { param = p, file_name = p.name, dtype = info.dtype }
+      end
+    end
+  end
+  if #missing > 0 then problems[#problems + 1] = "missing tensors: " .. table.concat(missing, ", ") end
+  local extra = {}
+  for n in pairs(in_file) do
+    -- a tied model's lm_head is embed_tokens: a file may hold a copy of it
+    if not used[n] and not (n == "lm_head.weight" and model.config.tie_embeddings) then extra[#extra + 1] = n end
+  end
+  table.sort(extra)
+  if #extra > 0 then problems[#problems + 1] = "tensors the model does not have: " .. table.concat(extra, ", ") end
+  if #problems > 0 then error(("hf: %s does not fit the model:\n  %s"):format(where, table.concat(problems, "\n  ")), 0) end
+  return steps
+end
+
+local LLAMA_KEYS = { "n_layer", "n_head", "n_kv_head", "dim", "ffn_dim", "vocab_size", "rope_theta", "norm_eps",
+                     "tie_embeddings" }
+
+-- Loads a Hugging Face Llama directory into model, an nn.Llama built already (plain or
+-- FSDP-wrapped; under FSDP every rank copies only its slice). Returns model.
+function M.load_llama_into(model, path)
+  local ok_model = type(model) == "table" and type(model.config) == "table" and model.model ~= nil
+                   and model.config.n_kv_head ~= nil
+  if not ok_model then error("hf.load_llama_into: expected an nn.Llama (plain or FSDP-wrapped), got " .. tostring(model), 0) end
+  if type(path) ~= "string" or path == "" then error("hf: expected a Llama checkpoint directory, got " .. tostring(path), 0) end
+  local dir = path:gsub("/+$", "")
+  local config_path = dir .. "/config.json"
+  if exists(config_path) then
+    local want = M.llama_config_from_hf(M.read_config(config_path), config_path)
+    for _, k in ipairs(LLAMA_KEYS) do
+      if model.config[k] ~= want[k] then
+        error(("hf: %s says %s = %s but the model has %s"):format(config_path, k, tostring(want[k]), tostring(model.config[k])), 0)
+      end
+    end
+  end
+  local reader, where = open_llama_weights(dir)
+  local ok, err = pcall(function() copy_steps(reader, plan_llama(model, reader, where)) end)
+  reader.close()
+  if not ok then error(err, 0) end
+  if is_fsdp(model) then
+    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
+  end
+  return model
+end
+
+-- nn.Llama.from_pretrained: builds the model config.json describes and loads the weights.
+-- opts: fsdp (fsdp.wrap's options: built sharded, policy transformer{ nn.LlamaBlock } unless given).
+function M.from_pretrained_llama(Llama, path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" or path == "" then error("hf: expected a Llama checkpoint directory, got " .. tostring(path), 0) end
+  local config_path = path:gsub("/+$", "") .. "/config.json"
+  if not exists(config_path) then error(("hf: no %s (the Llama's sizes come from it)"):format(config_path), 0) end
+  local cfg = M.llama_config_from_hf(M.read_config(config_path), config_path)
+  local model
+  if opts.fsdp then
+    local fsdp = require "shard.fsdp"
+    local wrap = {}
+    for k, v in pairs(opts.fsdp) do wrap[k] = v end
+    wrap.policy = wrap.policy or fsdp.policy.transformer{ require("shard.nn.llama").LlamaBlock }
+    model = fsdp.wrap(function() return Llama(cfg) end, wrap)
+  else
+    model = Llama(cfg)
+  end
+  return M.load_llama_into(model, path)
 end
 
 ---------------------------------------------------------------------------------------------
