@@ -69,6 +69,7 @@ typedef struct sh_flatparam_info {
   int32_t state;          /* sh_fp_state */
   int32_t has_grad;       /* 1 when the sharded grad holds a value */
   int32_t device;
+  int32_t offload;        /* 1: shard and sharded grad live in pinned host memory */
 } sh_flatparam_info;
 
 /* Where parameter i (0-based, in the order given) lives, and the part of it rank `rank`
@@ -128,6 +129,26 @@ int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp);
 typedef struct sh_fp_stats { int32_t gathers, gathers_peak, reduces, reduces_peak; } sh_fp_stats;
 void sh_flatparam_stats(sh_fp_stats *out);
 void sh_flatparam_reset_peaks(void);
+
+/* CPU offload (FSDP1's CPUOffload(offload_params=True)): moves the shard into pinned host
+ * memory, where the sharded grad will live too, so the optimizer steps on the CPU. Call it
+ * while the FlatParameter is sharded and holds no grad (after create). From then on:
+ *   unshard_start  copies the shard to the device on the host-copy stream (cast there to the
+ *                  param dtype through a device buffer of shard_numel master elements that is
+ *                  freed once the cast is queued), then all-gathers from that stream, so the
+ *                  gather waits only for its own copy; unshard_wait orders the caller's
+ *                  stream after them
+ *   reduce_grad    after the reduction (on its stream) casts the reduced shard to the master
+ *                  dtype on the device and copies it into the host grad (a second reduction
+ *                  before the grad was read lands in a host buffer and is added on the host)
+ *   grad_shard     the host waits for this FlatParameter's last grad copy, which is ordered
+ *                  after its last shard copy: the one host wait per unit that a CPU optimizer
+ *                  needs; then the host shard and grad may be read and written
+ *   zero_grad      keeps the pinned grad buffer (freeing it would pin a new one next step)
+ * A FlatParameter on the CPU has nothing to move: the call does nothing (info.offload stays
+ * 0). no_shard refuses it (its parameters are the full model on every rank: offloading them
+ * copies the whole model to the device twice a step); on/off: 0 on an offloaded one refuses. */
+int sh_flatparam_set_offload(sh_flatparam *fp, int on);
 
 /* A 1-D view of the part of parameter i this rank owns (own_numel elements of the shard). */
 int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i);
