@@ -7,7 +7,8 @@
 -- it is for:
 --   * the device's peak (its memory stats) falls by at least the optimizer state and the
 --     sharded grads that moved to the host (printed with both peaks);
---   * the shards, grads and AdamW state are host tensors, in the CPU's memory stats;
+--   * the shards, grads and AdamW state are host tensors, in the CPU's memory stats, as many
+--     bytes as `shard estimate --offload` says;
 --   * no host wait in a steady-state step beyond one per unit (the CPU optimizer reading that
 --     unit's grad) and the loss read (the emulator's counter);
 --   * the next step's copies start during the optimizer step: after it, the root is gathering.
@@ -16,6 +17,7 @@
 local shard = require "shard"
 local ffi = require "ffi"
 local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local estimate = require "shard.estimate"
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
 local env = shard.init{ device = "cpu" }
@@ -88,6 +90,7 @@ local function train(case, device, offload)
     end
   end
   for _, e in ipairs(opt.entries) do r.on_host = r.on_host and e.m:device() == "cpu" end
+  r.blocks = 2 * r.units + 2 * #opt.entries           -- shards, grads, AdamW's m and v
   for step = 1, STEPS do
     local x, y = batch(step, device)
     collectgarbage()
@@ -146,6 +149,15 @@ local function compare(case, name)
            "host: %d bytes allocated (param %d, grad %d, optim %d)"):format(name, p_ref, p_off, p_ref - p_off, off.moved,
            off.host.allocated, off.host.by_tag.param, off.host.by_tag.grad, off.host.by_tag.optim))
   end
+  -- shard estimate --offload: its host figure (shards, grads, AdamW state) against the host's
+  -- stats, within the allocator's 64-byte rounding of each block
+  require("shard.tensor").default_device = "cpu"
+  local est = estimate.estimate({ n_layer = CFG.n_layer, n_head = CFG.n_head, n_embd = CFG.n_embd, vocab_size = CFG.vocab_size,
+    block_size = CFG.block_size, bias = CFG.bias, world = size, strategy = case.strategy, hybrid_group = 0,
+    batch_size = B_LOCAL, param = case.bf16 and "bf16" or "f32", offload = true })
+  local host = off.host.by_tag.param + off.host.by_tag.grad + off.host.by_tag.optim
+  check(host >= est.host and host - est.host <= 64 * off.blocks, "%s: shard estimate --offload says %d bytes of host memory, " ..
+        "the host holds %d in %d blocks", name, est.host, host, off.blocks)
   check(p_ref - p_off >= off.moved, "%s: the device peak fell by %d bytes with offload (%d -> %d); the optimizer state and " ..
         "grad shards it moved are %d", name, p_ref - p_off, p_ref, p_off, off.moved)
   for step = 2, STEPS do
