@@ -1,6 +1,7 @@
 -- FSDP with CPU offload (fsdp.wrap's offload = { params = true }) on the emulated GPU, at the
 -- world this runs in (tests/cuda_emu/run.sh runs it alone and as 2 ranks under mpirun):
--- full_shard and shard_grad_op, f32 and bf16 mixed precision. 3 AdamW steps of a small GPT
+-- full_shard and shard_grad_op, f32 and bf16 mixed precision (and hybrid_shard over shard
+-- groups of one rank, with more than one). 3 AdamW steps of a small GPT
 -- with offload must equal the same training without it (the path mpi_fsdp_strategies.lua
 -- checks against the CPU, itself checked against one process): the gradients before the
 -- first update, every loss and the final shards to 1e-6 relative. And offload must do what
@@ -73,7 +74,7 @@ local function train(case, device, offload)
   shard.memory.empty_cache(device)
   require("shard.tensor").default_device = device
   local model = fsdp.wrap(function() shard.manual_seed(7); return nn.GPT(CFG) end, {
-    policy = fsdp.policy.transformer{ nn.Block }, strategy = case.strategy,
+    policy = fsdp.policy.transformer{ nn.Block }, strategy = case.strategy, hybrid_group = case.hybrid_group,
     mixed_precision = case.bf16 and { param = "bf16", reduce = "f32" } or nil,
     offload = offload and { params = true } or nil,
   })
@@ -153,7 +154,7 @@ local function compare(case, name)
   -- stats, within the allocator's 64-byte rounding of each block
   require("shard.tensor").default_device = "cpu"
   local est = estimate.estimate({ n_layer = CFG.n_layer, n_head = CFG.n_head, n_embd = CFG.n_embd, vocab_size = CFG.vocab_size,
-    block_size = CFG.block_size, bias = CFG.bias, world = size, strategy = case.strategy, hybrid_group = 0,
+    block_size = CFG.block_size, bias = CFG.bias, world = size, strategy = case.strategy, hybrid_group = case.hybrid_group or 0,
     batch_size = B_LOCAL, param = case.bf16 and "bf16" or "f32", offload = true })
   local host = off.host.by_tag.param + off.host.by_tag.grad + off.host.by_tag.optim
   check(host >= est.host and host - est.host <= 64 * off.blocks, "%s: shard estimate --offload says %d bytes of host memory, " ..
@@ -179,12 +180,16 @@ local function compare(case, name)
   for _, t in pairs(off.shards) do t:free() end
 end
 
-local only = os.getenv("SHARD_OFFLOAD_CASES")
+local cases = {}
 for _, strategy in ipairs({ "full_shard", "shard_grad_op" }) do
-  for _, bf16 in ipairs({ false, true }) do
-    local name = ("%s/%s"):format(strategy, bf16 and "bf16" or "f32")
-    if not only or only:find(name, 1, true) then compare({ strategy = strategy, bf16 = bf16 }, name) end
-  end
+  for _, bf16 in ipairs({ false, true }) do cases[#cases + 1] = { strategy = strategy, bf16 = bf16 } end
+end
+-- hybrid: shards of one rank, replicated across the world (the all-reduce runs before the copy out)
+if size > 1 then cases[#cases + 1] = { strategy = "hybrid_shard", bf16 = false, hybrid_group = 1 } end
+local only = os.getenv("SHARD_OFFLOAD_CASES")
+for _, case in ipairs(cases) do
+  local name = ("%s/%s"):format(case.strategy, case.bf16 and "bf16" or "f32")
+  if not only or only:find(name, 1, true) then compare(case, name) end
 end
 
 ---------------------------------------------------------------------------------------------
