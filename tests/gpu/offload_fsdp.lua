@@ -4,7 +4,8 @@
 -- groups of one rank, with more than one). 3 AdamW steps of a small GPT
 -- with offload must equal the same training without it (the path mpi_fsdp_strategies.lua
 -- checks against the CPU, itself checked against one process): the gradients before the
--- first update, every loss and the final shards to 1e-6 relative. And offload must do what
+-- first update, every loss and gradient norm (clipped to 0.05) and the final shards to 1e-6
+-- relative. And offload must do what
 -- it is for:
 --   * the device's peak (its memory stats) falls by at least the optimizer state and the
 --     sharded grads that moved to the host (printed with both peaks);
@@ -79,7 +80,7 @@ local function train(case, device, offload)
     offload = offload and { params = true } or nil,
   })
   local opt = optim.AdamW(model, { lr = LR, betas = { 0.9, 0.99 }, weight_decay = 0.1 })
-  local r = { losses = {}, steps = {}, grads = {}, shards = {}, units = 0, moved = 0, on_host = true }
+  local r = { losses = {}, norms = {}, steps = {}, grads = {}, shards = {}, units = 0, moved = 0, on_host = true }
   for _, u in ipairs(model.all_units) do
     if u.fp then
       r.units = r.units + 1
@@ -106,6 +107,7 @@ local function train(case, device, offload)
         if g then r.grads[i] = host_copy(g) end
       end
     end
+    r.norms[step] = model:clip_grad_norm(0.05)   -- the norm of host grads, all-reduced from the host
     opt:step()
     local root_state = model.all_units[1].fp:state()
     opt:zero_grad(true)
@@ -141,6 +143,9 @@ local function compare(case, name)
   for step = 1, STEPS do
     local a, b = off.losses[step], ref.losses[step]
     check(math.abs(a - b) <= TOL * math.abs(b), "%s step %d: loss %.9g with offload, %.9g without", name, step, a, b)
+    a, b = off.norms[step], ref.norms[step]
+    check(math.abs(a - b) <= TOL * math.abs(b), "%s step %d: grad norm %.9g with offload, %.9g without", name, step, a, b)
+    check(b > 0.05, "%s step %d: grad norm %.9g: clipping to 0.05 did nothing", name, step, b)
   end
   for i, s in pairs(ref.shards) do close(off.shards[i], s, ("%s: unit %d's final shard"):format(name, i)) end
   -- memory: the steady-state step's device peak, without and with offload
