@@ -14,7 +14,8 @@
 --   * no host wait in a steady-state step beyond one per unit (the CPU optimizer reading that
 --     unit's grad) and the loss read (the emulator's counter);
 --   * the next step's copies start during the optimizer step: after it, the root is gathering.
--- Then the options: no_shard refuses offload naming the unit, a malformed option is named, and
+-- A checkpoint saved and loaded with offload resumes the same training, the optimizer's
+-- prefetch notwithstanding. Then the options: no_shard refuses offload naming the unit, a malformed option is named, and
 -- on the CPU offload is accepted, does nothing (the same losses) and says so once.
 local shard = require "shard"
 local ffi = require "ffi"
@@ -196,6 +197,44 @@ for _, case in ipairs(cases) do
   local name = ("%s/%s"):format(case.strategy, case.bf16 and "bf16" or "f32")
   if not only or only:find(name, 1, true) then compare(case, name) end
 end
+
+---------------------------------------------------------------------------------------------
+-- a checkpoint saved after step 1 and loaded after step 3, while the optimizer's prefetch of
+-- the next step's first units is in flight: steps 2 and 3 again give the same losses
+
+local function resume_case()
+  local checkpoint = require "shard.checkpoint"
+  local dir = ("/tmp/shard_offload_ckpt.%s"):format(os.getenv("PMIX_NAMESPACE") or tostring(ffi.C.getpid()))
+  require("shard.tensor").default_device = cuda
+  local model = fsdp.wrap(function() shard.manual_seed(7); return nn.GPT(CFG) end, {
+    policy = fsdp.policy.transformer{ nn.Block }, offload = { params = true } })
+  local opt = optim.AdamW(model, { lr = LR, weight_decay = 0.1 })
+  local function step(k)
+    local x, y = batch(k, cuda)
+    local loss = model(x, y)
+    loss:backward()
+    opt:step()
+    opt:zero_grad(true)
+    local v = loss:item()
+    loss:free(); x:free(); y:free()
+    return v
+  end
+  step(1)
+  checkpoint.save(dir, { model = model, optim = opt, step = 1 })
+  local first = { step(2), step(3) }
+  check(model.all_units[1].fp:state() == "gathering", "resume: the root is not prefetched after the optimizer step")
+  shard.C.sh_cuda_synchronize(env.local_rank % gpus)   -- the prefetch has run, as a GPU would have run it by now
+  checkpoint.load(dir, { model = model, optim = opt })
+  local again = { step(2), step(3) }
+  for k = 1, 2 do
+    check(again[k] == first[k], "resume: step %d after loading step 1's checkpoint: loss %.9g, first time %.9g", k + 1, again[k], first[k])
+  end
+  free_all(model, opt)
+  env.barrier()
+  if rank == 0 then os.execute("rm -rf " .. require("shard.ffi").shell_quote(dir)) end
+end
+ffi.cdef [[ int getpid(void); ]]
+resume_case()
 
 ---------------------------------------------------------------------------------------------
 -- the options

@@ -235,11 +235,13 @@ function Unit:numel() return self.info.numel end
 
 -- The gather state is the FlatParameter's (fp:state()); these only say what the schedule
 -- wants. unshard waits for a prefetch or gathers now; prefetch starts a gather unless one
--- is started or done; reshard frees the full parameters of a sharded unit.
+-- is started or done; reshard frees the full parameters of a sharded unit, or a prefetch
+-- (under offload the optimizer prefetches the next step's first units: a checkpoint loaded
+-- after it reshards every unit, so that the next forward gathers the loaded shards).
 function Unit:unshard() if self.fp then self.fp:unshard() end end
 function Unit:prefetch() if self.fp then self.fp:unshard_start() end end
 function Unit:reshard()
-  if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
+  if self.fp and self.mode.shard and self.fp:state() ~= "sharded" then self.fp:reshard() end
 end
 
 -- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
