@@ -437,6 +437,7 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
 }
 
 /* ---- pinned host memory -------------------------------------------------------------- */
+/* (Also the allocator's pinned blocks: runtime/alloc.c's sh_mem_set_pinned, CPU offload.) */
 
 /* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
  * half its size, so a steady state cycles through the same few buffers. An asynchronous copy

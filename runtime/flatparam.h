@@ -42,7 +42,8 @@
  *
  * Memory tags: the shard and the full gathered buffer are SH_TAG_PARAM (the full buffer is
  * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD (MPI's staging
- * for bf16 reductions is SH_TAG_COMM).
+ * for bf16 reductions is SH_TAG_COMM). Under offload the shard and the sharded grad are
+ * counted in the CPU's stats (pinned blocks), under the same tags.
  *
  * The parameter structs must outlive the FlatParameter (shard.flatparam keeps them).
  *

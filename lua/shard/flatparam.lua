@@ -6,6 +6,8 @@
 --   local fp = flatparam.new(params, { group = shard_group, param = "bf16", reduce = "f32" })
 --   fp:unshard()  ...forward/backward...  fp:reduce_grad("avg"); fp:reshard()
 --   opt_step(fp:shard(), fp:grad_shard())
+-- fp:set_offload() right after new moves the shard (and the grads to come) to pinned host
+-- memory: shard() and grad_shard() are then CPU tensors.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"

@@ -2,8 +2,9 @@
 -- emulated GPU, one process, no group (so no gather stands between the shard's copy to the
 -- device and its use): against values written down here, exact (multiples of 1/4, exact in
 -- bf16 too).
---   * the shard moves to the host and comes back to the device when unsharded, with what the
---     host wrote into it since (f32, and cast to bf16 on the device);
+--   * the shard moves to the host (counted in its memory stats until freed) and comes back to
+--     the device when unsharded, with what the host wrote into it since (f32, and cast to bf16
+--     on the device);
 --   * reduce_grad lands in the host grad; a second one before zero_grad adds to it (the host
 --     stage), after zero_grad sets it; a bf16 reduction is cast to the f32 grad;
 --   * a shard copy still in flight when the host writes the shard after grad_shard: the
@@ -80,7 +81,11 @@ end
 do
   local p1, p2 = params()
   local fp = flatparam.new({ p1, p2 })
+  local before = shard.memory.stats("cpu").by_tag
   support.check(fp:set_offload() == true, "set_offload on cuda moves the shard")
+  local after = shard.memory.stats("cpu").by_tag
+  support.check(after.param - before.param == 128, ("the host counts the pinned shard (17 f32, 128 bytes rounded) " ..
+                "as param memory: %d bytes more"):format(after.param - before.param))
   local s = fp:shard()
   support.check(s:device() == "cpu", "the shard of an offloaded FlatParameter is on the host, got " .. s:device())
   same(list_of(s), concat(V1, V2), "the host shard")
@@ -129,6 +134,9 @@ do
   fp:unshard_wait()
   same(list_of(p1), V1, "p1 gathered by a copy queued before the host zeroed the shard")
   fp:free()
+  after = shard.memory.stats("cpu").by_tag
+  support.check(after.param == before.param and after.grad == before.grad, ("freed, the pinned shard, grad and stage " ..
+                "leave the host's stats: param %+d, grad %+d bytes"):format(after.param - before.param, after.grad - before.grad))
 end
 
 -- bf16 parameters and reductions: cast on the device both ways

@@ -13,6 +13,10 @@
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
 -- all-reduce across the groups).
+-- offload = { params = true }: every unit's shard, sharded grad and AdamW state live in host
+-- memory (pinned for the first two); the shard is copied to the device before each gather
+-- and the grad back after each reduction, on their own streams, and the optimizer steps unit
+-- by unit on the CPU (runtime/flatparam.h, offload_unit below). Sharding strategies only.
 -- Shared parameters stay with the closest unit over all their users (split_shared below).
 -- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
 -- unit's collectives and name a unit some ranks skipped, instead of failing inside MPI.

@@ -1,7 +1,8 @@
 -- shard.optim: AdamW and SGD over parameter tensors (or FSDP's flat shards), learning-rate
 -- schedules and gradient clipping. An SGD update is one fused C pass per tensor; AdamW updates
 -- all the tensors of a device in one call, and the gradient norm is summed on the device and
--- read back once (optim.h's multi-tensor fronts).
+-- read back once (optim.h's multi-tensor fronts). Entries with a group (FSDP's offloaded
+-- units) are stepped one group at a time, each as soon as its gradients are on the host.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
