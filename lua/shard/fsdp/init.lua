@@ -586,6 +586,20 @@ function Unit:zero_grad(set_to_none)
   end
 end
 
+-- Under offload the sharded grads are on the host, so is their norm's part: it goes to the
+-- units' device for the all-reduce, which then runs where it runs without offload (a CPU
+-- collective needs MPI, absent under a torchrun-style launch).
+local function offload_part_to_device(root, t)
+  for _, u in ipairs(root.all_units) do
+    if u.offload then
+      local d = t:to(u.fp:info().device)
+      t:free()
+      return d
+    end
+  end
+  return t
+end
+
 -- Norm of every sharded gradient: one part summed on the device, one all-reduce over the
 -- world, one read; each unit's gradients are weighted by 1/(number of replicas of its
 -- shards) so replicated shards count once.
@@ -604,6 +618,7 @@ function Unit:grad_norm(norm_type)
   end
   local t = optim.norm_part_tensor(grads, norm_type, weights)
   for _, g in ipairs(grads) do g:free() end
+  t = offload_part_to_device(self, t)
   w:all_reduce(t, norm_type == math.huge and "max" or "sum")
   local part = t:item()
   t:free()
