@@ -41,6 +41,8 @@ struct sh_flatparam {
   int h2d_newer;                /* a shard copy was queued after the last grad copy */
   int grad_pending;             /* grad copy in flight: 1 into grad, 2 into grad_stage (to add) */
   sh_tensor *grad_stage;        /* pinned, master dtype: a second grad before the first was read */
+  sh_tensor *cast;              /* pinned, param dtype: what the device gets (param != master) */
+  int cast_stale;               /* the shard may have changed since `cast` was made */
   sh_flatparam *next;           /* the list of live FlatParameters */
 };
 
@@ -242,10 +244,13 @@ int sh_flatparam_set_offload(sh_flatparam *fp, int on) {
     return sh_fail(SH_ERR_ARG, "flatparam offload: set it while the FlatParameter is sharded and holds no grad (state %d, grad %d)",
                    (int)fp->state, fp->has_grad);
   if (!offload_backend()) return sh_fail(SH_ERR_DEVICE, "flatparam offload: cuda:%d has no CUDA backend", fp->device);
-  sh_tensor *host = NULL;
-  SH_TRY(new_pinned(&host, fp->shard_numel, fp->master, SH_TAG_PARAM));
-  int rc = sh_tensor_copy_(host, fp->shard);
-  if (rc) { sh_tensor_destroy(host); return sh_fail_context("flatparam offload: "); }
+  sh_tensor *host = NULL, *cast = NULL;
+  int rc = new_pinned(&host, fp->shard_numel, fp->master, SH_TAG_PARAM);
+  if (!rc) rc = sh_tensor_copy_(host, fp->shard);
+  if (!rc && fp->pdt != fp->master) rc = new_pinned(&cast, fp->shard_numel, fp->pdt, SH_TAG_PARAM);
+  if (rc) { sh_tensor_destroy(host); sh_tensor_destroy(cast); return sh_fail_context("flatparam offload: "); }
+  fp->cast = cast;
+  fp->cast_stale = 1;
   sh_tensor_destroy(fp->shard);
   sh_tensor_destroy(fp->grad);
   fp->grad = NULL;
@@ -255,17 +260,25 @@ int sh_flatparam_set_offload(sh_flatparam *fp, int on) {
 }
 
 /* The shard's copy into this rank's slot of the full buffer, on the current (host-copy)
- * stream: straight in the master dtype, else through a device buffer cast into the slot. */
+ * stream: straight in the master dtype, else from the host copy in the param dtype, cast
+ * again when the shard may have changed since (before the host writes that copy, the copies
+ * that read it must be done: after offload_settle they are; else the host waits). */
 static int offload_copy_in(sh_flatparam *fp, sh_tensor *slot) {
   const sh_mem_backend *be = offload_backend();
-  if (fp->pdt == fp->master) return be->copy_async(slot, fp->shard);
-  sh_tensor *stage = NULL;
-  SH_TRY(new_tagged(&stage, fp->shard_numel, fp->master, fp->device, SH_TAG_PARAM));
-  int rc = be->copy_async(stage, fp->shard);
-  if (!rc) rc = sh_tensor_copy_(slot, stage);
-  sh_tensor_destroy(stage);     /* reused in the host-copy stream's order */
-  return rc;
+  if (!fp->cast) return be->copy_async(slot, fp->shard);
+  if (fp->cast_stale) {
+    if (fp->h2d_newer) {
+      SH_TRY(be->mark_wait(fp->h2d_mark));
+      fp->h2d_newer = 0;
+    }
+    SH_TRY(sh_tensor_copy_(fp->cast, fp->shard));
+    fp->cast_stale = 0;
+  }
+  return be->copy_async(slot, fp->cast);
 }
+
+/* A writable alias of the shard went out: the host copy in the param dtype may be stale. */
+static void offload_shard_out(sh_flatparam *fp) { fp->cast_stale = 1; }
 
 /* unshard_start of an offloaded FlatParameter: the full buffer is taken, filled and gathered
  * with the host-copy stream current, so the allocator orders its reuse on that stream and
@@ -309,6 +322,7 @@ static int offload_settle_grad(sh_flatparam *fp) {
  * shard may be written. */
 static int offload_settle(sh_flatparam *fp) {
   SH_TRY(offload_settle_grad(fp));
+  offload_shard_out(fp);
   if (!fp->h2d_newer) return SH_OK;
   SH_TRY(offload_backend()->mark_wait(fp->h2d_mark));
   fp->h2d_newer = 0;
@@ -346,6 +360,7 @@ static void offload_destroy(sh_flatparam *fp) {
   be->mark_free(fp->h2d_mark);
   be->mark_free(fp->d2h_mark);
   sh_tensor_destroy(fp->grad_stage);
+  sh_tensor_destroy(fp->cast);
 }
 
 /* ---- queries ----------------------------------------------------------------------------- */
@@ -387,9 +402,10 @@ static int order_grad(sh_flatparam *fp) {
   return rc;
 }
 
-int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp) {
+int sh_flatparam_shard(sh_tensor **out, sh_flatparam *fp) {
   *out = NULL;
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam shard: expected a FlatParameter, got nil");
+  offload_shard_out(fp);
   return sh_tensor_alias(out, fp->shard);
 }
 
@@ -401,10 +417,11 @@ int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp) {
   return fp->has_grad ? sh_tensor_alias(out, fp->grad) : SH_OK;
 }
 
-int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i) {
+int sh_flatparam_shard_view(sh_tensor **out, sh_flatparam *fp, int i) {
   *out = NULL;
   sh_flatparam_slot s;
   SH_TRY(sh_flatparam_get_slot(fp, i, -1, &s));
+  offload_shard_out(fp);
   return sh_view_narrow(out, fp->shard, 0, s.shard_offset, s.own_numel);
 }
 

@@ -128,17 +128,16 @@ local function check_options(o)
 end
 
 -- --offload (fsdp.wrap's offload = { params = true }): the master shards, their gradients and
--- AdamW's state live in host memory; the device keeps the gathered parameters, the flat
--- gradients and the activations, and under mixed precision the f32 shard of each unit in
--- flight (two: computing and prefetched) on its way to its cast. r.total is then the device's
--- peak and r.host the host's.
-local function offload_split(r, o, strategy, pbytes, largest_shard)
+-- AdamW's state live in host memory, with, under mixed precision, a copy of the shards in the
+-- compute dtype (what is copied to the device); the device keeps the gathered parameters, the
+-- flat gradients and the activations. r.total is then the device's peak and r.host the host's.
+local function offload_split(r, o, strategy, pbytes)
   if not strategy.shard then
     error(("estimate: --offload needs a sharding strategy (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2), not %s"):format(o.strategy), 0)
   end
-  r.host = r.master + r.grads + r.adamw
-  r.staging = pbytes == 4 and 0 or 2 * 4 * largest_shard
-  r.total = r.gathered + r.flat_grad + r.staging + r.activations
+  r.host_cast = pbytes == 4 and 0 or r.master / 4 * pbytes
+  r.host = r.master + r.grads + r.adamw + r.host_cast
+  r.total = r.gathered + r.flat_grad + r.activations
 end
 
 function M.estimate(o)
@@ -171,7 +170,7 @@ function M.estimate(o)
   r.activations = r.act_fixed + r.act_per_block * o.n_layer
   r.total = r.master + r.grads + r.adamw + r.gathered + r.flat_grad + r.activations
   r.host = 0
-  if o.offload then offload_split(r, o, strategy, pbytes, math.ceil(largest[1] / shard_n)) end
+  if o.offload then offload_split(r, o, strategy, pbytes) end
   return r
 end
 
@@ -189,7 +188,7 @@ function M.main(args)
   print("  AdamW state (f32 m, v)   " .. mib(r.adamw) .. where)
   print("  gathered parameters      " .. mib(r.gathered))
   print("  flat gradient buffers    " .. mib(r.flat_grad))
-  if o.offload then print("  shards on their way      " .. mib(r.staging)) end
+  if o.offload and r.host_cast > 0 then print(("  %-4s copy of the shards  %s  in host memory"):format(o.param, mib(r.host_cast))) end
   print(("  activations              %s  (measured: %.1f MiB per block + %.1f MiB)"):format(mib(r.activations),
     r.act_per_block / MiB, r.act_fixed / MiB))
   print((o.offload and "  estimated device peak    " or "  estimated peak           ") .. mib(r.total))

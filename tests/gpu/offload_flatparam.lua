@@ -9,7 +9,8 @@
 --     stage), after zero_grad sets it; a bf16 reduction is cast to the f32 grad;
 --   * a shard copy still in flight when the host writes the shard after grad_shard: the
 --     grad's copy is ordered after it on the device, so the copy reads the old shard (the
---     emulator runs a copy only when the host waits for something behind it);
+--     emulator runs a copy only when the host waits for something behind it); and under bf16
+--     compute queued before the host changed the shard sees the old values;
 --   * the errors: no_shard, a grad already there, undoing it; on the CPU it does nothing.
 local shard = require "shard"
 local flatparam = require "shard.flatparam"
@@ -154,6 +155,19 @@ do
   support.check(g:dtype() == "f32", "the host grad is f32 (the master dtype), got " .. g:dtype())
   g:free()
   same(grad_list(fp), concat(G1, G2), "the host grad from a bf16 reduction")
+  -- compute queued before the host changes the shard sees the old values, though the
+  -- shard's copy only runs later: the host waits for that copy before casting again
+  fp:unshard()
+  local y = p1 * 1
+  fp:reshard()
+  local s = fp:shard()
+  s:scale_(2)
+  s:free()
+  fp:unshard_start()
+  same(list_of(y), V1, "compute queued before the host scaled the shard")
+  fp:unshard_wait()
+  same(list_of(p1), values(12, 0.5, 0), "p1 in bf16 after the host scaled the shard")
+  y:free()
   fp:free()
 end
 
