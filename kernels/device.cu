@@ -13,7 +13,9 @@
  * leaves partly unwritten shows even in reused memory.
  *
  * Each device has three streams created non-blocking (no implicit sync with the legacy
- * default stream): compute, all-gather and reduce-scatter. */
+ * default stream): compute, all-gather and reduce-scatter; and a fourth, made after them,
+ * for CPU offload's copies between pinned host memory and the device (the allocator's
+ * offload hooks below, used by runtime/flatparam.c). */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <mutex>
@@ -32,6 +34,7 @@ struct device_state {
   bool ready;
   cudaDeviceProp props;
   sh_cuda_stream streams[N_STREAMS];
+  sh_cuda_stream host_copy;   /* CPU offload's copies (alloc_internal.h); not a public kind */
 };
 
 static device_state devices[MAX_DEVICES];
@@ -208,7 +211,53 @@ static int copy(int dst_device, void *dst, int src_device, const void *src, size
   return SH_OK;
 }
 
-static const sh_mem_backend backend = {raw_alloc, raw_free, copy, on_free, on_reuse};
+/* ---- CPU offload's hooks (alloc_internal.h) ------------------------------------------ */
+
+static int copy_stream_enter(int device, void **saved) {
+  SH_TRY(ensure_device(device));
+  *saved = current[device];
+  current[device] = &devices[device].host_copy;
+  return SH_OK;
+}
+
+static int copy_stream_leave(int device, void *saved) {
+  if (device < 0 || device >= MAX_DEVICES) return sh_fail(SH_ERR_DEVICE, "offload: no device cuda:%d", device);
+  current[device] = (sh_cuda_stream *)saved;
+  return SH_OK;
+}
+
+static int mark_record(int device, void **mark) {
+  const char *op = "offload mark";
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  if (!*mark) {
+    cudaEvent_t e;
+    CU_TRY(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *mark = e;
+  }
+  CU_TRY(op, cudaEventRecord((cudaEvent_t)*mark, st));
+  return SH_OK;
+}
+
+static int mark_order(int device, void *mark) {
+  const char *op = "offload order";
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  if (mark) CU_TRY(op, cudaStreamWaitEvent(st, (cudaEvent_t)mark, 0));
+  return SH_OK;
+}
+
+static int mark_wait(void *mark) {
+  if (mark) CU_TRY("offload wait", cudaEventSynchronize((cudaEvent_t)mark));
+  return SH_OK;
+}
+
+static void mark_free(void *mark) { if (mark) cudaEventDestroy((cudaEvent_t)mark); }
+
+static const sh_mem_backend backend = {raw_alloc, raw_free, copy, on_free, on_reuse,
+                                       sh_cuda_host_alloc, sh_cuda_host_free, copy_stream_enter,
+                                       copy_stream_leave, sh_cuda_copy_async, mark_record,
+                                       mark_order, mark_wait, mark_free};
 
 /* ---- devices ----------------------------------------------------------------------- */
 
@@ -230,6 +279,9 @@ static int ensure_device(int device) {
     d->streams[k].kind = k;
     CU_TRY(op, cudaStreamCreateWithFlags(&d->streams[k].s, cudaStreamNonBlocking));
   }
+  d->host_copy.device = device;
+  d->host_copy.kind = N_STREAMS;
+  CU_TRY(op, cudaStreamCreateWithFlags(&d->host_copy.s, cudaStreamNonBlocking));
   d->ready = true;
   if (!sh_mem_cuda()) sh_mem_register_cuda(&backend);
   register_kernels();
@@ -385,6 +437,7 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
 }
 
 /* ---- pinned host memory -------------------------------------------------------------- */
+/* (Also the allocator's pinned blocks: runtime/alloc.c's sh_mem_set_pinned, CPU offload.) */
 
 /* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
  * half its size, so a steady state cycles through the same few buffers. An asynchronous copy

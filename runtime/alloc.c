@@ -23,7 +23,12 @@ static device_pool pools[MAX_DEVICES]; /* [0] is the CPU, [1 + N] is cuda:N */
 static device_pool meta_pool;           /* the meta device (meta.h): accounted, never backed */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int current_tag = SH_TAG_OTHER;
+static _Thread_local int pinned_mode;
 static sh_mem_backend cuda_backend;
+
+/* Pinned host blocks alive (sh_mem_set_pinned): frees look their pointers up here. */
+static void **pinned_live;
+static int n_pinned, cap_pinned;
 
 static const char *tag_names[SH_N_TAGS] = {"other", "param", "grad", "optim", "activation", "comm"};
 const char *sh_mem_tag_name(int tag) { return tag >= 0 && tag < SH_N_TAGS ? tag_names[tag] : "?"; }
@@ -158,9 +163,63 @@ static int oom(int device, device_pool *p, size_t bytes, int tag, const char *wh
     (long long)s->by_tag[SH_TAG_COMM], (long long)s->by_tag[SH_TAG_OTHER]);
 }
 
+/* ---- pinned host memory (CPU offload) ------------------------------------------------- */
+
+static int pinned_index(const void *ptr) {
+  for (int i = 0; i < n_pinned; i++) if (pinned_live[i] == ptr) return i;
+  return -1;
+}
+
+/* Under the lock: a pinned block from the CUDA backend, counted in the CPU pool. */
+static void *pinned_alloc(device_pool *p, size_t nbytes, int tag) {
+  int64_t used = used_bytes(nbytes);
+  if (p->stats.limit && p->stats.allocated + used > p->stats.limit) {
+    oom(-1, p, nbytes, tag, "memory limit reached (pinned)");
+    return NULL;
+  }
+  if (n_pinned == cap_pinned) {
+    int cap = cap_pinned ? 2 * cap_pinned : 64;
+    void **grown = realloc(pinned_live, (size_t)cap * sizeof *grown);
+    if (!grown) { sh_fail(SH_ERR_OOM, "memory: out of host memory for the pinned block list"); return NULL; }
+    pinned_live = grown;
+    cap_pinned = cap;
+  }
+  void *ptr = NULL;
+  if (cuda_backend.host_alloc(&ptr, nbytes)) return NULL;
+  pinned_live[n_pinned++] = ptr;
+  p->stats.reserved += used;
+  p->stats.n_alloc++;
+  p->stats.n_system_alloc++;
+  account(&p->stats, tag, used);
+  return ptr;
+}
+
+/* Under the lock: 1 when ptr was a pinned block (now handed back), else 0. */
+static int pinned_free(device_pool *p, void *ptr, size_t nbytes, int tag) {
+  int i = n_pinned ? pinned_index(ptr) : -1;
+  if (i < 0) return 0;
+  pinned_live[i] = pinned_live[--n_pinned];
+  cuda_backend.host_free(ptr);
+  p->stats.reserved -= used_bytes(nbytes);
+  account(&p->stats, tag, -used_bytes(nbytes));
+  return 1;
+}
+
+int sh_mem_set_pinned(int on) {
+  int old = pinned_mode;
+  pinned_mode = on != 0;
+  return old;
+}
+
 void *sh_mem_alloc(int device, size_t nbytes, int tag) {
   if (tag < 0 || tag >= SH_N_TAGS) tag = SH_TAG_OTHER;
   pthread_mutex_lock(&lock);
+  if (device == -1 && pinned_mode && cuda_backend.host_alloc) {
+    void *ptr = pinned_alloc(&pools[0], nbytes ? nbytes : 1, tag);
+    if (ptr) ring_push(device, tag, used_bytes(nbytes ? nbytes : 1));
+    pthread_mutex_unlock(&lock);
+    return ptr;
+  }
   device_pool *p = pool_for(device);
   void *ptr = NULL;
   size_t bytes = 0;
@@ -202,6 +261,11 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
   if (tag < 0 || tag >= SH_N_TAGS) tag = SH_TAG_OTHER;
   pthread_mutex_lock(&lock);
   device_pool *p = slot(device);
+  if (device == -1 && pinned_free(p, ptr, nbytes ? nbytes : 1, tag)) {
+    ring_push(device, tag, -used_bytes(nbytes ? nbytes : 1));
+    pthread_mutex_unlock(&lock);
+    return;
+  }
   size_t bytes;
   int cls = size_class(nbytes, &bytes);
   free_block *b = p->spare_nodes;

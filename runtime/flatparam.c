@@ -35,6 +35,14 @@ struct sh_flatparam {
   sh_comm_work *grad_ready;     /* the last reduction that wrote grad: readers order after it */
   sh_comm *replicate;
   int red_op;
+  /* CPU offload (flatparam.h): shard and grad are pinned host tensors */
+  int offload;
+  void *h2d_mark, *d2h_mark;    /* the last shard copy to the device, the last grad copy back */
+  int h2d_newer;                /* a shard copy was queued after the last grad copy */
+  int grad_pending;             /* grad copy in flight: 1 into grad, 2 into grad_stage (to add) */
+  sh_tensor *grad_stage;        /* pinned, master dtype: a second grad before the first was read */
+  sh_tensor *cast;              /* pinned, param dtype: what the device gets (param != master) */
+  int cast_stale;               /* the shard may have changed since `cast` was made */
   sh_flatparam *next;           /* the list of live FlatParameters */
 };
 
@@ -211,6 +219,150 @@ int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, str
   return SH_OK;
 }
 
+/* ---- CPU offload (flatparam.h) ------------------------------------------------------------ */
+
+static const sh_mem_backend *offload_backend(void) { return sh_mem_cuda(); }
+
+static int new_pinned(sh_tensor **out, int64_t numel, int dtype, int tag) {
+  int old = sh_mem_set_pinned(1);
+  int rc = new_tagged(out, numel, dtype, -1, tag);
+  sh_mem_set_pinned(old);
+  return rc;
+}
+
+int sh_flatparam_set_offload(sh_flatparam *fp, int on) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam offload: expected a FlatParameter, got nil");
+  if (!on) {
+    if (fp->offload) return sh_fail(SH_ERR_ARG, "flatparam offload: an offloaded FlatParameter cannot be brought back to the device");
+    return SH_OK;
+  }
+  if (fp->offload || fp->device < 0) return SH_OK;    /* done already, or nothing to move on the CPU */
+  if (fp->no_shard)
+    return sh_fail(SH_ERR_ARG, "flatparam offload: no_shard keeps the full parameters on every rank; offload needs a "
+                   "sharded FlatParameter (full_shard, shard_grad_op, hybrid)");
+  if (fp->state != SH_FP_SHARDED || fp->has_grad || fp->red_out || fp->grad_ready)
+    return sh_fail(SH_ERR_ARG, "flatparam offload: set it while the FlatParameter is sharded and holds no grad (state %d, grad %d)",
+                   (int)fp->state, fp->has_grad);
+  if (!offload_backend()) return sh_fail(SH_ERR_DEVICE, "flatparam offload: cuda:%d has no CUDA backend", fp->device);
+  sh_tensor *host = NULL, *cast = NULL;
+  int rc = new_pinned(&host, fp->shard_numel, fp->master, SH_TAG_PARAM);
+  if (!rc) rc = sh_tensor_copy_(host, fp->shard);
+  if (!rc && fp->pdt != fp->master) rc = new_pinned(&cast, fp->shard_numel, fp->pdt, SH_TAG_PARAM);
+  if (rc) { sh_tensor_destroy(host); sh_tensor_destroy(cast); return sh_fail_context("flatparam offload: "); }
+  fp->cast = cast;
+  fp->cast_stale = 1;
+  sh_tensor_destroy(fp->shard);
+  sh_tensor_destroy(fp->grad);
+  fp->grad = NULL;
+  fp->shard = host;
+  fp->offload = 1;
+  return SH_OK;
+}
+
+/* The shard's copy into this rank's slot of the full buffer, on the current (host-copy)
+ * stream: straight in the master dtype, else from the host copy in the param dtype, cast
+ * again when the shard may have changed since (before the host writes that copy, the copies
+ * that read it must be done: after offload_settle they are; else the host waits). */
+static int offload_copy_in(sh_flatparam *fp, sh_tensor *slot) {
+  const sh_mem_backend *be = offload_backend();
+  if (!fp->cast) return be->copy_async(slot, fp->shard);
+  if (fp->cast_stale) {
+    if (fp->h2d_newer) {
+      SH_TRY(be->mark_wait(fp->h2d_mark));
+      fp->h2d_newer = 0;
+    }
+    SH_TRY(sh_tensor_copy_(fp->cast, fp->shard));
+    fp->cast_stale = 0;
+  }
+  return be->copy_async(slot, fp->cast);
+}
+
+/* A writable alias of the shard went out: the host copy in the param dtype may be stale. */
+static void offload_shard_out(sh_flatparam *fp) { fp->cast_stale = 1; }
+
+/* unshard_start of an offloaded FlatParameter: the full buffer is taken, filled and gathered
+ * with the host-copy stream current, so the allocator orders its reuse on that stream and
+ * the gather waits for that stream only. */
+static int offload_unshard_start(sh_flatparam *fp) {
+  const sh_mem_backend *be = offload_backend();
+  void *saved = NULL;
+  SH_TRY(be->copy_stream_enter(fp->device, &saved));
+  int rc = new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM);
+  sh_tensor *slot = NULL;
+  if (!rc) {
+    count_gather(1);
+    rc = sh_view_narrow(&slot, fp->full, 0, fp->rank * fp->shard_numel, fp->shard_numel);
+  }
+  if (!rc) rc = offload_copy_in(fp, slot);
+  if (!rc) rc = be->mark_record(fp->device, &fp->h2d_mark);
+  if (!rc) fp->h2d_newer = 1;
+  if (!rc && fp->group) rc = sh_comm_all_gather_into_async(&fp->gather, fp->group, fp->full, slot);
+  sh_tensor_destroy(slot);
+  int left = be->copy_stream_leave(fp->device, saved);
+  return rc ? rc : left;
+}
+
+/* The caller's stream waits for the shard's copy (when no gather stands between them). */
+static int offload_order_copy_in(sh_flatparam *fp) {
+  if (!fp->offload || fp->gather) return SH_OK;
+  return offload_backend()->mark_order(fp->device, fp->h2d_mark);
+}
+
+/* The host waits for the last grad copy, then adds a staged grad: the host grad may be read. */
+static int offload_settle_grad(sh_flatparam *fp) {
+  if (!fp->grad_pending) return SH_OK;
+  SH_TRY(offload_backend()->mark_wait(fp->d2h_mark));
+  int staged = fp->grad_pending == 2;
+  fp->grad_pending = 0;
+  return staged ? accumulate(fp->grad, fp->grad_stage) : SH_OK;
+}
+
+/* And for the shard's copies to the device: after the grad copy, which the device ordered
+ * after them, unless a copy was queued since (then the host waits for that one): the host
+ * shard may be written. */
+static int offload_settle(sh_flatparam *fp) {
+  SH_TRY(offload_settle_grad(fp));
+  offload_shard_out(fp);
+  if (!fp->h2d_newer) return SH_OK;
+  SH_TRY(offload_backend()->mark_wait(fp->h2d_mark));
+  fp->h2d_newer = 0;
+  return SH_OK;
+}
+
+/* finish_reduce of an offloaded FlatParameter, on the reduction's stream: the reduced shard
+ * in the master dtype goes to the host grad (set) or to the stage (added when read). The
+ * copy waits on the device for the last shard copy, so its mark covers both. */
+static int offload_grad_out(sh_flatparam *fp) {
+  const sh_mem_backend *be = offload_backend();
+  SH_TRY(offload_settle_grad(fp));   /* a second reduction before the grad was read waits here */
+  if (!fp->grad) SH_TRY(new_pinned(&fp->grad, fp->shard_numel, fp->master, SH_TAG_GRAD));
+  if (fp->has_grad && !fp->grad_stage) SH_TRY(new_pinned(&fp->grad_stage, fp->shard_numel, fp->master, SH_TAG_GRAD));
+  sh_tensor *src = fp->red_out, *cast = NULL;
+  if (fp->rdt != fp->master) {
+    SH_TRY(new_tagged(&cast, fp->shard_numel, fp->master, fp->device, SH_TAG_GRAD));
+    int rc = sh_tensor_copy_(cast, fp->red_out);
+    if (rc) { sh_tensor_destroy(cast); return rc; }
+    src = cast;
+  }
+  int rc = fp->h2d_newer ? be->mark_order(fp->device, fp->h2d_mark) : SH_OK;
+  if (!rc) rc = be->copy_async(fp->has_grad ? fp->grad_stage : fp->grad, src);
+  if (!rc) rc = be->mark_record(fp->device, &fp->d2h_mark);
+  sh_tensor_destroy(cast);      /* reused in the reduction stream's order */
+  if (rc) return rc;
+  fp->grad_pending = fp->has_grad ? 2 : 1;
+  fp->h2d_newer = 0;
+  return SH_OK;
+}
+
+static void offload_destroy(sh_flatparam *fp) {
+  if (!fp->offload) return;
+  const sh_mem_backend *be = offload_backend();
+  be->mark_free(fp->h2d_mark);
+  be->mark_free(fp->d2h_mark);
+  sh_tensor_destroy(fp->grad_stage);
+  sh_tensor_destroy(fp->cast);
+}
+
 /* ---- queries ----------------------------------------------------------------------------- */
 
 int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out) {
@@ -219,7 +371,7 @@ int sh_flatparam_get_info(const sh_flatparam *fp, sh_flatparam_info *out) {
                               .n_params = fp->n, .n_unique = fp->n_unique, .group_size = fp->group_size,
                               .rank = fp->rank, .master_dtype = fp->master, .param_dtype = fp->pdt,
                               .reduce_dtype = fp->rdt, .no_shard = fp->no_shard, .state = fp->state,
-                              .has_grad = fp->has_grad, .device = fp->device };
+                              .has_grad = fp->has_grad, .device = fp->device, .offload = fp->offload };
   return SH_OK;
 }
 
@@ -250,9 +402,10 @@ static int order_grad(sh_flatparam *fp) {
   return rc;
 }
 
-int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp) {
+int sh_flatparam_shard(sh_tensor **out, sh_flatparam *fp) {
   *out = NULL;
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam shard: expected a FlatParameter, got nil");
+  offload_shard_out(fp);
   return sh_tensor_alias(out, fp->shard);
 }
 
@@ -260,13 +413,15 @@ int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp) {
   *out = NULL;
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam grad_shard: expected a FlatParameter, got nil");
   if (order_grad(fp)) return sh_fail_context("flatparam grad_shard: ");
+  if (fp->offload && offload_settle(fp)) return sh_fail_context("flatparam grad_shard: ");
   return fp->has_grad ? sh_tensor_alias(out, fp->grad) : SH_OK;
 }
 
-int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i) {
+int sh_flatparam_shard_view(sh_tensor **out, sh_flatparam *fp, int i) {
   *out = NULL;
   sh_flatparam_slot s;
   SH_TRY(sh_flatparam_get_slot(fp, i, -1, &s));
+  offload_shard_out(fp);
   return sh_view_narrow(out, fp->shard, 0, s.shard_offset, s.own_numel);
 }
 
@@ -307,6 +462,12 @@ int sh_flatparam_unshard_start(sh_flatparam *fp) {
     fp->state = SH_FP_GATHERING;
     return SH_OK;
   }
+  if (fp->offload) {
+    int rc = offload_unshard_start(fp);
+    if (rc) { drop_full(fp); return sh_fail_context("flatparam unshard: "); }
+    fp->state = SH_FP_GATHERING;
+    return SH_OK;
+  }
   SH_TRY(new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM));
   count_gather(1);
   sh_tensor *slot = NULL;
@@ -323,6 +484,7 @@ int sh_flatparam_unshard_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam unshard: expected a FlatParameter, got nil");
   if (fp->state == SH_FP_UNSHARDED) return SH_OK;
   if (fp->state == SH_FP_SHARDED) SH_TRY(sh_flatparam_unshard_start(fp));
+  if (offload_order_copy_in(fp)) return sh_fail_context("flatparam unshard: ");
   if (fp->gather) {     /* the caller's stream waits for the gather on the device, not the host */
     int rc = sh_comm_work_order(fp->gather);
     if (rc) return sh_fail_context("flatparam unshard: ");
@@ -346,6 +508,7 @@ int sh_flatparam_reshard(sh_flatparam *fp) {
     fp->gather = NULL;
     if (rc) return sh_fail_context("flatparam reshard: ");
   }
+  if (fp->state == SH_FP_GATHERING && offload_order_copy_in(fp)) return sh_fail_context("flatparam reshard: ");
   for (int i = 0; i < fp->n; i++) if (fp->slots[i].tied_to < 0) drop_storage(fp->slots[i].p);
   drop_full(fp);
   fp->state = SH_FP_SHARDED;
@@ -443,6 +606,12 @@ int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *rep
  * for a reduction and the buffers are reused in that stream's order. */
 static int finish_reduce(sh_flatparam *fp) {
   int rc = fp->replicate ? sh_comm_all_reduce(fp->replicate, fp->red_out, fp->red_op, -1) : SH_OK;
+  if (fp->offload) {
+    if (!rc) rc = offload_grad_out(fp);
+    drop_reduce_buffers(fp);
+    if (!rc) fp->has_grad = 1;
+    return rc;
+  }
   if (!rc) rc = order_grad(fp);
   if (!rc && !fp->grad) rc = new_tagged(&fp->grad, fp->shard_numel, fp->master, fp->device, SH_TAG_GRAD);
   if (!rc) rc = fp->has_grad ? accumulate(fp->grad, fp->red_out) : sh_tensor_copy_(fp->grad, fp->red_out);
@@ -476,6 +645,11 @@ int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate
 int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam zero_grad: expected a FlatParameter, got nil");
   if (free_it && order_grad(fp)) return sh_fail_context("flatparam zero_grad: ");
+  if (fp->offload) {            /* the pinned buffer stays: a grad still landing is waited for first */
+    if (offload_settle_grad(fp)) return sh_fail_context("flatparam zero_grad: ");
+    fp->has_grad = 0;
+    return SH_OK;
+  }
   fp->has_grad = 0;
   if (free_it) { sh_tensor_destroy(fp->grad); fp->grad = NULL; }
   return SH_OK;
@@ -489,6 +663,7 @@ void sh_flatparam_destroy(sh_flatparam *fp) {
   if (fp->reduce) { sh_comm_work_free(fp->reduce); fp->reduce = NULL; }
   if (fp->grad_ready) { sh_comm_work_free(fp->grad_ready); fp->grad_ready = NULL; }
   drop_reduce_buffers(fp);
+  offload_destroy(fp);
   /* The parameter structs are not touched: Lua's finalizers may have freed them already. A
    * parameter still viewing the full buffer keeps that storage alive until it goes. */
   drop_full(fp);

@@ -42,7 +42,8 @@
  *
  * Memory tags: the shard and the full gathered buffer are SH_TAG_PARAM (the full buffer is
  * parameter memory while it lives), the sharded and flat grads SH_TAG_GRAD (MPI's staging
- * for bf16 reductions is SH_TAG_COMM).
+ * for bf16 reductions is SH_TAG_COMM). Under offload the shard and the sharded grad are
+ * counted in the CPU's stats (pinned blocks), under the same tags.
  *
  * The parameter structs must outlive the FlatParameter (shard.flatparam keeps them).
  *
@@ -69,6 +70,7 @@ typedef struct sh_flatparam_info {
   int32_t state;          /* sh_fp_state */
   int32_t has_grad;       /* 1 when the sharded grad holds a value */
   int32_t device;
+  int32_t offload;        /* 1: shard and sharded grad live in pinned host memory */
 } sh_flatparam_info;
 
 /* Where parameter i (0-based, in the order given) lives, and the part of it rank `rank`
@@ -119,7 +121,7 @@ int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it);
 /* Aliases of the local shards for the optimizer (in-place updates reach the FlatParameter):
  * the parameter shard (master dtype, 1-D, shard_numel) and the sharded grad (*out = NULL
  * when there is none). Ask again after zero_grad with free_it. */
-int sh_flatparam_shard(sh_tensor **out, const sh_flatparam *fp);
+int sh_flatparam_shard(sh_tensor **out, sh_flatparam *fp);
 int sh_flatparam_grad_shard(sh_tensor **out, sh_flatparam *fp);
 /* Buffers in flight across every FlatParameter of the process: full gathered buffers alive
  * (a gather started and not resharded) and flat grad buffers alive (prepared or reducing),
@@ -129,7 +131,30 @@ typedef struct sh_fp_stats { int32_t gathers, gathers_peak, reduces, reduces_pea
 void sh_flatparam_stats(sh_fp_stats *out);
 void sh_flatparam_reset_peaks(void);
 
+/* CPU offload (FSDP1's CPUOffload(offload_params=True)): moves the shard into pinned host
+ * memory, where the sharded grad will live too, so the optimizer steps on the CPU. Call it
+ * while the FlatParameter is sharded and holds no grad (after create). From then on:
+ *   unshard_start  copies the shard into this rank's slot of the full buffer on the device's
+ *                  host-copy stream, then all-gathers from that stream, so the gather waits
+ *                  only for its own copy; unshard_wait orders the caller's stream after them.
+ *                  Under mixed precision what is copied is a pinned host copy in the param
+ *                  dtype, cast on the host when the shard may have changed (once a step:
+ *                  after the optimizer), so the device never holds an f32 shard and the
+ *                  copy moves half the bytes
+ *   reduce_grad    after the reduction (on its stream) casts the reduced shard to the master
+ *                  dtype on the device and copies it into the host grad (a second reduction
+ *                  before the grad was read lands in a host buffer and is added on the host)
+ *   grad_shard     the host waits for this FlatParameter's last grad copy, which is ordered
+ *                  after its last shard copy: the one host wait per unit that a CPU optimizer
+ *                  needs; then the host shard and grad may be read and written (shard and
+ *                  shard_view, writable aliases, mark the param-dtype copy stale too)
+ *   zero_grad      keeps the pinned grad buffer (freeing it would pin a new one next step)
+ * A FlatParameter on the CPU has nothing to move: the call does nothing (info.offload stays
+ * 0). no_shard refuses it (its parameters are the full model on every rank: offloading them
+ * copies the whole model to the device twice a step); on/off: 0 on an offloaded one refuses. */
+int sh_flatparam_set_offload(sh_flatparam *fp, int on);
+
 /* A 1-D view of the part of parameter i this rank owns (own_numel elements of the shard). */
-int sh_flatparam_shard_view(sh_tensor **out, const sh_flatparam *fp, int i);
+int sh_flatparam_shard_view(sh_tensor **out, sh_flatparam *fp, int i);
 /* Copies this rank's part of a full-size value of parameter i (same numel) into the shard. */
 int sh_flatparam_init_param(sh_flatparam *fp, int i, const sh_tensor *value);

@@ -162,6 +162,21 @@ local function check_options(o)
   return strategy
 end
 
+-- --offload (fsdp.wrap's offload = { params = true }): the master shards, their gradients and
+-- AdamW's state live in host memory, with, under mixed precision, a copy of the shards in the
+-- compute dtype (what is copied to the device); the device keeps the gathered parameters, the
+-- flat gradients and the activations. r.total is then the device's peak and r.host the host's.
+local function offload_split(r, o)
+  local strategy = check_options(o)
+  if not strategy.shard then
+    error(("estimate: --offload needs a sharding strategy (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2), not %s"):format(o.strategy), 0)
+  end
+  local pbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[o.param]
+  r.host_cast = pbytes == 4 and 0 or r.master / 4 * pbytes
+  r.host = r.master + r.grads + r.adamw + r.host_cast
+  r.total = r.gathered + r.flat_grad + r.activations
+end
+
 -- The state part (no step is run): parameter count, units and the per-rank bytes of master
 -- parameters, gradients, AdamW state, gathered parameters and flat gradient buffers.
 function M.state(o)
@@ -199,6 +214,8 @@ function M.estimate(o)
   r.act_per_block, r.act_fixed = two - one, one - (two - one)
   r.activations = r.act_fixed + r.act_per_block * o.n_layer
   r.total = r.master + r.grads + r.adamw + r.gathered + r.flat_grad + r.activations
+  r.host = 0
+  if o.offload then offload_split(r, o) end
   return r
 end
 
@@ -213,19 +230,23 @@ function M.main(args)
   config.set_overrides(config.parse_args(args))
   local o = config{ n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304, block_size = 1024, bias = true,
                     world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32",
-                    model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false }
+                    model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false,
+                    offload = false }
   local r = M.estimate(o)
   print(("%s %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
     o.model == "llama" and "Llama" or "GPT", o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))
   print(("per rank, %s over %d ranks, batch %d per rank, %s compute parameters:"):format(o.strategy, o.world, o.batch_size, o.param))
-  print("  master parameters (f32)  " .. mib(r.master))
-  print("  gradients (f32)          " .. mib(r.grads))
-  print("  AdamW state (f32 m, v)   " .. mib(r.adamw))
+  local where = o.offload and "  in host memory" or ""
+  print("  master parameters (f32)  " .. mib(r.master) .. where)
+  print("  gradients (f32)          " .. mib(r.grads) .. where)
+  print("  AdamW state (f32 m, v)   " .. mib(r.adamw) .. where)
   print("  gathered parameters      " .. mib(r.gathered))
   print("  flat gradient buffers    " .. mib(r.flat_grad))
+  if o.offload and r.host_cast > 0 then print(("  %-4s copy of the shards  %s  in host memory"):format(o.param, mib(r.host_cast))) end
   print(("  activations              %s  (measured: %.1f MiB per block + %.1f MiB)"):format(mib(r.activations),
     r.act_per_block / MiB, r.act_fixed / MiB))
-  print("  estimated peak           " .. mib(r.total))
+  print((o.offload and "  estimated device peak    " or "  estimated peak           ") .. mib(r.total))
+  if o.offload then print("  host memory              " .. mib(r.host)) end
   return 0
 end
 

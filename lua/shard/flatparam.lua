@@ -6,6 +6,8 @@
 --   local fp = flatparam.new(params, { group = shard_group, param = "bf16", reduce = "f32" })
 --   fp:unshard()  ...forward/backward...  fp:reduce_grad("avg"); fp:reshard()
 --   opt_step(fp:shard(), fp:grad_shard())
+-- fp:set_offload() right after new moves the shard (and the grads to come) to pinned host
+-- memory: shard() and grad_shard() are then CPU tensors.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -66,7 +68,15 @@ function FlatParam:info()
            group_size = i.group_size, rank = i.rank, master_dtype = tensor.dtype_name(i.master_dtype),
            param_dtype = tensor.dtype_name(i.param_dtype), reduce_dtype = tensor.dtype_name(i.reduce_dtype),
            no_shard = i.no_shard ~= 0, state = STATES[i.state], unsharded = i.state == C.SH_FP_UNSHARDED,
-           has_grad = i.has_grad ~= 0, device = tensor.device_name(i.device) }
+           has_grad = i.has_grad ~= 0, device = tensor.device_name(i.device), offload = i.offload ~= 0 }
+end
+
+-- CPU offload (runtime/flatparam.h): the shard and the sharded grad move to pinned host
+-- memory, so shard() and grad_shard() are CPU tensors and the optimizer steps on the CPU.
+-- Returns whether anything moved (false on the CPU, where there is nothing to move).
+function FlatParam:set_offload()
+  check(C.sh_flatparam_set_offload(self.p, 1), 2)
+  return self:info().offload
 end
 
 -- "sharded", "gathering" (an unshard_start not yet waited for) or "unsharded".

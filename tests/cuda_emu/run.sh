@@ -112,6 +112,16 @@ else
   failed=$((failed + 1)); echo "FAIL gpu/mpi_fsdp_strategies.lua passed with every event wait dropped"
   tail -n 20 "$out" | sed 's/^/    /'
 fi
+# CPU offload at world 2 (offload_fsdp.lua ran at world 1 in the loop above).
+run_one "gpu/offload_fsdp.lua (emulated, mpirun -np 2)" $MPIRUN -np 2 "$SHARD" run tests/gpu/offload_fsdp.lua
+# With every cudaStreamWaitEvent dropped the offloaded FlatParameter must read stale shards.
+SHARD_EMU_DROP_EVENT_WAITS=1 timeout -k 10 "$TIMEOUT" "$SHARD" run tests/gpu/offload_flatparam.lua >"$out" 2>&1
+if [ $? -ne 0 ] && grep -q '^not ok' "$out"; then
+  passed=$((passed + 1)); echo "ok   gpu/offload_flatparam.lua fails with SHARD_EMU_DROP_EVENT_WAITS=1, as it must"
+else
+  failed=$((failed + 1)); echo "FAIL gpu/offload_flatparam.lua passed with every event wait dropped"
+  tail -n 20 "$out" | sed 's/^/    /'
+fi
 run_one "gpu/torchrun_fsdp.lua (emulated, shard launch --nproc 2)" "$SHARD" launch --nproc 2 tests/gpu/torchrun_fsdp.lua
 port=$(( 20000 + $$ % 20000 ))
 MASTER_PORT=$port SHARD_HOLD_PORT=1 "$SHARD" run tests/gpu/torchrun_fsdp.lua >"$scratch/hold" 2>&1 &

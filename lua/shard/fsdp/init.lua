@@ -13,6 +13,10 @@
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
 -- all-reduce across the groups).
+-- offload = { params = true }: every unit's shard, sharded grad and AdamW state live in host
+-- memory (pinned for the first two); the shard is copied to the device before each gather
+-- and the grad back after each reduction, on their own streams, and the optimizer steps unit
+-- by unit on the CPU (runtime/flatparam.h, offload_unit below). Sharding strategies only.
 -- Shared parameters stay with the closest unit over all their users (split_shared below).
 -- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
 -- unit's collectives (a small all-gather each, so off by default: on a GPU each makes the host
@@ -154,6 +158,41 @@ local function param_names(module, prefix, out)
   return out
 end
 
+-- CPU offload (opts.offload = { params = true }; runtime/flatparam.h): the unit's shard and
+-- sharded grad live in pinned host memory and its optimizer entries step on the CPU. Every
+-- sharding strategy takes it; no_shard refuses it (the full model on every rank would be
+-- copied to the device twice a step). On the CPU there is nothing to move: accepted, noted
+-- once per process on rank 0.
+local function check_offload(opts)
+  local o = opts.offload
+  if o == nil then return end
+  if type(o) ~= "table" or (o.params ~= nil and type(o.params) ~= "boolean") then
+    error(("fsdp.wrap: offload must be a table such as { params = true }, got %s"):format(
+      type(o) == "table" and ("params = " .. tostring(o.params)) or tostring(o)), 0)
+  end
+  for k in pairs(o) do
+    if k ~= "params" then error(("fsdp.wrap: offload has no option '%s' (known: params)"):format(tostring(k)), 0) end
+  end
+end
+
+local function offload_unit(u)
+  local label = u.name == "" and "(root)" or u.name
+  if not u.mode.shard then
+    error(("fsdp: unit %s: offload = { params = true } needs a sharding strategy (full_shard, shard_grad_op, " ..
+           "hybrid_shard, hybrid_shard_zero2); %s keeps the full parameters on every rank, which offload " ..
+           "would copy to the device twice a step"):format(label, u.strategy), 0)
+  end
+  local ok, moved = pcall(u.fp.set_offload, u.fp)
+  if not ok then error(("fsdp: unit %s: %s"):format(label, tostring(moved)), 0) end
+  u.offload = moved
+  if not moved and not fsdp.offload_noted then
+    fsdp.offload_noted = true
+    if fsdp.world():rank() == 0 then
+      io.stderr:write("fsdp: offload = { params = true } on the CPU backend: the parameters already live in host memory; nothing to move\n")
+    end
+  end
+end
+
 function Unit:init(module, name, opts, root, params, left)
   self.fsdp_unit = true
   self.left = left
@@ -193,6 +232,7 @@ function Unit:init(module, name, opts, root, params, left)
                                                   no_shard = not self.mode.shard })
   if not fp then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, err), 0) end
   self.fp = fp
+  if opts.offload and opts.offload.params then offload_unit(self) end
   local i = fp:info()
   self.info = { numel = i.numel, padded_numel = i.padded_numel, shard_numel = i.shard_numel, padding = i.padding }
 end
@@ -201,11 +241,13 @@ function Unit:numel() return self.info.numel end
 
 -- The gather state is the FlatParameter's (fp:state()); these only say what the schedule
 -- wants. unshard waits for a prefetch or gathers now; prefetch starts a gather unless one
--- is started or done; reshard frees the full parameters of a sharded unit.
+-- is started or done; reshard frees the full parameters of a sharded unit, or a prefetch
+-- (under offload the optimizer prefetches the next step's first units: a checkpoint loaded
+-- after it reshards every unit, so that the next forward gathers the loaded shards).
 function Unit:unshard() if self.fp then self.fp:unshard() end end
 function Unit:prefetch() if self.fp then self.fp:unshard_start() end end
 function Unit:reshard()
-  if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
+  if self.fp and self.mode.shard and self.fp:state() ~= "sharded" then self.fp:reshard() end
 end
 
 -- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
@@ -428,6 +470,7 @@ function fsdp.wrap(model, opts)
   end
   if opts ~= nil and type(opts) ~= "table" then error("fsdp.wrap: opts must be a table, got " .. type(opts), 2) end
   opts = opts or {}
+  check_offload(opts)
   if opts.policy ~= nil and type(opts.policy) ~= "function" then
     error(("fsdp.wrap: policy must be a function (module, name, unwrapped) -> boolean, such as " ..
            "fsdp.policy.transformer{ nn.Block }; got %s %s"):format(type(opts.policy), tostring(opts.policy)), 2)
@@ -494,6 +537,14 @@ end
 ---------------------------------------------------------------------------------------------
 -- the step's other half: optimizer entries, zero_grad, clipping, summary
 
+-- After an offloaded unit's update on the CPU: when it is one of the units the next forward
+-- gathers first (the root and the `prefetch` after it), its copy to the device and its gather
+-- start now, behind the rest of the optimizer step; the forward then finds them under way.
+local function prefetch_next_step(u)
+  local root = u.root
+  if root.order and u.index and u.index <= 1 + root.prefetch_depth then u:prefetch() end
+end
+
 -- One optimizer entry per parameter slice a unit owns on this rank: the shard view (updated
 -- in place), its grad (the matching slice of the sharded grad), nanoGPT's decay rule (dims
 -- >= 2), and where the slice starts in the parameter.
@@ -509,6 +560,9 @@ local function unit_entries(u, names, entries)
         decay = t.p.ndim >= 2,
         name = names and names[t],
         start = slot.own_start,
+        -- offloaded units step one after another on the CPU, each after its own grad landed
+        group = u.offload and u or nil,
+        after_step = u.offload and function() prefetch_next_step(u) end or nil,
         grad = function()
           local g = fp:grad_shard()
           if not g then return nil end
@@ -534,6 +588,20 @@ function Unit:zero_grad(set_to_none)
   end
 end
 
+-- Under offload the sharded grads are on the host, so is their norm's part: it goes to the
+-- units' device for the all-reduce, which then runs where it runs without offload (a CPU
+-- collective needs MPI, absent under a torchrun-style launch).
+local function offload_part_to_device(root, t)
+  for _, u in ipairs(root.all_units) do
+    if u.offload then
+      local d = t:to(u.fp:info().device)
+      t:free()
+      return d
+    end
+  end
+  return t
+end
+
 -- Norm of every sharded gradient: one part summed on the device, one all-reduce over the
 -- world, one read; each unit's gradients are weighted by 1/(number of replicas of its
 -- shards) so replicated shards count once.
@@ -552,6 +620,7 @@ function Unit:grad_norm(norm_type)
   end
   local t = optim.norm_part_tensor(grads, norm_type, weights)
   for _, g in ipairs(grads) do g:free() end
+  t = offload_part_to_device(self, t)
   w:all_reduce(t, norm_type == math.huge and "max" or "sum")
   local part = t:item()
   t:free()

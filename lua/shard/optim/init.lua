@@ -1,7 +1,8 @@
 -- shard.optim: AdamW and SGD over parameter tensors (or FSDP's flat shards), learning-rate
 -- schedules and gradient clipping. An SGD update is one fused C pass per tensor; AdamW updates
 -- all the tensors of a device in one call, and the gradient norm is summed on the device and
--- read back once (optim.h's multi-tensor fronts).
+-- read back once (optim.h's multi-tensor fronts). Entries with a group (FSDP's offloaded
+-- units) are stepped one group at a time, each as soon as its gradients are on the host.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -63,20 +64,45 @@ end
 
 function Optimizer:set_lr(lr) self.lr = lr end
 
--- One step: update(self, work, grad_scale) over the entries that have a gradient, as
--- work = { {entry = e, grad = g}, ... }.
-function Optimizer:step(grad_scale)
-  self.step_count = self.step_count + 1
-  local work, owned = {}, {}
-  for _, e in ipairs(self.entries) do
-    local g, own = grad_of(e)
-    if g then
-      work[#work + 1] = { entry = e, grad = g }
-      if own then owned[#owned + 1] = g end
+-- The entries in the batches a step updates, in first-seen order: entries with a `group`
+-- (FSDP's offloaded units, whose shards live in host memory) one batch per group, the rest
+-- in one batch. A group's gradients are read just before its update, and reading them
+-- waits for that group's copy to the host only, so the CPU updates one unit while the
+-- later units' gradients are still on their way; after its update the group's entry may
+-- start what comes next (after_step: FSDP starts the next step's copy of the unit).
+local function step_batches(entries)
+  local list, of, rest = {}, {}, nil
+  for _, e in ipairs(entries) do
+    local key = e.group
+    if key == nil then
+      if not rest then rest = {}; list[#list + 1] = rest end
+      rest[#rest + 1] = e
+    else
+      if not of[key] then of[key] = {}; list[#list + 1] = of[key] end
+      table.insert(of[key], e)
     end
   end
-  self:update(work, grad_scale or 1)
-  for _, g in ipairs(owned) do g:free() end
+  return list
+end
+
+-- One step: update(self, work, grad_scale) over each batch's entries that have a gradient,
+-- as work = { {entry = e, grad = g}, ... }.
+function Optimizer:step(grad_scale)
+  self.step_count = self.step_count + 1
+  self.batches = self.batches or step_batches(self.entries)
+  for _, batch in ipairs(self.batches) do
+    local work, owned = {}, {}
+    for _, e in ipairs(batch) do
+      local g, own = grad_of(e)
+      if g then
+        work[#work + 1] = { entry = e, grad = g }
+        if own then owned[#owned + 1] = g end
+      end
+    end
+    self:update(work, grad_scale or 1)
+    for _, g in ipairs(owned) do g:free() end
+    if batch[1].after_step then batch[1].after_step() end
+  end
 end
 
 -- The optimizer's state for a checkpoint. Each entry's state tensors (f32, the entry's shape)
