@@ -451,6 +451,17 @@ static int finish_reduce(sh_flatparam *fp) {
   return rc;
 }
 
+/* The finished reduction's work holds aliases of its buffers (the flat grad and its reduced
+ * shard). On a device the grad's readers order their stream after it, so it is kept until
+ * one reads the grad. On the CPU the host waited for it: nothing is left to order, and
+ * keeping it would hold every unit's flat grad until the optimizer, a full copy of the
+ * grads (what accumulating into sharded grads across micro-batches must not cost). */
+static void keep_for_readers(sh_flatparam *fp) {
+  if (fp->device < 0) sh_comm_work_free(fp->reduce);
+  else fp->grad_ready = fp->reduce;
+  fp->reduce = NULL;
+}
+
 int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
   if (!fp->red_out) return SH_OK;
@@ -462,8 +473,7 @@ int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
   if (rc) return sh_fail_context("flatparam reduce_grad: ");
   rc = finish_reduce(fp);
   int end = sh_comm_work_then_end(fp->reduce);
-  fp->grad_ready = fp->reduce;
-  fp->reduce = NULL;
+  keep_for_readers(fp);
   if (rc || end) return sh_fail_context("flatparam reduce_grad: ");
   return SH_OK;
 }

@@ -303,12 +303,45 @@ end
 -- of a reduction on its own stream and frees its buffers in that stream's order: the host
 -- never waits, and the bound keeps the memory of reductions the same every step.
 
+-- A hybrid unit whose inner micro-batches skipped the all-reduce across replicas
+-- (set_requires_all_reduce(false)) all-reduces its whole accumulated sharded grad once, after
+-- the synced micro-batch's reduce-scatter has landed in it: the sum is linear, so that equals
+-- all-reducing every micro-batch's part.
+local function all_reduce_owed(u)
+  if not u.all_reduce_now then return end
+  local g = u.fp:grad_shard()
+  u.replicate:all_reduce(g, "avg")
+  g:free()
+  u.all_reduce_now, u.replica_owed = false, false
+end
+
 local function wait_reduces(root, keep)
   local pending = root.pending_reduces
   while #pending > keep do
     local u = table.remove(pending, 1)
     u.fp:reduce_grad_wait()
+    all_reduce_owed(u)
   end
+end
+
+-- Gradient accumulation (see fsdp.no_sync below): what this backward's post-backward does.
+-- Sync off: nothing; the unsharded grads stay on the parameters and the next backward adds
+-- into them. All-reduce off (hybrid): reduce-scatter into the sharded grad, no all-reduce.
+local function reduce_unit_grads(self, root)
+  if root.sync_grads == false then
+    self.unsynced = true
+    return
+  end
+  wait_reduces(root, root.reduces_in_flight - 1)
+  local replicate = self.replicate
+  if replicate and (root.sync_all_reduce == false or self.replica_owed) then
+    self.replica_owed = true
+    self.all_reduce_now = root.sync_all_reduce ~= false
+    replicate = nil
+  end
+  self.fp:reduce_grad_start("avg", replicate)
+  self.unsynced = false
+  table.insert(root.pending_reduces, self)
 end
 
 function Unit:post_backward()
@@ -316,12 +349,41 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   check_schedule(self, 3)
   if self.fp then
-    wait_reduces(root, root.reduces_in_flight - 1)
-    self.fp:reduce_grad_start("avg", self.replicate)
-    table.insert(root.pending_reduces, self)
+    reduce_unit_grads(self, root)
     self:reshard()
   end
   if self == root then wait_reduces(root, 0) end
+end
+
+-- Gradient accumulation over micro-batches, three ways (each equals one large batch when
+-- every micro-batch's loss is scaled by 1/K):
+--   default: every backward reduce-scatters (and, hybrid, all-reduces) into the sharded grad,
+--     which accumulates: the least memory (a shard of grads), K times the communication.
+--   fsdp.no_sync(model, fn) / model:set_requires_gradient_sync(false) (FSDP1's no_sync,
+--     FSDP2's method of that name): backwards skip every reduction; each unit's unsharded
+--     grads stay alive and accumulate locally (a full copy of the grads per rank), and the
+--     first backward with sync on reduces the sum once.
+--   model:set_requires_all_reduce(false) (hybrid): reduce-scatter every micro-batch within
+--     the shard group, all-reduce across replicas once, at the first backward with it on.
+-- The optimizer, clipping and grad_norm refuse grads that are still owed a reduction.
+function Unit:set_requires_gradient_sync(flag) self.root.sync_grads = flag ~= false; return self end
+function Unit:set_requires_all_reduce(flag) self.root.sync_all_reduce = flag ~= false; return self end
+
+local function restore_sync(root, was, ok, ...)
+  root.sync_grads = was
+  if not ok then error((...), 0) end
+  return ...
+end
+
+-- Runs fn(...) with gradient sync off (FSDP1's no_sync context); the previous setting is
+-- back afterwards, whether fn returns or raises. The backward that syncs runs outside it.
+function fsdp.no_sync(model, fn, ...)
+  local root = type(model) == "table" and rawget(model, "fsdp_unit") and model.root
+  if not root then error("fsdp.no_sync: expected a model returned by fsdp.wrap, got " .. type(model), 2) end
+  if type(fn) ~= "function" then error("fsdp.no_sync: expected a function to run without gradient sync, got " .. type(fn), 2) end
+  local was = root.sync_grads
+  root.sync_grads = false
+  return restore_sync(root, was, pcall(fn, ...))
 end
 
 function Unit:named_parameters(prefix, out, seen) return self.module:named_parameters(prefix, out, seen) end
@@ -508,6 +570,12 @@ local function unit_entries(u, names, entries)
         name = names and names[t],
         start = slot.own_start,
         grad = function()
+          if u.unsynced or u.replica_owed then
+            error(("fsdp: unit %s still owes its gradients a %s (accumulation with %s); run the last micro-batch's " ..
+                   "backward with sync on before the optimizer or clipping reads them"):format(
+              u.name == "" and "(root)" or u.name, u.unsynced and "reduction" or "all-reduce across replicas",
+              u.unsynced and "gradient sync off" or "all-reduce off"), 0)
+          end
           local g = fp:grad_shard()
           if not g then return nil end
           local v = g:narrow(1, off + 1, n)
