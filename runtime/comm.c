@@ -26,6 +26,7 @@ static sh_flight_record *g_flight;          /* this rank's flight record, when r
 static int g_timed_out;   /* a wait of this process timed out (sh_comm_wait) */
 static sh_comm *g_live;                     /* every live group, for counters and finalize */
 static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
+static double g_wait_seconds;               /* time blocked in sh_comm_wait */
 
 static const char *KIND_NAME[SH_COLL_N] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
 static const char *OP_NAME[4] = { "sum", "avg", "max", "min" };
@@ -327,6 +328,8 @@ int sh_comm_set_timeout(sh_comm *c, double seconds) {
 }
 double sh_comm_timeout(const sh_comm *c) { return c ? c->timeout : default_timeout(); }
 
+double sh_comm_wait_seconds(void) { return g_wait_seconds; }
+
 int64_t sh_comm_count(const sh_comm *c, int kind) {
   if (kind < 0 || kind >= SH_COLL_N) return 0;
   return c ? c->count[kind] : g_count[kind];
@@ -460,7 +463,11 @@ int sh_comm_wait(sh_comm_work *w) {
     int done = 0;
     int rc = sh_comm_test(w, &done);
     if (rc || done) {
-      if (polls > 0) flight_wait(w, 0, t0, sh_comm_now() - t0);
+      if (polls > 0) {
+        double waited = sh_comm_now() - t0;
+        g_wait_seconds += waited;
+        flight_wait(w, 0, t0, waited);
+      }
       return rc;
     }
     if (polls == 0) flight_wait(w, 1, t0, 0);

@@ -149,3 +149,8 @@ typedef struct sh_flight_record {
 int64_t sh_comm_count(const sh_comm *comm, int kind);
 int64_t sh_comm_bytes(const sh_comm *comm, int kind);
 void sh_comm_reset_counts(sh_comm *comm);
+/* Seconds this process has spent blocked in sh_comm_wait since it started: the communication
+ * the host could not hide behind its own work (exposed communication). A rank slower than its
+ * peers waits least, so step time minus this is the rank's own work (straggler detection).
+ * On a CUDA device the waits are on the device and this stays near zero. */
+double sh_comm_wait_seconds(void);

@@ -236,6 +236,8 @@ function M.counts()
   return t
 end
 function M.reset_counts() C.sh_comm_reset_counts(nil) end
+-- Seconds this process has spent blocked waiting for collectives (exposed communication).
+function M.wait_seconds() return C.sh_comm_wait_seconds() end
 
 function M.set_timeout(seconds) return M.init():set_timeout(seconds) end
 

@@ -100,7 +100,8 @@ end
 local lazy = { memory = "shard.memory", config = "shard.config",
                nn = "shard.nn", optim = "shard.optim", data = "shard.data",
                comm = "shard.comm", flatparam = "shard.flatparam", fsdp = "shard.fsdp",
-               safetensors = "shard.io.safetensors", profile = "shard.profile", checkpoint = "shard.checkpoint" }
+               safetensors = "shard.io.safetensors", profile = "shard.profile", checkpoint = "shard.checkpoint",
+               train = "shard.train", peak = "shard.peak", straggler = "shard.straggler" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

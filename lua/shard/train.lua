@@ -1,0 +1,309 @@
+-- shard.train: the training loop the language-model recipes share. A recipe names its model
+-- and the settings that shape it; everything else (data, sharding, optimizer, evaluation,
+-- checkpoints, logging, sampling, the metrics line) is here:
+--   require("shard.train").run{
+--     defaults = { n_layer = 4, n_embd = 128 },           -- the model's settings (overridable)
+--     build = function(cfg, vocab_size) return nn.GPT{ ... } end,
+--     block = nn.Block,                                    -- the wrap policy's unit
+--     flops_per_token = function(cfg, n_params) return 6 * n_params + ... end,
+--   }
+-- Settings every recipe takes (see COMMON): the corpus (--data, else tinyshakespeare.txt in
+-- $SHARD_DATA; only `make run`'s --demo falls back to a text every Debian machine has), the
+-- batch and schedule, --strategy (FSDP, any world size), checkpoints (--save_interval,
+-- --async_save, --keep, --resume at any world size or strategy), --grad_accum=K (the loss of
+-- a step is the mean over every target token of every micro-batch of every rank).
+--
+-- Every log_interval steps a progress line gives tokens/s, the model FLOP/s achieved per rank
+-- and MFU (against shard.peak: the measured GEMM peak on the CPU, the vendor's on a GPU), the
+-- memory peak and the communication the host waited for (exposed); the same figures go, one
+-- JSON object per line, to --metrics_file (default OUT_DIR/train.jsonl) for shard sweep and
+-- plots. At the same points each rank's own work per step is compared with the others'
+-- (shard.straggler): a rank slower than the median by --straggler_margin for
+-- --straggler_windows intervals in a row is named in a warning.
+local shard = require "shard"
+local cjson = require "cjson"
+local timer = require "shard.timer"
+
+local M = {}
+
+local SHAKESPEARE = (os.getenv("SHARD_DATA") or ((os.getenv("SHARD_HOME") or ".") .. "/../shared/data")) .. "/tinyshakespeare.txt"
+local DEMO_TEXT = "/usr/share/common-licenses/GPL-3"
+
+M.COMMON = {
+  data = "", demo = false, out_dir = "out/shakespeare_char",
+  block_size = 64, batch_size = 12,
+  lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
+  weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
+  seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
+  save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
+  metrics_file = "", straggler_margin = 0.25, straggler_windows = 3,
+}
+
+local function readable(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function corpus(cfg, env)
+  if cfg.data ~= "" then return cfg.data end
+  if readable(SHAKESPEARE) then return SHAKESPEARE end
+  if cfg.demo and readable(DEMO_TEXT) then
+    if env.rank == 0 then
+      print(("*** DEMO: %s is missing, so this run trains on %s instead (pass --data=PATH for a real corpus) ***")
+        :format(SHAKESPEARE, DEMO_TEXT))
+    end
+    return DEMO_TEXT
+  end
+  error(("no corpus: %s is missing; pass --data=PATH"):format(SHAKESPEARE), 0)
+end
+
+local function settings(recipe)
+  local defaults = {}
+  for k, v in pairs(M.COMMON) do defaults[k] = v end
+  for k, v in pairs(recipe.defaults or {}) do defaults[k] = v end
+  local cfg = shard.config(defaults)
+  if cfg.grad_accum < 1 then error(("--grad_accum=%d: expected at least 1 micro-batch per step"):format(cfg.grad_accum), 0) end
+  if not (cfg.straggler_margin > 0) then error(("--straggler_margin=%g: expected a fraction above 0 (0.25: 25%% slower)"):format(cfg.straggler_margin), 0) end
+  if cfg.straggler_windows < 1 then error(("--straggler_windows=%d: expected at least 1"):format(cfg.straggler_windows), 0) end
+  return cfg
+end
+
+-- characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
+local function prepare_data(cfg, env)
+  local dir = cfg.out_dir .. "/data"
+  if env.rank == 0 then
+    local _, ntrain, nval = shard.data.prepare_char(cfg.data, dir)
+    print(("data: %s -> %d train / %d val tokens"):format(cfg.data, ntrain, nval))
+  end
+  env.barrier()
+  return dir, shard.data.load_meta(dir .. "/meta.lua")
+end
+
+local function make_model(recipe, cfg, env, vocab_size)
+  local function build() return recipe.build(cfg, vocab_size) end
+  local model
+  if cfg.strategy == "none" then
+    if env.world > 1 then error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0) end
+    model = build()
+  else
+    -- given the constructor, wrap initialises each rank's shard only (same values as eager init)
+    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy })
+    if env.rank == 0 then print(shard.fsdp.summary(model)) end
+  end
+  if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end
+  return model
+end
+
+-- batch_size is the global batch; each rank takes its share of the same windows.
+local function loaders(cfg, env, dir)
+  local function loader(src, seed)
+    local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world, device = env.device }
+    if type(src) == "string" then o.path = src else o.tokens = src end
+    return shard.data.tokens(o)
+  end
+  local train = loader(dir .. "/train.bin", cfg.seed)
+  return train, { train = loader(train.tokens, cfg.seed + 1), val = loader(dir .. "/val.bin", cfg.seed + 2) }
+end
+
+local function estimate_loss(model, splits, cfg, env)
+  model:eval()
+  local out = {}
+  for _, name in ipairs { "train", "val" } do   -- a fixed order: every rank must issue the same collectives
+    local split = splits[name]
+    local total = 0
+    for i = 1, cfg.eval_iters do
+      local x, y = split:batch_at(i)
+      total = total + shard.no_grad(function() return model(x, y):item() end)
+      x:free(); y:free()
+    end
+    out[name] = env.all_reduce_mean(total / cfg.eval_iters)
+  end
+  model:train()
+  return out
+end
+
+local function resume(cfg, env, state)
+  local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
+  if not checkpoint.latest(ckpt_dir) then
+    if env.rank == 0 then print("resume: no checkpoint in " .. ckpt_dir .. ", starting afresh") end
+    return 0
+  end
+  local info = checkpoint.load(ckpt_dir, state)
+  if env.rank == 0 then print(("resumed from %s at step %d"):format(info.path, info.step)) end
+  return info.step
+end
+
+-- One training step of grad_accum micro-batches; returns the step's loss when `read` (a read
+-- waits for the device, so only logged steps read it).
+local function step(model, opt, train, cfg, read)
+  local xs, ys = {}, {}
+  for i = 1, cfg.grad_accum do xs[i], ys[i] = train:next() end
+  -- each micro-batch's mean loss weighted by its share of the step's target tokens on all
+  -- ranks, so the gradient is that of the whole global batch whatever each one holds
+  local gl = shard.nn.global_loss(ys)
+  local loss_sum = 0
+  for i = 1, cfg.grad_accum do
+    local loss = model(xs[i], ys[i])
+    local scaled = gl:scale(loss, i)
+    scaled:backward()
+    if read then loss_sum = loss_sum + scaled:item() end
+    loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
+  end
+  if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
+  opt:step()
+  opt:zero_grad(true)
+  return read and gl:mean(loss_sum) or nil
+end
+
+-- Throughput over a window of steps: tokens/s for the whole job, model FLOP/s per rank, MFU.
+local Meter = {}
+Meter.__index = Meter
+
+local function meter(recipe, cfg, env, model)
+  local n_params = model:num_params()
+  local per_token = recipe.flops_per_token and recipe.flops_per_token(cfg, n_params) or 6 * n_params
+  local peak = require("shard.peak").of(env.device, cfg.dtype)
+  local self = setmetatable({ env = env, per_token = per_token, peak = peak,
+                              tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum }, Meter)
+  self:restart()
+  return self
+end
+
+function Meter:restart()
+  self.t0, self.waited0, self.steps = timer.now(), require("shard.comm").wait_seconds(), 0
+end
+
+-- The window's figures; restarts the window.
+function Meter:window()
+  local seconds = timer.now() - self.t0
+  local waited = require("shard.comm").wait_seconds() - self.waited0
+  local steps = self.steps
+  local dt = seconds / steps
+  local tokens_per_s = self.tokens_per_step / dt
+  local flops = self.per_token * tokens_per_s / self.env.world      -- per rank
+  local out = { steps = steps, seconds = seconds, waited = waited, ms_per_iter = dt * 1000,
+                tokens_per_s = tokens_per_s, tflops = flops / 1e12,
+                mfu = self.peak and flops / self.peak.flops or nil,
+                exposed_comm_ms = waited / steps * 1000,
+                peak_mib = shard.memory.stats(self.env.device).peak / 2 ^ 20 }
+  self:restart()
+  return out
+end
+
+local function jsonl_writer(cfg, env)
+  local path = cfg.metrics_file ~= "" and cfg.metrics_file or (cfg.out_dir .. "/train.jsonl")
+  if env.rank ~= 0 then return function() end end
+  local f, err = io.open(path, "w")
+  if not f then error(("--metrics_file: cannot write %s: %s"):format(path, err), 0) end
+  return function(fields)
+    f:write(cjson.encode(fields), "\n")
+    f:flush()
+  end, path
+end
+
+-- One machine-readable line for shard sweep: `metrics {json}` on rank 0. peak_bytes is the
+-- largest allocator peak over the ranks (the whole run: training, evaluation, sampling).
+-- Bytes per step come from one more forward and backward after everything else, counted
+-- alone (the loop's counters would mix in evaluation and sampling): the collectives a
+-- training step issues, which the optimizer step adds none to. Its gradients are dropped,
+-- so the model is left as trained.
+local function metrics_line(model, opt, train, cfg, env, extra)
+  local comm = shard.comm
+  local x, y = train:next()
+  comm.reset_counts()
+  local loss = model(x, y)
+  loss:backward()
+  if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
+  local counts, bytes = comm.counts(), {}
+  local total = 0
+  for kind in pairs(counts) do bytes[kind] = comm.bytes(kind); total = total + bytes[kind] end
+  opt:zero_grad(true)
+  loss:free(); x:free(); y:free()
+  local peak = shard.tensor({ shard.memory.stats(env.device).peak }, { dtype = "f64" })
+  env.group:all_reduce(peak, "max")
+  local fields = { world = env.world, strategy = cfg.strategy, peak_bytes = peak:get({ 1 }),
+                   comm_bytes_per_step = total, comm_bytes_by_kind = bytes, collectives_per_step = counts }
+  for k, v in pairs(extra) do fields[k] = v end
+  peak:free()
+  if env.rank == 0 then print("metrics " .. cjson.encode(fields)); io.stdout:flush() end
+end
+
+local function median(values)
+  if #values == 0 then return nil end
+  local s = {}
+  for i, v in ipairs(values) do s[i] = v end
+  table.sort(s)
+  return s[math.floor((#s + 1) / 2)]
+end
+
+function M.run(recipe)
+  local cfg = settings(recipe)
+  local env = shard.init{ device = cfg.device }
+  shard.manual_seed(cfg.seed)
+  cfg.data = corpus(cfg, env)
+  local dir, tok = prepare_data(cfg, env)
+  local model = make_model(recipe, cfg, env, tok.vocab_size)
+
+  local optim = shard.optim
+  local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay })
+  local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
+  local train, splits = loaders(cfg, env, dir)
+  local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
+  local start = cfg.resume and resume(cfg, env, { model = model, optim = opt, data = train }) or 0
+
+  local write = jsonl_writer(cfg, env)
+  local watch = require("shard.straggler").new{ group = env.group, margin = cfg.straggler_margin, windows = cfg.straggler_windows }
+  local meter = meter(recipe, cfg, env, model)
+  write{ event = "start", device = env.device, world = env.world, strategy = cfg.strategy,
+         n_params = model:num_params(), flops_per_token = meter.per_token, tokens_per_step = meter.tokens_per_step,
+         peak_tflops = meter.peak and meter.peak.flops / 1e12, peak_source = meter.peak and meter.peak.source }
+  local rates, mfus = {}, {}
+  for it = start, cfg.max_iters do
+    if it % cfg.eval_interval == 0 or it == cfg.max_iters then
+      local l = estimate_loss(model, splits, cfg, env)
+      shard.log(it, { train_loss = l.train, val_loss = l.val }, { "train_loss", "val_loss" })
+      write{ iter = it, train_loss = l.train, val_loss = l.val }
+      meter:restart()
+    end
+    if it == cfg.max_iters then break end
+    opt:set_lr(lr_at(it))
+    local logging = it % cfg.log_interval == 0
+    local loss = step(model, opt, train, cfg, logging)
+    meter.steps = meter.steps + 1
+    if logging then
+      local w = meter:window()
+      rates[#rates + 1], mfus[#mfus + 1] = w.tokens_per_s, w.mfu
+      shard.log(it, { loss = loss, ms_per_iter = w.ms_per_iter, tokens_per_s = w.tokens_per_s, lr = opt.lr,
+                      tflops = w.tflops, mfu = w.mfu, peak_mib = w.peak_mib, exposed_comm_ms = w.exposed_comm_ms },
+                { "loss", "ms_per_iter", "tokens_per_s", "lr", "tflops", "mfu", "peak_mib", "exposed_comm_ms" })
+      write{ iter = it, loss = loss, ms_per_iter = w.ms_per_iter, tokens_per_s = w.tokens_per_s, lr = opt.lr,
+             tflops = w.tflops, mfu = w.mfu, peak_bytes = w.peak_mib * 2 ^ 20, exposed_comm_ms = w.exposed_comm_ms,
+             world = env.world, strategy = cfg.strategy }
+      for _, warning in ipairs(watch:observe(w.steps, w.seconds, w.waited)) do
+        if env.rank == 0 then io.stderr:write("shard: warning: ", warning, "\n") end
+      end
+    end
+    if cfg.save_interval > 0 and (it + 1) % cfg.save_interval == 0 then
+      checkpoint.save(ckpt_dir, { model = model, optim = opt, step = it + 1, data = train, config = cfg,
+                                  keep = cfg.keep, async = cfg.async_save })
+    end
+  end
+  checkpoint.wait()    -- an asynchronous save still writing
+
+  -- where memory went on this rank (peak and the bytes by tag at the peak)
+  if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end
+
+  if cfg.sample_tokens > 0 and model.generate then   -- every rank runs it: a sharded model's forward is collective
+    local first = shard.tensor({ { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
+    local out = model:generate(first, cfg.sample_tokens, 0.8, 200)
+    if env.rank == 0 then
+      print("---- sample ----")
+      print(tok.decode(out:tolist()[1]))
+    end
+  end
+  metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(rates), mfu = median(mfus) })
+  return { model = model, cfg = cfg, env = env }
+end
+
+return M

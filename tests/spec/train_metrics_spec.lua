@@ -1,0 +1,62 @@
+-- Per-step throughput people compare (issue 19, item 8): the recipe's progress line carries
+-- tokens/s, the model TFLOP/s per rank, MFU against the peak, the memory peak and the exposed
+-- communication; the same figures go to the run's JSONL file. Checked against figures
+-- computed here from the model's own parameter count and the formula in the recipe (6 FLOPs
+-- per parameter per token plus attention's 12 * layers * width * context), not read back
+-- from shard.train.
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+local cjson = require "cjson"
+local shard = require "shard"
+local TEXT = "/usr/share/common-licenses/GPL-3"
+local L, H, C, T = 2, 2, 32, 16
+local ARGS = (" --data=%s --n_layer=%d --n_head=%d --n_embd=%d --block_size=%d --batch_size=4"
+  .. " --max_iters=4 --eval_interval=4 --eval_iters=1 --log_interval=1 --sample_tokens=0 --warmup=2"):format(TEXT, L, H, C, T)
+
+local function records(path)
+  local out = {}
+  for line in io.lines(path) do out[#out + 1] = cjson.decode(line) end
+  return out
+end
+
+local function close(a, b, rel) return math.abs(a - b) <= rel * math.max(math.abs(a), math.abs(b)) end
+
+describe("the training loop's throughput figures", function()
+  for _, world in ipairs { 1, 2 } do
+    it(("at world %d: progress line and JSONL agree with FLOPs counted here"):format(world), function()
+      local dir = "/tmp/shard_train_metrics_" .. world
+      local cmd = world == 1 and "run recipes/gpt_shakespeare_char.lua" or "launch --nproc 2 recipes/gpt_shakespeare_char.lua --strategy=full_shard"
+      local out, code = support.shard(("%s --out_dir=%s%s"):format(cmd, dir, ARGS))
+      assert.equal(0, code, out)
+      local recs = records(dir .. "/train.jsonl")
+      local start = recs[1]
+      assert.equal("start", start.event, out)
+      -- the vocabulary is the corpus's characters: read it from the prepared data
+      local vocab = shard.data.load_meta(dir .. "/data/meta.lua").vocab_size
+      local n = shard.nn.GPT{ n_layer = L, n_head = H, n_embd = C, block_size = T, vocab_size = vocab, bias = false }:num_params()
+      assert.equal(n, start.n_params)
+      assert.equal(6 * n + 12 * L * C * T, start.flops_per_token)
+      assert.equal(4 * T, start.tokens_per_step)
+      assert.is_true(start.peak_tflops > 0, out)
+      local steps = 0
+      for _, r in ipairs(recs) do
+        if r.tokens_per_s then
+          steps = steps + 1
+          local per_rank = r.tokens_per_s * start.flops_per_token / world
+          assert.is_true(close(r.tflops, per_rank / 1e12, 1e-9), cjson.encode(r))
+          assert.is_true(close(r.mfu, r.tflops / start.peak_tflops, 1e-9), cjson.encode(r))
+          assert.is_true(close(r.tokens_per_s, start.tokens_per_step / (r.ms_per_iter / 1000), 1e-9), cjson.encode(r))
+          assert.is_true(r.peak_bytes > 0 and r.exposed_comm_ms >= 0, cjson.encode(r))
+          if world == 1 then assert.equal(0, r.exposed_comm_ms) end
+          -- the progress line shows the same step's figures
+          local line = out:match(("iter %d | loss [^\n]*"):format(r.iter))
+          assert.is_truthy(line, out)
+          local shown = tonumber(line:match("| mfu ([%d%.e%-+]+)"))   -- printed to 4 decimals or 4 digits
+          assert.is_true(math.abs(shown - r.mfu) <= 5e-5 + 1e-3 * r.mfu, line)
+          assert.is_truthy(line:find("| exposed_comm_ms ", 1, true), line)
+          assert.is_truthy(line:find("| peak_mib ", 1, true), line)
+        end
+      end
+      assert.equal(4, steps, out)
+    end)
+  end
+end)
