@@ -41,6 +41,7 @@ M.COMMON = {
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
   save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
   metrics_file = "", straggler_margin = 0.25, straggler_windows = 3, accum_sync = "every",
+  hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
 }
 
 local ACCUM_SYNC = { every = true, last = true, replica_last = true }
@@ -108,7 +109,8 @@ local function make_model(recipe, cfg, env, vocab_size)
     model = build()
   else
     -- given the constructor, wrap initialises each rank's shard only (same values as eager init)
-    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy })
+    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy,
+                                            hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group })
     if env.rank == 0 then print(shard.fsdp.summary(model)) end
   end
   if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end

@@ -1,4 +1,4 @@
--- The recipe's --accum_sync (shard.train): under hybrid_shard at 4 ranks (2 x 2) with
+-- The recipe's --accum_sync (shard.train): under hybrid_shard at 4 ranks (--hybrid_group=2) with
 -- --grad_accum=3, skipping both reductions on the inner micro-batches (last) or only the
 -- all-reduce across groups (replica_last) gives the loss curve of one process on the same
 -- global batch; bad values stop with a message naming the option.
@@ -23,7 +23,7 @@ describe("--accum_sync", function()
   for _, mode in ipairs { "last", "replica_last" } do
     it(("=%s under hybrid_shard at 4 ranks gives one process's loss curve"):format(mode), function()
       assert.equal(0, rc, single)
-      local out, code = run(("launch --nproc 4 recipes/gpt_shakespeare_char.lua --strategy=hybrid_shard --accum_sync=%s --out_dir=/tmp/shard_accum_%s%s")
+      local out, code = run(("launch --nproc 4 recipes/gpt_shakespeare_char.lua --strategy=hybrid_shard --hybrid_group=2 --accum_sync=%s --out_dir=/tmp/shard_accum_%s%s")
         :format(mode, mode, ARGS))
       assert.equal(0, code, out)
       local a, b = losses(single), losses(out)
