@@ -14,6 +14,10 @@
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
 -- all-reduce across the groups).
 -- Shared parameters stay with the closest unit over all their users (split_shared below).
+-- ignored_params / ignored_modules: left out of every FlatParameter, replicated on every
+-- rank, their grads all-reduced at the end of the backward (none when frozen). Frozen and
+-- trainable parameters in one unit: two FlatParameters (split_frozen). Accumulation over
+-- micro-batches: fsdp.no_sync, set_requires_gradient_sync, set_requires_all_reduce.
 -- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
 -- unit's collectives and name a unit some ranks skipped, instead of failing inside MPI.
 local A = require "shard.autograd"
@@ -152,6 +156,26 @@ local function param_names(module, prefix, out)
   return out
 end
 
+-- ignored_params / ignored_modules (wrap options) stay out of every FlatParameter.
+local function without_ignored(params, ignored)
+  if not ignored then return params end
+  local out = {}
+  for _, t in ipairs(params) do if not ignored[t] then out[#out + 1] = t end end
+  return out
+end
+
+-- Frozen and trainable parameters in one unit (LoRA-style) go to two FlatParameters: the
+-- frozen ones' (a companion unit, `frozen_part`) is gathered and resharded with the unit's and
+-- never reduced, so no frozen gradient is computed (the backward formulas skip inputs that do
+-- not require grad) nor sent (a shared flat buffer would reduce-scatter their zeros).
+local function split_frozen(params)
+  local trainable, frozen = {}, {}
+  for _, t in ipairs(params) do
+    if t.p.requires_grad ~= 0 then trainable[#trainable + 1] = t else frozen[#frozen + 1] = t end
+  end
+  return trainable, frozen
+end
+
 function Unit:init(module, name, opts, root, params, left)
   self.fsdp_unit = true
   self.left = left
@@ -179,9 +203,15 @@ function Unit:init(module, name, opts, root, params, left)
     if replicate and replicate:size() == 1 then replicate = nil end
   end
   self.group, self.replicate = group, replicate
-  self.params = params or own_params(module)
+  self.params = without_ignored(params or own_params(module), opts.ignored_set)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
+  local trainable, frozen = split_frozen(self.params)
+  self.trainable = #trainable > 0
+  if self.trainable and #frozen > 0 then
+    self.params = trainable
+    self.frozen_part = Unit(module, name .. " (frozen)", opts, root, frozen)
+  end
   local mp = opts.mixed_precision or {}
   -- Gradients are reduced in f32 unless `reduce` says otherwise, even when the parameters
   -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
@@ -200,10 +230,17 @@ function Unit:numel() return self.info.numel end
 -- The gather state is the FlatParameter's (fp:state()); these only say what the schedule
 -- wants. unshard waits for a prefetch or gathers now; prefetch starts a gather unless one
 -- is started or done; reshard frees the full parameters of a sharded unit.
-function Unit:unshard() if self.fp then self.fp:unshard() end end
-function Unit:prefetch() if self.fp then self.fp:unshard_start() end end
+function Unit:unshard()
+  if self.fp then self.fp:unshard() end
+  if self.frozen_part then self.frozen_part:unshard() end
+end
+function Unit:prefetch()
+  if self.fp then self.fp:unshard_start() end
+  if self.frozen_part then self.frozen_part:prefetch() end
+end
 function Unit:reshard()
   if self.fp and self.mode.shard and self.fp:state() == "unsharded" then self.fp:reshard() end
+  if self.frozen_part then self.frozen_part:reshard() end
 end
 
 -- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
@@ -288,7 +325,7 @@ end
 function Unit:pre_backward()
   check_schedule(self, 2)
   self:unshard()
-  if self.fp then self.fp:prepare_grads() end
+  if self.fp and self.trainable then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
     for k = 1, self.root.prefetch_depth do
       local prev = self.root.order[(self.index or 1) - k]
@@ -324,6 +361,23 @@ local function wait_reduces(root, keep)
   end
 end
 
+-- Ignored parameters are replicated on every rank: their grads are averaged over the world at
+-- the end of the backward, one all-reduce each, in the same order everywhere (a rank that
+-- gave one no gradient sends zeros). Frozen ones have no grad and are skipped.
+local function reduce_ignored(root)
+  local w = fsdp.world()
+  for _, t in ipairs(root.ignored) do
+    if t.p.requires_grad ~= 0 then
+      if t.p.grad == nil then
+        local z = shard_tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
+        shard_tensor.set_grad(t, z)
+        z:free()
+      end
+      if w:size() > 1 then w:all_reduce(shard_tensor.borrow(t.p.grad), "avg") end
+    end
+  end
+end
+
 -- Gradient accumulation (see fsdp.no_sync below): what this backward's post-backward does.
 -- Sync off: nothing; the unsharded grads stay on the parameters and the next backward adds
 -- into them. All-reduce off (hybrid): reduce-scatter into the sharded grad, no all-reduce.
@@ -349,10 +403,13 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   check_schedule(self, 3)
   if self.fp then
-    reduce_unit_grads(self, root)
+    if self.trainable then reduce_unit_grads(self, root) end
     self:reshard()
   end
-  if self == root then wait_reduces(root, 0) end
+  if self == root then
+    wait_reduces(root, 0)
+    if root.sync_grads ~= false then reduce_ignored(root) end
+  end
 end
 
 -- Gradient accumulation over micro-batches, three ways (each equals one large batch when
@@ -479,6 +536,35 @@ local function limit_option(opts, name, default, least)
   return v
 end
 
+-- opts.ignored_params (tensors) and opts.ignored_modules (modules: all their parameters): a
+-- set, and the list in the model's parameter order (the same on every rank: their grads are
+-- all-reduced in that order).
+local function ignored_params(model, opts)
+  local set, any = {}, false
+  for i, t in ipairs(opts.ignored_params or {}) do
+    if not shard_tensor.is_tensor(t) then
+      error(("fsdp.wrap: ignored_params[%d] is a %s, not a parameter tensor"):format(i, type(t)), 3)
+    end
+    set[t], any = true, true
+  end
+  for i, m in ipairs(opts.ignored_modules or {}) do
+    if type(m) ~= "table" or not m._params then
+      error(("fsdp.wrap: ignored_modules[%d] is a %s, not a module"):format(i, type(m)), 3)
+    end
+    for _, t in ipairs(m:parameters()) do set[t], any = true, true end
+  end
+  if not any then return nil, {} end
+  local list, known = {}, {}
+  for _, np in ipairs(model:named_parameters()) do
+    known[np.tensor] = true
+    if set[np.tensor] then list[#list + 1] = np.tensor end
+  end
+  for t in pairs(set) do
+    if not known[t] then error(("fsdp.wrap: an ignored parameter (%s) is not a parameter of the model"):format(t:describe()), 3) end
+  end
+  return set, list
+end
+
 -- Wraps model; returns the root unit (any field it lacks comes from the model).
 -- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
 -- the full parameters, and each fills its shard with the values an eager init would give.
@@ -496,17 +582,23 @@ function fsdp.wrap(model, opts)
   if type(model) == "function" then model, recipes = Module.deferred(model) end
   if opts.sync_module_states then fsdp.sync_module_states(model) end
   if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
+  local ignored_set, ignored = ignored_params(model, opts)
+  if ignored_set then opts = setmetatable({ ignored_set = ignored_set }, { __index = opts }) end
   local units = {}
   local users = param_users(model, "")
   apply_policy(model, "", opts.policy, opts, units, users)
   local root = Unit(model, "", opts, nil)
   root.units = units
-  for _, u in ipairs(units) do u.root = root end
+  root.ignored = ignored
   root.is_root = true
   root.prefetch_depth = limit_option(opts, "prefetch", 1, 0)
   root.reduces_in_flight = limit_option(opts, "reduces_in_flight", 2, 1)
-  root.all_units = { root }
-  for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
+  root.all_units = {}
+  for _, u in ipairs { root, unpack(units) } do
+    u.root = root
+    root.all_units[#root.all_units + 1] = u
+    if u.frozen_part then u.frozen_part.root = root; root.all_units[#root.all_units + 1] = u.frozen_part end
+  end
   root.names = param_names(model, "")
   for i, u in ipairs(root.all_units) do u.uid = i - 1 end
   local check = opts.check_schedule
@@ -588,16 +680,31 @@ local function unit_entries(u, names, entries)
   return entries
 end
 
+-- Entries for the trainable ignored parameters: the whole tensor (an alias the caller frees;
+-- each rank updates its replica with the same averaged grad) and an alias of its grad.
+local function ignored_entries(root, entries)
+  for _, t in ipairs(root.ignored or {}) do
+    if t.p.requires_grad ~= 0 then
+      entries[#entries + 1] = {
+        tensor = t:alias(), decay = t:dim() >= 2, name = root.names[t], start = 0,
+        grad = function() return t.p.grad ~= nil and shard_tensor.borrow(t.p.grad):alias() or nil end,
+      }
+    end
+  end
+  return entries
+end
+
 function Unit:optim_groups()
   local entries = {}
   for _, u in ipairs(self.all_units) do unit_entries(u, self.names, entries) end
-  return entries
+  return ignored_entries(self, entries)
 end
 
 function Unit:zero_grad(set_to_none)
   for _, u in ipairs(self.all_units or { self }) do
     if u.fp then u.fp:zero_grad(set_to_none ~= false) end
   end
+  for _, t in ipairs(self.root.ignored or {}) do t:zero_grad(set_to_none) end
 end
 
 -- Norm of every sharded gradient: one part summed on the device, one all-reduce over the
@@ -608,14 +715,17 @@ function Unit:grad_norm(norm_type)
   local w = fsdp.world()
   local world_size = w:size()
   local grads, weights = {}, {}
-  for _, u in ipairs(self.all_units) do
-    local replicas = world_size / (u.mode.shard and u.group:size() or 1)
-    for _, e in ipairs(unit_entries(u, nil, {})) do
+  local function add(entries, replicas)
+    for _, e in ipairs(entries) do
       local g = e.grad()
       if g then grads[#grads + 1] = g; weights[#grads] = 1 / replicas end
       e.tensor:free()
     end
   end
+  for _, u in ipairs(self.all_units) do
+    add(unit_entries(u, nil, {}), world_size / (u.mode.shard and u.group:size() or 1))
+  end
+  add(ignored_entries(self, {}), world_size)
   local t = optim.norm_part_tensor(grads, norm_type, weights)
   for _, g in ipairs(grads) do g:free() end
   w:all_reduce(t, norm_type == math.huge and "max" or "sum")
@@ -632,6 +742,7 @@ function Unit:clip_grad_norm(max_norm, norm_type)
       local g = u.fp and u.fp:grad_shard()
       if g then g:scale_(coef); g:free() end
     end
+    for _, t in ipairs(self.ignored) do if t.p.grad ~= nil then shard_tensor.borrow(t.p.grad):scale_(coef) end end
   end
   return total
 end
