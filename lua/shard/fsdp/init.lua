@@ -7,8 +7,11 @@
 --   forward   pre: unshard (wait a prefetch), prefetch the next unit; post: reshard
 --   backward  pre: unshard, prefetch the previous unit; post: reduce-scatter grads, reshard
 -- Limits on what is in flight (shard.memory.stats().in_flight shows them): prefetch = N
--- units gathered ahead of the one computing (default 1, 0 = none; the seed's
--- limit_all_gathers), reduces_in_flight = N flat grads reducing at once (default 2).
+-- units gathered ahead of the one computing (default 1, 0 = none), limit_all_gathers = K
+-- (FSDP1's rate limiter: no prefetch starts while K of the model's units are gathered, the
+-- one computing included; default none), forward_prefetch = false (gather each unit only when
+-- its forward runs; backward_prefetch = false likewise), reduces_in_flight = N flat grads
+-- reducing at once (default 2).
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
@@ -296,6 +299,24 @@ local function check_schedule(self, phase)
     table.concat(others, ", "), step, table.concat(where, "; ")), 0)
 end
 
+-- Units of this model whose full parameters exist (gathered or gathering); a no_shard unit's
+-- full parameters are its shard, so it never counts.
+local function gathered(root)
+  local n = 0
+  for _, u in ipairs(root.all_units) do
+    if u.fp and u.mode.shard and u.fp:state() ~= "sharded" then n = n + 1 end
+  end
+  return n
+end
+
+-- Starts u's gather ahead of its use unless limit_all_gathers units are gathered already
+-- (then u gathers when it runs, as without prefetch).
+local function try_prefetch(root, u)
+  if u.fp and u.fp:state() ~= "sharded" then return end
+  if root.gather_limit and gathered(root) >= root.gather_limit then return end
+  u:prefetch()
+end
+
 function Unit:forward(...)
   local root = self.root
   if self == root then root.step = (root.step or 0) + 1 end
@@ -304,10 +325,10 @@ function Unit:forward(...)
   local order = root.order
   if root.recording_order then order[#order + 1] = self; self.index = #order end
   self:unshard()
-  if not root.recording_order then
+  if not root.recording_order and root.opts.forward_prefetch ~= false then
     for k = 1, root.prefetch_depth do
       local nxt = order[(self.index or 0) + k]
-      if nxt and nxt.mode.reshard_after_forward then nxt:prefetch() end
+      if nxt and nxt.mode.reshard_after_forward then try_prefetch(root, nxt) end
     end
   end
   local recording = A.grad_enabled
@@ -329,7 +350,7 @@ function Unit:pre_backward()
   if self.root.opts.backward_prefetch ~= false then
     for k = 1, self.root.prefetch_depth do
       local prev = self.root.order[(self.index or 1) - k]
-      if prev then prev:prefetch() end
+      if prev then try_prefetch(self.root, prev) end
     end
   end
 end
@@ -593,6 +614,7 @@ function fsdp.wrap(model, opts)
   root.is_root = true
   root.prefetch_depth = limit_option(opts, "prefetch", 1, 0)
   root.reduces_in_flight = limit_option(opts, "reduces_in_flight", 2, 1)
+  root.gather_limit = limit_option(opts, "limit_all_gathers", nil, 1)
   root.all_units = {}
   for _, u in ipairs { root, unpack(units) } do
     u.root = root
