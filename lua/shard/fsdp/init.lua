@@ -602,7 +602,7 @@ function fsdp.wrap(model, opts)
   local recipes
   if type(model) == "function" then model, recipes = Module.deferred(model) end
   if opts.sync_module_states then fsdp.sync_module_states(model) end
-  if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
+  if opts.checkpoint then Module.checkpoint(model, opts.checkpoint, { keep = opts.checkpoint_keep }) end
   local ignored_set, ignored = ignored_params(model, opts)
   if ignored_set then opts = setmetatable({ ignored_set = ignored_set }, { __index = opts }) end
   local units = {}
