@@ -491,6 +491,20 @@ int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {
   return SH_OK;
 }
 
+int sh_flatparam_drop_local_grads(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam drop_local_grads: expected a FlatParameter, got nil");
+  if (fp->reduce || fp->red_out)
+    return sh_fail(SH_ERR_ARG, "flatparam drop_local_grads: a reduce_grad is in flight; wait for it first");
+  for (int i = 0; i < fp->n; i++) {
+    fp_slot *s = &fp->slots[i];
+    if (s->tied_to >= 0 || !s->p->grad) continue;
+    sh_tensor_destroy(s->p->grad);
+    s->p->grad = NULL;
+  }
+  drop_reduce_buffers(fp);
+  return SH_OK;
+}
+
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
 void sh_flatparam_destroy(sh_flatparam *fp) {

@@ -9,7 +9,8 @@
 -- after the steps; the step's reduce-scatters and all-reduces are counted (U units: K*U when
 -- every micro-batch reduces, U when only the last does); the grad memory held between micro-
 -- batches is exactly the sharded grads (every, replica) or every unit's unsharded flat grad
--- (no_sync, sync_off); and the optimizer refuses grads still owed a reduction.
+-- (no_sync, sync_off); the optimizer refuses grads still owed a reduction; and zero_grad
+-- after an abandoned accumulation drops the unreduced grads it left.
 local shard = require "shard"
 local env = shard.init()
 local fsdp, nn, optim, comm = shard.fsdp, shard.nn, shard.optim, shard.comm
@@ -119,6 +120,12 @@ for _, strategy in ipairs(strategies) do
     local model = fsdp.wrap(build, { policy = fsdp.policy.transformer{ nn.Block }, strategy = strategy, hybrid_group = 2 })
     local opt = new_opt(model)
     local what = ("%s %s"):format(strategy, mode)
+    -- an accumulation abandoned half-way: zero_grad drops what it left (unreduced grads)
+    local jx, jy = batch(99)
+    local x, y = micro(jx, 1), micro(jy, 1)
+    run_micro(model, mode, x, y, 1)
+    opt:zero_grad(true)
+    jx:free(); jy:free(); x:free(); y:free()
     for step = 1, STEPS do
       local gx, gy = batch(step)
       local grad_before = shard.memory.stats().by_tag.grad

@@ -722,9 +722,13 @@ function Unit:optim_groups()
   return ignored_entries(self, entries)
 end
 
+-- Also drops what accumulation left owed: unsharded grads kept with sync off, and a hybrid
+-- unit's pending all-reduce (its sharded grad is gone).
 function Unit:zero_grad(set_to_none)
   for _, u in ipairs(self.all_units or { self }) do
     if u.fp then u.fp:zero_grad(set_to_none ~= false) end
+    if u.unsynced then u.fp:drop_local_grads() end
+    u.unsynced, u.replica_owed = false, false
   end
   for _, t in ipairs(self.root.ignored or {}) do t:zero_grad(set_to_none) end
 end
