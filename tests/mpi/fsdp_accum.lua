@@ -126,6 +126,7 @@ for _, strategy in ipairs(strategies) do
     run_micro(model, mode, x, y, 1)
     opt:zero_grad(true)
     jx:free(); jy:free(); x:free(); y:free()
+    local held_at, counts_at = 0, ""
     for step = 1, STEPS do
       local gx, gy = batch(step)
       local grad_before = shard.memory.stats().by_tag.grad
@@ -137,6 +138,7 @@ for _, strategy in ipairs(strategies) do
         if i == K - 1 then
           local held = shard.memory.stats().by_tag.grad - grad_before
           local want = expected_grad_bytes(model, mode)
+          held_at = held
           if held ~= want then fail("%s step %d: %d grad bytes held between micro-batches, expected %d", what, step, held, want) end
           if (mode == "no_sync" or mode == "replica" and fsdp.STRATEGIES[strategy].hybrid) and step == 1 then
             local ok, err = pcall(model.grad_norm, model)
@@ -148,6 +150,7 @@ for _, strategy in ipairs(strategies) do
       end
       local rs, ar = comm.count("reduce_scatter"), comm.count("all_reduce")
       local want_rs, want_ar = expected_counts(model, strategy, mode)
+      counts_at = ("%d reduce-scatters, %d all-reduces"):format(rs, ar)
       if rs ~= want_rs or ar ~= want_ar then
         fail("%s step %d: %d reduce-scatters and %d all-reduces, expected %d and %d", what, step, rs, ar, want_rs, want_ar)
       end
@@ -159,7 +162,10 @@ for _, strategy in ipairs(strategies) do
     model:set_requires_gradient_sync(true); model:set_requires_all_reduce(true)
     local w, where = worst_of(model, ref_params, function(e) return e.tensor:clone() end)
     if w > 1e-6 then fail("%s: parameters after %d steps differ from one process by %.3g at %s", what, STEPS, w, where) end
-    if rank == 0 then print(("%s world %d, K = %d: grads and parameters match one process (%.3g)"):format(what, size, K, w)) end
+    if rank == 0 then
+      print(("%s world %d, K = %d: grads and parameters match one process (%.3g); a step: %s; %d grad bytes held between micro-batches"):format(
+        what, size, K, w, counts_at, held_at))
+    end
   end
 end
 env.barrier()
