@@ -8,10 +8,10 @@
 --   backward  pre: unshard, prefetch the previous unit; post: reduce-scatter grads, reshard
 -- Limits on what is in flight (shard.memory.stats().in_flight shows them): prefetch = N
 -- units gathered ahead of the one computing (default 1, 0 = none), limit_all_gathers = K
--- (FSDP1's rate limiter: no prefetch starts while K of the model's units are gathered, the
--- one computing included; default none), forward_prefetch = false (gather each unit only when
--- its forward runs; backward_prefetch = false likewise), reduces_in_flight = N flat grads
--- reducing at once (default 2).
+-- (FSDP1's rate limiter: no prefetch starts while K of the model's FlatParameters are
+-- gathered, the computing unit's included; default none), forward_prefetch = false (gather
+-- each unit only when its forward runs; backward_prefetch = false likewise),
+-- reduces_in_flight = N flat grads reducing at once (default 2).
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
