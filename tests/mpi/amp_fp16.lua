@@ -6,7 +6,8 @@
 -- the scale; after growth_interval = 2 clean steps the scale doubles. Also checked: unscaled
 -- gradients equal the f32 reference's within f16's resolution (a missing unscale is off by
 -- the scale), the losses follow the reference (which skips the same step) within 1%, and the
--- scaler's state comes back through opt:state_dict() and through shard.checkpoint.
+-- scaler's state comes back through opt:state_dict() and through shard.checkpoint. And from a
+-- scale of 2^24 real f16 overflows skip steps and halve the scale until steps go through.
 local shard = require "shard"
 local env = shard.init()
 local fsdp, nn, optim, amp = shard.fsdp, shard.nn, shard.optim, require "shard.amp"
@@ -125,6 +126,33 @@ for step = 1, STEPS do
   end
   opt:zero_grad(true)
   loss:free(); scaled:free(); x:free()
+end
+
+-- a real overflow: at 2^24 the scaled logits' gradient (about scale / tokens) passes f16's
+-- 65504 in the f16 backward; the scaler backs off (every rank alike) until steps go through
+do
+  local m = fsdp.wrap(build, { policy = fsdp.policy.transformer{ nn.Block }, strategy = "full_shard",
+                               mixed_precision = { param = "f16", reduce = "f32" } })
+  local o = new_opt(m)
+  local sc = amp.GradScaler(o, { init_scale = 2 ^ 24, growth_interval = 100 })
+  local skipped, first_ok = 0, nil
+  for step = 1, 12 do
+    local gx = batch(step)
+    local x = gx:narrow(1, rank * B + 1, B):contiguous(); gx:free()
+    local loss = m(x, x)
+    local scaled = sc:scale(loss)
+    scaled:backward()
+    if sc:step() then first_ok = first_ok or step else skipped = skipped + 1 end
+    sc:update()
+    o:zero_grad(true)
+    loss:free(); scaled:free(); x:free()
+  end
+  local scale = env.all_reduce_mean(sc:get_scale())
+  if skipped == 0 or not first_ok or scale ~= sc:get_scale() or sc:get_scale() ~= 2 ^ (24 - skipped) then
+    fail("natural overflow from 2^24: %d skipped, first step taken %s, scale %g (mean over ranks %g)", skipped,
+      tostring(first_ok), sc:get_scale(), scale)
+  end
+  if rank == 0 then print(("from scale 2^24: %d steps skipped on f16 overflow, then steps at 2^%d"):format(skipped, 24 - skipped)) end
 end
 
 -- the state travels with the optimizer's
