@@ -620,6 +620,17 @@ static int finish_reduce(sh_flatparam *fp) {
   return rc;
 }
 
+/* The finished reduction's work holds aliases of its buffers (the flat grad and its reduced
+ * shard). On a device the grad's readers order their stream after it, so it is kept until
+ * one reads the grad. On the CPU the host waited for it: nothing is left to order, and
+ * keeping it would hold every unit's flat grad until the optimizer, a full copy of the
+ * grads (what accumulating into sharded grads across micro-batches must not cost). */
+static void keep_for_readers(sh_flatparam *fp) {
+  if (fp->device < 0) sh_comm_work_free(fp->reduce);
+  else fp->grad_ready = fp->reduce;
+  fp->reduce = NULL;
+}
+
 int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
   if (!fp) return sh_fail(SH_ERR_ARG, "flatparam reduce_grad: expected a FlatParameter, got nil");
   if (!fp->red_out) return SH_OK;
@@ -631,8 +642,7 @@ int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
   if (rc) return sh_fail_context("flatparam reduce_grad: ");
   rc = finish_reduce(fp);
   int end = sh_comm_work_then_end(fp->reduce);
-  fp->grad_ready = fp->reduce;
-  fp->reduce = NULL;
+  keep_for_readers(fp);
   if (rc || end) return sh_fail_context("flatparam reduce_grad: ");
   return SH_OK;
 }
@@ -652,6 +662,20 @@ int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {
   }
   fp->has_grad = 0;
   if (free_it) { sh_tensor_destroy(fp->grad); fp->grad = NULL; }
+  return SH_OK;
+}
+
+int sh_flatparam_drop_local_grads(sh_flatparam *fp) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam drop_local_grads: expected a FlatParameter, got nil");
+  if (fp->reduce || fp->red_out)
+    return sh_fail(SH_ERR_ARG, "flatparam drop_local_grads: a reduce_grad is in flight; wait for it first");
+  for (int i = 0; i < fp->n; i++) {
+    fp_slot *s = &fp->slots[i];
+    if (s->tied_to >= 0 || !s->p->grad) continue;
+    sh_tensor_destroy(s->p->grad);
+    s->p->grad = NULL;
+  }
+  drop_reduce_buffers(fp);
   return SH_OK;
 }
 

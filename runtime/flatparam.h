@@ -117,6 +117,10 @@ int sh_flatparam_reduce_grad_wait(sh_flatparam *fp);
 /* Forgets the sharded grad (the next reduce_grad sets it instead of adding); with free_it
  * the buffer is released too. */
 int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it);
+/* Drops the unsharded grads that backwards left on the parameters without reducing them
+ * (gradient accumulation with sync off) and their flat buffer. An error while a reduce_grad
+ * is in flight. */
+int sh_flatparam_drop_local_grads(sh_flatparam *fp);
 
 /* Aliases of the local shards for the optimizer (in-place updates reach the FlatParameter):
  * the parameter shard (master dtype, 1-D, shard_numel) and the sharded grad (*out = NULL

@@ -241,15 +241,93 @@ function A.backward(root, gradient)
   if not ok then A.clear(); error(err, 0) end
 end
 
+-- Selective checkpointing: ops named in a keep set (A.KEEPABLE: the matmuls and attention,
+-- whose outputs cost the most to recompute for their size) have their results saved by the
+-- checkpointed forward and handed back, in call order, when the backward re-runs it; every
+-- other op (norms, activations, residual adds, copies) is recomputed. shard.functional's
+-- kept ops call A.replay before their forward kernel and A.save after it.
+A.KEEPABLE = { linear = true, matmul = true, attention = true }
+local stash = nil   -- the innermost selective checkpoint: { mode = "save"|"replay", keep, list, next }
+
+-- In a selective checkpoint's re-run, the saved results of kept op `name` (nil otherwise:
+-- the op computes). Usage in an op: local y = A.replay("linear"); if not y then y = ...;
+-- A.save("linear", y) end.
+function A.replay(name)
+  local st = stash
+  if not st or st.mode ~= "replay" or not st.keep[name] then return nil end
+  local saved = st.list[st.next]
+  if not saved or saved.name ~= name then
+    error(("selective checkpoint: the recomputed forward's kept op %d is %s, the first run's was %s (fn must run the same ops each time)"):format(
+      st.next, name, saved and saved.name or "none"), 0)
+  end
+  st.list[st.next] = false
+  st.next = st.next + 1
+  return unpack(saved)
+end
+
+-- In a selective checkpoint's first run, keeps aliases of kept op `name`'s results.
+function A.save(name, ...)
+  local st = stash
+  if not st or st.mode ~= "save" or not st.keep[name] then return end
+  local saved = { name = name }
+  for i = 1, select("#", ...) do saved[i] = (select(i, ...)):alias() end
+  st.list[#st.list + 1] = saved
+end
+
+-- The saved results as the checkpoint node's own saved tensors, so a tape dropped before its
+-- backward (A.clear) releases them too (a release is idempotent).
+local function stashed(st)
+  local all = {}
+  for _, saved in ipairs(st.list) do for _, t in ipairs(saved) do all[#all + 1] = t end end
+  return all
+end
+
+local function drop_stash(st)
+  for _, saved in ipairs(st.list) do if saved then for _, t in ipairs(saved) do t:free() end end end
+end
+
+-- Runs fn(...) with stash st as the innermost one.
+local function with_stash(st, fn, ...)
+  local outer = stash
+  stash = st
+  local ok, a, b, c = pcall(fn, ...)
+  stash = outer
+  if not ok then error(a, 0) end
+  return a, b, c
+end
+
+-- A keep list ({ "linear", "attention" }) as a set; nil for full checkpointing.
+local function keep_set(keep)
+  if keep == nil then return nil end
+  if type(keep) ~= "table" then error("checkpoint: keep must be a list of op names such as { \"linear\", \"attention\" }, got " .. type(keep), 3) end
+  local set = {}
+  for i, name in ipairs(keep) do
+    if not A.KEEPABLE[name] then
+      local known = {}
+      for k in pairs(A.KEEPABLE) do known[#known + 1] = k end
+      table.sort(known)
+      error(("checkpoint: keep[%d] is '%s'; the ops whose outputs can be kept are %s"):format(i, tostring(name), table.concat(known, ", ")), 3)
+    end
+    set[name] = true
+  end
+  return set
+end
+A.keep_set = keep_set
+
 -- Activation checkpointing: runs fn(...) keeping none of its activations and records one
 -- node; its backward re-runs fn on a nested tape (same random numbers) and backpropagates
 -- through it. Every tensor fn differentiates must come in through its arguments (parameters
--- of modules it calls are fine: they are leaves).
-function A.checkpoint(fn, ...)
+-- of modules it calls are fine: they are leaves). A.checkpoint_keep(keep, fn, ...) is the
+-- selective form: the outputs of the ops named in keep are saved, not recomputed.
+function A.checkpoint(fn, ...) return A.checkpoint_keep(nil, fn, ...) end
+
+function A.checkpoint_keep(keep, fn, ...)
   if not A.grad_enabled then return fn(...) end
+  local set = keep_set(keep)
+  local st = set and { mode = "save", keep = set, list = {}, next = 1 } or nil
   local args = { ... }
   local rng = R.get_state()
-  local out = A.no_grad(fn, ...)
+  local out = st and with_stash(st, A.no_grad, fn, ...) or A.no_grad(fn, ...)
   return A.record(out, args, function(node, gout)
     local after = R.get_state()
     R.set_state(rng)
@@ -265,13 +343,17 @@ function A.checkpoint(fn, ...)
     local outer = tape
     tape = {}
     A.tape = tape
+    if st then st.mode = "replay" end
     local ok, err = pcall(function()
       A.grad_enabled = true
-      local again = fn(unpack(leaves, 1, table.maxn(args)))
+      local again
+      if st then again = with_stash(st, fn, unpack(leaves, 1, table.maxn(args)))
+      else again = fn(unpack(leaves, 1, table.maxn(args))) end
       A.grad_enabled = false
       A.backward(again, gout)
       again:free()
     end)
+    if st then drop_stash(st) end
     A.clear()
     tape = outer
     A.tape = outer
@@ -287,7 +369,7 @@ function A.checkpoint(fn, ...)
     end
     if not ok then error(err, 0) end
     return gins
-  end, nil, "checkpoint")
+  end, st and stashed(st) or nil, st and "selective checkpoint" or "checkpoint")
 end
 
 -- Drops the tape without running it (a forward whose backward will not come).

@@ -128,6 +128,13 @@ function FlatParam:reduce_grad_start(op, replicate)
 end
 function FlatParam:reduce_grad_wait() check(C.sh_flatparam_reduce_grad_wait(self.p), 2); return self end
 function FlatParam:zero_grad(free_it) check(C.sh_flatparam_zero_grad(self.p, free_it and 1 or 0), 2); return self end
+-- Drops the grads backwards left on the parameters unreduced (accumulation with sync off).
+function FlatParam:drop_local_grads()
+  local rc = C.sh_flatparam_drop_local_grads(self.p)
+  grads_changed(self)
+  check(rc, 2)
+  return self
+end
 
 -- Aliases of the local shards (in-place updates reach the FlatParameter); the caller frees
 -- them. grad_shard is nil while there is no sharded grad.

@@ -203,7 +203,8 @@ end
 local function mT(t) return tv(V.transpose, t, -1, -2) end
 
 function F.matmul(a, b)
-  local out = ops.matmul(a, b)
+  local out = A.replay("matmul")    -- a selective checkpoint's re-run hands back the saved result
+  if not out then out = ops.matmul(a, b); A.save("matmul", out) end
   return result(out, { a, b }, function(node, g)
     if a.p.ndim < 2 or b.p.ndim < 2 then error("matmul backward: 1-D operands are not differentiable yet; unsqueeze them") end
     local ga = requires(a) and sum_to(track(ops.matmul(g, mT(b))), a)
@@ -273,7 +274,8 @@ end
 -- layers
 
 function F.linear(x, w, b)
-  local y = new_from(C.sh_linear_forward, x.p, w.p, ptr(b))
+  local y = A.replay("linear")
+  if not y then y = new_from(C.sh_linear_forward, x.p, w.p, ptr(b)); A.save("linear", y) end
   return result(y, { x, w, b }, function(node, dy)
     local box = slots(1)
     check(C.sh_linear_backward(requires(x) and box or nil,
@@ -329,12 +331,22 @@ function F.softmax(x)
   return result(y, { x }, function(node, dy) return { track(new_from(C.sh_softmax_backward, dy.p, node.out.p)) } end, nil, "softmax")
 end
 
+-- The attention kernel's output and log-sum-exp (saved by a selective checkpoint that keeps
+-- "attention").
+local function attention_forward(q, k, v, scale)
+  local out, lse = A.replay("attention")
+  if out then return out, lse end
+  local box = slots(2)
+  check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
+  out, lse = take(box, 0), take(box, 1)
+  A.save("attention", out, lse)
+  return out, lse
+end
+
 -- Causal attention over q, k, v [B, H, T, D].
 function F.attention(q, k, v, scale)
   scale = scale or 0
-  local box = slots(2)
-  check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
-  local out, lse = take(box, 0), take(box, 1)
+  local out, lse = attention_forward(q, k, v, scale)
   return result(out, { q, k, v }, function(node, dout)
     local g = slots(3)
     check(C.sh_attention_backward(requires(q) and g or nil, requires(k) and g + 1 or nil,
@@ -359,9 +371,7 @@ function F.causal_attention(qkv, n_head, scale)
     return h
   end
   local q, k, v = heads(0), heads(1), heads(2)
-  local box = slots(2)
-  check(C.sh_attention_forward(box, box + 1, q.p, k.p, v.p, scale))
-  local out, lse = take(box, 0), take(box, 1)
+  local out, lse = attention_forward(q, k, v, scale)
   local ot = V.transpose(out, 2, 3)
   local oc = V.contiguous(ot)
   local y = V.view(oc, B, T, Cn)

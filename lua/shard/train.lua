@@ -11,7 +11,11 @@
 -- $SHARD_DATA; only `make run`'s --demo falls back to a text every Debian machine has), the
 -- batch and schedule, --strategy (FSDP, any world size), checkpoints (--save_interval,
 -- --async_save, --keep, --resume at any world size or strategy), --grad_accum=K (the loss of
--- a step is the mean over every target token of every micro-batch of every rank).
+-- a step is the mean over every target token of every micro-batch of every rank), and with it
+-- --accum_sync: every (the default: each micro-batch reduces into the sharded grads, the least
+-- memory), last (the inner micro-batches skip every reduction and keep unsharded grads: one
+-- reduction per step) or replica_last (hybrid: the inner ones reduce-scatter within the shard
+-- group and skip only the all-reduce across groups, the collective that crosses nodes).
 --
 -- Every log_interval steps a progress line gives tokens/s, the model FLOP/s achieved per rank
 -- and MFU (against shard.peak: the measured GEMM peak on the CPU, the vendor's on a GPU), the
@@ -39,9 +43,25 @@ M.COMMON = {
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
   save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
-  metrics_file = "", straggler_margin = 0.25, straggler_windows = 3,
+  metrics_file = "", straggler_margin = 0.25, straggler_windows = 3, accum_sync = "every",
+  hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
 }
+
+local ACCUM_SYNC = { every = true, last = true, replica_last = true }
+
+local function check_accum_sync(cfg)
+  local mode = cfg.accum_sync
+  if not ACCUM_SYNC[mode] then
+    error(("--accum_sync=%s: expected every, last or replica_last"):format(tostring(mode)), 0)
+  end
+  if mode ~= "every" and cfg.strategy == "none" then
+    error(("--accum_sync=%s: only FSDP reduces gradients; pass --strategy too"):format(mode), 0)
+  end
+  if mode == "replica_last" and not cfg.strategy:find("^hybrid_shard") then
+    error(("--accum_sync=replica_last: %s has no all-reduce across groups; use hybrid_shard or hybrid_shard_zero2"):format(cfg.strategy), 0)
+  end
+end
 
 local function readable(path)
   local f = io.open(path, "rb")
@@ -70,6 +90,7 @@ local function settings(recipe)
   if cfg.grad_accum < 1 then error(("--grad_accum=%d: expected at least 1 micro-batch per step"):format(cfg.grad_accum), 0) end
   if not (cfg.straggler_margin > 0) then error(("--straggler_margin=%g: expected a fraction above 0 (0.25: 25%% slower)"):format(cfg.straggler_margin), 0) end
   if cfg.straggler_windows < 1 then error(("--straggler_windows=%d: expected at least 1"):format(cfg.straggler_windows), 0) end
+  check_accum_sync(cfg)
   return cfg
 end
 
@@ -92,7 +113,8 @@ local function make_model(recipe, cfg, env, vocab_size)
     model = build()
   else
     -- given the constructor, wrap initialises each rank's shard only (same values as eager init)
-    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy })
+    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy,
+                                            hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group })
     if env.rank == 0 then print(shard.fsdp.summary(model)) end
   end
   if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end
@@ -149,6 +171,9 @@ local function step(model, opt, train, cfg, read)
   local gl = shard.nn.global_loss(ys)
   local loss_sum = 0
   for i = 1, cfg.grad_accum do
+    local last = i == cfg.grad_accum
+    if cfg.accum_sync == "last" then model:set_requires_gradient_sync(last) end
+    if cfg.accum_sync == "replica_last" then model:set_requires_all_reduce(last) end
     local loss = model(xs[i], ys[i])
     local scaled = gl:scale(loss, i)
     scaled:backward()

@@ -7,8 +7,11 @@
 --   forward   pre: unshard (wait a prefetch), prefetch the next unit; post: reshard
 --   backward  pre: unshard, prefetch the previous unit; post: reduce-scatter grads, reshard
 -- Limits on what is in flight (shard.memory.stats().in_flight shows them): prefetch = N
--- units gathered ahead of the one computing (default 1, 0 = none; the seed's
--- limit_all_gathers), reduces_in_flight = N flat grads reducing at once (default 2).
+-- units gathered ahead of the one computing (default 1, 0 = none), limit_all_gathers = K
+-- (FSDP1's rate limiter: no prefetch starts while K of the model's FlatParameters are
+-- gathered, the computing unit's included; default none), forward_prefetch = false (gather
+-- each unit only when its forward runs; backward_prefetch = false likewise),
+-- reduces_in_flight = N flat grads reducing at once (default 2).
 -- Strategies: full_shard (ZeRO-3), shard_grad_op (ZeRO-2: keep full params from forward to
 -- backward), no_shard (DDP: all-reduce), hybrid_shard / hybrid_shard_zero2 (shard within
 -- groups of hybrid_group ranks, or within each node with hybrid_group = "node", the default;
@@ -18,6 +21,10 @@
 -- and the grad back after each reduction, on their own streams, and the optimizer steps unit
 -- by unit on the CPU (runtime/flatparam.h, offload_unit below). Sharding strategies only.
 -- Shared parameters stay with the closest unit over all their users (split_shared below).
+-- ignored_params / ignored_modules: left out of every FlatParameter, replicated on every
+-- rank, their grads all-reduced at the end of the backward (none when frozen). Frozen and
+-- trainable parameters in one unit: two FlatParameters (split_frozen). Accumulation over
+-- micro-batches: fsdp.no_sync, set_requires_gradient_sync, set_requires_all_reduce.
 -- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
 -- unit's collectives (a small all-gather each, so off by default: on a GPU each makes the host
 -- wait) and name a unit some ranks skipped, instead of failing in the collective or, where
@@ -193,6 +200,26 @@ local function offload_unit(u)
   end
 end
 
+-- ignored_params / ignored_modules (wrap options) stay out of every FlatParameter.
+local function without_ignored(params, ignored)
+  if not ignored then return params end
+  local out = {}
+  for _, t in ipairs(params) do if not ignored[t] then out[#out + 1] = t end end
+  return out
+end
+
+-- Frozen and trainable parameters in one unit (LoRA-style) go to two FlatParameters: the
+-- frozen ones' (a companion unit, `frozen_part`) is gathered and resharded with the unit's and
+-- never reduced, so no frozen gradient is computed (the backward formulas skip inputs that do
+-- not require grad) nor sent (a shared flat buffer would reduce-scatter their zeros).
+local function split_frozen(params)
+  local trainable, frozen = {}, {}
+  for _, t in ipairs(params) do
+    if t.p.requires_grad ~= 0 then trainable[#trainable + 1] = t else frozen[#frozen + 1] = t end
+  end
+  return trainable, frozen
+end
+
 function Unit:init(module, name, opts, root, params, left)
   self.fsdp_unit = true
   self.left = left
@@ -220,9 +247,15 @@ function Unit:init(module, name, opts, root, params, left)
     if replicate and replicate:size() == 1 then replicate = nil end
   end
   self.group, self.replicate = group, replicate
-  self.params = params or own_params(module)
+  self.params = without_ignored(params or own_params(module), opts.ignored_set)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
+  local trainable, frozen = split_frozen(self.params)
+  self.trainable = #trainable > 0
+  if self.trainable and #frozen > 0 then
+    self.params = trainable
+    self.frozen_part = Unit(module, name .. " (frozen)", opts, root, frozen)
+  end
   local mp = opts.mixed_precision or {}
   -- Gradients are reduced in f32 unless `reduce` says otherwise, even when the parameters
   -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
@@ -244,10 +277,17 @@ function Unit:numel() return self.info.numel end
 -- is started or done; reshard frees the full parameters of a sharded unit, or a prefetch
 -- (under offload the optimizer prefetches the next step's first units: a checkpoint loaded
 -- after it reshards every unit, so that the next forward gathers the loaded shards).
-function Unit:unshard() if self.fp then self.fp:unshard() end end
-function Unit:prefetch() if self.fp then self.fp:unshard_start() end end
+function Unit:unshard()
+  if self.fp then self.fp:unshard() end
+  if self.frozen_part then self.frozen_part:unshard() end
+end
+function Unit:prefetch()
+  if self.fp then self.fp:unshard_start() end
+  if self.frozen_part then self.frozen_part:prefetch() end
+end
 function Unit:reshard()
   if self.fp and self.mode.shard and self.fp:state() ~= "sharded" then self.fp:reshard() end
+  if self.frozen_part then self.frozen_part:reshard() end
 end
 
 -- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
@@ -303,6 +343,24 @@ local function check_schedule(self, phase)
     table.concat(others, ", "), step, table.concat(where, "; ")), 0)
 end
 
+-- Units of this model whose full parameters exist (gathered or gathering); a no_shard unit's
+-- full parameters are its shard, so it never counts.
+local function gathered(root)
+  local n = 0
+  for _, u in ipairs(root.all_units) do
+    if u.fp and u.mode.shard and u.fp:state() ~= "sharded" then n = n + 1 end
+  end
+  return n
+end
+
+-- Starts u's gather ahead of its use unless limit_all_gathers units are gathered already
+-- (then u gathers when it runs, as without prefetch).
+local function try_prefetch(root, u)
+  if u.fp and u.fp:state() ~= "sharded" then return end
+  if root.gather_limit and gathered(root) >= root.gather_limit then return end
+  u:prefetch()
+end
+
 function Unit:forward(...)
   local root = self.root
   if self == root then root.step = (root.step or 0) + 1 end
@@ -311,10 +369,10 @@ function Unit:forward(...)
   local order = root.order
   if root.recording_order then order[#order + 1] = self; self.index = #order end
   self:unshard()
-  if not root.recording_order then
+  if not root.recording_order and root.opts.forward_prefetch ~= false then
     for k = 1, root.prefetch_depth do
       local nxt = order[(self.index or 0) + k]
-      if nxt and nxt.mode.reshard_after_forward then nxt:prefetch() end
+      if nxt and nxt.mode.reshard_after_forward then try_prefetch(root, nxt) end
     end
   end
   local recording = A.grad_enabled
@@ -332,11 +390,11 @@ end
 function Unit:pre_backward()
   check_schedule(self, 2)
   self:unshard()
-  if self.fp then self.fp:prepare_grads() end
+  if self.fp and self.trainable then self.fp:prepare_grads() end
   if self.root.opts.backward_prefetch ~= false then
     for k = 1, self.root.prefetch_depth do
       local prev = self.root.order[(self.index or 1) - k]
-      if prev then prev:prefetch() end
+      if prev then try_prefetch(self.root, prev) end
     end
   end
 end
@@ -347,12 +405,62 @@ end
 -- of a reduction on its own stream and frees its buffers in that stream's order: the host
 -- never waits, and the bound keeps the memory of reductions the same every step.
 
+-- A hybrid unit whose inner micro-batches skipped the all-reduce across replicas
+-- (set_requires_all_reduce(false)) all-reduces its whole accumulated sharded grad once, after
+-- the synced micro-batch's reduce-scatter has landed in it: the sum is linear, so that equals
+-- all-reducing every micro-batch's part.
+local function all_reduce_owed(u)
+  if not u.all_reduce_now then return end
+  local g = u.fp:grad_shard()
+  u.replicate:all_reduce(g, "avg")
+  g:free()
+  u.all_reduce_now, u.replica_owed = false, false
+end
+
 local function wait_reduces(root, keep)
   local pending = root.pending_reduces
   while #pending > keep do
     local u = table.remove(pending, 1)
     u.fp:reduce_grad_wait()
+    all_reduce_owed(u)
   end
+end
+
+-- Ignored parameters are replicated on every rank: their grads are averaged over the world at
+-- the end of the backward, one all-reduce each, in the same order everywhere (a rank that
+-- gave one no gradient sends zeros). Frozen ones have no grad and are skipped.
+local function reduce_ignored(root)
+  local w = fsdp.world()
+  for _, t in ipairs(root.ignored) do
+    if t.p.requires_grad ~= 0 then
+      if t.p.grad == nil then
+        local z = shard_tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
+        shard_tensor.set_grad(t, z)
+        z:free()
+      end
+      if w:size() > 1 then w:all_reduce(shard_tensor.borrow(t.p.grad), "avg") end
+    end
+  end
+end
+
+-- Gradient accumulation (see fsdp.no_sync below): what this backward's post-backward does.
+-- Sync off: nothing; the unsharded grads stay on the parameters and the next backward adds
+-- into them. All-reduce off (hybrid): reduce-scatter into the sharded grad, no all-reduce.
+local function reduce_unit_grads(self, root)
+  if root.sync_grads == false then
+    self.unsynced = true
+    return
+  end
+  wait_reduces(root, root.reduces_in_flight - 1)
+  local replicate = self.replicate
+  if replicate and (root.sync_all_reduce == false or self.replica_owed) then
+    self.replica_owed = true
+    self.all_reduce_now = root.sync_all_reduce ~= false
+    replicate = nil
+  end
+  self.fp:reduce_grad_start("avg", replicate)
+  self.unsynced = false
+  table.insert(root.pending_reduces, self)
 end
 
 function Unit:post_backward()
@@ -360,12 +468,44 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   check_schedule(self, 3)
   if self.fp then
-    wait_reduces(root, root.reduces_in_flight - 1)
-    self.fp:reduce_grad_start("avg", self.replicate)
-    table.insert(root.pending_reduces, self)
+    if self.trainable then reduce_unit_grads(self, root) end
     self:reshard()
   end
-  if self == root then wait_reduces(root, 0) end
+  if self == root then
+    wait_reduces(root, 0)
+    if root.sync_grads ~= false then reduce_ignored(root) end
+  end
+end
+
+-- Gradient accumulation over micro-batches, three ways (each equals one large batch when
+-- every micro-batch's loss is scaled by 1/K):
+--   default: every backward reduce-scatters (and, hybrid, all-reduces) into the sharded grad,
+--     which accumulates: the least memory (a shard of grads), K times the communication.
+--   fsdp.no_sync(model, fn) / model:set_requires_gradient_sync(false) (FSDP1's no_sync,
+--     FSDP2's method of that name): backwards skip every reduction; each unit's unsharded
+--     grads stay alive and accumulate locally (a full copy of the grads per rank), and the
+--     first backward with sync on reduces the sum once.
+--   model:set_requires_all_reduce(false) (hybrid): reduce-scatter every micro-batch within
+--     the shard group, all-reduce across replicas once, at the first backward with it on.
+-- The optimizer, clipping and grad_norm refuse grads that are still owed a reduction.
+function Unit:set_requires_gradient_sync(flag) self.root.sync_grads = flag ~= false; return self end
+function Unit:set_requires_all_reduce(flag) self.root.sync_all_reduce = flag ~= false; return self end
+
+local function restore_sync(root, was, ok, ...)
+  root.sync_grads = was
+  if not ok then error((...), 0) end
+  return ...
+end
+
+-- Runs fn(...) with gradient sync off (FSDP1's no_sync context); the previous setting is
+-- back afterwards, whether fn returns or raises. The backward that syncs runs outside it.
+function fsdp.no_sync(model, fn, ...)
+  local root = type(model) == "table" and rawget(model, "fsdp_unit") and model.root
+  if not root then error("fsdp.no_sync: expected a model returned by fsdp.wrap, got " .. type(model), 2) end
+  if type(fn) ~= "function" then error("fsdp.no_sync: expected a function to run without gradient sync, got " .. type(fn), 2) end
+  local was = root.sync_grads
+  root.sync_grads = false
+  return restore_sync(root, was, pcall(fn, ...))
 end
 
 function Unit:named_parameters(prefix, out, seen) return self.module:named_parameters(prefix, out, seen) end
@@ -461,6 +601,35 @@ local function limit_option(opts, name, default, least)
   return v
 end
 
+-- opts.ignored_params (tensors) and opts.ignored_modules (modules: all their parameters): a
+-- set, and the list in the model's parameter order (the same on every rank: their grads are
+-- all-reduced in that order).
+local function ignored_params(model, opts)
+  local set, any = {}, false
+  for i, t in ipairs(opts.ignored_params or {}) do
+    if not shard_tensor.is_tensor(t) then
+      error(("fsdp.wrap: ignored_params[%d] is a %s, not a parameter tensor"):format(i, type(t)), 3)
+    end
+    set[t], any = true, true
+  end
+  for i, m in ipairs(opts.ignored_modules or {}) do
+    if type(m) ~= "table" or not m._params then
+      error(("fsdp.wrap: ignored_modules[%d] is a %s, not a module"):format(i, type(m)), 3)
+    end
+    for _, t in ipairs(m:parameters()) do set[t], any = true, true end
+  end
+  if not any then return nil, {} end
+  local list, known = {}, {}
+  for _, np in ipairs(model:named_parameters()) do
+    known[np.tensor] = true
+    if set[np.tensor] then list[#list + 1] = np.tensor end
+  end
+  for t in pairs(set) do
+    if not known[t] then error(("fsdp.wrap: an ignored parameter (%s) is not a parameter of the model"):format(t:describe()), 3) end
+  end
+  return set, list
+end
+
 -- Wraps model; returns the root unit (any field it lacks comes from the model).
 -- Given a constructor instead of a model, builds it under deferred init: no rank ever holds
 -- the full parameters, and each fills its shard with the values an eager init would give.
@@ -478,18 +647,25 @@ function fsdp.wrap(model, opts)
   local recipes
   if type(model) == "function" then model, recipes = Module.deferred(model) end
   if opts.sync_module_states then fsdp.sync_module_states(model) end
-  if opts.checkpoint then Module.checkpoint(model, opts.checkpoint) end
+  if opts.checkpoint then Module.checkpoint(model, opts.checkpoint, { keep = opts.checkpoint_keep }) end
+  local ignored_set, ignored = ignored_params(model, opts)
+  if ignored_set then opts = setmetatable({ ignored_set = ignored_set }, { __index = opts }) end
   local units = {}
   local users = param_users(model, "")
   apply_policy(model, "", opts.policy, opts, units, users)
   local root = Unit(model, "", opts, nil)
   root.units = units
-  for _, u in ipairs(units) do u.root = root end
+  root.ignored = ignored
   root.is_root = true
   root.prefetch_depth = limit_option(opts, "prefetch", 1, 0)
   root.reduces_in_flight = limit_option(opts, "reduces_in_flight", 2, 1)
-  root.all_units = { root }
-  for _, u in ipairs(units) do root.all_units[#root.all_units + 1] = u end
+  root.gather_limit = limit_option(opts, "limit_all_gathers", nil, 1)
+  root.all_units = {}
+  for _, u in ipairs { root, unpack(units) } do
+    u.root = root
+    root.all_units[#root.all_units + 1] = u
+    if u.frozen_part then u.frozen_part.root = root; root.all_units[#root.all_units + 1] = u.frozen_part end
+  end
   root.names = param_names(model, "")
   for i, u in ipairs(root.all_units) do u.uid = i - 1 end
   local check = opts.check_schedule
@@ -564,6 +740,12 @@ local function unit_entries(u, names, entries)
         group = u.offload and u or nil,
         after_step = u.offload and function() prefetch_next_step(u) end or nil,
         grad = function()
+          if u.unsynced or u.replica_owed then
+            error(("fsdp: unit %s still owes its gradients a %s (accumulation with %s); run the last micro-batch's " ..
+                   "backward with sync on before the optimizer or clipping reads them"):format(
+              u.name == "" and "(root)" or u.name, u.unsynced and "reduction" or "all-reduce across replicas",
+              u.unsynced and "gradient sync off" or "all-reduce off"), 0)
+          end
           local g = fp:grad_shard()
           if not g then return nil end
           local v = g:narrow(1, off + 1, n)
@@ -576,16 +758,35 @@ local function unit_entries(u, names, entries)
   return entries
 end
 
-function Unit:optim_groups()
-  local entries = {}
-  for _, u in ipairs(self.all_units) do unit_entries(u, self.names, entries) end
+-- Entries for the trainable ignored parameters: the whole tensor (an alias the caller frees;
+-- each rank updates its replica with the same averaged grad) and an alias of its grad.
+local function ignored_entries(root, entries)
+  for _, t in ipairs(root.ignored or {}) do
+    if t.p.requires_grad ~= 0 then
+      entries[#entries + 1] = {
+        tensor = t:alias(), decay = t:dim() >= 2, name = root.names[t], start = 0,
+        grad = function() return t.p.grad ~= nil and shard_tensor.borrow(t.p.grad):alias() or nil end,
+      }
+    end
+  end
   return entries
 end
 
+function Unit:optim_groups()
+  local entries = {}
+  for _, u in ipairs(self.all_units) do unit_entries(u, self.names, entries) end
+  return ignored_entries(self, entries)
+end
+
+-- Also drops what accumulation left owed: unsharded grads kept with sync off, and a hybrid
+-- unit's pending all-reduce (its sharded grad is gone).
 function Unit:zero_grad(set_to_none)
   for _, u in ipairs(self.all_units or { self }) do
     if u.fp then u.fp:zero_grad(set_to_none ~= false) end
+    if u.unsynced then u.fp:drop_local_grads() end
+    u.unsynced, u.replica_owed = false, false
   end
+  for _, t in ipairs(self.root.ignored or {}) do t:zero_grad(set_to_none) end
 end
 
 -- Under offload the sharded grads are on the host, so is their norm's part: it goes to the
@@ -610,14 +811,17 @@ function Unit:grad_norm(norm_type)
   local w = fsdp.world()
   local world_size = w:size()
   local grads, weights = {}, {}
-  for _, u in ipairs(self.all_units) do
-    local replicas = world_size / (u.mode.shard and u.group:size() or 1)
-    for _, e in ipairs(unit_entries(u, nil, {})) do
+  local function add(entries, replicas)
+    for _, e in ipairs(entries) do
       local g = e.grad()
       if g then grads[#grads + 1] = g; weights[#grads] = 1 / replicas end
       e.tensor:free()
     end
   end
+  for _, u in ipairs(self.all_units) do
+    add(unit_entries(u, nil, {}), world_size / (u.mode.shard and u.group:size() or 1))
+  end
+  add(ignored_entries(self, {}), world_size)
   local t = optim.norm_part_tensor(grads, norm_type, weights)
   for _, g in ipairs(grads) do g:free() end
   t = offload_part_to_device(self, t)
@@ -635,6 +839,7 @@ function Unit:clip_grad_norm(max_norm, norm_type)
       local g = u.fp and u.fp:grad_shard()
       if g then g:scale_(coef); g:free() end
     end
+    for _, t in ipairs(self.ignored) do if t.p.grad ~= nil then shard_tensor.borrow(t.p.grad):scale_(coef) end end
   end
   return total
 end

@@ -130,9 +130,13 @@ function Module:repr(indent)
 end
 
 -- Activation checkpointing for every module of the given classes under root: their forward
--- keeps no activations and is re-run during backward (shard.autograd.checkpoint).
-function Module.checkpoint(root, classes)
+-- keeps no activations and is re-run during backward (shard.autograd.checkpoint). With
+-- opts.keep (selective checkpointing, e.g. { "linear", "attention" }), the outputs of those
+-- ops are kept and only the others (norms, activations, residual adds) are recomputed.
+function Module.checkpoint(root, classes, opts)
   local A = require "shard.autograd"
+  local keep = opts and opts.keep
+  A.keep_set(keep)    -- names checked now, not at the first backward
   local set = {}
   for _, c in ipairs(classes) do set[c] = true end
   root:apply(function(m)
@@ -140,7 +144,7 @@ function Module.checkpoint(root, classes)
     if set[cls] then
       local forward = cls.forward
       m.forward = function(self, ...)
-        return A.checkpoint(function(...) return forward(self, ...) end, ...)
+        return A.checkpoint_keep(keep, function(...) return forward(self, ...) end, ...)
       end
     end
   end)

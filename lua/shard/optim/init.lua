@@ -40,6 +40,7 @@ local function grad_of(e)
   local g = e.tensor.p.grad
   return g ~= nil and tensor.borrow(g) or nil, false
 end
+O.grad_of = grad_of   -- shard.amp unscales what the step will read
 
 -- items split by the device of tensor_of(item), in first-seen order: { {item, ...}, ... }
 local function by_device(items, tensor_of)
