@@ -67,9 +67,10 @@ function M.parse(args)
 end
 
 -- Reads complete chunks: calls on_chunk(src, fn, packed) for each, on_error(msg) for a
--- syntax error; Ctrl-C at the prompt drops what was typed. Returns false if the input
--- ended inside an unfinished chunk.
-function M.loop(term, on_chunk, on_error, prompts)
+-- syntax error, and on_command(line) (when given) for a line ":name" typed at the first
+-- prompt; Ctrl-C at the prompt drops what was typed. Returns false if the input ended inside
+-- an unfinished chunk.
+function M.loop(term, on_chunk, on_error, prompts, on_command)
   prompts = prompts or { "> ", ">> " }
   local buffer
   while true do
@@ -77,6 +78,8 @@ function M.loop(term, on_chunk, on_error, prompts)
     if line == nil then break end
     if line == false then
       buffer = nil
+    elseif on_command and not buffer and line:match("^:%a") then
+      on_command(line)
     else
       buffer = buffer and buffer .. "\n" .. line or line
       local fn, err = chunk.compile(buffer)

@@ -6,8 +6,10 @@
 --   a.b:name      its methods (fields that are functions)
 -- A value's fields are its own keys plus those its metatable's __index gives: a table's keys
 -- (following __index chains), or for an __index function the keys of the tables among its
--- upvalues (the method tables it looks in) that it answers for. Nothing is called but
--- __index itself; an error while looking is no completion.
+-- upvalues (the method tables it looks in) that it answers for. FFI cdata (a tensor) hide
+-- their metatype, so for them the keys of the loaded modules' tables (and of the tables in
+-- those) are tried. Nothing is called but __index itself; an error while looking is no
+-- completion.
 local M = {}
 
 local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in",
@@ -46,10 +48,29 @@ local function keys_of_function(set, v, fn)
   end
 end
 
+-- The keys of the loaded modules' tables and their tables' that v answers for.
+local function keys_of_cdata(set, v)
+  local tried = {}
+  local function try(t)
+    if tried[t] then return end
+    tried[t] = true
+    for k in pairs(t) do
+      if type(k) == "string" and not set[k] and k:match("^[%a_][%w_]*$") and get(v, k) ~= nil then set[k] = true end
+    end
+  end
+  for _, mod in pairs(package.loaded) do
+    if type(mod) == "table" then
+      try(mod)
+      for _, t in pairs(mod) do if type(t) == "table" then try(t) end end
+    end
+  end
+end
+
 -- The field names of v.
 local function fields(v)
   local set = {}
   if type(v) == "table" then add_keys(set, v) end
+  if type(v) == "cdata" then keys_of_cdata(set, v); return set end
   local mt = getmetatable(v)
   for _ = 1, MAX_CHAIN do
     if type(mt) ~= "table" then break end
