@@ -1,6 +1,7 @@
 -- shard.repl.show: how the REPL prints values. The values of one chunk go on one line,
 -- separated by tabs; strings print as they are, values with a __tostring as it says (tensors
--- pretty-printed), and tables by their contents:
+-- pretty-printed), and tables by their contents (functions in them as <function>, so that
+-- ranks holding the same table print the same):
 --   { allocated = 0, by_tag = { activation = 0, comm = 0, ... }, peak = 4096 }
 -- on one line when it fits, else one entry per line. Inside a table, strings are quoted, a
 -- value whose tostring spans lines shows its last line (a tensor's "[f32 2x3, cpu]"), tables
@@ -43,6 +44,7 @@ local format_table
 local function nested(v, depth, seen)
   if type(v) == "string" then return (("%q"):format(v):gsub("\\\n", "\\n")) end
   if type(v) == "table" and not has_tostring(v) then return format_table(v, depth, seen) end
+  if type(v) == "function" then return "<function>" end
   return one_line(v)
 end
 
