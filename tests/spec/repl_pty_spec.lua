@@ -43,8 +43,11 @@ expect >>
 send \x03
 expect > 
 send half\n
-expect nil
-send t = shard.ones{2}\n
+expect half\nnil
+send t = shard.ones{3}\n
+expect > 
+send t:numel() * 10\n
+expect 30
 expect > 
 send t:su\t\t
 expect t:sumsq
@@ -54,17 +57,17 @@ send shard.nn.Lin\t\n
 expect __name = "Linear"
 send shard.memory.stats()\n
 expect by_tag = {
-send y = 5\n
+send y = 40 + 2\n
 expect > 
 send y\n
-expect 5
+expect 42
 expect > 
 send \x04
 wait 0
 ]])
     assert.equal(0, code, out)
     -- a statement prints nothing: its prompt comes straight back
-    assert.matches("> y = 5\n> y\n5\n", out, 1, true)
+    assert.matches("> y = 40 + 2\n> y\n42\n", out, 1, true)
   end)
 
   it("drives two ranks: Ctrl-C stops both, errors show their rank, out-of-step ranks restart", function()

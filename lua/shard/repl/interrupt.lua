@@ -2,6 +2,7 @@
 --   interrupt.install()          the trap, for the whole session (a plain luajit has none:
 --                                 then Ctrl-C ends the process as usual)
 --   interrupt.run(fn, handler)   xpcall(fn, handler) with Ctrl-C raising "interrupted" in fn
+--                                 (at once when one came since the last take())
 --   interrupt.take()             the Ctrl-Cs seen since the last call (at the prompt, waiting)
 -- LuaJIT runs no hooks inside compiled traces, so a chunk's own loops would not stop: run()
 -- turns the JIT off for fn and every function defined in it (jit.off(fn, true)); the
@@ -56,6 +57,10 @@ function M.run(fn, handler)
     return handler(err)
   end
   if C then C.shard_sigint_arm(1) end
+  if C and C.shard_sigint_take() > 0 then   -- a Ctrl-C came before the chunk started
+    C.shard_sigint_arm(0)
+    return false, handler(M.MESSAGE)
+  end
   local ok, a, b = xpcall(protected, on_error)
   if C then C.shard_sigint_arm(0) end
   return ok, a, b

@@ -123,8 +123,9 @@ function Session:collect()
   while next(self.busy) do
     local fds, rank_of = {}, {}
     for r in pairs(self.busy) do fds[#fds + 1] = self.conns[r].fd; rank_of[self.conns[r].fd] = r end
-    local ms = since and math.max(0, math.floor((since + M.GRACE - timer.now()) * 1000)) or -1
-    local ready = wire.poll(fds, ms)
+    -- at most a quarter second at a time: a Ctrl-C just before poll() would not wake it
+    local ms = since and math.max(0, math.floor((since + M.GRACE - timer.now()) * 1000)) or 250
+    local ready = wire.poll(fds, math.min(ms, 250))
     local interrupts = interrupt.take()
     if interrupts > 0 and since then break end
     if interrupts > 0 then

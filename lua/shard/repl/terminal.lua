@@ -123,7 +123,8 @@ local function readline_reader(complete)
     interrupt.take()
     C.rl_callback_handler_install(prompt, anchors.handler)
     while not done do
-      local n = C.poll(pfd, 1, -1)
+      -- a Ctrl-C that comes just before poll() would not wake it: poll a quarter second at a time
+      local n = C.poll(pfd, 1, 250)
       if interrupt.take() > 0 then          -- Ctrl-C: drop the line, a new prompt
         C.rl_free_line_state()
         C.rl_callback_sigcleanup()

@@ -83,12 +83,15 @@ function M.main()
   local conn = wire.connect(path)
   conn:send { "hello", tostring(rank), tostring(world:size()), tostring(C.getpid()) }
   local fd = capture_file()
+  interrupt.take()
   while true do
     local m = conn:recv()
     if not m or m[1] == "quit" then break end
-    interrupt.take()
     if m[1] == "run" then
-      conn:send(run(fd, m[2]))
+      -- a Ctrl-C from here on is for this chunk; one that comes once it has replied is late
+      local reply = run(fd, m[2])
+      interrupt.take()
+      conn:send(reply)
     elseif m[1] == "complete" then
       local ok, list = pcall(complete.candidates, m[2], _G)
       conn:send { "ok", ok and table.concat(list, "\n") or "" }
