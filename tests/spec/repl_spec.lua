@@ -110,6 +110,28 @@ describe("shard.repl.merge", function()
   end)
 end)
 
+describe("shard.repl.interrupt", function()
+  it("stops a JIT-hot loop at SIGINT; the next chunk runs in full", function()
+    local ffi = require "ffi"
+    local interrupt = require "shard.repl.interrupt"
+    local timer = require "shard.timer"
+    pcall(ffi.cdef, "int getpid(void);")
+    assert.is_true(interrupt.install())
+    os.execute(("(sleep 0.3; kill -INT %d) &"):format(ffi.C.getpid()))
+    local t0 = timer.now()
+    local ok, err = interrupt.run(loadstring("local s = 0 for i = 1, 1e12 do s = s + i end"), tostring)
+    local took = timer.now() - t0
+    local ok2, n, values = interrupt.run(loadstring("local s = 0 for i = 1, 1e6 do s = s + 1 end return s"), tostring)
+    interrupt.uninstall()
+    assert.is_false(ok)
+    assert.is_true(interrupt.is_interrupt(err), err)
+    assert.is_true(took < 5, "took " .. took .. " s")
+    assert.is_true(ok2, n)
+    assert.equal(1, n)
+    assert.equal(1e6, values[1])
+  end)
+end)
+
 describe("shard repl --nproc 2 through a pipe", function()
   local function repl2(input) return sh(quote(BIN) .. " repl --nproc 2", input) end
 

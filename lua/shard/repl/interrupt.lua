@@ -62,7 +62,7 @@ function M.run(fn, handler)
     return false, handler(M.MESSAGE)
   end
   local ok, a, b = xpcall(protected, on_error)
-  if C then C.shard_sigint_arm(0) end
+  if C then C.shard_sigint_arm(0); C.shard_sigint_take() end   -- that Ctrl-C is spent
   return ok, a, b
 end
 
