@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
   int first = 1;
   if (first < argc && strcmp(argv[first], "--") == 0) first++;
   if (first >= argc) { fprintf(stderr, "usage: ptyexpect -- COMMAND [ARG...] < SCRIPT\n"); return 2; }
-  struct winsize ws = { .ws_row = 24, .ws_col = 100 };
+  struct winsize ws = { .ws_row = 50, .ws_col = 200 };
   child = forkpty(&master, NULL, NULL, &ws);
   if (child < 0) { perror("ptyexpect: forkpty"); return 2; }
   if (child == 0) {
