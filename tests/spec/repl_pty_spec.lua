@@ -1,7 +1,8 @@
 -- shard repl at a terminal: driven through a pseudo-terminal by tests/pty/ptyexpect (built by
 -- make test as BUILD/tests/pty/ptyexpect; tests/run.sh exports SHARD_BUILD). Ctrl-C during a
 -- long (JIT-hot) loop returns to the prompt with the session's values kept, at world 1 and 2;
--- Ctrl-C at the prompt drops the line; Tab completes names (and lists methods); the history
+-- Ctrl-C at the prompt drops the line; Tab completes names (and lists methods), never file
+-- names (the specs run in the project root, beside Makefile); the history
 -- file holds each line as soon as it is entered; tables print their contents; at world 2 an
 -- error on one rank, ranks left out of step by a Ctrl-C inside a collective, :restart, and
 -- :wait for a rank whose collective times out (it then stops with "interrupted").
@@ -56,6 +57,10 @@ send \x03
 expect > 
 send shard.nn.Lin\t\n
 expect __name = "Linear"
+send x1 = "Makef\t"\n
+expect > 
+send x1 .. "|"\n
+expect Makef|
 send shard.memory.stats()\n
 expect by_tag = {
 send z = "zz-" .. "printed"\n
