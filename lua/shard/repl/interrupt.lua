@@ -19,7 +19,6 @@ int shard_sigint_take(void);
 local M = {}
 
 local trap = pcall(function() return ffi.C.shard_sigint_trap end)
-M.available = trap
 
 function M.install()
   if trap then ffi.C.shard_sigint_trap(1) end

@@ -32,7 +32,6 @@ for _, decl in ipairs {
   "extern int rl_catch_signals;",
   "extern char *rl_line_buffer;",
   "extern int rl_attempted_completion_over;",
-  "extern int rl_completion_append_character;",
   "extern int rl_completion_suppress_append;",
   "extern const char *rl_readline_name;",
   "extern const char *rl_completer_word_break_characters;",
