@@ -89,6 +89,12 @@ $(BUILD)/tests/test_safetensors_fuzz: $(FUZZ_DEPS)
 
 c-tests: $(C_TESTS)
 
+# The pseudo-terminal driver of the REPL's tests (tests/pty, tests/spec/repl_pty_spec.lua).
+PTY_DRIVER := $(BUILD)/tests/pty/ptyexpect
+$(PTY_DRIVER): tests/pty/ptyexpect.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -g -std=gnu11 -Wall -Wextra $(SAN) -o $@ $< -lutil
+
 deps:
 	@sh tests/deps.sh
 
@@ -97,14 +103,14 @@ run: deps all
 
 # T=NAME[:CASE] runs only the matching tests (tests/run.sh says how).
 # The CUDA path runs too, on the emulated device (tests/cuda_emu/emu.mk: make test-cuda-emu alone).
-test: deps all $(C_TESTS) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
+test: deps all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
 	@SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
 
 # Everything again under AddressSanitizer and UBSan, in its own build tree.
 test-asan: deps
 	$(MAKE) BUILD=build-asan OPT=-O1 NVCC= HOST=bin/shard-asan \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  bin/shard-asan c-tests
+	  bin/shard-asan c-tests build-asan/tests/pty/ptyexpect
 	@ASAN_OPTIONS=detect_leaks=0 sh tests/run.sh build-asan bin/shard-asan $(T)
 
 test-gpu: all $(GPU_TESTS)

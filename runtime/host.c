@@ -6,10 +6,52 @@
 #include <lualib.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Ctrl-C for the REPL (lua/shard/repl/interrupt.lua). While a chunk runs the REPL arms the
+ * trap: SIGINT then sets a hook, as luajit.c does, that raises "interrupted" at the next Lua
+ * instruction the interpreter runs (the REPL runs its chunks with the JIT off, since compiled
+ * traces run no hooks). Disarmed (at the prompt, or while a worker of `repl --nproc` waits
+ * for its next chunk) SIGINT is only counted; the handler is installed without SA_RESTART so
+ * that a poll() waiting for input returns EINTR and the REPL sees the count at once. */
+static lua_State *g_L;
+static volatile sig_atomic_t g_sigint_armed, g_sigint_count;
+
+static void sigint_stop(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  if (!g_sigint_armed) return;   /* the chunk ended before the hook ran */
+  g_sigint_armed = 0;
+  luaL_error(L, "interrupted");
+}
+
+static void on_sigint(int sig) {
+  (void)sig;
+  g_sigint_count++;
+  if (g_sigint_armed && g_L) lua_sethook(g_L, sigint_stop, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* Installs (on != 0) or removes the trap; returns 0, or -1 with errno. */
+int shard_sigint_trap(int on) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on ? on_sigint : SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  return sigaction(SIGINT, &sa, NULL);
+}
+
+void shard_sigint_arm(int on) { g_sigint_armed = on; }
+
+/* The number of SIGINTs since the last call. */
+int shard_sigint_take(void) {
+  int n = g_sigint_count;
+  g_sigint_count = 0;
+  return n;
+}
 
 static int find_root(char *root, size_t size) {
   char exe[PATH_MAX];
@@ -46,6 +88,7 @@ int main(int argc, char **argv) {
   lua_State *L = luaL_newstate();
   if (!L) { fprintf(stderr, "shard: cannot create a Lua state\n"); return 2; }
   luaL_openlibs(L);
+  g_L = L;
 
   char path[3 * PATH_MAX];
   lua_getglobal(L, "package");
@@ -71,6 +114,7 @@ int main(int argc, char **argv) {
   if (lua_pcall(L, 1, 1, 1) != 0) fprintf(stderr, "%s\n", lua_tostring(L, -1));
   else rc = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
   fflush(stdout);
+  g_L = NULL;
   lua_close(L);
   return rc;
 }

@@ -3,6 +3,7 @@
 #   BUILD_DIR/tests/test_*       C unit tests (each prints "C name: N passed, N failed")
 #   BUILD_DIR/tests/test_mpi_*   the same under mpirun at world sizes 1..4
 #   tests/spec/*_spec.lua        busted specs, one process per file, run through SHARD_BIN
+#                                (repl_pty_spec drives the REPL through BUILD/tests/pty/ptyexpect)
 #   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
 #   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
@@ -24,6 +25,7 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pm
 
 cd "$(dirname "$0")/.." || exit 2
 export SHARD_BIN="$SHARD"   # specs that drive the CLI run the same binary
+export SHARD_BUILD="$BUILD" # and find the test tools built there (tests/pty/ptyexpect)
 passed=0
 failed=0
 out=$(mktemp)

@@ -7,7 +7,8 @@ local USAGE = [[
 usage: shard <command> [args]
 
   run FILE [--key=value ...] [args]   run a recipe; --key=value overrides reach shard.config
-  repl                                 interactive Lua with shard loaded (reads stdin when piped)
+  repl [--nproc N]                     interactive Lua with shard loaded (reads stdin when piped);
+                                       --nproc N: one prompt driving N ranks (repl --help)
   launch --nproc N FILE [...]          run a recipe on N local ranks (--timeout SECONDS: collective
                                        timeout, default 600 or SHARD_COMM_TIMEOUT)
   bench ...                            benchmarks

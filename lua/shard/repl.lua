@@ -1,146 +1,136 @@
 -- shard.repl: interactive Lua with shard loaded as the global `shard`.
--- A line that is an expression prints its values (tensors pretty-printed); a chunk left open
--- (a function body, an unclosed call) continues on the next line; an error is printed and the
--- prompt comes back. Line editing and history (~/.shard_history) come from readline, which
--- bin/shard links and exports; without it (a plain luajit) lines are read with io.read.
--- When stdin is not a terminal, lines are read without prompt or banner, so
+--   shard repl              one process
+--   shard repl --nproc N    one prompt driving N ranks (shard.repl.ranks)
+-- A line that is an expression prints its values (tensors pretty-printed, tables by their
+-- contents: shard.repl.show); a statement prints nothing; a chunk left open (a function body,
+-- an unclosed call) continues on the next line; an error is printed and the prompt comes back.
+-- Ctrl-C interrupts the running chunk (shard.repl.interrupt) or drops the line being typed;
+-- the session and its values survive. On a terminal, lines are read with readline: Tab
+-- completes Lua names (shard.repl.complete) and the history file is appended to as lines are
+-- entered (shard.repl.terminal). When stdin is not a terminal, lines are read without prompt
+-- or banner, so
 --   echo 'print(shard.randn{2,3})' | shard repl
 -- prints just the tensor; the exit code is then 1 if any chunk raised an error.
-local ffi = require "ffi"
+local chunk = require "shard.repl.chunk"
+local show = require "shard.repl.show"
+local terminal = require "shard.repl.terminal"
+local interrupt = require "shard.repl.interrupt"
+local complete = require "shard.repl.complete"
 
 local M = {}
 
-for _, decl in ipairs {
-  "int isatty(int fd);",
-  "char *readline(const char *prompt);",
-  "void add_history(const char *line);",
-  "int read_history(const char *filename);",
-  "int write_history(const char *filename);",
-  "int history_truncate_file(const char *filename, int lines);",
-  "void free(void *ptr);",
-} do pcall(ffi.cdef, decl) end   -- another module may have declared some already
-
-local HISTORY_LINES = 1000
-
-local function has_readline()
-  return pcall(function() return ffi.C.readline ~= nil end)
-end
-
--- Returns read(prompt) -> line or nil at end of input, and close().
-local function line_reader(interactive)
-  if not interactive or not has_readline() then
-    return function(prompt)
-      if interactive then io.write(prompt); io.flush() end
-      return io.read("*l")
-    end, function() end
-  end
-  local home = os.getenv("HOME")
-  local history = home and home .. "/.shard_history"
-  if history then ffi.C.read_history(history) end
-  local function read(prompt)
-    local p = ffi.C.readline(prompt)
-    if p == nil then return nil end
-    local line = ffi.string(p)
-    ffi.C.free(p)
-    if line:match("%S") then ffi.C.add_history(line) end
-    return line
-  end
-  local function close()
-    if history then
-      ffi.C.write_history(history)
-      ffi.C.history_truncate_file(history, HISTORY_LINES)
-    end
-  end
-  return read, close
-end
-
--- Compiles a chunk: as an expression list to print if it is one, else as statements.
--- Returns fn (whose results are a count and the values in a table), or nil and
--- "incomplete", or nil and a syntax error. The expressions become a call's arguments
--- rather than `return expr`, so that error("x") in them is not a tail call and keeps its
--- "stdin:1:" position; the closing parenthesis goes on its own line past any comment.
-local PACK = "return (function(...) return select('#', ...), {...} end)("
-local function compile(src)
-  local fn = loadstring(PACK .. src .. "\n)", "=stdin")
-  if fn then return fn end
-  local err
-  fn, err = loadstring(src, "=stdin")
-  if fn then return function() fn(); return 0, {} end end
-  -- Unfinished when the text ends too early as statements or as an expression ("1 +").
-  local _, as_expr = loadstring("return " .. src, "=stdin")
-  if err:match("'<eof>'$") or as_expr:match("'<eof>'$") then return nil, "incomplete" end
-  return nil, err
-end
-
-local function show(n, ...)
-  if n == 0 then return end
-  local parts = {}
-  for i = 1, n do parts[i] = tostring((select(i, ...))) end
-  print(table.concat(parts, "\t"))
-end
-
-local function traceback(err)
-  local msg = err == nil and "(error object is nil)" or tostring(err)
-  if os.getenv("SHARD_TRACEBACK") == "1" then return debug.traceback(msg, 2) end
-  return msg
-end
-
--- Runs one complete chunk; returns false if it raised an error.
-local function execute(fn)
-  local function report(ok, ...)
-    if not ok then
-      io.stdout:flush()
-      io.stderr:write((...), "\n")
-      return false
-    end
-    local n, values = ...
-    show(n, unpack(values, 1, n))
-    return true
-  end
-  return report(xpcall(fn, traceback))
-end
-
 local HELP = [[
-usage: shard repl
+usage: shard repl [--nproc N] [--timeout SECONDS]
 Interactive Lua with `shard` loaded: each line (or a block, continued while incomplete) runs
-and its values are printed; Ctrl-D exits. With stdin not a terminal it reads the script from
-stdin and exits 1 if any chunk failed.]]
+and its values are printed; Ctrl-C interrupts a running chunk, Tab completes names, Ctrl-D
+exits. History goes to $SHARD_HISTORY or ~/.shard_history as lines are entered. With stdin
+not a terminal it reads the script from stdin and exits 1 if any chunk failed.
+  --nproc N          one prompt driving N ranks started as `shard launch` starts them: each
+                     chunk runs on every rank, with `rank` and `world` (the world group)
+                     defined; outputs are labelled by rank, identical ones shown once
+                     ([0-3] ...). Commands: :ranks, :wait, :restart (see :help).
+  --timeout SECONDS  the ranks' collective timeout (as shard launch --timeout)]]
 
-function M.main(args)
-  if args and args[1] then
-    if args[1] == "--help" or args[1] == "-h" or args[1] == "help" then print(HELP); return 0 end
-    io.stderr:write("shard repl: unexpected argument '", args[1], "'\n", HELP, "\n")
-    return 2
+local function usage(msg)
+  io.stderr:write("shard repl: ", msg, "\n", HELP, "\n")
+  return 2
+end
+
+function M.parse(args)
+  local o = {}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local flag, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
+    flag = flag or a
+    local function value()
+      if inline then return inline end
+      i = i + 1
+      return args[i]
+    end
+    if flag == "--help" or flag == "-h" or flag == "help" then o.help = true
+    elseif flag == "--nproc" then
+      local v = value()
+      o.nproc = tonumber(v)
+      if not o.nproc or o.nproc < 1 or o.nproc % 1 ~= 0 then return nil, "--nproc expects a whole number >= 1, got '" .. tostring(v) .. "'" end
+    elseif flag == "--timeout" then
+      local v = value()
+      o.timeout = tonumber(v)
+      if not o.timeout or o.timeout <= 0 then return nil, "--timeout expects a positive number of seconds, got '" .. tostring(v) .. "'" end
+    else
+      return nil, "unexpected argument '" .. a .. "'"
+    end
+    i = i + 1
   end
-  _G.shard = require "shard"
-  local interactive = ffi.C.isatty(0) == 1
-  local read, close = line_reader(interactive)
-  if interactive then
-    print(("shard %s (%s) -- Lua with `shard` loaded; Ctrl-D exits"):format(shard.version, jit.version))
-  end
-  local failed = false
+  if o.timeout and not o.nproc then return nil, "--timeout is for the ranks of --nproc N" end
+  return o
+end
+
+-- Reads complete chunks: calls on_chunk(src, fn, packed) for each, on_error(msg) for a
+-- syntax error, and on_command(line) (when given) for a line ":name" typed at the first
+-- prompt; Ctrl-C at the prompt drops what was typed. Returns false if the input ended inside
+-- an unfinished chunk.
+function M.loop(term, on_chunk, on_error, prompts, on_command)
+  prompts = prompts or { "> ", ">> " }
   local buffer
   while true do
-    local line = read(buffer and ">> " or "> ")
-    if not line then break end
-    buffer = buffer and buffer .. "\n" .. line or line
-    local fn, err = compile(buffer)
-    if fn then
-      if not execute(fn) then failed = true end
+    local line = term.read(buffer and prompts[2] or prompts[1])
+    if line == nil then break end
+    if line == false then
       buffer = nil
-    elseif err ~= "incomplete" then
-      io.stderr:write(err, "\n")
-      failed = true
-      buffer = nil
+    elseif on_command and not buffer and line:match("^:%a") then
+      on_command(line)
+    else
+      buffer = buffer and buffer .. "\n" .. line or line
+      local fn, err = chunk.compile(buffer)
+      if fn then
+        local src = buffer
+        buffer = nil
+        on_chunk(src, fn, err)
+      elseif err ~= "incomplete" then
+        on_error(err)
+        buffer = nil
+      end
     end
   end
-  if buffer then
-    io.stderr:write("stdin: input ended inside an unfinished chunk\n")
+  if buffer then on_error("stdin: input ended inside an unfinished chunk") end
+  return buffer == nil
+end
+
+local function single()
+  _G.shard = require "shard"
+  local interactive = terminal.is_terminal()
+  interrupt.install()
+  local term = terminal.open { complete = function(text) return complete.candidates(text, _G) end }
+  if interactive then
+    print(("shard %s (%s) -- Lua with `shard` loaded; Ctrl-C interrupts, Ctrl-D exits"):format(shard.version, jit.version))
+  end
+  local failed = false
+  local function on_error(msg)
+    io.stdout:flush()
+    io.stderr:write(msg, "\n")
     failed = true
   end
-  close()
+  M.loop(term, function(_, fn, packed)
+    local ok, n, values = chunk.run(fn, packed)
+    if ok then
+      io.stdout:write(show.values(n, values))
+    else
+      on_error(n)
+    end
+  end, on_error)
+  term.close()
+  interrupt.uninstall()
   if interactive then io.write("\n") end
   return (failed and not interactive) and 1 or 0
+end
+
+function M.main(args)
+  local o, err = M.parse(args or {})
+  if not o then return usage(err) end
+  if o.help then print(HELP); return 0 end
+  if o.nproc then return require("shard.repl.ranks").main(o) end
+  return single()
 end
 
 return M
