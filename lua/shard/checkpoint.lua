@@ -78,6 +78,11 @@ local function held_slices(model, rank)
         end
       end
     end
+    -- ignored parameters: a whole replica on every rank, written by rank 0, loaded by all
+    for _, t in ipairs(model.ignored or {}) do
+      out[#out + 1] = { name = model.names[t], shape = t:shape(), start = 0, count = t:numel(), owner = rank == 0,
+                        view = function() return t:view({ t:numel() }) end }
+    end
   else
     for _, np in ipairs(model:named_parameters()) do
       local t = np.tensor

@@ -103,7 +103,7 @@ local lazy = { memory = "shard.memory", config = "shard.config",
                nn = "shard.nn", optim = "shard.optim", data = "shard.data",
                comm = "shard.comm", flatparam = "shard.flatparam", fsdp = "shard.fsdp",
                safetensors = "shard.io.safetensors", profile = "shard.profile", checkpoint = "shard.checkpoint",
-               train = "shard.train", peak = "shard.peak", straggler = "shard.straggler",
+               train = "shard.train", peak = "shard.peak", straggler = "shard.straggler", amp = "shard.amp",
                trace = "shard.trace" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]

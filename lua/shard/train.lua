@@ -313,7 +313,8 @@ function M.run(recipe)
              tflops = w.tflops, mfu = w.mfu, peak_bytes = w.peak_mib * 2 ^ 20, exposed_comm_ms = w.exposed_comm_ms,
              world = env.world, strategy = cfg.strategy }
       for _, warning in ipairs(watch:observe(w.steps, w.seconds, w.waited)) do
-        if env.rank == 0 then io.stderr:write("shard: warning: ", warning, "\n") end
+        -- on stdout, whole lines between the progress lines (stderr would interleave with them)
+        if env.rank == 0 then print("warning: " .. warning); io.stdout:flush() end
       end
     end
     if cfg.save_interval > 0 and (it + 1) % cfg.save_interval == 0 then

@@ -129,6 +129,27 @@ do
   local w, where = worst_of(model, ref_params, function(e) return e.tensor:clone() end)
   if w > 1e-6 then fail("ignored: parameters differ from one process by %.3g at %s", w, where) end
   if rank == 0 then print(("ignored world %d: replicated ignored parameters and sharded ones match one process (%.3g)"):format(size, w)) end
+
+  -- both checkpoint forms keep the ignored parameters: loaded into a fresh wrapped model,
+  -- every parameter (sharded or ignored) equals one process's after the steps
+  local dir = ("%s/shard_ignored_ckpt_%d"):format(os.getenv("SHARD_TEST_TMP") or "/tmp", size)
+  if rank == 0 then os.execute("rm -rf " .. require("shard.ffi").shell_quote(dir)) end
+  env.barrier()
+  shard.checkpoint.save(dir, { model = model, step = STEPS })
+  shard.save(model, dir .. ".safetensors")
+  for _, how in ipairs { "checkpoint", "save" } do
+    shard.manual_seed(123)              -- other values than the trained ones
+    local fm = nn.GPT(CFG)
+    local fmlp, flnf, ffrozen = block(fm, 1).mlp, fm.transformer.ln_f.weight, block(fm, 2).ln_2.bias
+    local fresh = fsdp.wrap(fm, { policy = POLICY, strategy = "full_shard", ignored_modules = { fmlp }, ignored_params = { flnf, ffrozen } })
+    if how == "checkpoint" then shard.checkpoint.load(dir, { model = fresh }) else shard.load(fresh, dir .. ".safetensors") end
+    for name, t in pairs { ["transformer.h.0.mlp.c_fc.weight"] = fmlp.c_fc.weight, ["transformer.ln_f.weight"] = flnf,
+                           ["transformer.h.1.ln_2.bias"] = ffrozen } do
+      if not same(t:tolist_flat(), ref_params[name]) then fail("ignored, %s: %s was not restored", how, name) end
+    end
+    local fw, fwhere = worst_of(fresh, ref_params, function(e) return e.tensor:clone() end)
+    if fw > 1e-6 then fail("ignored, %s: parameters differ from one process by %.3g at %s", how, fw, fwhere) end
+  end
 end
 
 ---------------------------------------------------------------------------------------------

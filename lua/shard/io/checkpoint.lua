@@ -23,6 +23,12 @@ local function each_slot(model, fn)
   end
 end
 
+-- Calls fn(param, name) for every parameter fsdp.wrap left out of its FlatParameters
+-- (ignored_params / ignored_modules): a replica on every rank, stored whole.
+local function each_ignored(model, fn)
+  for _, t in ipairs(model.ignored or {}) do fn(t, model.names[t]) end
+end
+
 -- name -> CPU f32 tensor of the full value.
 function M.state_dict(model)
   local out = {}
@@ -50,6 +56,7 @@ function M.state_dict(model)
     part:free(); value:free()
   end)
   for _, full in pairs(gathered) do full:free() end
+  each_ignored(model, function(t, name) out[name] = t:to{ dtype = "f32", device = "cpu" } end)
   return out
 end
 
@@ -74,6 +81,7 @@ function M.load(model, path, opts)
   local wanted = {}     -- { name, param, unit, i } in copy order
   if is_fsdp(model) then
     each_slot(model, function(u, i, t, slot, name) wanted[#wanted + 1] = { name = name, t = t, u = u, i = i } end)
+    each_ignored(model, function(t, name) wanted[#wanted + 1] = { name = name, t = t } end)
   else
     for _, np in ipairs(model:named_parameters()) do wanted[#wanted + 1] = { name = np.name, t = np.tensor } end
   end
