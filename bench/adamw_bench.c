@@ -1,18 +1,21 @@
 /* adamw_bench.c: shard's CPU AdamW step (optim.h, sh_adamw_step_multi_) over the parameters of
  * GPT-2 124M: the 148 tensors of 12 layers, n_embd 768, vocab 50304, block 1024, tied head
  * (124,475,904 elements; bench/adamw_torch.py builds the same list for PyTorch). Threads:
- * OMP_NUM_THREADS. After two untimed steps, times ITERS steps and prints the best one (the
- * machine may be shared: the best step is the least disturbed):
- *   step_ms T, params_per_s N, bytes_per_step B, gb_per_s G
- * bytes_per_step is what one pass must move: param, grad, m, v read and param, m, v written
- * (grad and shadow at their dtype's size), so gb_per_s sits against the machine's bandwidth
+ * each count of the list THREADS in turn. Two settings: f32 (f32 grads, no shadow: what
+ * PyTorch's AdamW does) and bf16 (bf16 grads and a bf16 shadow written in the same pass: the
+ * mixed-precision step). For each, after one untimed step, times ITERS steps at each thread
+ * count T and prints the best one (the machine may be shared: the best step is the least
+ * disturbed):  step_ms_Tt_S, params_per_s_Tt_S, bytes_per_step_S, gb_per_s_Tt_S
+ * bytes_per_step is what one pass must move: param, grad, m, v read and param, m, v and the
+ * shadow written, at their dtypes' sizes, so gb_per_s sits against the machine's bandwidth
  * (bench/adamw_membw.c).
- *   adamw_bench [ITERS=10] [GRAD=f32|bf16] [SHADOW=none|bf16]
+ *   adamw_bench [ITERS=5] [THREADS=1]      e.g. adamw_bench 5 1,2
  * Built by make bench-adamw against the runtime's objects. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <omp.h>
 #include "dtype.h"
 #include "optim.h"
 #include "status.h"
@@ -71,42 +74,72 @@ static sh_tensor *filled(int64_t n, int dtype, double scale, unsigned seed) {
   return t;
 }
 
-static int dtype_arg(const char *s, const char *name, int none_ok) {
-  if (!strcmp(s, "f32")) return SH_F32;
-  if (!strcmp(s, "bf16")) return SH_BF16;
-  if (none_ok && !strcmp(s, "none")) return -1;
-  fprintf(stderr, "adamw_bench: %s must be f32%s or bf16, not '%s'\n", name, none_ok ? ", none" : "", s);
-  exit(2);
+/* The thread counts of a list "1,2,...": each 1 to 1024, at most 16 of them; returns how many. */
+static int thread_list(const char *s, int *out) {
+  int k = 0;
+  for (const char *c = s; *c;) {
+    char *end;
+    long t = strtol(c, &end, 10);
+    if (end == c || t < 1 || t > 1024 || k == 16 || (*end && *end != ',')) {
+      fprintf(stderr, "adamw_bench: THREADS must be a list like 1,2 of counts from 1 to 1024, not '%s'\n", s);
+      exit(2);
+    }
+    out[k++] = (int)t;
+    c = *end ? end + 1 : end;
+  }
+  return k;
 }
 
-int main(int argc, char **argv) {
-  int iters = argc > 1 ? atoi(argv[1]) : 10;
-  int grad_dtype = dtype_arg(argc > 2 ? argv[2] : "f32", "GRAD", 0);
-  int shadow_dtype = dtype_arg(argc > 3 ? argv[3] : "none", "SHADOW", 1);
-  if (iters < 1 || iters > 100000) { fprintf(stderr, "adamw_bench: ITERS must be 1 to 100000\n"); return 2; }
-  int64_t sizes[NT], total = gpt2_sizes(sizes);
-  sh_adamw_param ps[NT];
+/* The group's buffers: f32 grads, or bf16 grads and bf16 shadows (mixed precision). */
+static void make_params(sh_adamw_param *ps, const int64_t *sizes, int mixed) {
   for (int i = 0; i < NT; i++) {
     ps[i] = (sh_adamw_param){
-      .param = filled(sizes[i], SH_F32, 1, 4 * i + 1), .grad = filled(sizes[i], grad_dtype, 1e-2, 4 * i + 2),
+      .param = filled(sizes[i], SH_F32, 1, 4 * i + 1), .grad = filled(sizes[i], mixed ? SH_BF16 : SH_F32, 1e-2, 4 * i + 2),
       .m = filled(sizes[i], SH_F32, 0, 0), .v = filled(sizes[i], SH_F32, 0, 0),
-      .shadow = shadow_dtype < 0 ? NULL : filled(sizes[i], shadow_dtype, 0, 0), .weight_decay = 0.1,
+      .shadow = mixed ? filled(sizes[i], SH_BF16, 0, 0) : NULL, .weight_decay = 0.1,
     };
   }
-  double best = 1e30;
-  for (int it = -2; it < iters; it++) {   /* two untimed steps: pages, threads, state */
-    double t0 = now();
-    if (sh_adamw_step_multi_(NT, ps, 6e-4, 0.9, 0.95, 1e-8, it + 3, 1.0)) die("adamw step");
-    double dt = now() - t0;
-    if (it >= 0 && dt < best) best = dt;
-  }
-  int64_t gsize = grad_dtype == SH_F32 ? 4 : 2, ssize = shadow_dtype < 0 ? 0 : 2;
-  double bytes = (double)total * (4 * 3 * 2 + gsize + ssize);
-  printf("params %lld\ntensors %d\nstep_ms %.2f\nparams_per_s %.4g\nbytes_per_step %.0f\ngb_per_s %.2f\n",
-         (long long)total, NT, best * 1e3, total / best, bytes, bytes / best / 1e9);
+}
+
+static void free_params(sh_adamw_param *ps) {
   for (int i = 0; i < NT; i++) {
     sh_tensor_destroy(ps[i].param); sh_tensor_destroy((sh_tensor *)ps[i].grad);
     sh_tensor_destroy(ps[i].m); sh_tensor_destroy(ps[i].v); sh_tensor_destroy(ps[i].shadow);
+  }
+}
+
+/* The best of iters timed steps after one untimed one, in seconds. */
+static double best_step(sh_adamw_param *ps, int iters, int64_t *step) {
+  double best = 1e30;
+  for (int it = -1; it < iters; it++) {
+    double t0 = now();
+    if (sh_adamw_step_multi_(NT, ps, 6e-4, 0.9, 0.95, 1e-8, ++*step, 1.0)) die("adamw step");
+    double dt = now() - t0;
+    if (it >= 0 && dt < best) best = dt;
+  }
+  return best;
+}
+
+int main(int argc, char **argv) {
+  int iters = argc > 1 ? atoi(argv[1]) : 5, threads[16];
+  int nthreads = thread_list(argc > 2 ? argv[2] : "1", threads);
+  if (iters < 1 || iters > 100000) { fprintf(stderr, "adamw_bench: ITERS must be 1 to 100000\n"); return 2; }
+  int64_t sizes[NT], total = gpt2_sizes(sizes);
+  printf("params %lld\ntensors %d\n", (long long)total, NT);
+  for (int mixed = 0; mixed <= 1; mixed++) {
+    sh_adamw_param ps[NT];
+    make_params(ps, sizes, mixed);
+    int64_t step = 0;
+    double bytes = (double)total * (4 * 3 * 2 + (mixed ? 2 + 2 : 4));
+    const char *name = mixed ? "bf16" : "f32";
+    for (int k = 0; k < nthreads; k++) {
+      omp_set_num_threads(threads[k]);
+      double best = best_step(ps, iters, &step);
+      printf("step_ms_%dt_%s %.2f\nparams_per_s_%dt_%s %.4g\nbytes_per_step_%s %.0f\ngb_per_s_%dt_%s %.2f\n", threads[k], name,
+             best * 1e3, threads[k], name, total / best, name, bytes, threads[k], name, bytes / best / 1e9);
+      fflush(stdout);
+    }
+    free_params(ps);
   }
   return 0;
 }

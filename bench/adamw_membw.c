@@ -9,9 +9,10 @@
  *   streams a[i] = s a[i] + d[i], b[i] = s b[i] + d[i], c[i] = s c[i] + d[i]  7 arrays
  *           AdamW's access pattern: four arrays read, three of them written in place
  *           (param, m, v and grad), and as many streams in flight
- * Prints "NAME_gb_per_s G" for each (the best of REPS timed runs after one untimed run) and
- * "gb_per_s G", the best of the five: the bandwidth the machine can be seen to reach.
- *   adamw_membw [N=67108864] [REPS=5] */
+ * At each thread count T of the list, prints "NAME_gb_per_s_Tt G" for each (the best of REPS
+ * timed runs after one untimed run) and "gb_per_s_Tt G", the best of the five: the bandwidth
+ * the machine can be seen to reach.
+ *   adamw_membw N REPS THREADS...        e.g. adamw_membw 67108864 5 1 2 */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,13 +126,18 @@ int main(int argc, char **argv) {
   struct { const char *name; void (*fn)(arrays *); int narrays; } k[] = {
     {"memcpy", k_memcpy, 2}, {"copy", k_copy, 2}, {"triad", k_triad, 3}, {"update", k_update, 3}, {"streams", k_streams, 7},
   };
-  double best = 0;
-  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-    double g = best_gbps(k[i].fn, &x, k[i].narrays, reps);
-    printf("%s_gb_per_s %.2f\n", k[i].name, g);
-    if (g > best) best = g;
+  for (int a = 3; a < argc; a++) {
+    int t = (int)arg(argc, argv, a, 1, 1024);
+    omp_set_num_threads(t);
+    double best = 0;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+      double g = best_gbps(k[i].fn, &x, k[i].narrays, reps);
+      printf("%s_gb_per_s_%dt %.2f\n", k[i].name, t, g);
+      if (g > best) best = g;
+    }
+    printf("gb_per_s_%dt %.2f\n", t, best);
+    fflush(stdout);
   }
-  printf("threads %d\ngb_per_s %.2f\n", omp_get_max_threads(), best);
   free(x.a); free(x.b); free(x.c); free(x.d);
   return 0;
 }
