@@ -113,14 +113,15 @@ test-gpu: all $(GPU_TESTS)
 
 # make bench: shard vs PyTorch 1.13 (/usr/bin/python3; bench/deps.sh installs python3-torch as
 # root or names it) at 1 and nproc threads in alternating rounds, beside an OpenBLAS sgemm peak;
-# medians [min-max]. Knobs (whole numbers): ROUNDS=3 ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1.
-bench: all
+# medians [min-max]; then the CPU AdamW step (bench-adamw below). Knobs (whole numbers): ROUNDS=3
+# ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1, and bench-adamw's.
+ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
+bench: all $(ADAMW_BENCH)
 	@sh bench/run.sh
 
 # make bench-adamw: the CPU AdamW step alone (about a minute; make bench runs it too): shard
 # vs PyTorch 1.13's torch.optim.AdamW on GPT-2 124M's parameters, beside the machine's memory
-# bandwidth. Knobs: ROUNDS=3 ITERS=5 THREADS="1 2" (bench/adamw.sh).
-ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
+# bandwidth, in alternating rounds. Knobs: ADAMW_ROUNDS=2 ADAMW_ITERS=3 THREADS="1 2" (bench/adamw.sh).
 bench-adamw: $(ADAMW_BENCH)
 	@sh bench/adamw.sh $(BUILD)
 

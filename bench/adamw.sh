@@ -11,7 +11,7 @@
 # each at every thread count of THREADS, in ROUNDS rounds that alternate the order of the
 # systems (membw, shard, pytorch; then the reverse). Every figure is a process's best step of
 # ITERS (after one untimed step); over the rounds the report gives the best, the median and the
-# spread [min-max]. The headline is the ratio of bests: PyTorch's best time at its best setting
+# worst. The headline is the ratio of bests: PyTorch's best time at its best setting
 # over shard's at its own; then shard's bandwidth (bytes one pass must move: param, grad, m, v
 # read, param, m, v written, over the time) against the best bandwidth the machine showed at
 # the same threads, and the step's distance to that bound (targets: >= 3x PyTorch, within 1.5x
@@ -30,9 +30,10 @@ whole() {   # whole NAME VALUE: VALUE must be a whole number >= 1
 ROUNDS=${ADAMW_ROUNDS:-2}
 ITERS=${ADAMW_ITERS:-3}
 whole ADAMW_ROUNDS "$ROUNDS"; whole ADAMW_ITERS "$ITERS"
+THREADS=${THREADS:-"1 $(nproc)"}
 set -f   # THREADS is split on blanks, never globbed
 threads=""
-for t in ${THREADS:-"1 $(nproc)"}; do
+for t in $THREADS; do
   whole THREADS "$t"
   case " $threads " in *" $t "*) ;; *) threads="$threads $t";; esac
 done
@@ -95,7 +96,8 @@ awk -v threads="$threads" -v rounds="$ROUNDS" -v tv="${tv:-?}" '
     for (i = 2; i <= rounds; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
     return rounds % 2 ? a[(rounds + 1) / 2] : (a[rounds / 2] + a[rounds / 2 + 1]) / 2
   }
-  function ms(n, k) { return sprintf("%.0f (%.0f) [%.0f-%.0f]", lo(n, k), med(n, k), lo(n, k), hi(n, k)) }
+  function label(k,   t) { t = k + 0; return t (t == 1 ? " thread" : " threads") (k ~ /foreach1/ ? ", foreach on" : k ~ /foreach0/ ? ", foreach off" : "") }
+  function ms(n, k) { return sprintf("%.0f (%.0f, %.0f)", lo(n, k), med(n, k), hi(n, k)) }
   # round i: the best time of a system over its settings S[1..ns]
   function round_best(n, S, ns, i,   j, m) { m = 1e30; for (j = 1; j <= ns; j++) if (v[n, "step_ms_" S[j], i] < m) m = v[n, "step_ms_" S[j], i]; return m }
   END {
@@ -108,8 +110,8 @@ awk -v threads="$threads" -v rounds="$ROUNDS" -v tv="${tv:-?}" '
     rl = 1e30; rh = 0
     for (i = 1; i <= rounds; i++) { x = round_best("pytorch", P, np, i) / round_best("shard", S, ns, i); if (x < rl) rl = x; if (x > rh) rh = x }
     printf "\nadamw, ratio of bests: pytorch at %s %.0f ms / shard at %s %.0f ms = %.2fx [per round %.2f-%.2f] (target >= 3x: %s)\n",
-      bp, pb, bs, sb, ratio, rl, rh, ratio >= 3 ? "met" : "NOT met"
-    printf "ms per step: best (median) [min-max] over %d round(s), each a process'"'"'s best of its steps\n", rounds
+      label(bp), pb, label(bs), sb, ratio, rl, rh, (ratio >= 3 ? "met" : "NOT met")
+    printf "ms per step: best (median, worst) over %d round(s), each a process'"'"'s best of its steps\n", rounds
     printf "  %-8s %-26s %-26s %-26s %s\n", "threads", "shard f32", "shard bf16+shadow", "pytorch " tv " foreach off", "pytorch foreach on"
     for (i = 1; i <= nt; i++) {
       t = T[i]
@@ -124,9 +126,9 @@ awk -v threads="$threads" -v rounds="$ROUNDS" -v tv="${tv:-?}" '
     for (i = 1; i <= nt; i++) {
       t = T[i]; bw = hi("membw", "gb_per_s_" t "t"); s = lo("shard", "step_ms_" t "t_f32"); bound = bytes / bw / 1e6
       printf "  %-8s %-16.1f %-22s %-12.0f %.2fx\n", t, bytes / s / 1e6, sprintf("%.1f (%.1f)", bw, med("membw", "gb_per_s_" t "t")), bound, s / bound
-      if (t "t_f32" == bs) at_best = s / bound
+      if ((t "t_f32") == bs) at_best = s / bound
     }
-    printf "at shard'"'"'s best setting (%s): %.2fx the bandwidth bound (target within 1.5x: %s)\n", bs, at_best, at_best <= 1.5 ? "met" : "NOT met"
+    printf "at shard'"'"'s best setting (%s): %.2fx the bandwidth bound (target within 1.5x: %s)\n", label(bs), at_best, (at_best <= 1.5 ? "met" : "NOT met")
     # plain "name number" lines, for scripts
     printf "\nadamw_ratio_best %.3f\nadamw_bound_ratio_best %.3f\n", ratio, at_best
     for (i = 1; i <= nt; i++) {

@@ -16,6 +16,7 @@
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
  * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
@@ -75,24 +76,36 @@ static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
   adamw_portable(b, i0, i1);
 }
 
-/* A multi-tensor AdamW step as one loop over the concatenation of its n parameters (start:
- * n + 1 offsets), cut into chunks of ADAMW_CHUNK elements so that threads split it at whole
- * cache lines and vectors; one parallel region per step however many parameters. */
-enum { ADAMW_CHUNK = 16 };
+/* A multi-tensor AdamW step is one loop over the concatenation of its n parameters (start:
+ * n + 1 offsets), cut into blocks of ADAMW_BLOCK elements (whole vectors and cache lines) that
+ * the threads take in turn as they finish (dynamic scheduling: on a shared machine a thread
+ * that loses its core delays only the blocks it holds, not a fixed half of the step). Each
+ * element is updated on its own, so the bits do not depend on the split. */
+enum { ADAMW_BLOCK = 1 << 16 };
 typedef struct adamw_job {
   int n;
   const sh_adamw_buf *bufs;
   const int64_t *start;
 } adamw_job;
 
-static void adamw_chunks(const void *arg, int64_t c0, int64_t c1) {
-  const adamw_job *j = arg;
-  int64_t e0 = c0 * ADAMW_CHUNK, e1 = c1 * ADAMW_CHUNK;
-  if (e1 > j->start[j->n]) e1 = j->start[j->n];
+/* Elements [e0, e1) of the concatenation. */
+static void adamw_span(const adamw_job *j, int64_t e0, int64_t e1) {
   for (int k = 0; k < j->n && j->start[k] < e1; k++) {
     int64_t s = j->start[k], e = j->start[k + 1];
     if (e <= e0) continue;
     adamw_range(&j->bufs[k], (e0 > s ? e0 : s) - s, (e1 < e ? e1 : e) - s);
+  }
+}
+
+static void adamw_run(const adamw_job *j) {
+  int64_t total = j->start[j->n], blocks = (total + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+  int nt = total * 4 >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
+  if (nt > blocks) nt = (int)blocks;
+  if (nt <= 1) { adamw_span(j, 0, total); return; }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t e1 = (b + 1) * ADAMW_BLOCK;
+    adamw_span(j, b * ADAMW_BLOCK, e1 < total ? e1 : total);
   }
 }
 
@@ -172,9 +185,7 @@ static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, dou
     bufs[i] = adamw_buf_of(&ps[i], sh_adamw_hyper_of(lr, beta1, beta2, eps, ps[i].weight_decay, step, grad_scale));
     start[i + 1] = start[i] + sh_tensor_numel(ps[i].param);
   }
-  adamw_job j = {n, bufs, start};
-  int64_t total = start[n];
-  sh_nn_parallel_for((total + ADAMW_CHUNK - 1) / ADAMW_CHUNK, total * 4, adamw_chunks, &j);
+  adamw_run(&(adamw_job){n, bufs, start});
   free(bufs); free(start);
   return SH_OK;
 }

@@ -184,13 +184,15 @@ static void test_adamw_sizes(void) {
   run_everywhere("adamw 1000003", 1, big, SH_F32, -1);
 }
 
-/* Thread boundaries of the concatenation fall inside tensors, between them, and next to
- * one-element tensors. */
+/* The threads split the concatenation of a group at blocks of 65536 elements: here block
+ * boundaries fall inside a tensor off the vector grid (65536 - 52431 = 13105 = 16 * 819 + 1),
+ * exactly at tensors' starts, next to one-element tensors, and inside a tensor on the grid. */
 static void test_adamw_group(void) {
-  static const int64_t sizes[] = {1, 15, 16, 17, 40000, 3, 12345, 1, 33, 20001};
-  int n = (int)(sizeof sizes / sizeof sizes[0]);
-  run_everywhere("adamw group", n, sizes, SH_F32, SH_BF16);
-  run_everywhere("adamw group", n, sizes, SH_BF16, -1);
+  static const int64_t mixed[] = {1, 15, 16, 17, 40000, 3, 12345, 1, 33, 20001};
+  static const int64_t edges[] = {65535, 1, 65536, 70000};
+  run_everywhere("adamw group", 10, mixed, SH_F32, SH_BF16);
+  run_everywhere("adamw group", 10, mixed, SH_BF16, -1);
+  run_everywhere("adamw group at block edges", 4, edges, SH_BF16, SH_BF16);
 }
 
 /* With lr 0 the param keeps its value, so the shadow must round chosen bit patterns exactly:
