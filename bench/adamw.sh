@@ -122,7 +122,6 @@ awk -v threads="$threads" -v rounds="$ROUNDS" -v tv="${tv:-?}" '
     printf "\nbandwidth: shard moves %.2f GB a step (param, grad, m, v read; param, m, v written; f32); the machine'"'"'s: the best\n", bytes / 1e9
     printf "GB/s of adamw_membw'"'"'s kernels at the same threads over the rounds; bound: the step at that bandwidth\n"
     printf "  %-8s %-16s %-22s %-12s %s\n", "threads", "shard GB/s", "machine GB/s (median)", "bound ms", "shard best / bound"
-    worst = 0
     for (i = 1; i <= nt; i++) {
       t = T[i]; bw = hi("membw", "gb_per_s_" t "t"); s = lo("shard", "step_ms_" t "t_f32"); bound = bytes / bw / 1e6
       printf "  %-8s %-16.1f %-22s %-12.0f %.2fx\n", t, bytes / s / 1e6, sprintf("%.1f (%.1f)", bw, med("membw", "gb_per_s_" t "t")), bound, s / bound

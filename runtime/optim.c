@@ -8,11 +8,11 @@
  * forms them in Python. The loops are memory-bound, so each is one pass: AdamW reads param,
  * grad, m and v once and writes param, m, v and the shadow once.
  * AdamW runs over a group of parameters per call: on the CPU one parallel region over all of
- * them, cut at whole vectors, each thread running the AVX-512 loop (optim_cpu_avx512.c) where
- * the CPU has it and the portable loop below for the rest; on CUDA one launch per up to 16.
- * SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather than written in intrinsics.
- * and the gradient-norm part sums a list of tensors into one number on their device, so a
- * clip reads back one number however many tensors there are.
+ * them, in blocks the threads take as they finish, each running the AVX-512 loop
+ * (optim_cpu_avx512.c) where the CPU has it and the portable loop below for the rest; on CUDA
+ * one launch per up to 16. SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather
+ * than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
+ * their device, so a clip reads back one number however many tensors there are.
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
  * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
