@@ -7,10 +7,10 @@
  * The scalars (bias corrections, step size) are formed in f64 once per call, as PyTorch
  * forms them in Python. The loops are memory-bound, so each is one pass: AdamW reads param,
  * grad, m and v once and writes param, m, v and the shadow once.
- * AdamW runs over a group of parameters per call: on the CPU one parallel region over all of
- * them, in blocks the threads take as they finish, each running the AVX-512 loop
- * (optim_cpu_avx512.c) where the CPU has it and the portable loop below for the rest; on CUDA
- * one launch per up to 16. SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather
+ * On the CPU the threads take blocks of the step as they finish (optim_parallel). AdamW runs
+ * over a group of parameters per call: on the CPU one parallel region over all of them, each
+ * thread running the AVX-512 loop (optim_cpu_avx512.c) where the CPU has it and the portable
+ * loop below for the rest; on CUDA one launch per up to 16. SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather
  * than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
  * their device, so a clip reads back one number however many tensors there are.
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
@@ -76,12 +76,29 @@ static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
   adamw_portable(b, i0, i1);
 }
 
+/* Calls fn(arg, e0, e1) over [0, total) in blocks of OPTIM_BLOCK elements (whole vectors and
+ * cache lines) that the threads take in turn as they finish: dynamic scheduling, so that on a
+ * shared machine a thread that loses its core delays only the blocks it holds, not a fixed
+ * share of the step. Every element is updated on its own, so the bits do not depend on the
+ * split. One thread when the step is too small to wake the team (SH_NN_PAR_MIN). */
+enum { OPTIM_BLOCK = 1 << 16 };
+static void optim_parallel(int64_t total, sh_nn_range_fn fn, const void *arg) {
+  int64_t blocks = (total + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
+  int nt = total * 4 >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
+  if (nt > blocks) nt = (int)blocks;
+  if (nt <= 1) {
+    if (total > 0) fn(arg, 0, total);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t e1 = (b + 1) * OPTIM_BLOCK;
+    fn(arg, b * OPTIM_BLOCK, e1 < total ? e1 : total);
+  }
+}
+
 /* A multi-tensor AdamW step is one loop over the concatenation of its n parameters (start:
- * n + 1 offsets), cut into blocks of ADAMW_BLOCK elements (whole vectors and cache lines) that
- * the threads take in turn as they finish (dynamic scheduling: on a shared machine a thread
- * that loses its core delays only the blocks it holds, not a fixed half of the step). Each
- * element is updated on its own, so the bits do not depend on the split. */
-enum { ADAMW_BLOCK = 1 << 16 };
+ * n + 1 offsets). */
 typedef struct adamw_job {
   int n;
   const sh_adamw_buf *bufs;
@@ -89,23 +106,12 @@ typedef struct adamw_job {
 } adamw_job;
 
 /* Elements [e0, e1) of the concatenation. */
-static void adamw_span(const adamw_job *j, int64_t e0, int64_t e1) {
+static void adamw_span(const void *arg, int64_t e0, int64_t e1) {
+  const adamw_job *j = arg;
   for (int k = 0; k < j->n && j->start[k] < e1; k++) {
     int64_t s = j->start[k], e = j->start[k + 1];
     if (e <= e0) continue;
     adamw_range(&j->bufs[k], (e0 > s ? e0 : s) - s, (e1 < e ? e1 : e) - s);
-  }
-}
-
-static void adamw_run(const adamw_job *j) {
-  int64_t total = j->start[j->n], blocks = (total + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
-  int nt = total * 4 >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
-  if (nt > blocks) nt = (int)blocks;
-  if (nt <= 1) { adamw_span(j, 0, total); return; }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-  for (int64_t b = 0; b < blocks; b++) {
-    int64_t e1 = (b + 1) * ADAMW_BLOCK;
-    adamw_span(j, b * ADAMW_BLOCK, e1 < total ? e1 : total);
   }
 }
 
@@ -185,7 +191,7 @@ static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, dou
     bufs[i] = adamw_buf_of(&ps[i], sh_adamw_hyper_of(lr, beta1, beta2, eps, ps[i].weight_decay, step, grad_scale));
     start[i + 1] = start[i] + sh_tensor_numel(ps[i].param);
   }
-  adamw_run(&(adamw_job){n, bufs, start});
+  optim_parallel(start[n], adamw_span, &(adamw_job){n, bufs, start});
   free(bufs); free(start);
   return SH_OK;
 }
@@ -200,7 +206,7 @@ static int cpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *mom
   a.p = sh_nn_ptr(param);
   a.s = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
   a.buf = a.s.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
-  sh_nn_parallel_for(n, n * 4, sgd_range, &a);
+  optim_parallel(n, sgd_range, &a);
   return SH_OK;
 }
 
