@@ -111,6 +111,8 @@ awk -v threads="$threads" -v rounds="$ROUNDS" -v tv="${tv:-?}" '
     for (i = 1; i <= rounds; i++) { x = round_best("pytorch", P, np, i) / round_best("shard", S, ns, i); if (x < rl) rl = x; if (x > rh) rh = x }
     printf "\nadamw, ratio of bests: pytorch at %s %.0f ms / shard at %s %.0f ms = %.2fx [per round %.2f-%.2f] (target >= 3x: %s)\n",
       label(bp), pb, label(bs), sb, ratio, rl, rh, (ratio >= 3 ? "met" : "NOT met")
+    np_ = v["shard", "params", 1]
+    printf "throughput: shard %.2f G params/s, pytorch %.3f G params/s (%d parameters a step)\n", np_ / sb / 1e6, np_ / pb / 1e6, np_
     printf "ms per step: best (median, worst) over %d round(s), each a process'"'"'s best of its steps\n", rounds
     printf "  %-8s %-26s %-26s %-26s %s\n", "threads", "shard f32", "shard bf16+shadow", "pytorch " tv " foreach off", "pytorch foreach on"
     for (i = 1; i <= nt; i++) {
