@@ -3,8 +3,9 @@ the parameters of GPT-2 124M (the same 148 tensors: 12 layers, n_embd 768, vocab
 1024, tied head; 124,475,904 elements), f32, the same hyper-parameters, with foreach off (the
 single-tensor loop) and on (torch._foreach_* over the list), at each thread count of --threads.
 For each setting, after one untimed step, it times ITERS steps and prints the best one, as
-adamw_bench does:  step_ms_Tt_foreachF, params_per_s_Tt_foreachF (and torch_version V)
-  /usr/bin/python3 bench/adamw_torch.py [--iters 5] [--threads 1,2]
+adamw_bench does:  step_ms_Tt_foreachF, params_per_s_Tt_foreachF (and torch_version V), each
+key followed by --tag when given.
+  /usr/bin/python3 bench/adamw_torch.py [--iters 5] [--threads 1,2] [--tag _passive]
 """
 import argparse
 import time
@@ -36,6 +37,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2")
+    ap.add_argument("--tag", default="", help="a suffix for the keys, e.g. _passive")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     if a.iters < 1 or min(threads) < 1:
@@ -53,7 +55,8 @@ def main():
         for t in threads:
             torch.set_num_threads(t)
             best = best_step(opt, a.iters)
-            print(f"step_ms_{t}t_foreach{foreach} {best * 1e3:.2f}\nparams_per_s_{t}t_foreach{foreach} {total / best:.4g}", flush=True)
+            key = f"{t}t_foreach{foreach}{a.tag}"
+            print(f"step_ms_{key} {best * 1e3:.2f}\nparams_per_s_{key} {total / best:.4g}", flush=True)
         del opt
 
 
