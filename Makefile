@@ -119,7 +119,7 @@ ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
 bench: all $(ADAMW_BENCH)
 	@sh bench/run.sh
 
-# make bench-adamw: the CPU AdamW step alone (about a minute; make bench runs it too): shard
+# make bench-adamw: the CPU AdamW step alone (minutes, mostly PyTorch's; make bench runs it too): shard
 # vs PyTorch 1.13's torch.optim.AdamW on GPT-2 124M's parameters, beside the machine's memory
 # bandwidth, in alternating rounds. Knobs: ADAMW_ROUNDS=2 ADAMW_ITERS=3 THREADS="1 2" (bench/adamw.sh).
 bench-adamw: $(ADAMW_BENCH)
