@@ -13,7 +13,6 @@
  * Built by make bench-adamw against the runtime's objects. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <omp.h>
 #include "dtype.h"

@@ -1,6 +1,5 @@
-/* adamw_membw.c: the machine's memory bandwidth, the bound of bench/adamw_bench.c's step, on
- * OMP_NUM_THREADS threads over arrays far larger than the caches (four of N floats each, 64M = 256 MB
- * by default). Five STREAM-like kernels, each split into one contiguous range per thread,
+/* adamw_membw.c: the machine's memory bandwidth, the bound of bench/adamw_bench.c's step, at
+ * each thread count given, over arrays far larger than the caches (four of N floats each). Five STREAM-like kernels, each split into one contiguous range per thread,
  * counted as STREAM counts (the bytes the program reads and writes, once each):
  *   memcpy  a = b             glibc's (non-temporal stores at this size)    2 arrays
  *   copy    a[i] = b[i]                                                     2 arrays
@@ -12,7 +11,7 @@
  * At each thread count T of the list, prints "NAME_gb_per_s_Tt G" for each (the best of REPS
  * timed runs after one untimed run) and "gb_per_s_Tt G", the best of the five: the bandwidth
  * the machine can be seen to reach.
- *   adamw_membw N REPS THREADS...        e.g. adamw_membw 67108864 5 1 2 */
+ *   adamw_membw N REPS THREADS...        e.g. adamw_membw 67108864 5 1 2  (256 MB arrays) */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
