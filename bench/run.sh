@@ -13,6 +13,8 @@
 #               the headline is the ratio of bests (shard at its best setting over PyTorch at
 #               its own), then the same-setting ratios, then the step's GFLOP/s against the
 #               peak. A system that fails or prints no positive figure is an error (exit 1).
+#   adamw       the CPU AdamW step on GPT-2 124M's parameters, shard vs torch.optim.AdamW
+#               (foreach off and on) beside the machine's memory bandwidth: bench/adamw.sh.
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
 cd "$(dirname "$0")/.." || exit 2
@@ -161,6 +163,11 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
       printf "pytorch_tokens_per_s_%s %.1f\nratio_%s %.3f\n", n, med("pytorch", k), n, med("shard", k + 0) / med("pytorch", k)
     }
   }' "$data" || exit 1
+
+# The CPU AdamW step beside PyTorch's and the machine's bandwidth, at the same thread counts
+# (bench/adamw.sh; make bench-adamw runs it alone).
+echo
+THREADS="$threads" sh bench/adamw.sh build || exit 1
 
 # GPT-2 124M on the GPU, shard then its PyTorch peer in the same invocation.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
