@@ -457,6 +457,12 @@ int sh_comm_set_name(sh_comm *c, const char *name) {
   return SH_OK;
 }
 
+int sh_comm_set_counted(sh_comm *c, int counted) {
+  if (!c) return sh_fail(SH_ERR_ARG, "comm set_counted: expected a group, got nil");
+  c->uncounted = !counted;
+  return SH_OK;
+}
+
 int sh_comm_set_timeout(sh_comm *c, double seconds) {
   if (!c) return sh_fail(SH_ERR_ARG, "comm set_timeout: expected a group, got nil");
   if (!(seconds > 0) || !isfinite(seconds))
@@ -567,8 +573,9 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
   else snprintf(w->what, sizeof w->what, "%s of %s (%s%s%s)", KIND_NAME[kind], sh_desc(src), OP_NAME[op],
                 rd >= 0 ? " in " : "", rd >= 0 ? sh_dtype_name(rd) : "");
   int64_t bytes = src ? sh_tensor_numel(src) * sh_dtype_size(src->dtype) : 0;
-  c->count[kind]++; g_count[kind]++;
-  c->bytes[kind] += bytes; g_bytes[kind] += bytes;
+  c->count[kind]++;
+  c->bytes[kind] += bytes;
+  if (!c->uncounted) { g_count[kind]++; g_bytes[kind] += bytes; }
   w->seq = ++c->seq;
   w->bytes = bytes;
   w->issued = sh_comm_now();

@@ -88,6 +88,10 @@ const char *sh_comm_node_name(const sh_comm *comm);   /* the host name (MPI_Get_
  * comm, named "<comm> node N". */
 int sh_comm_split_node(sh_comm **out, sh_comm *comm);
 int sh_comm_set_name(sh_comm *comm, const char *name);  /* used in error messages */
+/* counted 0: the group's collectives stay out of the process-wide counters (comm NULL in
+ * sh_comm_count/_bytes below), for groups that only check the others (FSDP's schedule check);
+ * its own counters still count. */
+int sh_comm_set_counted(sh_comm *comm, int counted);
 const char *sh_comm_name(const sh_comm *comm);
 const char *sh_comm_backend_name(const sh_comm *comm);  /* CPU backend: "mpi", "local" or "none" */
 int sh_comm_set_timeout(sh_comm *comm, double seconds);

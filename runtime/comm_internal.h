@@ -28,6 +28,7 @@ struct sh_comm {
   int color, key;
   int64_t count[SH_COLL_N], bytes[SH_COLL_N];
   int abandoned;                  /* work freed while pending: the group is unusable */
+  int uncounted;                  /* sh_comm_set_counted(0): out of the process-wide counters */
   int64_t seq;                    /* collectives issued on the group (the flight record's numbers) */
   int flight_slot;                /* its entry in this rank's flight record, or -1 */
   sh_comm *next;                  /* the list of live groups */

@@ -90,6 +90,8 @@ function Group:name() return ffi.string(C.sh_comm_name(self.p)) end
 function Group:backend() return ffi.string(C.sh_comm_backend_name(self.p)) end
 function Group:set_name(name) check(C.sh_comm_set_name(self.p, name), 2); return self end
 function Group:set_timeout(seconds) check(C.sh_comm_set_timeout(self.p, seconds), 2); return self end
+-- false: this group's collectives stay out of shard.comm.count/bytes (its own counters still count)
+function Group:set_counted(on) check(C.sh_comm_set_counted(self.p, on and 1 or 0), 2); return self end
 function Group:timeout() return C.sh_comm_timeout(self.p) end
 function Group:__tostring() return ("Group(%s, rank %d of %d, %s)"):format(self:name(), self:rank(), self:size(), self:backend()) end
 

@@ -1,6 +1,7 @@
 -- A unit used on some ranks only (issue 19, item 2): a two-Linear model whose second Linear
 -- (its own unit) runs on rank 0 only. Before, a 2-rank full_shard run aborted inside MPI
--- (MPI_ERR_TRUNCATE) naming nothing of ours. With check_schedule every rank stops at once
+-- (MPI_ERR_TRUNCATE) naming nothing of ours. With check_schedule (by default in the first two
+-- steps, with check_schedule = true in every step) every rank stops at once
 -- with an error naming the unit, the ranks that ran it and those that did not, and the step;
 -- first at step 1, then at step 3 after two steps where every rank ran it (the forward order
 -- recorded and prefetching). Where every rank runs both units, check_schedule training
@@ -66,8 +67,9 @@ for _, e in ipairs(model:optim_groups()) do
 end
 
 -- l2 used on rank 0 only, from step `from` on: every rank stops with the same named error
-local function diverge(from, strategy)
-  local m = fsdp.wrap(Two(), { policy = fsdp.policy.transformer{ nn.Linear }, strategy = strategy, check_schedule = true })
+-- (check: the check_schedule option; nil is the default, which checks the first 2 steps)
+local function diverge(from, strategy, check)
+  local m = fsdp.wrap(Two(), { policy = fsdp.policy.transformer{ nn.Linear }, strategy = strategy, check_schedule = check })
   local t0 = os.time()
   local ok, err
   for step = 1, from do
@@ -91,8 +93,29 @@ local function diverge(from, strategy)
   elseif os.time() - t0 > 5 then fail("%s from step %d: took %d s to stop", strategy, from, os.time() - t0)
   elseif rank == 0 and from == 3 then print(err) end
 end
-diverge(1, "full_shard")
-diverge(3, "full_shard")
-diverge(2, "no_shard")
+diverge(1, "full_shard", true)
+diverge(3, "full_shard", true)
+diverge(2, "no_shard", true)
+diverge(1, "full_shard")       -- the issue's run, as a new user writes it: named by default
+diverge(2, "shard_grad_op")
+
+-- the default check ends after 2 steps, its exchanges stay out of the counters
+do
+  local m = fsdp.wrap(Two(), { policy = fsdp.policy.transformer{ nn.Linear } })
+  local counts, checks = {}, 0
+  for step = 1, 4 do
+    shard.comm.reset_counts()
+    local g = batch(step); local x = rows(g, rank)
+    local l = m(x); l:backward(); m:zero_grad(true); l:free(); x:free(); g:free()
+    counts[step] = shard.comm.count("all_gather")
+    checks = checks + (m.check_group and m.check_group:count("all_gather") or 0)
+  end
+  for step = 2, 4 do
+    if counts[step] ~= counts[1] then fail("step %d counted %d all-gathers, step 1 %d: the check's exchanges were counted", step, counts[step], counts[1]) end
+  end
+  if size > 1 and checks ~= 2 * 3 * 3 then
+    fail("the default check exchanged %d times; expected 2 steps x 3 units x 3 phases", checks)
+  end
+end
 env.barrier()
 if failures > 0 then os.exit(1) end

@@ -97,10 +97,12 @@ end
 
 -- Per kind, the count and bytes of rank pid's collectives in the trace, and the seconds of
 -- its waits.
+-- (FSDP's schedule check group is left out, as the process-wide counters leave it out:
+-- Group:set_counted(false); its waits stay in, as sh_comm_wait_seconds counts them.)
 function T.collectives(doc, pid)
   local counts, bytes, wait = {}, {}, 0
   for _, e in ipairs(doc.traceEvents) do
-    if e.ph == "X" and e.pid == pid and e.cat == "comm" then
+    if e.ph == "X" and e.pid == pid and e.cat == "comm" and e.args.group ~= "fsdp schedule check" then
       local k = e.name:match("^(%S+)")
       counts[k] = (counts[k] or 0) + 1
       bytes[k] = (bytes[k] or 0) + e.args.bytes

@@ -25,10 +25,12 @@
 -- rank, their grads all-reduced at the end of the backward (none when frozen). Frozen and
 -- trainable parameters in one unit: two FlatParameters (split_frozen). Accumulation over
 -- micro-batches: fsdp.no_sync, set_requires_gradient_sync, set_requires_all_reduce.
--- check_schedule = true (or SHARD_FSDP_CHECK=1): the ranks compare where they are before each
--- unit's collectives (a small all-gather each, so off by default: on a GPU each makes the host
--- wait) and name a unit some ranks skipped, instead of failing in the collective or, where
--- the buffers have the same size, averaging different units' gradients without a word.
+-- check_schedule: the ranks compare where they are before each unit's collectives (a small
+-- all-gather each) and name a unit some ranks skipped, instead of failing in the collective
+-- or, where the buffers have the same size, averaging different units' gradients without a
+-- word. true (or SHARD_FSDP_CHECK=1): every step; false (SHARD_FSDP_CHECK=0): never; not set:
+-- the first CHECK_STEPS backward passes of a CPU run (a divergence the model's structure
+-- causes shows there; one that depends on the data, later, needs true).
 local A = require "shard.autograd"
 local Module = require "shard.nn.module"
 local optim = require "shard.optim"
@@ -37,6 +39,7 @@ local flatparam = require "shard.flatparam"
 local shard_tensor = require "shard.tensor"
 
 local fsdp = { policy = require "shard.fsdp.policy" }
+local CHECK_STEPS = 2
 
 local STRATEGIES = {
   full_shard = { shard = true, reshard_after_forward = true },
@@ -310,7 +313,7 @@ end
 local function check_schedule(self, phase)
   local root = self.root
   local g = root.check_group
-  if not g then return end
+  if not g or (root.check_until and (root.backwards or 0) >= root.check_until) then return end
   local mine = root.check_mine
   mine:fill_(0)
   local tag = { phase, self.uid, root.step }
@@ -474,6 +477,7 @@ function Unit:post_backward()
   if self == root then
     wait_reduces(root, 0)
     if root.sync_grads ~= false then reduce_ignored(root) end
+    root.backwards = (root.backwards or 0) + 1
   end
 end
 
@@ -669,10 +673,17 @@ function fsdp.wrap(model, opts)
   root.names = param_names(model, "")
   for i, u in ipairs(root.all_units) do u.uid = i - 1 end
   local check = opts.check_schedule
-  if check == nil then check = os.getenv("SHARD_FSDP_CHECK") == "1" end
-  if check and fsdp.world():size() > 1 then
-    local w = fsdp.world()
-    root.check_group = w:split(0, w:rank(), "fsdp schedule check")
+  if check == nil and os.getenv("SHARD_FSDP_CHECK") then check = os.getenv("SHARD_FSDP_CHECK") == "1" end
+  local w = fsdp.world()
+  if check == nil then
+    -- by default the first CHECK_STEPS backward passes of a CPU run: where a model's structure
+    -- makes ranks diverge (a unit used on some ranks only), it shows at once, for a few small
+    -- exchanges; not in a dry run (one rank of a world that cannot split arbitrarily)
+    check = shard_tensor.default_device == "cpu" and w:backend() ~= "dry"
+    root.check_until = CHECK_STEPS
+  end
+  if check and w:size() > 1 then
+    root.check_group = w:split(0, w:rank(), "fsdp schedule check"):set_counted(false)
     root.check_mine = shard_tensor.zeros({ 3 }, { dtype = "f64", device = "cpu" })
     root.check_all = shard_tensor.zeros({ 3 * w:size() }, { dtype = "f64", device = "cpu" })
   end
