@@ -3,8 +3,10 @@
  * The CPU runs one sgemm over all rows of x (x seen as [rows, in]). w keeps PyTorch's
  * [out, in] layout so checkpoints load as they are; sgemm reads it transposed for free.
  * Backward: dx = dy @ w (new), dw += dy^T @ x through sgemm's beta = 1, db += column sums of
- * dy. y and dx take x's dtype; math is f32. The fusions are their compositions on the CPU:
- * linear then gelu, and linear backward then gelu backward (what CUDA's epilogues equal). */
+ * dy. y and dx take x's dtype; math is f32, and a product whose two operands are bf16 (mixed
+ * precision) reads them as they are through sh_gemm_bf16 (AVX-512 BF16, f32 sums). The
+ * fusions are their compositions on the CPU: linear then gelu, and linear backward then gelu
+ * backward (what CUDA's epilogues equal). */
 #include <cblas.h>
 #include "backend_internal.h"
 #include "blas_internal.h"
@@ -18,13 +20,44 @@ static void fill_bias(float *y, const float *b, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; r++) memcpy(y + r * n, b, (size_t)n * sizeof(float));
 }
 
+/* Both operands of a product dense bf16 (mixed precision's parameters and activations):
+ * the product reads them as they are through sh_gemm_bf16 (f32 sums). Otherwise its
+ * operands are staged in f32 for sgemm. */
+static int bf16_pair(const sh_tensor *a, const sh_tensor *b) {
+  return a->dtype == SH_BF16 && b->dtype == SH_BF16 && sh_tensor_is_contiguous(a) && sh_tensor_is_contiguous(b);
+}
+
+static const uint16_t *bf16_ptr(const sh_tensor *t) { return (const uint16_t *)sh_tensor_data(t); }
+
+/* One operand of a product: t as it is (bf16) or its f32 staging. */
+typedef struct operand { const sh_tensor *src; sh_tensor *f32; } operand;
+
+static int operand_stage(operand *o, const sh_tensor *t, int bf16, const char *op, const char *name) {
+  o->src = t;
+  o->f32 = NULL;
+  return bf16 ? SH_OK : sh_nn_f32(&o->f32, t, op, name);
+}
+
+/* c = op(a) op(b) + beta c (lda, ldb: the operands' row lengths as stored). */
+static int product(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const operand *a,
+                   int64_t lda, const operand *b, int64_t ldb, float beta, float *c) {
+  if (!a->f32)
+    return sh_gemm_bf16(ta, tb, (int)m, (int)n, (int)k, 1.0f, bf16_ptr(a->src), (int)lda, bf16_ptr(b->src), (int)ldb,
+                        beta, c, (int)n);
+  sh_sgemm(ta, tb, (int)m, (int)n, (int)k, 1.0f, sh_nn_ptr(a->f32), (int)lda, sh_nn_ptr(b->f32), (int)ldb, beta, c,
+           (int)n);
+  return SH_OK;
+}
+
 static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   const char *op = "linear";
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
-  sh_tensor *xc = NULL, *wc = NULL, *bc = NULL;
+  int low = bf16_pair(x, w);
+  operand ox = {0}, ow = {0};
+  sh_tensor *bc = NULL;
   sh_nn_accum ay = {0};
-  int rc = sh_nn_f32(&xc, x, op, "x");
-  if (!rc) rc = sh_nn_f32(&wc, w, op, "w");
+  int rc = operand_stage(&ox, x, low, op, "x");
+  if (!rc) rc = operand_stage(&ow, w, low, op, "w");
   if (!rc && b) rc = sh_nn_f32(&bc, b, op, "b");
   if (!rc) rc = sh_nn_out_begin(&ay, y);
   if (!rc) {
@@ -32,14 +65,12 @@ static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor 
     if (rows > 0 && nout > 0) {
       if (bc) fill_bias(yp, sh_nn_ptr(bc), rows, nout);
       else if (in == 0) memset(yp, 0, (size_t)(rows * nout) * sizeof(float));
-      if (in > 0)
-        sh_sgemm(CblasNoTrans, CblasTrans, (int)rows, (int)nout, (int)in, 1.0f,
-                 sh_nn_ptr(xc), (int)in, sh_nn_ptr(wc), (int)in, bc ? 1.0f : 0.0f, yp, (int)nout);
+      if (in > 0) rc = product(CblasNoTrans, CblasTrans, rows, nout, in, &ox, in, &ow, in, bc ? 1.0f : 0.0f, yp);
     }
-    rc = sh_nn_accum_end(&ay);
+    if (!rc) rc = sh_nn_accum_end(&ay);
   }
   sh_nn_accum_drop(&ay);
-  sh_tensor_destroy(xc); sh_tensor_destroy(wc); sh_tensor_destroy(bc);
+  sh_tensor_destroy(ox.f32); sh_tensor_destroy(ow.f32); sh_tensor_destroy(bc);
   return rc;
 }
 
@@ -57,32 +88,36 @@ static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, cons
   const char *op = "linear_backward";
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
   int full = rows > 0 && in > 0 && nout > 0;
-  sh_tensor *dyc = NULL, *xc = NULL, *wc = NULL;
+  /* dx = dy w and dw += dy^T x each run in bf16 when both their operands are bf16; dy is
+   * staged in f32 for a product that is not, and for db */
+  int lowx = dx && bf16_pair(dy, w), loww = dw && bf16_pair(dy, x);
+  int dy32 = (dx && !lowx) || (dw && !loww) || db;
+  operand ody = {0}, ody16 = {dy, NULL}, ox = {0}, ow = {0};
   sh_nn_accum ax = {0}, aw = {0}, ab = {0};
-  int rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc && dw) rc = sh_nn_f32(&xc, x, op, "x");
-  if (!rc && dx) rc = sh_nn_f32(&wc, w, op, "w");
+  int rc = operand_stage(&ody, dy, !dy32, op, "dy");
+  if (!rc && dw) rc = operand_stage(&ox, x, loww, op, "x");
+  if (!rc && dx) rc = operand_stage(&ow, w, lowx, op, "w");
   if (!rc && dx) rc = sh_nn_out_begin(&ax, dx);
   if (!rc && dw) rc = sh_nn_accum_begin(&aw, dw, op, "dw");
   if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
   if (rc) goto done;
-  const float *dyp = sh_nn_ptr(dyc);
   /* the dx product writes every element (beta 0) unless a dim is empty */
   if (dx && full)
-    sh_sgemm(CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)nout, 1.0f,
-             dyp, (int)nout, sh_nn_ptr(wc), (int)in, 0.0f, sh_nn_ptr(ax.buf), (int)in);
+    rc = product(CblasNoTrans, CblasNoTrans, rows, in, nout, lowx ? &ody16 : &ody, nout, &ow, in, 0.0f,
+                 sh_nn_ptr(ax.buf));
   else if (dx)
     memset(sh_nn_ptr(ax.buf), 0, (size_t)sh_tensor_numel(dx) * sizeof(float));
-  if (dw && full)
-    sh_sgemm(CblasTrans, CblasNoTrans, (int)nout, (int)in, (int)rows, 1.0f,
-             dyp, (int)nout, sh_nn_ptr(xc), (int)in, 1.0f, sh_nn_ptr(aw.buf), (int)in);
-  if (db) column_sums(sh_nn_ptr(ab.buf), dyp, rows, nout);
+  if (!rc && dw && full)
+    rc = product(CblasTrans, CblasNoTrans, nout, in, rows, loww ? &ody16 : &ody, nout, &ox, in, 1.0f,
+                 sh_nn_ptr(aw.buf));
+  if (rc) goto done;
+  if (db) column_sums(sh_nn_ptr(ab.buf), sh_nn_ptr(ody.f32), rows, nout);
   if (dx) rc = sh_nn_accum_end(&ax);
   if (!rc && dw) rc = sh_nn_accum_end(&aw);
   if (!rc && db) rc = sh_nn_accum_end(&ab);
 done:
   sh_nn_accum_drop(&ax); sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
-  sh_tensor_destroy(dyc); sh_tensor_destroy(xc); sh_tensor_destroy(wc);
+  sh_tensor_destroy(ody.f32); sh_tensor_destroy(ox.f32); sh_tensor_destroy(ow.f32);
   return rc;
 }
 
