@@ -2,11 +2,11 @@
  *
  * With AVX-512 BF16 (vdpbf16ps; checked at run time, so the build and the machine may
  * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
- * into panels of NR columns where each k-pair of a column sits as one 32-bit lane (the
+ * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as one 32-bit lane (the
  * layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs; a micro-kernel keeps an
- * MR x NR block of c in 24 zmm accumulators. OpenMP spreads (panel, row block) tasks over
- * the threads other kernels use (omp_get_max_threads), or runs on the calling thread inside
- * a parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
+ * MR x NR block of c in 24 zmm accumulators. OpenMP splits c into one block per thread (the
+ * threads other kernels use, omp_get_max_threads), or the calling thread does it all inside a
+ * parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
  * store.
  * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
  * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
@@ -83,41 +83,45 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-/* element (i, p) of op(x) */
-static inline uint16_t at(const uint16_t *x, int ld, CBLAS_TRANSPOSE t, int i, int p) {
-  return t == CblasNoTrans ? x[(size_t)i * ld + p] : x[(size_t)p * ld + i];
-}
-
-/* Row tile it of op(a): for each k-pair q, MR lanes (a[r][2q] low, a[r][2q+1] high); rows
- * past m and the odd k's partner are zero. */
-static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
-  int kp = (k + 1) / 2;
-  for (int r = 0; r < MR; r++) {
-    int i = it * MR + r;
-    for (int q = 0; q < kp; q++) {
-      uint32_t lo = 0, hi = 0;
-      if (i < m) {
-        lo = at(a, lda, ta, i, 2 * q);
-        if (2 * q + 1 < k) hi = at(a, lda, ta, i, 2 * q + 1);
-      }
-      dst[(size_t)q * MR + r] = lo | hi << 16;
-    }
+/* A block of w lanes (rows of op(a) or columns of op(b)) i0 .. i0+cnt of an operand, packed as
+ * kp k-pairs of w 32-bit lanes each: dst[q * w + r] holds (x(i0+r, 2q) low, x(i0+r, 2q+1)
+ * high); lanes past cnt and the partner of an odd k's last element are zero. Two layouts:
+ * k along the stored rows (a as is, b transposed: a pair is one 32-bit word) or k down the
+ * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
+static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+  int kp = (k + 1) / 2, whole = k / 2;
+  memset(dst, 0, sizeof(uint32_t) * (size_t)kp * w);
+  for (int r = 0; r < cnt; r++) {
+    const uint16_t *row = x + (size_t)(i0 + r) * ld;
+    for (int q = 0; q < whole; q++) memcpy(dst + (size_t)q * w + r, row + 2 * q, sizeof(uint32_t));
+    if (k & 1) dst[(size_t)whole * w + r] = row[k - 1];
   }
 }
 
-/* Column panel jp of op(b): for each k-pair q, NR lanes (b[2q][j] low, b[2q+1][j] high). */
-static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
+static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
   int kp = (k + 1) / 2;
-  for (int q = 0; q < kp; q++)
-    for (int jj = 0; jj < NR; jj++) {
-      int j = jp * NR + jj;
-      uint32_t lo = 0, hi = 0;
-      if (j < n) {
-        lo = at(b, ldb, tb, 2 * q, j);
-        if (2 * q + 1 < k) hi = at(b, ldb, tb, 2 * q + 1, j);
-      }
-      dst[(size_t)q * NR + jj] = lo | hi << 16;
-    }
+  for (int q = 0; q < kp; q++) {
+    const uint16_t *lo = x + (size_t)(2 * q) * ld + i0, *hi = lo + ld;
+    uint32_t *d = dst + (size_t)q * w;
+    if (2 * q + 1 < k)
+      for (int r = 0; r < cnt; r++) d[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+    else
+      for (int r = 0; r < cnt; r++) d[r] = lo[r];
+    for (int r = cnt; r < w; r++) d[r] = 0;
+  }
+}
+
+/* Row tile it of op(a) (MR lanes) or column panel jp of op(b) (NR lanes). */
+static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
+  int i0 = it * MR, cnt = m - i0 < MR ? m - i0 : MR;
+  if (ta == CblasNoTrans) pack_k_along(dst, MR, a, lda, i0, cnt, k);
+  else pack_k_down(dst, MR, a, lda, i0, cnt, k);
+}
+
+static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
+  int j0 = jp * NR, cnt = n - j0 < NR ? n - j0 : NR;
+  if (tb == CblasNoTrans) pack_k_down(dst, NR, b, ldb, j0, cnt, k);
+  else pack_k_along(dst, NR, b, ldb, j0, cnt, k);
 }
 
 /* ---- the micro-kernel --------------------------------------------------------------------- */
@@ -181,34 +185,58 @@ static void run_task(const plan *p, int t) {
   }
 }
 
-static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
-                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+/* The calling thread's packing buffer, grown as needed and kept: a fresh allocation of this
+ * size per call is an mmap, and its page faults cost as much as a small product. */
+static uint32_t *scratch(size_t words) {
+  static __thread uint32_t *buf;
+  static __thread size_t cap;
+  if (words <= cap) return buf;
+  free(buf);
+  cap = 0;
+  buf = aligned_alloc(64, (words * sizeof(uint32_t) + 63) / 64 * 64);
+  if (buf) cap = words;
+  return buf;
+}
+
+/* The product of one thread: packs its operands into the thread's scratch, then runs the
+ * (panel, row block) tasks in order. 0, or -1 when the scratch cannot be allocated. */
+static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+                      int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
   plan p = {.m = m, .n = n, .k = k, .kp = (k + 1) / 2, .mtiles = (m + MR - 1) / MR,
             .npanels = (n + NR - 1) / NR, .ldc = ldc, .c = c, .alpha = alpha, .beta = beta};
   p.mblocks = (p.mtiles + MB - 1) / MB;
-  uint32_t *ap = malloc((size_t)p.mtiles * MR * p.kp * sizeof(uint32_t));
-  uint32_t *bp = malloc((size_t)p.npanels * NR * p.kp * sizeof(uint32_t));
-  if (!ap || !bp) {
-    free(ap);
-    free(bp);
-    return sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n);
-  }
+  size_t na = (size_t)p.mtiles * MR * p.kp, nb = (size_t)p.npanels * NR * p.kp;
+  uint32_t *ap = scratch(na + nb), *bp = ap + na;
+  if (!ap) return -1;
+  for (int it = 0; it < p.mtiles; it++) pack_a_tile(ap + (size_t)it * MR * p.kp, a, lda, ta, m, k, it);
+  for (int jp = 0; jp < p.npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * p.kp, b, ldb, tb, n, k, jp);
   p.ap = ap;
   p.bp = bp;
+  for (int t = 0; t < p.npanels * p.mblocks; t++) run_task(&p, t);
+  return 0;
+}
+
+/* Split like sh_sgemm: the longer side of c in one block per thread (rows in multiples of MR,
+ * columns of NR), each block a product of its own, so the threads meet only at the end
+ * (every barrier costs a whole time slice on a shared machine). Each block packs the shared
+ * operand again: k x n (or m x k) pairs, small beside its part of the product. */
+static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
   int threads = omp_in_parallel() || (double)m * n * k < PAR_MIN_WORK ? 1 : omp_get_max_threads();
-  int tasks = p.npanels * p.mblocks;
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
-    for (int it = 0; it < p.mtiles; it++) pack_a_tile(ap + (size_t)it * MR * p.kp, a, lda, ta, m, k, it);
-#pragma omp for schedule(static)
-    for (int jp = 0; jp < p.npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * p.kp, b, ldb, tb, n, k, jp);
-#pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < tasks; t++) run_task(&p, t);
+  int split_rows = m >= n, len = split_rows ? m : n, unit = split_rows ? MR : NR;
+  int chunk = ((len + threads - 1) / threads + unit - 1) / unit * unit;
+  int parts = (len + chunk - 1) / chunk, failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
+  for (int part = 0; part < parts; part++) {
+    int s = part * chunk, e = s + chunk < len ? s + chunk : len;
+    if (split_rows)
+      failed |= gemm_block(ta, tb, e - s, n, k, alpha, ta == CblasNoTrans ? a + (size_t)s * lda : a + s, lda, b, ldb,
+                           beta, c + (size_t)s * ldc, ldc);
+    else
+      failed |= gemm_block(ta, tb, m, e - s, k, alpha, a, lda, tb == CblasNoTrans ? b + s : b + (size_t)s * ldb, ldb,
+                           beta, c + s, ldc);
   }
-  free(ap);
-  free(bp);
-  return SH_OK;
+  return failed ? sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n) : SH_OK;
 }
 
 int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
