@@ -1,6 +1,8 @@
 /* test_gemm_bf16.c: sh_gemm_bf16 (runtime/gemm_bf16.c) against a float64 product of the same
  * bf16 inputs, on both of its paths in one process: AVX-512 BF16 when this CPU has it, and
- * the widened-to-f32 fallback forced by SHARD_CPU_BF16=0 (and the two against each other).
+ * the widened-to-f32 fallback forced by SHARD_CPU_BF16=0 (and the two against each other);
+ * then linear's forward and backward with bf16 x, w and dy (mixed precision), which read
+ * them through it.
  * Shapes: sizes 1, tails of every block (rows of 12, columns of 32, 128 k-pairs, odd k),
  * all four transposes (linear's backward uses dx = dy W and dW = dy^T x), leading dimensions
  * wider than the matrix, alpha and beta (beta 0 must not read c: it starts as NaN), and
@@ -12,6 +14,8 @@
 #include "blas_internal.h"
 #include "dtype.h"
 #include "status.h"
+#include "tensor.h"
+#include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,10 +113,104 @@ static void test_gemm_linear_shapes(void) {
   test_case((gcase){1, 1, 65, 129, 97, 5, 1.0f, 0.0f});
 }
 
+/* ---- linear in bf16 ------------------------------------------------------------------------ */
+
+static sh_tensor *tensor_of(int dtype, int64_t rows, int64_t cols, const double *v) {
+  sh_tensor *t = NULL;
+  CHECK_OK(sh_tensor_empty(&t, 2, (int64_t[]){rows, cols}, dtype, -1));
+  for (int64_t i = 0; i < rows * cols; i++) {
+    if (dtype == SH_BF16) ((uint16_t *)sh_tensor_data(t))[i] = sh_f32_to_bf16((float)v[i]);
+    else ((float *)sh_tensor_data(t))[i] = (float)v[i];
+  }
+  return t;
+}
+
+/* random values already on the bf16 grid, so that the f64 reference sees what the kernel sees */
+static double *bf16_values(int64_t n) {
+  double *v = malloc(sizeof(double) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) v[i] = sh_bf16_to_f32(sh_f32_to_bf16((float)urand()));
+  return v;
+}
+
+static double value(const sh_tensor *t, int64_t i) {
+  return t->dtype == SH_BF16 ? sh_bf16_to_f32(((const uint16_t *)sh_tensor_data(t))[i]) : ((const float *)sh_tensor_data(t))[i];
+}
+
+/* t against want (rows x cols, row-major f64): within the f32-sum bound of a k-term product,
+ * plus half a bf16 ulp when t is bf16 */
+static void check_product(const char *what, const char *path, const sh_tensor *t, const double *want, const double *mag,
+                          int64_t n, int64_t k) {
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; i++) {
+    double tol = 4 * (k + 2) * ldexp(1, -23) * mag[i] + (t->dtype == SH_BF16 ? ldexp(fabs(want[i]), -8) : 0) + 1e-30;
+    if (!(fabs(value(t, i) - want[i]) <= tol) && bad++ == 0) first = i;
+  }
+  CHECK(bad == 0, "linear %s (%s): %lld elements off, first [%lld] = %.9g, want %.9g", what, path, (long long)bad,
+        (long long)first, first < 0 ? 0 : value(t, first), first < 0 ? 0 : want[first]);
+}
+
+/* y = x w^T, dx = dy w, dw = dy^T x in f64, with sum |terms| for the tolerance */
+static void linear_ref(int64_t rows, int64_t in, int64_t out, const double *x, const double *w, const double *dy,
+                       double *y, double *ym, double *dx, double *dxm, double *dw, double *dwm) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t o = 0; o < out; o++) {
+      double s = 0, m = 0;
+      for (int64_t i = 0; i < in; i++) { s += x[r * in + i] * w[o * in + i]; m += fabs(x[r * in + i] * w[o * in + i]); }
+      y[r * out + o] = s; ym[r * out + o] = m;
+    }
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < in; i++) {
+      double s = 0, m = 0;
+      for (int64_t o = 0; o < out; o++) { s += dy[r * out + o] * w[o * in + i]; m += fabs(dy[r * out + o] * w[o * in + i]); }
+      dx[r * in + i] = s; dxm[r * in + i] = m;
+    }
+  for (int64_t o = 0; o < out; o++)
+    for (int64_t i = 0; i < in; i++) {
+      double s = 0, m = 0;
+      for (int64_t r = 0; r < rows; r++) { s += dy[r * out + o] * x[r * in + i]; m += fabs(dy[r * out + o] * x[r * in + i]); }
+      dw[o * in + i] = s; dwm[o * in + i] = m;
+    }
+}
+
+static void test_linear_case(int64_t rows, int64_t in, int64_t out) {
+  double *x = bf16_values(rows * in), *w = bf16_values(out * in), *dy = bf16_values(rows * out);
+  double *y = malloc(sizeof(double) * (size_t)(rows * out)), *ym = malloc(sizeof(double) * (size_t)(rows * out));
+  double *dx = malloc(sizeof(double) * (size_t)(rows * in)), *dxm = malloc(sizeof(double) * (size_t)(rows * in));
+  double *dw = malloc(sizeof(double) * (size_t)(out * in)), *dwm = malloc(sizeof(double) * (size_t)(out * in));
+  linear_ref(rows, in, out, x, w, dy, y, ym, dx, dxm, dw, dwm);
+  sh_tensor *tx = tensor_of(SH_BF16, rows, in, x), *tw = tensor_of(SH_BF16, out, in, w), *tdy = tensor_of(SH_BF16, rows, out, dy);
+  for (int path = 0; path < 2; path++) {
+    const char *name = path ? "fallback" : sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)";
+    if (path) setenv("SHARD_CPU_BF16", "0", 1);
+    sh_tensor *ty = NULL, *tdx = NULL, *tdw = NULL;
+    CHECK_OK(sh_tensor_empty(&tdw, 2, (int64_t[]){out, in}, SH_F32, -1));
+    memset(sh_tensor_data(tdw), 0, sizeof(float) * (size_t)(out * in));
+    CHECK_OK(sh_linear_forward(&ty, tx, tw, NULL));
+    CHECK_OK(sh_linear_backward(&tdx, tdw, NULL, tdy, tx, tw));
+    if (ty && tdx) {
+      CHECK(ty->dtype == SH_BF16 && tdx->dtype == SH_BF16, "linear: y and dx take x's dtype (bf16)");
+      check_product("y = x w^T", name, ty, y, ym, rows * out, in);
+      check_product("dx = dy w", name, tdx, dx, dxm, rows * in, out);
+      check_product("dw = dy^T x", name, tdw, dw, dwm, out * in, rows);
+    }
+    sh_tensor_destroy(ty); sh_tensor_destroy(tdx); sh_tensor_destroy(tdw);
+    unsetenv("SHARD_CPU_BF16");
+  }
+  sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tdy);
+  free(x); free(w); free(dy); free(y); free(ym); free(dx); free(dxm); free(dw); free(dwm);
+}
+
+static void test_linear_bf16(void) {
+  test_linear_case(1, 1, 1);
+  test_linear_case(74, 45, 70);
+  test_linear_case(256, 96, 130);   /* the threaded path */
+}
+
 int main(int argc, char **argv) {
   check_args(argc, argv);
   RUN(test_gemm_shapes);
   RUN(test_gemm_alpha_beta);
   RUN(test_gemm_linear_shapes);
+  RUN(test_linear_bf16);
   return check_summary("test_gemm_bf16");
 }
