@@ -15,5 +15,9 @@ void sh_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float
 #include <stdint.h>
 int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                  const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc);
+/* The same with c in bf16: the f32 result (beta c read widened) rounded to nearest even once,
+ * at the store. */
+int sh_gemm_bf16_out16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, uint16_t *c, int ldc);
 /* whether the CPU runs vdpbf16ps (cpuid, once) */
 int sh_cpu_bf16_available(void);

@@ -1,13 +1,15 @@
-/* gemm_bf16.c: c = alpha op(a) op(b) + beta c with a and b in bf16 and c in f32, on the CPU.
+/* gemm_bf16.c: c = alpha op(a) op(b) + beta c with a and b in bf16 and c in f32 or bf16 (then
+ * rounded once from the f32 result), on the CPU.
  *
  * With AVX-512 BF16 (vdpbf16ps; checked at run time, so the build and the machine may
  * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
- * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as one 32-bit lane (the
- * layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs; a micro-kernel keeps an
+ * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
+ * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
+ * in a scratch buffer each thread keeps between calls); a micro-kernel keeps an
  * MR x NR block of c in 24 zmm accumulators. OpenMP splits c into one block per thread (the
  * threads other kernels use, omp_get_max_threads), or the calling thread does it all inside a
  * parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
- * store.
+ * store, which also applies alpha, beta and the rounding of a bf16 c.
  * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
  * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
  * one-line notice says so, once. */
@@ -21,9 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* MR rows x NR columns of c per micro-kernel call; KB k-pairs per pass over a panel (its
- * packed slice, KB * NR * 4 bytes = 16 KiB, stays in L1 across MB row tiles). */
-enum { MR = 12, NR = 32, KB = 128, MB = 8, PAR_MIN_WORK = 1 << 18 };
+/* MR rows x NR columns of c per micro-kernel call, over the whole k (blocking k measured no
+ * faster on these shapes, and c in bf16 must see the f32 sum once). */
+enum { MR = 12, NR = 32, PAR_MIN_WORK = 1 << 18 };
+
+/* Where c is: f32, or bf16 (the f32 result rounded to nearest even at the store). */
+typedef struct out { char *p; int ld, bf16; } out;
+
+static char *out_at(out c, int i, int j) { return c.p + ((size_t)i * c.ld + j) * (c.bf16 ? 2 : 4); }
 
 #define BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 
@@ -69,15 +76,22 @@ static float *widen(const uint16_t *p, int rows, int cols, int ld) {
   return out;
 }
 
+/* c = alpha op(a) op(b) + beta c through sh_sgemm on widened copies (and an f32 copy of a
+ * bf16 c, rounded back). */
 static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
-                        const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+                        const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, out c) {
   int ar = ta == CblasNoTrans ? m : k, ac = ta == CblasNoTrans ? k : m;
   int br = tb == CblasNoTrans ? k : n, bc = tb == CblasNoTrans ? n : k;
   float *af = widen(a, ar, ac, lda), *bf = widen(b, br, bc, ldb);
-  int ok = af && bf;
-  if (ok) sh_sgemm(ta, tb, m, n, k, alpha, af, ac > 0 ? ac : 1, bf, bc > 0 ? bc : 1, beta, c, ldc);
+  float *cf = c.bf16 ? widen((const uint16_t *)c.p, m, n, c.ld) : (float *)c.p;
+  int ok = af && bf && cf;
+  if (ok) sh_sgemm(ta, tb, m, n, k, alpha, af, ac > 0 ? ac : 1, bf, bc > 0 ? bc : 1, beta, cf, c.bf16 ? n : c.ld);
+  if (ok && c.bf16)
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) *(uint16_t *)out_at(c, i, j) = sh_f32_to_bf16(cf[(size_t)i * n + j]);
   free(af);
   free(bf);
+  if (c.bf16) free(cf);
   return ok ? SH_OK : sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to widen [%d,%d] x [%d,%d] to f32", m, k, k, n);
 }
 
@@ -130,9 +144,23 @@ static inline __mmask16 cols_mask(int cols) {
   return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
 }
 
+/* One row of c's block, 16 columns under mask mk: v (+ beta times what is there), stored. */
+BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v, float beta) {
+  if (!bf16) {
+    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mk, p), v);
+    _mm512_mask_storeu_ps(p, mk, v);
+    return;
+  }
+  if (beta != 0.0f) {
+    __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16);
+    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_castsi512_ps(old), v);
+  }
+  _mm256_mask_storeu_epi16(p, mk, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
 /* c[0:mr, 0:nr] = alpha * (a tile . b panel over kq pairs) + beta c; beta 0 never reads c. */
-BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc, int mr,
-                                     int nr, float alpha, float beta) {
+BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t *bp, out c, int mr, int nr,
+                                     float alpha, float beta) {
   __m512 acc[MR][2];
   for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int q = 0; q < kq; q++) {
@@ -146,44 +174,14 @@ BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t 
     }
   }
   __mmask16 m0 = cols_mask(nr), m1 = cols_mask(nr - 16);
-  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  __m512 va = _mm512_set1_ps(alpha);
   for (int r = 0; r < mr; r++) {
-    float *row = c + (size_t)r * ldc;
-    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
-    if (beta != 0.0f) {
-      v0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), v0);
-      v1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), v1);
-    }
-    _mm512_mask_storeu_ps(row, m0, v0);
-    _mm512_mask_storeu_ps(row + 16, m1, v1);
+    store16(out_at(c, r, 0), c.bf16, m0, _mm512_mul_ps(acc[r][0], va), beta);
+    store16(out_at(c, r, 16), c.bf16, m1, _mm512_mul_ps(acc[r][1], va), beta);
   }
 }
 
 /* ---- the blocked product ------------------------------------------------------------------ */
-
-typedef struct plan {
-  int m, n, k, kp, mtiles, npanels, mblocks, ldc;
-  const uint32_t *ap, *bp;
-  float *c, alpha, beta;
-} plan;
-
-/* Task t: panel t % npanels, row block t / npanels (MB row tiles); over k in KB-pair slices,
- * the first applying beta and the rest adding. */
-static void run_task(const plan *p, int t) {
-  int jp = t % p->npanels, ib = t / p->npanels;
-  int it0 = ib * MB, it1 = it0 + MB < p->mtiles ? it0 + MB : p->mtiles;
-  int nr = p->n - jp * NR < NR ? p->n - jp * NR : NR;
-  for (int q0 = 0; q0 < p->kp; q0 += KB) {
-    int kq = p->kp - q0 < KB ? p->kp - q0 : KB;
-    float beta = q0 == 0 ? p->beta : 1.0f;
-    const uint32_t *bp = p->bp + ((size_t)jp * p->kp + q0) * NR;
-    for (int it = it0; it < it1; it++) {
-      int mr = p->m - it * MR < MR ? p->m - it * MR : MR;
-      const uint32_t *ap = p->ap + ((size_t)it * p->kp + q0) * MR;
-      micro_kernel(kq, ap, bp, p->c + (size_t)it * MR * p->ldc + (size_t)jp * NR, p->ldc, mr, nr, p->alpha, beta);
-    }
-  }
-}
 
 /* The calling thread's packing buffer, grown as needed and kept: a fresh allocation of this
  * size per call is an mmap, and its page faults cost as much as a small product. */
@@ -199,20 +197,22 @@ static uint32_t *scratch(size_t words) {
 }
 
 /* The product of one thread: packs its operands into the thread's scratch, then runs the
- * (panel, row block) tasks in order. 0, or -1 when the scratch cannot be allocated. */
+ * micro-kernel panel by panel (a panel's pack stays in cache across the row tiles). 0, or -1
+ * when the scratch cannot be allocated. */
 static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
-                      int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
-  plan p = {.m = m, .n = n, .k = k, .kp = (k + 1) / 2, .mtiles = (m + MR - 1) / MR,
-            .npanels = (n + NR - 1) / NR, .ldc = ldc, .c = c, .alpha = alpha, .beta = beta};
-  p.mblocks = (p.mtiles + MB - 1) / MB;
-  size_t na = (size_t)p.mtiles * MR * p.kp, nb = (size_t)p.npanels * NR * p.kp;
+                      int lda, const uint16_t *b, int ldb, float beta, out c) {
+  int kp = (k + 1) / 2, mtiles = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
+  size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;
   uint32_t *ap = scratch(na + nb), *bp = ap + na;
   if (!ap) return -1;
-  for (int it = 0; it < p.mtiles; it++) pack_a_tile(ap + (size_t)it * MR * p.kp, a, lda, ta, m, k, it);
-  for (int jp = 0; jp < p.npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * p.kp, b, ldb, tb, n, k, jp);
-  p.ap = ap;
-  p.bp = bp;
-  for (int t = 0; t < p.npanels * p.mblocks; t++) run_task(&p, t);
+  for (int it = 0; it < mtiles; it++) pack_a_tile(ap + (size_t)it * MR * kp, a, lda, ta, m, k, it);
+  for (int jp = 0; jp < npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * kp, b, ldb, tb, n, k, jp);
+  for (int jp = 0; jp < npanels; jp++)
+    for (int it = 0; it < mtiles; it++) {
+      int mr = m - it * MR < MR ? m - it * MR : MR, nr = n - jp * NR < NR ? n - jp * NR : NR;
+      micro_kernel(kp, ap + (size_t)it * MR * kp, bp + (size_t)jp * NR * kp,
+                   (out){out_at(c, it * MR, jp * NR), c.ld, c.bf16}, mr, nr, alpha, beta);
+    }
   return 0;
 }
 
@@ -221,7 +221,7 @@ static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int 
  * (every barrier costs a whole time slice on a shared machine). Each block packs the shared
  * operand again: k x n (or m x k) pairs, small beside its part of the product. */
 static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
-                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, out c) {
   int threads = omp_in_parallel() || (double)m * n * k < PAR_MIN_WORK ? 1 : omp_get_max_threads();
   int split_rows = m >= n, len = split_rows ? m : n, unit = split_rows ? MR : NR;
   int chunk = ((len + threads - 1) / threads + unit - 1) / unit * unit;
@@ -231,22 +231,37 @@ static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int
     int s = part * chunk, e = s + chunk < len ? s + chunk : len;
     if (split_rows)
       failed |= gemm_block(ta, tb, e - s, n, k, alpha, ta == CblasNoTrans ? a + (size_t)s * lda : a + s, lda, b, ldb,
-                           beta, c + (size_t)s * ldc, ldc);
+                           beta, (out){out_at(c, s, 0), c.ld, c.bf16});
     else
       failed |= gemm_block(ta, tb, m, e - s, k, alpha, a, lda, tb == CblasNoTrans ? b + s : b + (size_t)s * ldb, ldb,
-                           beta, c + s, ldc);
+                           beta, (out){out_at(c, 0, s), c.ld, c.bf16});
   }
   return failed ? sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n) : SH_OK;
 }
 
-int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
-                 const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+static int gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+                int lda, const uint16_t *b, int ldb, float beta, out c) {
   if (m <= 0 || n <= 0) return SH_OK;
   if (k <= 0) {   /* an empty sum: c = beta c, and beta 0 defines c */
     for (int i = 0; i < m; i++)
-      for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(size_t)i * ldc + j];
+      for (int j = 0; j < n; j++) {
+        char *e = out_at(c, i, j);
+        float v = beta == 0.0f ? 0.0f : beta * (c.bf16 ? sh_bf16_to_f32(*(uint16_t *)e) : *(float *)e);
+        if (c.bf16) *(uint16_t *)e = sh_f32_to_bf16(v);
+        else *(float *)e = v;
+      }
     return SH_OK;
   }
-  if (use_avx512_bf16()) return gemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  return gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (use_avx512_bf16()) return gemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c);
+  return gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c);
+}
+
+int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                 const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+  return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, (out){(char *)c, ldc, 0});
+}
+
+int sh_gemm_bf16_out16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, uint16_t *c, int ldc) {
+  return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, (out){(char *)c, ldc, 1});
 }

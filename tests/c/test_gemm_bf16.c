@@ -5,8 +5,9 @@
  * them through it.
  * Shapes: sizes 1, tails of every block (rows of 12, columns of 32, 128 k-pairs, odd k),
  * all four transposes (linear's backward uses dx = dy W and dW = dy^T x), leading dimensions
- * wider than the matrix, alpha and beta (beta 0 must not read c: it starts as NaN), and
- * products large enough for the threaded path.
+ * wider than the matrix, alpha and beta (beta 0 must not read c: it starts as NaN), c in f32
+ * and in bf16 (sh_gemm_bf16_out16: plus half a bf16 ulp), and products large enough for the
+ * threaded path.
  * Tolerance: the products of two bf16 are exact in f32 and the sums are f32, so each element
  * is within k * 2^-23 * sum_p |a_ip b_pj| of the exact value (plus |beta c| rounding); the
  * check allows 4 times that. */
@@ -33,12 +34,22 @@ static double el(const uint16_t *x, int ld, int t, int i, int p) {
   return sh_bf16_to_f32(t ? x[(size_t)p * ld + i] : x[(size_t)i * ld + p]);
 }
 
-/* Runs one case on the current path into c (c0 its start); checks against float64. */
-static void run_case(const gcase *g, const char *path, const uint16_t *a, int lda, const uint16_t *b, int ldb,
+/* Runs one case on the current path into c (c0 its start; with c16, c is bf16, c0 holds
+ * bf16 values and c gets the result widened); checks against float64. */
+static void run_case(const gcase *g, const char *path, int c16, const uint16_t *a, int lda, const uint16_t *b, int ldb,
                      const float *c0, float *c, int ldc) {
-  memcpy(c, c0, sizeof(float) * (size_t)g->m * ldc);
-  CHECK_OK(sh_gemm_bf16(g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k,
-                        g->alpha, a, lda, b, ldb, g->beta, c, ldc));
+  CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
+  size_t nc = (size_t)g->m * ldc;
+  if (c16) {
+    uint16_t *h = malloc(sizeof(uint16_t) * (nc + 1));
+    for (size_t i = 0; i < nc; i++) h[i] = sh_f32_to_bf16(c0[i]);
+    CHECK_OK(sh_gemm_bf16_out16(ta, tb, g->m, g->n, g->k, g->alpha, a, lda, b, ldb, g->beta, h, ldc));
+    for (size_t i = 0; i < nc; i++) c[i] = sh_bf16_to_f32(h[i]);
+    free(h);
+  } else {
+    memcpy(c, c0, sizeof(float) * nc);
+    CHECK_OK(sh_gemm_bf16(ta, tb, g->m, g->n, g->k, g->alpha, a, lda, b, ldb, g->beta, c, ldc));
+  }
   int bad = 0;
   for (int i = 0; i < g->m && bad < 3; i++)
     for (int j = 0; j < ldc && bad < 3; j++) {
@@ -57,11 +68,12 @@ static void run_case(const gcase *g, const char *path, const uint16_t *a, int ld
         mag += fabs(t);
       }
       double want = g->alpha * s + (g->beta == 0 ? 0 : g->beta * start);
-      double tol = 4 * (g->k + 2) * ldexp(1, -23) * (fabs(g->alpha) * mag + fabs(g->beta * (g->beta == 0 ? 0 : start))) + 1e-30;
+      double tol = 4 * (g->k + 2) * ldexp(1, -23) * (fabs(g->alpha) * mag + fabs(g->beta * (g->beta == 0 ? 0 : start))) +
+                   (c16 ? ldexp(fabs(want), -8) : 0) + 1e-30;
       if (!(fabs(got - want) <= tol)) {
         bad++;
-        CHECK(0, "%s ta=%d tb=%d m=%d n=%d k=%d alpha=%g beta=%g: c[%d][%d] = %.9g, want %.9g (tol %.3g)", path,
-              g->ta, g->tb, g->m, g->n, g->k, g->alpha, g->beta, i, j, got, want, tol);
+        CHECK(0, "%s c %s ta=%d tb=%d m=%d n=%d k=%d alpha=%g beta=%g: c[%d][%d] = %.9g, want %.9g (tol %.3g)", path,
+              c16 ? "bf16" : "f32", g->ta, g->tb, g->m, g->n, g->k, g->alpha, g->beta, i, j, got, want, tol);
       }
     }
   if (!bad) CHECK(1, "%s", path);
@@ -75,18 +87,23 @@ static void test_case(gcase g) {
   for (int i = 0; i < br * ldb; i++) b[i] = sh_f32_to_bf16(i % ldb < bc ? (float)urand() : NAN);
   float *c0 = malloc(sizeof(float) * ((size_t)g.m * ldc + 1)), *c = malloc(sizeof(float) * ((size_t)g.m * ldc + 1));
   float *cf = malloc(sizeof(float) * ((size_t)g.m * ldc + 1));
-  for (int i = 0; i < g.m * ldc; i++) c0[i] = g.beta == 0 && i % ldc < g.n ? NAN : (float)urand();
-  unsetenv("SHARD_CPU_BF16");
-  run_case(&g, sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)", a, lda, b, ldb, c0, c, ldc);
-  setenv("SHARD_CPU_BF16", "0", 1);
-  run_case(&g, "fallback", a, lda, b, ldb, c0, cf, ldc);
-  unsetenv("SHARD_CPU_BF16");
-  /* the two paths sum in different orders; both are within the bound of the exact value,
-   * so within twice it of each other: checked above. Here: same shape of result. */
-  int differ = 0;
-  for (int i = 0; i < g.m; i++)
-    for (int j = 0; j < g.n; j++) differ += isnan(c[(size_t)i * ldc + j]) != isnan(cf[(size_t)i * ldc + j]);
-  CHECK(differ == 0, "ta=%d tb=%d m=%d n=%d k=%d: %d elements NaN on one path only", g.ta, g.tb, g.m, g.n, g.k, differ);
+  for (int c16 = 0; c16 < 2; c16++) {   /* c in f32, then in bf16 (its start on the bf16 grid) */
+    for (int i = 0; i < g.m * ldc; i++) {
+      c0[i] = g.beta == 0 && i % ldc < g.n ? NAN : (float)urand();
+      if (c16) c0[i] = sh_bf16_to_f32(sh_f32_to_bf16(c0[i]));
+    }
+    unsetenv("SHARD_CPU_BF16");
+    run_case(&g, sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)", c16, a, lda, b, ldb, c0, c, ldc);
+    setenv("SHARD_CPU_BF16", "0", 1);
+    run_case(&g, "fallback", c16, a, lda, b, ldb, c0, cf, ldc);
+    unsetenv("SHARD_CPU_BF16");
+    /* the two paths sum in different orders; both are within the bound of the exact value,
+     * so within twice it of each other: checked above. Here: same shape of result. */
+    int differ = 0;
+    for (int i = 0; i < g.m; i++)
+      for (int j = 0; j < g.n; j++) differ += isnan(c[(size_t)i * ldc + j]) != isnan(cf[(size_t)i * ldc + j]);
+    CHECK(differ == 0, "ta=%d tb=%d m=%d n=%d k=%d: %d elements NaN on one path only", g.ta, g.tb, g.m, g.n, g.k, differ);
+  }
   free(a); free(b); free(c0); free(c); free(cf);
 }
 
