@@ -189,38 +189,49 @@ static void linear_ref(int64_t rows, int64_t in, int64_t out, const double *x, c
     }
 }
 
-static void test_linear_case(int64_t rows, int64_t in, int64_t out) {
-  double *x = bf16_values(rows * in), *w = bf16_values(out * in), *dy = bf16_values(rows * out);
+/* bias (bf16 b) and the dtype of dw (f32: through the f32 buffer; bf16: written in place) */
+static void test_linear_case(int64_t rows, int64_t in, int64_t out, int bias, int dw_dtype) {
+  double *x = bf16_values(rows * in), *w = bf16_values(out * in), *dy = bf16_values(rows * out), *b = bf16_values(out);
   double *y = malloc(sizeof(double) * (size_t)(rows * out)), *ym = malloc(sizeof(double) * (size_t)(rows * out));
   double *dx = malloc(sizeof(double) * (size_t)(rows * in)), *dxm = malloc(sizeof(double) * (size_t)(rows * in));
   double *dw = malloc(sizeof(double) * (size_t)(out * in)), *dwm = malloc(sizeof(double) * (size_t)(out * in));
   linear_ref(rows, in, out, x, w, dy, y, ym, dx, dxm, dw, dwm);
+  for (int64_t i = 0; bias && i < rows * out; i++) { y[i] += b[i % out]; ym[i] += fabs(b[i % out]); }
+  double *dw2 = malloc(sizeof(double) * (size_t)(out * in)), *dwm2 = malloc(sizeof(double) * (size_t)(out * in));
+  for (int64_t i = 0; i < out * in; i++) { dw2[i] = 2 * dw[i]; dwm2[i] = 2 * dwm[i]; }
+  sh_tensor *tb = tensor_of(SH_BF16, 1, out, b), *tb1 = NULL;
+  CHECK_OK(sh_view_reshape(&tb1, tb, 1, (int64_t[]){out}));
   sh_tensor *tx = tensor_of(SH_BF16, rows, in, x), *tw = tensor_of(SH_BF16, out, in, w), *tdy = tensor_of(SH_BF16, rows, out, dy);
   for (int path = 0; path < 2; path++) {
     const char *name = path ? "fallback" : sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)";
     if (path) setenv("SHARD_CPU_BF16", "0", 1);
     sh_tensor *ty = NULL, *tdx = NULL, *tdw = NULL;
-    CHECK_OK(sh_tensor_empty(&tdw, 2, (int64_t[]){out, in}, SH_F32, -1));
-    memset(sh_tensor_data(tdw), 0, sizeof(float) * (size_t)(out * in));
-    CHECK_OK(sh_linear_forward(&ty, tx, tw, NULL));
+    CHECK_OK(sh_tensor_empty(&tdw, 2, (int64_t[]){out, in}, dw_dtype, -1));
+    memset(sh_tensor_data(tdw), 0, (size_t)sh_dtype_size(dw_dtype) * (size_t)(out * in));
+    CHECK_OK(sh_linear_forward(&ty, tx, tw, bias ? tb1 : NULL));
+    /* twice: dw accumulates (2 dw), dx is new each time */
+    CHECK_OK(sh_linear_backward(&tdx, tdw, NULL, tdy, tx, tw));
+    sh_tensor_destroy(tdx);
+    tdx = NULL;
     CHECK_OK(sh_linear_backward(&tdx, tdw, NULL, tdy, tx, tw));
     if (ty && tdx) {
       CHECK(ty->dtype == SH_BF16 && tdx->dtype == SH_BF16, "linear: y and dx take x's dtype (bf16)");
       check_product("y = x w^T", name, ty, y, ym, rows * out, in);
       check_product("dx = dy w", name, tdx, dx, dxm, rows * in, out);
-      check_product("dw = dy^T x", name, tdw, dw, dwm, out * in, rows);
+      check_product("dw = dy^T x, accumulated twice", name, tdw, dw2, dwm2, out * in, rows);
     }
     sh_tensor_destroy(ty); sh_tensor_destroy(tdx); sh_tensor_destroy(tdw);
     unsetenv("SHARD_CPU_BF16");
   }
-  sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tdy);
-  free(x); free(w); free(dy); free(y); free(ym); free(dx); free(dxm); free(dw); free(dwm);
+  sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tdy); sh_tensor_destroy(tb); sh_tensor_destroy(tb1);
+  free(x); free(w); free(dy); free(b); free(y); free(ym); free(dx); free(dxm); free(dw); free(dwm); free(dw2); free(dwm2);
 }
 
 static void test_linear_bf16(void) {
-  test_linear_case(1, 1, 1);
-  test_linear_case(74, 45, 70);
-  test_linear_case(256, 96, 130);   /* the threaded path */
+  test_linear_case(1, 1, 1, 0, SH_F32);
+  test_linear_case(74, 45, 70, 1, SH_BF16);
+  test_linear_case(256, 96, 130, 0, SH_BF16);   /* the threaded path */
+  test_linear_case(256, 96, 130, 1, SH_F32);
 }
 
 int main(int argc, char **argv) {
