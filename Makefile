@@ -41,15 +41,16 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test c-tests test-asan test-gpu bench clean check-long fuzz
+.PHONY: all deps run test c-tests test-asan test-gpu bench bench-adamw clean check-long fuzz
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
-# The optimizer's sqrt must not set errno, or gcc will not vectorize its loop.
-$(BUILD)/runtime/optim.o: CFLAGS += -fno-math-errno
+# The optimizer's sqrt must not set errno, or gcc will not vectorize its loop; no FMA
+# contraction, so that its AVX-512 loop and its portable one give the same bits.
+$(BUILD)/runtime/optim.o $(BUILD)/runtime/optim_cpu_avx512.o: CFLAGS += -fno-math-errno -ffp-contract=off
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
 	@mkdir -p $(dir $@)
@@ -118,9 +119,25 @@ test-gpu: all $(GPU_TESTS)
 
 # make bench: shard vs PyTorch 1.13 (/usr/bin/python3; bench/deps.sh installs python3-torch as
 # root or names it) at 1 and nproc threads in alternating rounds, beside an OpenBLAS sgemm peak;
-# medians [min-max]. Knobs (whole numbers): ROUNDS=3 ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1.
-bench: all
+# medians [min-max]; then the CPU AdamW step (bench-adamw below). Knobs (whole numbers): ROUNDS=3
+# ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1, and bench-adamw's.
+ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
+bench: all $(ADAMW_BENCH)
 	@sh bench/run.sh
+
+# make bench-adamw: the CPU AdamW step alone (minutes, mostly PyTorch's; make bench runs it too): shard
+# vs PyTorch 1.13's torch.optim.AdamW on GPT-2 124M's parameters, beside the machine's memory
+# bandwidth, in alternating rounds. Knobs: ADAMW_ROUNDS=2 ADAMW_ITERS=3 THREADS="1 2" (bench/adamw.sh).
+bench-adamw: $(ADAMW_BENCH)
+	@sh bench/adamw.sh $(BUILD)
+
+$(BUILD)/bench/adamw_bench: bench/adamw_bench.c $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
+
+$(BUILD)/bench/adamw_membw: bench/adamw_membw.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -g -std=gnu11 -fopenmp -Wall -Wextra -march=native -o $@ $<
 
 # make fuzz: the safetensors reader under AddressSanitizer and UBSan against FUZZ_ITERS
 # mutated files (minutes; never part of make test). check-long runs it.

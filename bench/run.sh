@@ -13,11 +13,13 @@
 #               the headline is the ratio of bests (shard at its best setting over PyTorch at
 #               its own), then the same-setting ratios, then the step's GFLOP/s against the
 #               peak. A system that fails or prints no positive figure is an error (exit 1).
+#   adamw       the CPU AdamW step on GPT-2 124M's parameters, shard vs torch.optim.AdamW
+#               (foreach off and on) beside the machine's memory bandwidth: bench/adamw.sh.
 #   cpu_train_bf16  the same step in bf16: shard's --dtype=bf16 (FSDP mixed precision, f32
 #               master weights; the linear layers' GEMMs on AVX-512 BF16 where the CPU has it)
 #               vs PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) (nanogpt_cpu.py --bf16),
 #               same rounds, alternation and settings as cpu_train; the headline is again the
-#               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 only cpu_train.
+#               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 all but this part.
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
 cd "$(dirname "$0")/.." || exit 2
@@ -156,7 +158,7 @@ bench_bf16() {
   bf16_report
 }
 if [ "$BENCH" = bf16 ]; then bench_bf16; exit $?; fi
-# ---- end of cpu_train_bf16 (run after cpu_train below unless BENCH=f32) -------------------------
+# ---- end of cpu_train_bf16 (run after cpu_train and adamw below unless BENCH=f32) --------------
 
 echo "cpu_train: $ROUNDS round(s) of $ITERS steps, threads:$threads, peak sgemm ${PEAK_N}^2 (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
 r=1
@@ -228,6 +230,11 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
       printf "pytorch_tokens_per_s_%s %.1f\nratio_%s %.3f\n", n, med("pytorch", k), n, med("shard", k + 0) / med("pytorch", k)
     }
   }' "$data" || exit 1
+
+# The CPU AdamW step beside PyTorch's and the machine's bandwidth, at the same thread counts
+# (bench/adamw.sh; make bench-adamw runs it alone).
+echo
+THREADS="$threads" sh bench/adamw.sh build || exit 1
 
 if [ "$BENCH" = all ]; then echo; bench_bf16 || exit 1; fi   # cpu_train_bf16 (its section above)
 

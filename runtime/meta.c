@@ -118,6 +118,7 @@ static int k_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b
 static int k_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a, const sh_tensor *b) {
   return touch(5, da, db, dy, a, b);
 }
+static int k_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) { return touch(2, y, x); }
 static int k_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
   return touch(2, y, x);
 }
@@ -187,7 +188,7 @@ static const sh_backend meta_backend = {
   .silu_forward = k_act_forward, .silu_backward = k_act_backward,
   .swiglu_forward = k_swiglu_forward, .swiglu_backward = k_swiglu_backward,
   .softmax_forward = k_act_forward, .softmax_backward = k_act_backward,
-  .dropout_forward = k_dropout_forward, .dropout_backward = k_dropout_backward,
+  .dropout_forward = k_dropout_forward, .dropout_backward = k_dropout_backward, .rope = k_rope,
   .attention_forward = k_attention_forward, .attention_backward = k_attention_backward,
   .embedding_forward = k_embedding_forward, .embedding_backward = k_embedding_backward,
   .cross_entropy_forward = k_cross_entropy_forward, .cross_entropy_backward = k_cross_entropy_backward,

@@ -5,14 +5,19 @@
  *   SGD:   g = grad * grad_scale + wd p;  buf = g on the first step, else
  *          momentum buf + (1 - dampening) g;  g = nesterov ? g + momentum buf : buf;  p -= lr g
  * The scalars (bias corrections, step size) are formed in f64 once per call, as PyTorch
- * forms them in Python. The loops are memory-bound; they are split across threads and
- * compiled with an AVX-512 clone (SH_NN_SIMD) rather than written in intrinsics.
- * AdamW runs over a group of parameters per call (on CUDA, one launch per up to 16 of them),
- * and the gradient-norm part sums a list of tensors into one number on their device, so a
- * clip reads back one number however many tensors there are.
+ * forms them in Python. The loops are memory-bound, so each is one pass: AdamW reads param,
+ * grad, m and v once and writes param, m, v and the shadow once.
+ * On the CPU the threads take blocks of the step as they finish (optim_parallel). AdamW runs
+ * over a group of parameters per call: on the CPU one parallel region over all of them, each
+ * thread running the AVX-512 loop (optim_cpu_avx512.c) where the CPU has it and the portable
+ * loop below for the rest; on CUDA one launch per up to 16. SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather
+ * than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
+ * their device, so a clip reads back one number however many tensors there are.
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
  * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "ops.h"
@@ -20,56 +25,94 @@
 #include "optim.h"
 #include "optim_internal.h"
 
+/* The SGD kernel's arguments. */
 typedef struct opt_args {
-  float *p, *m, *v, *buf;
+  float *p, *buf;
   const float *g32;
   const uint16_t *g16;       /* bf16 grad when g32 is NULL */
-  void *shadow;
-  int shadow_dtype;
-  sh_adamw_hyper h;          /* AdamW's constants */
-  sh_sgd_hyper s;            /* SGD's */
+  sh_sgd_hyper s;
 } opt_args;
 
-static void write_shadow(const opt_args *a, int64_t i0, int64_t i1) {
-  if (!a->shadow) return;
-  if (a->shadow_dtype == SH_BF16) {
-    uint16_t *s = a->shadow;
-#pragma omp simd
-    for (int64_t i = i0; i < i1; i++) s[i] = sh_nn_f32_to_bf16(a->p[i]);
-  } else if (a->shadow_dtype == SH_F32) {
-    memcpy((float *)a->shadow + i0, a->p + i0, (size_t)(i1 - i0) * sizeof(float));
-  } else {
-    for (int64_t i = i0; i < i1; i++) sh_store(a->shadow, a->shadow_dtype, i, a->p[i]);
-  }
-}
-
-/* The loop bodies are macros over the grad's load so that the f32 and bf16 loops are both
- * straight vector code; every scalar is a local so that the stores through p, m, v (floats)
- * cannot be taken to modify it. The Makefile builds
- * this file with -fno-math-errno: a sqrtf that may set errno does not vectorize. */
-#define ADAMW_LOOP(LOAD) \
+/* The portable AdamW loop over [i0, i1) of one parameter, the shadow written in the same pass.
+ * It is a macro over the grad's load and the shadow's store so that each pair is straight
+ * vector code; every scalar is a local so that the stores through p, m, v (floats) cannot be
+ * taken to modify it. The Makefile builds this file with -fno-math-errno (a sqrtf that may set
+ * errno does not vectorize) and -ffp-contract=off (no FMA: the AVX-512 loop's bits). */
+#define ADAMW_LOOP(LOAD, STORE) \
   _Pragma("omp simd") \
   for (int64_t i = i0; i < i1; i++) { \
     float g = (LOAD) * scale; \
     float mi = m[i] * b1 + g * omb1, vi = v[i] * b2 + g * g * omb2; \
+    float pi = p[i] * decay - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps)); \
     m[i] = mi; \
     v[i] = vi; \
-    p[i] = p[i] * decay - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps)); \
+    p[i] = pi; \
+    STORE; \
   }
+#define ADAMW_GRADS(STORE) \
+  if (g32) { ADAMW_LOOP(g32[i], STORE) } \
+  else { ADAMW_LOOP(sh_nn_bf16_to_f32(g16[i]), STORE) }
 
-SH_NN_SIMD static void adamw_range(const void *arg, int64_t i0, int64_t i1) {
-  const opt_args *a = arg;
-  float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v;
-  const float scale = a->h.scale, decay = a->h.decay, b1 = a->h.b1, omb1 = a->h.omb1, b2 = a->h.b2, omb2 = a->h.omb2;
-  const float step_size = a->h.step_size, bc2_sqrt = a->h.bc2_sqrt, eps = a->h.eps;
-  if (a->g32) {
-    const float *restrict g32 = a->g32;
-    ADAMW_LOOP(g32[i])
-  } else {
-    const uint16_t *restrict g16 = a->g16;
-    ADAMW_LOOP(sh_nn_bf16_to_f32(g16[i]))
+static void adamw_portable(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
+  float *restrict p = b->p, *restrict m = b->m, *restrict v = b->v;
+  const float *restrict g32 = b->g32;
+  const uint16_t *restrict g16 = b->g16;
+  const float scale = b->h.scale, decay = b->h.decay, b1 = b->h.b1, omb1 = b->h.omb1, b2 = b->h.b2, omb2 = b->h.omb2;
+  const float step_size = b->h.step_size, bc2_sqrt = b->h.bc2_sqrt, eps = b->h.eps;
+  void *shadow = b->shadow;
+  const int sdt = b->shadow_dtype;
+  if (!shadow) { ADAMW_GRADS((void)0) }
+  else if (sdt == SH_BF16) { uint16_t *restrict s = shadow; ADAMW_GRADS(s[i] = sh_nn_f32_to_bf16(pi)) }
+  else if (sdt == SH_F32) { float *restrict s = shadow; ADAMW_GRADS(s[i] = pi) }
+  else { ADAMW_GRADS(sh_store(shadow, sdt, i, pi)) }
+}
+
+/* [i0, i1) of one parameter: the AVX-512 loop's whole vectors where the CPU has it, the rest
+ * portably. */
+static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
+#if SH_OPTIM_HAVE_AVX512
+  if (sh_optim_avx512()) i0 = sh_adamw_avx512(b, i0, i1);
+#endif
+  adamw_portable(b, i0, i1);
+}
+
+/* Calls fn(arg, e0, e1) over [0, total) in blocks of OPTIM_BLOCK elements (whole vectors and
+ * cache lines) that the threads take in turn as they finish: dynamic scheduling, so that on a
+ * shared machine a thread that loses its core delays only the blocks it holds, not a fixed
+ * share of the step. Every element is updated on its own, so the bits do not depend on the
+ * split. One thread when the step is too small to wake the team (SH_NN_PAR_MIN). */
+enum { OPTIM_BLOCK = 1 << 16 };
+static void optim_parallel(int64_t total, sh_nn_range_fn fn, const void *arg) {
+  int64_t blocks = (total + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
+  int nt = total * 4 >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
+  if (nt > blocks) nt = (int)blocks;
+  if (nt <= 1) {
+    if (total > 0) fn(arg, 0, total);
+    return;
   }
-  write_shadow(a, i0, i1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t e1 = (b + 1) * OPTIM_BLOCK;
+    fn(arg, b * OPTIM_BLOCK, e1 < total ? e1 : total);
+  }
+}
+
+/* A multi-tensor AdamW step is one loop over the concatenation of its n parameters (start:
+ * n + 1 offsets). */
+typedef struct adamw_job {
+  int n;
+  const sh_adamw_buf *bufs;
+  const int64_t *start;
+} adamw_job;
+
+/* Elements [e0, e1) of the concatenation. */
+static void adamw_span(const void *arg, int64_t e0, int64_t e1) {
+  const adamw_job *j = arg;
+  for (int k = 0; k < j->n && j->start[k] < e1; k++) {
+    int64_t s = j->start[k], e = j->start[k + 1];
+    if (e <= e0) continue;
+    adamw_range(&j->bufs[k], (e0 > s ? e0 : s) - s, (e1 < e ? e1 : e) - s);
+  }
 }
 
 /* SGD without momentum, and with it (first step: buf = g) */
@@ -125,25 +168,31 @@ sh_sgd_hyper sh_sgd_hyper_of(double lr, double momentum, double dampening, doubl
 
 /* ---- CPU kernels ---------------------------------------------------------------------- */
 
-/* The grad's pointer: f32, or bf16 (the only other dtype the fronts let through). */
-static void set_grad(opt_args *a, const sh_tensor *grad) {
-  if (grad->dtype == SH_F32) a->g32 = sh_nn_ptr(grad);
-  else a->g16 = sh_tensor_data(grad);
+/* One parameter's buffers, as the loops see them. */
+static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
+  sh_adamw_buf b = {.p = sh_nn_ptr(e->param), .m = sh_nn_ptr(e->m), .v = sh_nn_ptr(e->v), .h = h};
+  if (e->grad->dtype == SH_F32) b.g32 = sh_nn_ptr(e->grad);
+  else b.g16 = sh_tensor_data(e->grad);
+  b.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
+  b.shadow_dtype = e->shadow ? e->shadow->dtype : SH_F32;
+  return b;
 }
 
 static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
                                  double eps, int64_t step, double grad_scale) {
-  for (int i = 0; i < n; i++) {
-    const sh_adamw_param *e = &ps[i];
-    int64_t numel = sh_tensor_numel(e->param);
-    opt_args a = {0};
-    set_grad(&a, e->grad);
-    a.p = sh_nn_ptr(e->param); a.m = sh_nn_ptr(e->m); a.v = sh_nn_ptr(e->v);
-    a.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
-    a.shadow_dtype = e->shadow ? e->shadow->dtype : SH_F32;
-    a.h = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale);
-    sh_nn_parallel_for(numel, numel * 4, adamw_range, &a);
+  sh_adamw_buf *bufs = malloc(sizeof *bufs * (size_t)n);
+  int64_t *start = malloc(sizeof *start * (size_t)(n + 1));
+  if (!bufs || !start) {
+    free(bufs); free(start);
+    return sh_fail(SH_ERR_OOM, "adamw: out of host memory for the step's list of %d parameters", n);
   }
+  start[0] = 0;
+  for (int i = 0; i < n; i++) {
+    bufs[i] = adamw_buf_of(&ps[i], sh_adamw_hyper_of(lr, beta1, beta2, eps, ps[i].weight_decay, step, grad_scale));
+    start[i + 1] = start[i] + sh_tensor_numel(ps[i].param);
+  }
+  optim_parallel(start[n], adamw_span, &(adamw_job){n, bufs, start});
+  free(bufs); free(start);
   return SH_OK;
 }
 
@@ -152,11 +201,12 @@ static int cpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *mom
                          int first_step, double grad_scale) {
   int64_t n = sh_tensor_numel(param);
   opt_args a = {0};
-  set_grad(&a, grad);
+  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad);
+  else a.g16 = sh_tensor_data(grad);
   a.p = sh_nn_ptr(param);
   a.s = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
   a.buf = a.s.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
-  sh_nn_parallel_for(n, n * 4, sgd_range, &a);
+  optim_parallel(n, sgd_range, &a);
   return SH_OK;
 }
 

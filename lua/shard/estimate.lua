@@ -90,31 +90,40 @@ end
 -- gradients that did not exist yet: the peak comes at the head's backward, before any
 -- block's gradient, so each block's 27 MiB of GPT-2 gradients was subtracted from its
 -- activations, and the per-block figure came out as 57 B - 27 MiB, not linear in B.)
-local function step_peak(kind, cfg, n_layer, batch, seq, dtype)
+local function step_peak(kind, cfg, n_layer, batch, seq, dtype, device)
   local c = {}
   for k, v in pairs(cfg) do c[k] = v end
   c.n_layer = n_layer
   shard.manual_seed(1)
-  local model = kind.class()(c)
-  if dtype ~= "f32" then cast_params(model, dtype) end
-  for _, t in ipairs(model:parameters()) do
-    local g = shard.zeros(t:shape(), { dtype = t:dtype() })
-    t.grad = g
-    g:free()
-  end
-  local x = shard.zeros({ batch, seq }, { dtype = "i64" })
-  -- the collector would free earlier garbage at a moment of its choosing, inside or outside
-  -- the measured step: collect first, then hold it off for the step
-  collectgarbage()
-  collectgarbage("stop")
-  shard.memory.reset_peak()
-  local base = shard.memory.stats().allocated
-  local loss = model(x, x)
-  loss:backward()
-  local peak = shard.memory.stats().peak - base
+  local tensor = require "shard.tensor"
+  local default = tensor.default_device
+  tensor.default_device = device          -- the model, its grads and the input live there
+  local ok, peak = pcall(function()
+    local model = kind.class()(c)
+    if dtype ~= "f32" then cast_params(model, dtype) end
+    for _, t in ipairs(model:parameters()) do
+      local g = shard.zeros(t:shape(), { dtype = t:dtype() })
+      t.grad = g
+      g:free()
+    end
+    local x = shard.zeros({ batch, seq }, { dtype = "i64" })
+    -- the collector would free earlier garbage at a moment of its choosing, inside or outside
+    -- the measured step: collect first, then hold it off for the step
+    collectgarbage()
+    collectgarbage("stop")
+    shard.memory.reset_peak(device)
+    local base = shard.memory.stats(device).allocated
+    local loss = model(x, x)
+    loss:backward()
+    local measured = shard.memory.stats(device).peak - base
+    collectgarbage("restart")
+    loss:free(); x:free()
+    for _, t in ipairs(model:parameters()) do t:free() end
+    return measured
+  end)
+  tensor.default_device = default
   collectgarbage("restart")
-  loss:free(); x:free()
-  for _, t in ipairs(model:parameters()) do t:free() end
+  if not ok then error(peak, 0) end
   return peak
 end
 
@@ -209,8 +218,12 @@ end
 
 function M.estimate(o)
   local r, kind, cfg = M.state(o)
-  local one = step_peak(kind, cfg, 1, o.batch_size, o.block_size, o.param)
-  local two = step_peak(kind, cfg, 2, o.batch_size, o.block_size, o.param)
+  local device = o.measure or "cpu"
+  if device ~= "cpu" and device ~= "meta" then
+    error(("estimate: --measure must be cpu (run a step here) or meta (count the same step's allocations without computing it), got %s"):format(tostring(device)), 0)
+  end
+  local one = step_peak(kind, cfg, 1, o.batch_size, o.block_size, o.param, device)
+  local two = step_peak(kind, cfg, 2, o.batch_size, o.block_size, o.param, device)
   r.act_per_block, r.act_fixed = two - one, one - (two - one)
   r.activations = r.act_fixed + r.act_per_block * o.n_layer
   r.total = r.master + r.grads + r.adamw + r.gathered + r.flat_grad + r.activations
@@ -231,7 +244,7 @@ function M.main(args)
   local o = config{ n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304, block_size = 1024, bias = true,
                     world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32",
                     model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false,
-                    offload = false }
+                    offload = false, measure = "cpu" }
   local r = M.estimate(o)
   print(("%s %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
     o.model == "llama" and "Llama" or "GPT", o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))
@@ -243,7 +256,7 @@ function M.main(args)
   print("  gathered parameters      " .. mib(r.gathered))
   print("  flat gradient buffers    " .. mib(r.flat_grad))
   if o.offload and r.host_cast > 0 then print(("  %-4s copy of the shards  %s  in host memory"):format(o.param, mib(r.host_cast))) end
-  print(("  activations              %s  (measured: %.1f MiB per block + %.1f MiB)"):format(mib(r.activations),
+  print(("  activations              %s  (measured on %s: %.1f MiB per block + %.1f MiB)"):format(mib(r.activations), o.measure,
     r.act_per_block / MiB, r.act_fixed / MiB))
   print((o.offload and "  estimated device peak    " or "  estimated peak           ") .. mib(r.total))
   if o.offload then print("  host memory              " .. mib(r.host)) end

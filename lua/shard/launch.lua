@@ -429,7 +429,7 @@ function M.diagnose(dir, world, layout)
   end
   if not stuck then return nil end
   local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
-  local waited, behind, other, unknown = {}, {}, {}, {}
+  local waited, behind, other, unknown, ahead = {}, {}, {}, {}, {}
   local longest = 0
   for r = 0, world - 1 do
     local rec = recs[r]
@@ -441,9 +441,10 @@ function M.diagnose(dir, world, layout)
       longest = math.max(longest, rec.wait_for)
     elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
       behind[#behind + 1] = r
-    elseif mine and mine.issued >= n and rec.wait_seq ~= n then
-      other[#other + 1] = ("rank %d issued %s #%d on %s instead"):format(r, mine.issued == n and mine.kind or "more collectives",
-        n, g)
+    elseif mine and mine.issued > n and rec.wait_seq ~= n then
+      ahead[#ahead + 1] = r       -- finished it and went on
+    elseif mine and mine.issued == n and rec.wait_seq ~= n then
+      other[#other + 1] = ("rank %d issued %s #%d on %s instead"):format(r, mine.kind, n, g)
     elseif mine and mine.issued == n and mine.kind ~= kind then
       other[#other + 1] = ("rank %d issued %s #%d on %s"):format(r, mine.kind, n, g)
     end
@@ -461,6 +462,21 @@ function M.diagnose(dir, world, layout)
   for _, r in ipairs(waited) do
     local h = node_of and node_of[r]
     if h and not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
+  end
+  -- ranks that finished the collective on other nodes than the ones still in it: its last
+  -- data did not get from those nodes to these
+  local ahead_hosts, apart = {}, #ahead > 0 and node_of ~= nil
+  for _, r in ipairs(ahead) do
+    local h = node_of and node_of[r]
+    if seen[h] then apart = false elseif h and not ahead_hosts[h] then ahead_hosts[h] = true; ahead_hosts[#ahead_hosts + 1] = h end
+  end
+  if #parts == 0 and apart then
+    table.sort(ahead_hosts); table.sort(hosts)
+    return ("ranks %s finished %s #%d on group %s and went on, ranks %s still waited %.3g s in it: its data did not get between them; check the network between nodes %s and %s"):format(
+      by_node(ahead, node_of), kind, n, g, by_node(waited, node_of), longest, table.concat(ahead_hosts, ", "), table.concat(hosts, ", "))
+  end
+  if #ahead > 0 then
+    parts[#parts + 1] = ("rank%s %s finished %s #%d on group %s and went on"):format(#ahead > 1 and "s" or "", by_node(ahead, node_of), kind, n, g)
   end
   if #parts == 0 and #hosts > 1 then
     -- everyone arrived and still nothing moved: the data did not get between the nodes

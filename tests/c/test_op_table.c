@@ -10,6 +10,9 @@
  *   build/tests/test_op_table linear     the rows whose op name contains "linear"
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
+#include <stddef.h>
+#include "backend_internal.h"
+#include "meta.h"
 
 /* ---- the references' own checks ----------------------------------------------------------- */
 
@@ -286,6 +289,25 @@ static void check_f64_paths(void) {
   sh_tensor_destroy(a); sh_tensor_destroy(b); sh_tensor_destroy(a2); sh_tensor_destroy(bcol); sh_tensor_destroy(c);
 }
 
+/* ---- the dry run's device has every kernel the CPU has ------------------------------------------ */
+
+/* The meta device (shard estimate --dry-run) runs the real ops with kernels that only count:
+ * a kernel added to the CPU table and not to meta's would stop a dry run of a model using it. */
+static void check_meta_table(void) {
+  const sh_backend *cpu = NULL, *meta = NULL;
+  CHECK(sh_backend_for(&cpu, -1, "test") == SH_OK && sh_backend_for(&meta, SH_DEVICE_META, "test") == SH_OK,
+        "backend tables: %s", sh_last_error());
+  if (!cpu || !meta) return;
+  size_t first = offsetof(sh_backend, copy_), n = (sizeof(sh_backend) - first) / sizeof(void (*)(void));
+  const char *c = (const char *)cpu + first, *m = (const char *)meta + first;
+  for (size_t i = 0; i < n; i++) {
+    void (*cf)(void), (*mf)(void);
+    memcpy(&cf, c + i * sizeof cf, sizeof cf);
+    memcpy(&mf, m + i * sizeof mf, sizeof mf);
+    CHECK(!cf || mf, "the meta backend lacks kernel entry %zu of sh_backend, which the cpu has", i);
+  }
+}
+
 /* ---- the table ---------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -295,6 +317,7 @@ int main(int argc, char **argv) {
   if (!filter) {
     check_references();
     check_f64_paths();
+    check_meta_table();
   }
   /* the f64 case of an f64-referenced row is its own reference: test-gpu runs it */
   static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL };

@@ -59,7 +59,8 @@ $(EMU)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
-$(EMU)/runtime/optim.o: EMU_CFLAGS += -fno-math-errno
+# as the main build: no FMA contraction, so the vector and portable loops give the same bits
+$(EMU)/runtime/optim.o $(EMU)/runtime/optim_cpu_avx512.o: EMU_CFLAGS += -fno-math-errno -ffp-contract=off
 
 $(EMU)/kernels/%.o: $(EMU)/rw/kernels/%.cu $(EMU_KERNEL_HDR) $(wildcard kernels/*.h runtime/*.h) $(EMU_HEADERS)
 	@mkdir -p $(dir $@)

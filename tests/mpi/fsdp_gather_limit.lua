@@ -53,14 +53,40 @@ local function grad_error(model, want)
   return worst
 end
 
--- { most gathered in the forward, in the whole step, the step's memory peak above the start }
+-- The trace of a step shows it too: how far this rank's parameter memory (shard.trace's memory
+-- counter, tag param) rose above its level at the step's start: the gathered buffers.
+local cjson = require "cjson"
+local trace = require "shard.trace"
+local TMP = os.getenv("SHARD_TEST_TMP") or "/tmp"
+local function traced_param_peak(path)
+  env.barrier()                          -- rank 0 has merged every rank's part
+  local f = assert(io.open(path, "r"))
+  local doc = cjson.decode(f:read("*a"))
+  f:close()
+  local first, first_ts, most
+  for _, e in ipairs(doc.traceEvents or doc) do
+    if e.ph == "C" and e.pid == rank and e.args and e.args.param then
+      if not first_ts or e.ts < first_ts then first, first_ts = e.args.param, e.ts end
+      most = math.max(most or 0, e.args.param)
+    end
+  end
+  env.barrier()
+  if not most then fail("%s: no memory counter of rank %d in the trace", path, rank); return 0 end
+  return math.floor((most - first) * 2 ^ 20 + 0.5)
+end
+
+-- { most gathered in the forward, in the whole step, the step's memory peak above the start,
+--   the traced step's most parameter memory }
 local function run(opts, what)
   local o = { policy = fsdp.policy.transformer{ nn.Block }, strategy = "full_shard", prefetch = 2 }
   for k, v in pairs(opts) do o[k] = v end
   local model = fsdp.wrap(build, o)
   local opt = new_opt(model)
   local fwd_most, step_most, peak = 0, 0, 0
+  local path = ("%s/shard_gather_limit_%d_%s.json"):format(TMP, size, what:gsub("[^%w]", "_"))
+  trace.setup{ path = path, steps = ("%d"):format(STEPS) }
   for step = 1, STEPS do
+    trace.begin_step(step)
     local gx = batch(step)
     local x = gx:narrow(1, rank * B + 1, B):contiguous(); gx:free()
     local before = shard.memory.stats().allocated
@@ -76,8 +102,9 @@ local function run(opts, what)
     if err > 1e-6 then fail("%s step %d: gradients differ from one process by %.3g", what, step, err) end
     opt:step(); opt:zero_grad(true)
     loss:free(); x:free()
+    trace.end_step(step)
   end
-  return { fwd = fwd_most, step = step_most, peak = peak }
+  return { fwd = fwd_most, step = step_most, peak = peak, traced = traced_param_peak(path) }
 end
 
 local free = run({}, "no limit")
@@ -94,9 +121,12 @@ for _, c in ipairs(expect) do
   end
 end
 if not (limited.peak < free.peak) then fail("limit_all_gathers = 2: peak %d bytes is not below %d without the limit", limited.peak, free.peak) end
+if not (limited.traced < free.traced) then
+  fail("limit_all_gathers = 2: the trace shows %d bytes of parameters gathered at most, not below %d without the limit", limited.traced, free.traced)
+end
 if rank == 0 then
-  print(("world %d, prefetch 2: step peak %d bytes without a limit, %d with limit_all_gathers = 2, %d with forward_prefetch = false"):format(
-    size, free.peak, limited.peak, no_fwd.peak))
+  print(("world %d, prefetch 2: step peak %d bytes without a limit, %d with limit_all_gathers = 2, %d with forward_prefetch = false; parameters gathered at most in the trace %d / %d / %d"):format(
+    size, free.peak, limited.peak, no_fwd.peak, free.traced, limited.traced, no_fwd.traced))
 end
 local ok, err = pcall(fsdp.wrap, build(), { limit_all_gathers = 0 })
 if ok or not tostring(err):find("limit_all_gathers = 0; expected a whole number >= 1", 1, true) then

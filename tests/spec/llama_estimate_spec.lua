@@ -42,6 +42,22 @@ describe("shard estimate --model=llama", function()
     assert.has_error(function() estimate.state(opts { model = "mamba" }) end, "estimate: unknown model mamba (expected gpt or llama)")
   end)
 
+  it("measures activations on the meta device: the CPU's figures for f32, and an 8B Llama in seconds", function()
+    local cpu, meta = estimate.estimate(opts()), estimate.estimate(opts { measure = "meta" })
+    assert.equal(cpu.act_per_block, meta.act_per_block)
+    assert.equal(cpu.act_fixed, meta.act_fixed)
+    local o = opts(EIGHT_B)
+    o.world, o.param, o.batch_size, o.measure = 8, "bf16", 1, "meta"
+    local t0 = os.clock()
+    local r = estimate.estimate(o)
+    assert.is_true(os.clock() - t0 < 30)
+    -- each block keeps at least its inputs to q/k/v, o, gate/up and down in bf16: 4 x T x dim
+    -- plus 2 x T x ffn elements of 2 bytes (the attention's own saves come on top)
+    assert.is_true(r.act_per_block >= 2 * 8192 * (4 * 4096 + 2 * 14336), tostring(r.act_per_block))
+    assert.is_true(r.total > r.master + r.grads + r.adamw + r.activations - 1)
+    assert.has_error(function() estimate.estimate(opts { measure = "gpu" }) end)
+  end)
+
   it("runs from the command line with measured activations", function()
     local r = estimate.estimate(opts())
     assert.is_true(r.act_per_block > 0 and r.total > r.master + r.grads + r.adamw)

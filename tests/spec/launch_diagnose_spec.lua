@@ -1,0 +1,50 @@
+-- shard launch's diagnosis from the ranks' flight records (lua/shard/launch.lua M.diagnose),
+-- on records written here by hand in the runtime's own layout (comm.h's sh_flight_record):
+-- which rank never reached the collective the others timed out in, and, across nodes, the
+-- network when the ranks of one node finished a collective that those of another still wait in.
+local ffi = require "ffi"
+require "shard.ffi"
+local launch = require "shard.launch"
+
+local ALL_REDUCE = 2
+local dir = os.tmpname()
+os.remove(dir)
+assert(os.execute("mkdir -p " .. require("shard.ffi").shell_quote(dir)))
+
+-- rank r issued `issued` collectives on world and waits (state 1) or timed out (2) in #wait_seq
+local function record(r, node, issued, wait_seq, state, waited)
+  local rec = ffi.new("sh_flight_record")
+  ffi.copy(rec.magic, "shflt02", 7)
+  rec.rank, rec.size, rec.n_groups = r, 4, 1
+  ffi.copy(rec.groups[0].name, "world")
+  rec.groups[0].issued, rec.groups[0].last_kind, rec.groups[0].size = issued, ALL_REDUCE, 4
+  ffi.copy(rec.wait_group, "world")
+  rec.wait_seq, rec.wait_kind, rec.wait_state, rec.wait_for = wait_seq, ALL_REDUCE, state, waited
+  ffi.copy(rec.node_name, node)
+  local f = assert(io.open(("%s/rank%d.flight"):format(dir, r), "wb"))
+  f:write(ffi.string(rec, ffi.sizeof(rec)))
+  f:close()
+end
+
+describe("shard launch's diagnosis of a stopped job", function()
+  it("names the rank that never reached the collective", function()
+    for r = 0, 2 do record(r, "", 12, 12, 2, 4) end
+    record(3, "", 11, 11, 0, 0)
+    local line = launch.diagnose(dir, 4)
+    assert.is_truthy(line:find("rank 3 never reached all_reduce #12 on group world", 1, true), line)
+  end)
+
+  it("names the network when one node's ranks finished what the other node's still wait in", function()
+    record(0, "a", 13, 13, 2, 4); record(1, "a", 13, 13, 2, 4)
+    record(2, "b", 12, 12, 2, 4.5); record(3, "b", 12, 12, 1, 0)
+    local line = launch.diagnose(dir, 4, { [0] = "a", "a", "b", "b" })
+    assert.is_truthy(line:find("finished all_reduce #12 on group world and went on", 1, true), line)
+    assert.is_truthy(line:find("check the network between nodes a and b", 1, true), line)
+  end)
+
+  it("names the network when every rank reached the collective", function()
+    for r = 0, 3 do record(r, r < 2 and "a" or "b", 12, 12, 2, 4) end
+    local line = launch.diagnose(dir, 4, { [0] = "a", "a", "b", "b" })
+    assert.is_truthy(line:find("check the network between nodes a and b", 1, true), line)
+  end)
+end)
