@@ -4,14 +4,22 @@
 -- "flops_per_token N": the step's matmul work, 6 (12 L C^2 + C V) + 6 L C T (forward and
 -- backward of every linear layer and the tied head, attention's QK^T and AV with the causal
 -- half skipped), the convention of bench/gpt2_124m.lua; make bench turns it into GFLOP/s.
---   shard run bench/cpu_train.lua [--iters=50]
+-- --dtype=bf16: the same model wrapped as FSDP full_shard of one process with mixed precision
+-- (bf16 compute, f32 master weights and optimizer), as the recipe's --dtype=bf16 runs it.
+--   shard run bench/cpu_train.lua [--iters=50] [--dtype=bf16]
 local shard = require "shard"
 local timer = require "shard.timer"
 local cfg = shard.config{ iters = 50, warmup = 5, profile = false, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
-                          batch_size = 12, vocab_size = 65, seed = 1337 }
+                          batch_size = 12, vocab_size = 65, seed = 1337, dtype = "f32" }
 shard.manual_seed(cfg.seed)
-local model = shard.nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
-                            block_size = cfg.block_size, vocab_size = cfg.vocab_size, bias = false, dropout = 0 }
+local function build()
+  return shard.nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, block_size = cfg.block_size,
+                       vocab_size = cfg.vocab_size, bias = false, dropout = 0 }
+end
+assert(cfg.dtype == "f32" or cfg.dtype == "bf16", "--dtype: expected f32 or bf16")
+local model = cfg.dtype == "f32" and build() or
+  shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ shard.nn.Block }, strategy = "full_shard",
+                           mixed_precision = { param = "bf16" } })
 local opt = shard.optim.AdamW(model, { lr = 1e-3, betas = { 0.9, 0.99 }, weight_decay = 0.1 })
 
 local function batch()
@@ -29,7 +37,7 @@ local function step()
   local x, y = batch()
   local loss = model(x, y)
   loss:backward()
-  shard.optim.clip_grad_norm(model, 1.0)
+  shard.fsdp.clip_grad_norm(model, 1.0)
   opt:step()
   opt:zero_grad(true)
   local v = loss:item()

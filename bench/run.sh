@@ -15,6 +15,11 @@
 #               peak. A system that fails or prints no positive figure is an error (exit 1).
 #   adamw       the CPU AdamW step on GPT-2 124M's parameters, shard vs torch.optim.AdamW
 #               (foreach off and on) beside the machine's memory bandwidth: bench/adamw.sh.
+#   cpu_train_bf16  the same step in bf16: shard's --dtype=bf16 (FSDP mixed precision, f32
+#               master weights; the linear layers' GEMMs on AVX-512 BF16 where the CPU has it)
+#               vs PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) (nanogpt_cpu.py --bf16),
+#               same rounds, alternation and settings as cpu_train; the headline is again the
+#               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 all but this part.
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
 cd "$(dirname "$0")/.." || exit 2
@@ -26,6 +31,8 @@ whole() {   # whole NAME VALUE: VALUE must be a whole number >= 1
 }
 
 ROUNDS=${ROUNDS:-3}
+BENCH=${BENCH:-all}
+case "$BENCH" in all|f32|bf16) ;; *) die "BENCH must be all, f32 or bf16, not '$BENCH'";; esac
 ITERS=${ITERS:-50}
 PEAK_N=${PEAK_N:-2048}
 PEER_SPIN=${PEER_SPIN:-1}
@@ -92,6 +99,66 @@ for t in $threads; do
   psettings="$psettings $t"
   [ "$PEER_SPIN" = 1 ] && [ "$t" -gt 1 ] && psettings="$psettings ${t}s"
 done
+
+# ---- cpu_train_bf16 -------------------------------------------------------------------------
+# bf16_report: medians [min-max] per setting, the ratio of bests, the same-setting ratios.
+bf16_report() {
+  awk -v threads="$threads" -v psettings="$psettings" -v rounds="$ROUNDS" '
+    { v[$1, $2, $3] = $4 }
+    function med(name, k,   n, a, i, j, x) {
+      n = 0; for (i = 1; i <= rounds; i++) a[++n] = v[name, k, i]
+      for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    function span(name, k,   i, lo, hi) {
+      lo = hi = v[name, k, 1]
+      for (i = 2; i <= rounds; i++) { if (v[name, k, i] < lo) lo = v[name, k, i]; if (v[name, k, i] > hi) hi = v[name, k, i] }
+      return sprintf("%.0f [%.0f-%.0f]", med(name, k), lo, hi)
+    }
+    function label(k) { return k ~ /s$/ ? (k + 0) " spin" : (k + 0 == 1 ? "1 thread" : k " threads") }
+    END {
+      nt = split(threads, T, " "); np = split(psettings, P, " "); bs = T[1]; bp = P[1]
+      for (i = 2; i <= nt; i++) if (med("shard_bf16", T[i]) > med("shard_bf16", bs)) bs = T[i]
+      for (i = 2; i <= np; i++) if (med("pytorch_bf16", P[i]) > med("pytorch_bf16", bp)) bp = P[i]
+      best = med("shard_bf16", bs) / med("pytorch_bf16", bp)
+      printf "\ncpu_train_bf16, ratio of bests: shard --dtype=bf16 at %s %.0f tokens/s / pytorch autocast bf16 at %s %.0f tokens/s = %.2fx\n",
+        label(bs), med("shard_bf16", bs), label(bp), med("pytorch_bf16", bp), best
+      printf "  %-10s %-24s %-24s %s\n", "setting", "shard bf16", "pytorch autocast bf16", "shard/pytorch"
+      for (i = 1; i <= np; i++) {
+        k = P[i]; t = k + 0
+        printf "  %-10s %-24s %-24s %.2fx\n", label(k), span("shard_bf16", t), span("pytorch_bf16", k), med("shard_bf16", t) / med("pytorch_bf16", k)
+      }
+      printf "\nratio_bf16_best %.3f\n", best
+      for (i = 1; i <= nt; i++) printf "shard_bf16_tokens_per_s_%dt %.1f\n", T[i], med("shard_bf16", T[i])
+      for (i = 1; i <= np; i++) { k = P[i]; printf "pytorch_bf16_tokens_per_s_%st%s %.1f\n", k + 0, k ~ /s$/ ? "_spin" : "", med("pytorch_bf16", k) }
+    }' "$data"
+}
+
+# THREADS ROUND: both systems in bf16, in cpu_train's order (reversed every other round).
+shard_bf16() { measure shard_bf16 "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" bin/shard run bench/cpu_train.lua --iters="$ITERS" --dtype=bf16; }
+torch_bf16() { measure pytorch_bf16 "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16; }
+torch_bf16_spin() {
+  measure pytorch_bf16 "${1}s" "$2" tokens_per_s env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16
+}
+bench_bf16() {
+  echo "cpu_train_bf16: $ROUNDS round(s) of $ITERS steps, threads:$threads (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
+  r=1
+  while [ "$r" -le "$ROUNDS" ]; do
+    for t in $threads; do
+      spin=""
+      [ "$PEER_SPIN" = 1 ] && [ "$t" -gt 1 ] && spin=1
+      if [ $((r % 2)) -eq 1 ]; then
+        shard_bf16 "$t" "$r"; torch_bf16 "$t" "$r"; [ -n "$spin" ] && torch_bf16_spin "$t" "$r"
+      else
+        [ -n "$spin" ] && torch_bf16_spin "$t" "$r"; torch_bf16 "$t" "$r"; shard_bf16 "$t" "$r"
+      fi
+    done
+    r=$((r + 1))
+  done
+  bf16_report
+}
+if [ "$BENCH" = bf16 ]; then bench_bf16; exit $?; fi
+# ---- end of cpu_train_bf16 (run after cpu_train and adamw below unless BENCH=f32) --------------
 
 echo "cpu_train: $ROUNDS round(s) of $ITERS steps, threads:$threads, peak sgemm ${PEAK_N}^2 (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
 r=1
@@ -168,6 +235,8 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
 # (bench/adamw.sh; make bench-adamw runs it alone).
 echo
 THREADS="$threads" sh bench/adamw.sh build || exit 1
+
+if [ "$BENCH" = all ]; then echo; bench_bf16 || exit 1; fi   # cpu_train_bf16 (its section above)
 
 # GPT-2 124M on the GPU, shard then its PyTorch peer in the same invocation.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

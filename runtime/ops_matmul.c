@@ -1,5 +1,7 @@
 /* ops_matmul.c: matmul and gemm_: the fronts (checks, result shape and dtype, for every
- * device) and the CPU kernels, through OpenBLAS (sgemm for f32, bf16 and f16; dgemm for f64).
+ * device) and the CPU kernels, through OpenBLAS (sgemm for f32 and f16; dgemm for f64) and,
+ * when both operands are bf16, sh_gemm_bf16 (AVX-512 BF16 with f32 sums, gemm_bf16.c) into
+ * an f32 product.
  *
  * A matrix operand is (pointer, rows, cols, row stride, col stride). BLAS reads it in place
  * when one stride is 1: row-major as is, column-major (a transposed view, x:t()) with the
@@ -24,14 +26,15 @@ enum { SMALL_GEMM = 65536 * 4, PAR_MIN = 32768 };
 typedef struct mat {
   char *p;              /* element [0, 0] */
   int64_t rows, cols, rs, cs;
+  int dt;               /* element dtype */
 } mat;
 
 static mat mat_of(const sh_tensor *t, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   int esz = sh_dtype_size(t->dtype);
-  return (mat){(char *)t->storage->data + t->offset * esz, rows, cols, rs, cs};
+  return (mat){(char *)t->storage->data + t->offset * esz, rows, cols, rs, cs, t->dtype};
 }
 
-static mat transposed(mat m) { return (mat){m.p, m.cols, m.rows, m.cs, m.rs}; }
+static mat transposed(mat m) { return (mat){m.p, m.cols, m.rows, m.cs, m.rs, m.dt}; }
 
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
@@ -54,8 +57,10 @@ static int blas_layout(mat m, int *trans, int64_t *ld) {
 
 static int readable(mat m) { int t; int64_t ld; return blas_layout(m, &t, &ld); }
 
-/* c = alpha a @ b + beta c for dense-typed matrices that BLAS can read (readable()). */
-static void gemm(int dt, mat c, mat a, mat b, double alpha, double beta) {
+/* c = alpha a @ b + beta c for matrices that BLAS can read (readable()): c f32 or f64, a and
+ * b c's dtype or both bf16 (then c is f32). */
+static int gemm(mat c, mat a, mat b, double alpha, double beta) {
+  int dt = c.dt;
   if (!(c.cs == 1 || c.cols <= 1)) {          /* column-major c: c^T = b^T a^T */
     mat at = transposed(a);
     a = transposed(b);
@@ -63,7 +68,7 @@ static void gemm(int dt, mat c, mat a, mat b, double alpha, double beta) {
     c = transposed(c);
   }
   int64_t m = c.rows, n = c.cols, k = a.cols;
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return SH_OK;
   int ta, tb;
   int64_t lda, ldb, ldc = c.rows <= 1 ? (n > 1 ? n : 1) : c.rs;
   blas_layout(a, &ta, &lda);
@@ -75,19 +80,28 @@ static void gemm(int dt, mat c, mat a, mat b, double alpha, double beta) {
         if (dt == SH_F32) *(float *)e = beta == 0 ? 0.0f : (float)(beta * *(float *)e);
         else *(double *)e = beta == 0 ? 0.0 : beta * *(double *)e;
       }
-    return;
+    return SH_OK;
   }
   CBLAS_TRANSPOSE tra = ta ? CblasTrans : CblasNoTrans, trb = tb ? CblasTrans : CblasNoTrans;
+  if (a.dt == SH_BF16)
+    return sh_gemm_bf16(tra, trb, (int)m, (int)n, (int)k, (float)alpha, (const uint16_t *)a.p, (int)lda,
+                        (const uint16_t *)b.p, (int)ldb, (float)beta, (float *)c.p, (int)ldc);
   if (dt == SH_F32)
     sh_sgemm(tra, trb, (int)m, (int)n, (int)k, (float)alpha, (const float *)a.p, (int)lda,
                 (const float *)b.p, (int)ldb, (float)beta, (float *)c.p, (int)ldc);
   else
     cblas_dgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, alpha, (const double *)a.p, (int)lda,
                 (const double *)b.p, (int)ldb, beta, (double *)c.p, (int)ldc);
+  return SH_OK;
 }
 
 /* The dtype BLAS computes in: f64 for f64, else f32. */
 static int blas_dtype(int dtype) { return dtype == SH_F64 ? SH_F64 : SH_F32; }
+
+/* The dtype the operands are read in: bf16 when both are (sh_gemm_bf16), else c's. */
+static int input_dtype(const sh_tensor *a, const sh_tensor *b, int dt) {
+  return a->dtype == SH_BF16 && b->dtype == SH_BF16 ? SH_BF16 : dt;
+}
 
 /* ---- matmul -------------------------------------------------------------------------- */
 
@@ -106,7 +120,7 @@ static operand operand_of(const sh_tensor *t, int is_b) {
 }
 
 /* Every matrix of the batch readable in place by BLAS (they share strides). */
-static int operand_readable(const operand *o) { return readable((mat){NULL, o->rows, o->cols, o->rs, o->cs}); }
+static int operand_readable(const operand *o) { return readable((mat){NULL, o->rows, o->cols, o->rs, o->cs, 0}); }
 
 /* Makes *own a dense copy of t in dtype dt when t is another dtype or BLAS cannot read it. */
 static int prepare(operand *o, sh_tensor **own, int dt, int is_b) {
@@ -139,9 +153,10 @@ static void plan_batch(batch_plan *bp, const sh_tensor *out, const sh_tensor *a,
   }
 }
 
-/* Runs the batch of products into the dense tensor c (dtype dt). */
-static void run_batches(sh_tensor *c, const operand *a, const operand *b, const batch_plan *bp, int dt) {
-  int64_t m = a->rows, n = b->cols, k = a->cols, esz = sh_dtype_size(dt);
+/* Runs the batch of products into the dense tensor c. */
+static int run_batches(sh_tensor *c, const operand *a, const operand *b, const batch_plan *bp) {
+  int64_t m = a->rows, n = b->cols, k = a->cols;
+  int64_t ea = sh_dtype_size(a->t->dtype), eb = sh_dtype_size(b->t->dtype), ec = sh_dtype_size(c->dtype);
   mat ma = mat_of(a->t, m, k, a->rs, a->cs), mb = mat_of(b->t, k, n, b->rs, b->cs);
   mat mc = mat_of(c, m, n, n, 1);
   int b_shared = 1;
@@ -158,13 +173,11 @@ static void run_batches(sh_tensor *c, const operand *a, const operand *b, const 
     }
     mat fa = ma, fc = mc;
     fa.rows = fc.rows = bp->count * m;
-    if (line && fits_int(fa.rows) && (a->cs == 1 || k <= 1) && readable(fa)) {
-      gemm(dt, fc, fa, mb, 1.0, 0.0);
-      return;
-    }
+    if (line && fits_int(fa.rows) && (a->cs == 1 || k <= 1) && readable(fa)) return gemm(fc, fa, mb, 1.0, 0.0);
   }
+  int rc = SH_OK;
   int par = bp->count > 1 && m * n * k <= SMALL_GEMM && bp->count * m * n * k > PAR_MIN;
-  #pragma omp parallel for schedule(static) if (par)
+  #pragma omp parallel for schedule(static) if (par) reduction(| : rc)
   for (int64_t i = 0; i < bp->count; i++) {
     int64_t oa = 0, ob = 0, rest = i;
     for (int d = bp->nb - 1; d >= 0; d--) {
@@ -174,29 +187,31 @@ static void run_batches(sh_tensor *c, const operand *a, const operand *b, const 
       ob += j * bp->sb[d];
     }
     mat xa = ma, xb = mb, xc = mc;
-    xa.p += oa * esz;
-    xb.p += ob * esz;
-    xc.p += i * m * n * esz;
-    gemm(dt, xc, xa, xb, 1.0, 0.0);
+    xa.p += oa * ea;
+    xb.p += ob * eb;
+    xc.p += i * m * n * ec;
+    rc |= gemm(xc, xa, xb, 1.0, 0.0);
   }
+  return rc;
 }
 
 /* out = a @ b; out is dense in the promoted dtype, which BLAS computes in unless it is
- * bf16/f16 (then through an f32 product converted at the end). */
+ * bf16/f16 (then through an f32 product converted at the end; two bf16 operands are read as
+ * they are). */
 static int cpu_matmul(sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
   operand oa = operand_of(a, 0), ob = operand_of(b, 1);
   if (!fits_int(oa.rows) || !fits_int(oa.cols) || !fits_int(ob.cols))
     return sh_fail(SH_ERR_ARG, "matmul: dims beyond 2^31 are not supported (%s @ %s)", sh_desc(a), sh_desc(b));
-  int dt = blas_dtype(out->dtype);
+  int dt = blas_dtype(out->dtype), it = input_dtype(a, b, dt);
   sh_tensor *ca = NULL, *cb = NULL, *c = NULL;
-  int rc = prepare(&oa, &ca, dt, 0);
-  if (!rc) rc = prepare(&ob, &cb, dt, 1);
+  int rc = prepare(&oa, &ca, it, 0);
+  if (!rc) rc = prepare(&ob, &cb, it, 1);
   if (!rc && out->dtype != dt) rc = sh_tensor_empty(&c, out->ndim, out->shape, dt, -1);
   if (!rc) {
     batch_plan bp;
     plan_batch(&bp, out, oa.t, ob.t);   /* the strides of the (possibly copied) operands */
-    run_batches(c ? c : out, &oa, &ob, &bp, dt);
-    if (c) rc = sh_tensor_copy_(out, c);
+    rc = run_batches(c ? c : out, &oa, &ob, &bp);
+    if (c && !rc) rc = sh_tensor_copy_(out, c);
   }
   sh_tensor_destroy(ca);
   sh_tensor_destroy(cb);
@@ -225,18 +240,18 @@ static int cpu_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int t
   mat la = mat_2d(a, trans_a), lb = mat_2d(b, trans_b);
   if (!fits_int(la.rows) || !fits_int(la.cols) || !fits_int(lb.cols))
     return sh_fail(SH_ERR_ARG, "gemm_: dims beyond 2^31 are not supported (c %s)", sh_desc(c));
-  int dt = blas_dtype(c->dtype);
+  int dt = blas_dtype(c->dtype), it = input_dtype(a, b, dt);
   sh_tensor *ca = NULL, *cb = NULL, *cc = NULL;
   const sh_tensor *ua, *ub;
-  int rc = blas_input(a, dt, &ca, &ua);
-  if (!rc) rc = blas_input(b, dt, &cb, &ub);
+  int rc = blas_input(a, it, &ca, &ua);
+  if (!rc) rc = blas_input(b, it, &cb, &ub);
   /* c itself must be f32/f64 with a unit stride; else compute into a dense copy */
   int direct = c->dtype == dt && (c->stride[1] == 1 || c->shape[1] <= 1 || c->stride[0] == 1 || c->shape[0] <= 1) &&
                readable(mat_2d(c, 0));
   if (!rc && !direct) rc = beta != 0 ? sh_tensor_to(&cc, c, dt, -1) : sh_tensor_empty(&cc, 2, c->shape, dt, -1);
   if (!rc) {
-    gemm(dt, mat_2d(direct ? c : cc, 0), mat_2d(ua, trans_a), mat_2d(ub, trans_b), alpha, beta);
-    if (!direct) rc = sh_tensor_copy_(c, cc);
+    rc = gemm(mat_2d(direct ? c : cc, 0), mat_2d(ua, trans_a), mat_2d(ub, trans_b), alpha, beta);
+    if (!direct && !rc) rc = sh_tensor_copy_(c, cc);
   }
   sh_tensor_destroy(ca);
   sh_tensor_destroy(cb);

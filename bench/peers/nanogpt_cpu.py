@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """The peer of bench/cpu_train.lua: nanoGPT's model and training step in PyTorch (Debian's
 torch 1.13, CPU, eager), same configuration, hyperparameters and threads. Prints
-"tokens_per_s N" like the Lua side.   /usr/bin/python3 bench/peers/nanogpt_cpu.py --iters 50"""
+"tokens_per_s N" like the Lua side.   /usr/bin/python3 bench/peers/nanogpt_cpu.py --iters 50
+--bf16: the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) (f32 master
+weights and optimizer), the peer of cpu_train.lua --dtype=bf16."""
 import argparse, math, os, time
 import torch
 import torch.nn as nn
@@ -11,6 +13,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--iters", type=int, default=50)
 ap.add_argument("--warmup", type=int, default=5)
 ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
+ap.add_argument("--bf16", action="store_true")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(1337)
@@ -66,7 +69,8 @@ opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest
 
 def step():
     ids = torch.randint(0, V, (B, T + 1))
-    loss = model(ids[:, :-1], ids[:, 1:])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        loss = model(ids[:, :-1], ids[:, 1:])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

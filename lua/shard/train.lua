@@ -16,6 +16,11 @@
 -- memory), last (the inner micro-batches skip every reduction and keep unsharded grads: one
 -- reduction per step) or replica_last (hybrid: the inner ones reduce-scatter within the shard
 -- group and skip only the all-reduce across groups, the collective that crosses nodes).
+-- --dtype=bf16 computes in bf16 with f32 master weights: FSDP mixed precision (param bf16,
+-- gradients reduced and kept in f32, the optimizer on the f32 shards); with --strategy=none
+-- the model is wrapped as one process's full_shard FSDP (world 1: one shard, all of it),
+-- which holds the f32 parameters and gathers their bf16 copy for each forward and backward. On the CPU the linear layers' GEMMs
+-- then run on AVX-512 BF16 where the CPU has it (runtime/gemm_bf16.c).
 --
 -- Every log_interval steps a progress line gives tokens/s, the model FLOP/s achieved per rank
 -- and MFU (against shard.peak: the measured GEMM peak on the CPU, the vendor's on a GPU), the
@@ -42,6 +47,7 @@ M.COMMON = {
   lr = 1e-3, min_lr = 1e-4, max_iters = 2000, warmup = 100, beta1 = 0.9, beta2 = 0.99,
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
+  dtype = "f32",   -- or bf16: mixed precision with f32 master weights
   save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
   metrics_file = "", straggler_margin = 0.25, straggler_windows = 3, accum_sync = "every",
   hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
@@ -91,6 +97,15 @@ local function settings(recipe)
   if not (cfg.straggler_margin > 0) then error(("--straggler_margin=%g: expected a fraction above 0 (0.25: 25%% slower)"):format(cfg.straggler_margin), 0) end
   if cfg.straggler_windows < 1 then error(("--straggler_windows=%d: expected at least 1"):format(cfg.straggler_windows), 0) end
   check_accum_sync(cfg)
+  if cfg.dtype ~= "f32" and cfg.dtype ~= "bf16" then
+    error(("--dtype=%s: expected f32 or bf16 (bf16: mixed precision, f32 master weights)"):format(tostring(cfg.dtype)), 0)
+  end
+  -- FSDP's no_shard builds its bf16 copy of the parameters once and never refreshes it after
+  -- an optimizer step (the model would not learn): refused until fsdp re-casts it each step
+  if cfg.dtype == "bf16" and cfg.strategy == "no_shard" then
+    error("--dtype=bf16 --strategy=no_shard: no_shard does not refresh its bf16 parameter copy after the optimizer"
+          .. " step; use full_shard, shard_grad_op or hybrid_shard", 0)
+  end
   return cfg
 end
 
@@ -108,13 +123,19 @@ end
 local function make_model(recipe, cfg, env, vocab_size)
   local function build() return recipe.build(cfg, vocab_size) end
   local model
-  if cfg.strategy == "none" then
-    if env.world > 1 then error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0) end
+  local mixed = cfg.dtype == "bf16" and { param = "bf16" } or nil
+  if cfg.strategy == "none" and env.world > 1 then
+    error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0)
+  end
+  if cfg.strategy == "none" and not mixed then
     model = build()
   else
-    -- given the constructor, wrap initialises each rank's shard only (same values as eager init)
-    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy,
-                                            hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group })
+    -- given the constructor, wrap initialises each rank's shard only (same values as eager init);
+    -- bf16 on one process: full_shard of world 1 (see above)
+    local strategy = cfg.strategy == "none" and "full_shard" or cfg.strategy
+    model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = strategy,
+                                     hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group,
+                                     mixed_precision = mixed })
     if env.rank == 0 then print(shard.fsdp.summary(model)) end
   end
   if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end

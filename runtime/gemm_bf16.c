@@ -1,0 +1,267 @@
+/* gemm_bf16.c: c = alpha op(a) op(b) + beta c with a and b in bf16 and c in f32 or bf16 (then
+ * rounded once from the f32 result), on the CPU.
+ *
+ * With AVX-512 BF16 (vdpbf16ps; checked at run time, so the build and the machine may
+ * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
+ * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
+ * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
+ * in a scratch buffer each thread keeps between calls); a micro-kernel keeps an
+ * MR x NR block of c in 24 zmm accumulators. OpenMP splits c into one block per thread (the
+ * threads other kernels use, omp_get_max_threads), or the calling thread does it all inside a
+ * parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
+ * store, which also applies alpha, beta and the rounding of a bf16 c.
+ * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
+ * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
+ * one-line notice says so, once. */
+#include "blas_internal.h"
+#include "dtype.h"
+#include "status_internal.h"
+#include <immintrin.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* MR rows x NR columns of c per micro-kernel call, over the whole k (blocking k measured no
+ * faster on these shapes, and c in bf16 must see the f32 sum once). */
+enum { MR = 12, NR = 32, PAR_MIN_WORK = 1 << 18 };
+
+/* Where c is: f32, or bf16 (the f32 result rounded to nearest even at the store). */
+typedef struct out { char *p; int ld, bf16; } out;
+
+static char *out_at(out c, int i, int j) { return c.p + ((size_t)i * c.ld + j) * (c.bf16 ? 2 : 4); }
+
+#define BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+
+/* ---- choosing the path ------------------------------------------------------------------ */
+
+static int cpu_has_bf16;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static void detect(void) {
+  __builtin_cpu_init();
+  cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+}
+
+static void notice_once(int *said, const char *why) {
+  if (__atomic_exchange_n(said, 1, __ATOMIC_RELAXED)) return;
+  fprintf(stderr, "shard: %s: bf16 matrix products on the CPU widen to f32 and run through OpenBLAS\n", why);
+}
+
+int sh_cpu_bf16_available(void) {
+  pthread_once(&detect_once, detect);
+  return cpu_has_bf16;
+}
+
+/* The environment is read on every call (a few hundred ns beside a GEMM) so that a test can
+ * run both paths in one process. */
+static int use_avx512_bf16(void) {
+  static int said_env, said_cpu;
+  const char *env = getenv("SHARD_CPU_BF16");
+  if (env && strcmp(env, "0") == 0) { notice_once(&said_env, "SHARD_CPU_BF16=0"); return 0; }
+  if (sh_cpu_bf16_available()) return 1;
+  notice_once(&said_cpu, "this CPU has no AVX-512 BF16 (vdpbf16ps)");
+  return 0;
+}
+
+/* ---- fallback: widen to f32, then sh_sgemm ------------------------------------------------ */
+
+/* The rows x cols matrix stored at p with leading dimension ld, widened into a dense copy. */
+static float *widen(const uint16_t *p, int rows, int cols, int ld) {
+  float *out = malloc((size_t)rows * cols * sizeof(float) + 1);
+  if (!out) return NULL;
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < cols; j++) out[(size_t)i * cols + j] = sh_bf16_to_f32(p[(size_t)i * ld + j]);
+  return out;
+}
+
+/* c = alpha op(a) op(b) + beta c through sh_sgemm on widened copies (and an f32 copy of a
+ * bf16 c, rounded back). */
+static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                        const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, out c) {
+  int ar = ta == CblasNoTrans ? m : k, ac = ta == CblasNoTrans ? k : m;
+  int br = tb == CblasNoTrans ? k : n, bc = tb == CblasNoTrans ? n : k;
+  float *af = widen(a, ar, ac, lda), *bf = widen(b, br, bc, ldb);
+  float *cf = c.bf16 ? widen((const uint16_t *)c.p, m, n, c.ld) : (float *)c.p;
+  int ok = af && bf && cf;
+  if (ok) sh_sgemm(ta, tb, m, n, k, alpha, af, ac > 0 ? ac : 1, bf, bc > 0 ? bc : 1, beta, cf, c.bf16 ? n : c.ld);
+  if (ok && c.bf16)
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) *(uint16_t *)out_at(c, i, j) = sh_f32_to_bf16(cf[(size_t)i * n + j]);
+  free(af);
+  free(bf);
+  if (c.bf16) free(cf);
+  return ok ? SH_OK : sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to widen [%d,%d] x [%d,%d] to f32", m, k, k, n);
+}
+
+/* ---- packing ------------------------------------------------------------------------------ */
+
+/* A block of w lanes (rows of op(a) or columns of op(b)) i0 .. i0+cnt of an operand, packed as
+ * kp k-pairs of w 32-bit lanes each: dst[q * w + r] holds (x(i0+r, 2q) low, x(i0+r, 2q+1)
+ * high); lanes past cnt and the partner of an odd k's last element are zero. Two layouts:
+ * k along the stored rows (a as is, b transposed: a pair is one 32-bit word) or k down the
+ * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
+static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+  int kp = (k + 1) / 2, whole = k / 2;
+  memset(dst, 0, sizeof(uint32_t) * (size_t)kp * w);
+  for (int r = 0; r < cnt; r++) {
+    const uint16_t *row = x + (size_t)(i0 + r) * ld;
+    for (int q = 0; q < whole; q++) memcpy(dst + (size_t)q * w + r, row + 2 * q, sizeof(uint32_t));
+    if (k & 1) dst[(size_t)whole * w + r] = row[k - 1];
+  }
+}
+
+static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+  int kp = (k + 1) / 2;
+  for (int q = 0; q < kp; q++) {
+    const uint16_t *lo = x + (size_t)(2 * q) * ld + i0, *hi = lo + ld;
+    uint32_t *d = dst + (size_t)q * w;
+    if (2 * q + 1 < k)
+      for (int r = 0; r < cnt; r++) d[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+    else
+      for (int r = 0; r < cnt; r++) d[r] = lo[r];
+    for (int r = cnt; r < w; r++) d[r] = 0;
+  }
+}
+
+/* Row tile it of op(a) (MR lanes) or column panel jp of op(b) (NR lanes). */
+static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
+  int i0 = it * MR, cnt = m - i0 < MR ? m - i0 : MR;
+  if (ta == CblasNoTrans) pack_k_along(dst, MR, a, lda, i0, cnt, k);
+  else pack_k_down(dst, MR, a, lda, i0, cnt, k);
+}
+
+static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
+  int j0 = jp * NR, cnt = n - j0 < NR ? n - j0 : NR;
+  if (tb == CblasNoTrans) pack_k_down(dst, NR, b, ldb, j0, cnt, k);
+  else pack_k_along(dst, NR, b, ldb, j0, cnt, k);
+}
+
+/* ---- the micro-kernel --------------------------------------------------------------------- */
+
+static inline __mmask16 cols_mask(int cols) {
+  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
+}
+
+/* One row of c's block, 16 columns under mask mk: v (+ beta times what is there), stored. */
+BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v, float beta) {
+  if (!bf16) {
+    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mk, p), v);
+    _mm512_mask_storeu_ps(p, mk, v);
+    return;
+  }
+  if (beta != 0.0f) {
+    __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16);
+    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_castsi512_ps(old), v);
+  }
+  _mm256_mask_storeu_epi16(p, mk, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+/* c[0:mr, 0:nr] = alpha * (a tile . b panel over kq pairs) + beta c; beta 0 never reads c. */
+BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t *bp, out c, int mr, int nr,
+                                     float alpha, float beta) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int q = 0; q < kq; q++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + (size_t)q * NR);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + (size_t)q * NR + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[(size_t)q * MR + r]);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
+  }
+  __mmask16 m0 = cols_mask(nr), m1 = cols_mask(nr - 16);
+  __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < mr; r++) {
+    store16(out_at(c, r, 0), c.bf16, m0, _mm512_mul_ps(acc[r][0], va), beta);
+    store16(out_at(c, r, 16), c.bf16, m1, _mm512_mul_ps(acc[r][1], va), beta);
+  }
+}
+
+/* ---- the blocked product ------------------------------------------------------------------ */
+
+/* The calling thread's packing buffer, grown as needed and kept: a fresh allocation of this
+ * size per call is an mmap, and its page faults cost as much as a small product. */
+static uint32_t *scratch(size_t words) {
+  static __thread uint32_t *buf;
+  static __thread size_t cap;
+  if (words <= cap) return buf;
+  free(buf);
+  cap = 0;
+  buf = aligned_alloc(64, (words * sizeof(uint32_t) + 63) / 64 * 64);
+  if (buf) cap = words;
+  return buf;
+}
+
+/* The product of one thread: packs its operands into the thread's scratch, then runs the
+ * micro-kernel panel by panel (a panel's pack stays in cache across the row tiles). 0, or -1
+ * when the scratch cannot be allocated. */
+static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+                      int lda, const uint16_t *b, int ldb, float beta, out c) {
+  int kp = (k + 1) / 2, mtiles = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
+  size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;
+  uint32_t *ap = scratch(na + nb), *bp = ap + na;
+  if (!ap) return -1;
+  for (int it = 0; it < mtiles; it++) pack_a_tile(ap + (size_t)it * MR * kp, a, lda, ta, m, k, it);
+  for (int jp = 0; jp < npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * kp, b, ldb, tb, n, k, jp);
+  for (int jp = 0; jp < npanels; jp++)
+    for (int it = 0; it < mtiles; it++) {
+      int mr = m - it * MR < MR ? m - it * MR : MR, nr = n - jp * NR < NR ? n - jp * NR : NR;
+      micro_kernel(kp, ap + (size_t)it * MR * kp, bp + (size_t)jp * NR * kp,
+                   (out){out_at(c, it * MR, jp * NR), c.ld, c.bf16}, mr, nr, alpha, beta);
+    }
+  return 0;
+}
+
+/* Split like sh_sgemm: the longer side of c in one block per thread (rows in multiples of MR,
+ * columns of NR), each block a product of its own, so the threads meet only at the end
+ * (every barrier costs a whole time slice on a shared machine). Each block packs the shared
+ * operand again: k x n (or m x k) pairs, small beside its part of the product. */
+static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, out c) {
+  int threads = omp_in_parallel() || (double)m * n * k < PAR_MIN_WORK ? 1 : omp_get_max_threads();
+  int split_rows = m >= n, len = split_rows ? m : n, unit = split_rows ? MR : NR;
+  int chunk = ((len + threads - 1) / threads + unit - 1) / unit * unit;
+  int parts = (len + chunk - 1) / chunk, failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
+  for (int part = 0; part < parts; part++) {
+    int s = part * chunk, e = s + chunk < len ? s + chunk : len;
+    if (split_rows)
+      failed |= gemm_block(ta, tb, e - s, n, k, alpha, ta == CblasNoTrans ? a + (size_t)s * lda : a + s, lda, b, ldb,
+                           beta, (out){out_at(c, s, 0), c.ld, c.bf16});
+    else
+      failed |= gemm_block(ta, tb, m, e - s, k, alpha, a, lda, tb == CblasNoTrans ? b + s : b + (size_t)s * ldb, ldb,
+                           beta, (out){out_at(c, 0, s), c.ld, c.bf16});
+  }
+  return failed ? sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n) : SH_OK;
+}
+
+static int gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+                int lda, const uint16_t *b, int ldb, float beta, out c) {
+  if (m <= 0 || n <= 0) return SH_OK;
+  if (k <= 0) {   /* an empty sum: c = beta c, and beta 0 defines c */
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) {
+        char *e = out_at(c, i, j);
+        float v = beta == 0.0f ? 0.0f : beta * (c.bf16 ? sh_bf16_to_f32(*(uint16_t *)e) : *(float *)e);
+        if (c.bf16) *(uint16_t *)e = sh_f32_to_bf16(v);
+        else *(float *)e = v;
+      }
+    return SH_OK;
+  }
+  if (use_avx512_bf16()) return gemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c);
+  return gemm_widened(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c);
+}
+
+int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                 const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+  return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, (out){(char *)c, ldc, 0});
+}
+
+int sh_gemm_bf16_out16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, uint16_t *c, int ldc) {
+  return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, (out){(char *)c, ldc, 1});
+}

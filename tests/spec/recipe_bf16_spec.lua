@@ -1,0 +1,68 @@
+-- The Shakespeare recipe with --dtype=bf16 (FSDP mixed precision on one process: bf16
+-- compute, f32 master weights; on the CPU the linear layers' GEMMs run on AVX-512 BF16 where
+-- the CPU has it) against the same run in f32: the loss curve must follow f32's within what
+-- bf16 rounding moves it, and learn. The same with SHARD_CPU_BF16=0, the path of a CPU
+-- without the instructions, which says so once.
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+local TEXT = "/usr/share/common-licenses/GPL-3"
+local ARGS = " --data=" .. TEXT .. " --n_layer=2 --n_head=2 --n_embd=64 --block_size=32 --batch_size=8"
+  .. " --max_iters=60 --eval_interval=30 --eval_iters=2 --log_interval=10 --sample_tokens=0 --warmup=5 --lr=3e-3"
+-- bf16 keeps 8 bits of mantissa, so the curves drift apart slowly over the steps (measured
+-- here: at most 0.006 on either path); a run that stops learning, or a wrong product, moves
+-- them by tenths
+local TOL = 0.03
+
+-- the logged step losses, then each evaluation's train and val loss; and the train losses
+-- of the first and last evaluations
+local function losses(out)
+  local t, train = {}, {}
+  for loss in out:gmatch("iter %d+ | loss ([%d%.]+)") do t[#t + 1] = tonumber(loss) end
+  for tl, vl in out:gmatch("iter %d+ | train_loss ([%d%.]+) | val_loss ([%d%.]+)") do
+    t[#t + 1] = tonumber(tl); t[#t + 1] = tonumber(vl)
+    train[#train + 1] = tonumber(tl)
+  end
+  return t, train[1], train[#train]
+end
+
+local function close(f32_out, out)
+  local a = losses(f32_out)
+  local b, first, last = losses(out)
+  assert.equal(6 + 3 * 2, #a, f32_out)   -- 6 logged steps, 3 evaluations of train and val
+  assert.equal(#a, #b, out)
+  for i = 1, #a do
+    assert.is_true(math.abs(a[i] - b[i]) <= TOL, ("value %d: bf16 %.4f vs f32 %.4f\n%s"):format(i, b[i], a[i], out))
+  end
+  assert.is_true(last < first - 0.5, ("bf16 did not learn: train loss %.4f at the start, %.4f at the end\n%s"):format(first, last, out))
+end
+
+describe("gpt_shakespeare_char recipe --dtype=bf16", function()
+  local f32, rc = support.shard("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_bf16_f32" .. ARGS)
+
+  it("follows the f32 loss curve", function()
+    assert.equal(0, rc, f32)
+    local out, code = support.shard("run recipes/gpt_shakespeare_char.lua --dtype=bf16 --out_dir=/tmp/shard_bf16_a" .. ARGS)
+    assert.equal(0, code, out)
+    close(f32, out)
+  end)
+
+  it("follows it on the fallback path (SHARD_CPU_BF16=0), saying so once", function()
+    local out, code = support.run("SHARD_CPU_BF16=0 " .. support.quote(support.BIN)
+      .. " run recipes/gpt_shakespeare_char.lua --dtype=bf16 --out_dir=/tmp/shard_bf16_b" .. ARGS)
+    assert.equal(0, code, out)
+    close(f32, out)
+    local _, notices = out:gsub("SHARD_CPU_BF16=0: bf16 matrix products on the CPU widen to f32", "")
+    assert.equal(1, notices, out)
+  end)
+
+  it("refuses another dtype, naming the choices", function()
+    local out, code = support.shard("run recipes/gpt_shakespeare_char.lua --dtype=f16 --out_dir=/tmp/shard_bf16_c" .. ARGS)
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("--dtype=f16: expected f32 or bf16", 1, true), out)
+  end)
+
+  it("refuses no_shard, whose bf16 copy of the parameters goes stale, naming why", function()
+    local out, code = support.shard("run recipes/gpt_shakespeare_char.lua --dtype=bf16 --strategy=no_shard --out_dir=/tmp/shard_bf16_d" .. ARGS)
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("no_shard does not refresh its bf16 parameter copy", 1, true), out)
+  end)
+end)
