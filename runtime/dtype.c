@@ -1,4 +1,5 @@
 #include "dtype.h"
+#include "bf16_internal.h"
 #include <string.h>
 
 static const struct { const char *name; int size; int is_float; } dtype_info[] = {
@@ -29,14 +30,8 @@ int sh_dtype_from_name(const char *name) {
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-uint16_t sh_f32_to_bf16(float x) {
-  uint32_t u = f32_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even; Inf stays Inf */
-  return (uint16_t)(u >> 16);
-}
-
-float sh_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+uint16_t sh_f32_to_bf16(float x) { return sh_f32_to_bf16_inline(x); }
+float sh_bf16_to_f32(uint16_t h) { return sh_bf16_to_f32_inline(h); }
 
 uint16_t sh_f32_to_f16(float x) {
   uint32_t u = f32_bits(x);

@@ -9,6 +9,7 @@
  *   libm ones are opaque calls), and SH_NN_SIMD, which compiles a hot kernel twice (AVX-512
  *   and baseline x86-64) and picks one at load time from the CPU's features. */
 #pragma once
+#include "bf16_internal.h"
 #include "fastmath_internal.h"
 #include <stdint.h>
 #include <string.h>
@@ -85,19 +86,6 @@ static inline float sh_lanes_sum(const float *t) {
   for (int k = 0; k < 8; k++) u[k] = t[k] + t[k + 8];
   for (int k = 0; k < 4; k++) u[k] += u[k + 4];
   return (u[0] + u[2]) + (u[1] + u[3]);
-}
-
-/* bf16 <-> f32 inline (the dtype.c versions are calls, which stop vectorization).
- * Round to nearest even; a NaN stays a (quiet) NaN. */
-static inline float sh_nn_bf16_to_f32(uint16_t h) {
-  union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
-  return v.f;
-}
-static inline uint16_t sh_nn_f32_to_bf16(float x) {
-  union { float f; uint32_t u; } v = { .f = x };
-  uint32_t rounded = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16;
-  uint32_t nan = (v.u >> 16) | 0x40u;
-  return (uint16_t)(x != x ? nan : rounded);
 }
 
 /* ---- fronts (the public ops, before they dispatch through backend_internal.h) ---------- */

@@ -51,7 +51,7 @@ typedef struct opt_args {
   }
 #define ADAMW_GRADS(STORE) \
   if (g32) { ADAMW_LOOP(g32[i], STORE) } \
-  else { ADAMW_LOOP(sh_nn_bf16_to_f32(g16[i]), STORE) }
+  else { ADAMW_LOOP(sh_bf16_to_f32_inline(g16[i]), STORE) }
 
 static void adamw_portable(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
   float *restrict p = b->p, *restrict m = b->m, *restrict v = b->v;
@@ -62,7 +62,7 @@ static void adamw_portable(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
   void *shadow = b->shadow;
   const int sdt = b->shadow_dtype;
   if (!shadow) { ADAMW_GRADS((void)0) }
-  else if (sdt == SH_BF16) { uint16_t *restrict s = shadow; ADAMW_GRADS(s[i] = sh_nn_f32_to_bf16(pi)) }
+  else if (sdt == SH_BF16) { uint16_t *restrict s = shadow; ADAMW_GRADS(s[i] = sh_f32_to_bf16_inline(pi)) }
   else if (sdt == SH_F32) { float *restrict s = shadow; ADAMW_GRADS(s[i] = pi) }
   else { ADAMW_GRADS(sh_store(shadow, sdt, i, pi)) }
 }
@@ -136,9 +136,9 @@ SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
   const float *restrict g32 = a->g32;
   const uint16_t *restrict g16 = a->g16;
   if (g32 && buf) { SGD_MOMENTUM_LOOP(g32[i]) }
-  else if (buf) { SGD_MOMENTUM_LOOP(sh_nn_bf16_to_f32(g16[i])) }
+  else if (buf) { SGD_MOMENTUM_LOOP(sh_bf16_to_f32_inline(g16[i])) }
   else if (g32) { SGD_LOOP(g32[i]) }
-  else { SGD_LOOP(sh_nn_bf16_to_f32(g16[i])) }
+  else { SGD_LOOP(sh_bf16_to_f32_inline(g16[i])) }
 }
 
 sh_adamw_hyper sh_adamw_hyper_of(double lr, double beta1, double beta2, double eps, double weight_decay,

@@ -4,7 +4,7 @@
  * m and v are loaded once, and param, m, v and the bf16 or f32 shadow stored once.
  * The operations are optim.c's, one IEEE operation each in the same order (mul, add, sqrt,
  * div: no FMA, and the Makefile builds both files with -ffp-contract=off), so this loop and the
- * portable one give the same bits; bf16 rounding is sh_nn_f32_to_bf16's (nearest even, NaN
+ * portable one give the same bits; bf16 rounding is sh_f32_to_bf16_inline's (nearest even, NaN
  * kept quiet). */
 #include "optim_internal.h"
 
@@ -26,7 +26,7 @@ AVX512 static inline __m512 load_bf16(const uint16_t *g) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
-/* Rounds x to bf16 as sh_nn_f32_to_bf16 does and stores the 16 halves at s. */
+/* Rounds x to bf16 as sh_f32_to_bf16_inline does and stores the 16 halves at s. */
 AVX512 static inline void store_bf16(uint16_t *s, __m512 x) {
   __m512i u = _mm512_castps_si512(x);
   __m512i hi = _mm512_srli_epi32(u, 16);

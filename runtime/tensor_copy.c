@@ -3,6 +3,7 @@
 #include "tensor_internal.h"
 #include "alloc_internal.h"
 #include "meta_internal.h"
+#include "bf16_internal.h"
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -61,10 +62,17 @@ void sh_nditer_next(sh_nditer *it) {
 /* Contiguous same-device conversion loops for the common pairs, else element by element. */
 static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
   if (dt == st) { memcpy(dst, src, (size_t)(n * sh_dtype_size(dt))); return; }
+  /* bf16 <-> f32 is every mixed-precision op's staging: inline, vectorized, threaded when large */
   if (dt == SH_F32 && st == SH_BF16) {
-    for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = sh_bf16_to_f32(((const uint16_t *)src)[i]);
+    float *d = dst;
+    const uint16_t *s = src;
+#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < n; i++) d[i] = sh_bf16_to_f32_inline(s[i]);
   } else if (dt == SH_BF16 && st == SH_F32) {
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = sh_f32_to_bf16(((const float *)src)[i]);
+    uint16_t *d = dst;
+    const float *s = src;
+#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < n; i++) d[i] = sh_f32_to_bf16_inline(s[i]);
   } else {
     for (int64_t i = 0; i < n; i++) sh_store(dst, dt, i, sh_load(src, st, i));
   }

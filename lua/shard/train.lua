@@ -100,12 +100,6 @@ local function settings(recipe)
   if cfg.dtype ~= "f32" and cfg.dtype ~= "bf16" then
     error(("--dtype=%s: expected f32 or bf16 (bf16: mixed precision, f32 master weights)"):format(tostring(cfg.dtype)), 0)
   end
-  -- FSDP's no_shard builds its bf16 copy of the parameters once and never refreshes it after
-  -- an optimizer step (the model would not learn): refused until fsdp re-casts it each step
-  if cfg.dtype == "bf16" and cfg.strategy == "no_shard" then
-    error("--dtype=bf16 --strategy=no_shard: no_shard does not refresh its bf16 parameter copy after the optimizer"
-          .. " step; use full_shard, shard_grad_op or hybrid_shard", 0)
-  end
   return cfg
 end
 

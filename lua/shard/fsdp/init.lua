@@ -289,8 +289,16 @@ function Unit:prefetch()
   if self.frozen_part then self.frozen_part:prefetch() end
 end
 function Unit:reshard()
-  if self.fp and self.mode.shard and self.fp:state() ~= "sharded" then self.fp:reshard() end
+  if self.fp and (self.mode.shard or self:casts()) and self.fp:state() ~= "sharded" then self.fp:reshard() end
   if self.frozen_part then self.frozen_part:reshard() end
+end
+
+-- Under no_shard the full parameters are the shard itself, or, in mixed precision, a copy in
+-- the compute dtype: that copy must go after the backward, so that the next forward casts the
+-- master weights the optimizer has updated since.
+function Unit:casts()
+  local i = self.fp:info()
+  return i.param_dtype ~= i.master_dtype
 end
 
 -- The schedule check (wrap option check_schedule, or SHARD_FSDP_CHECK=1). Every rank must run
