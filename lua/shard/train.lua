@@ -48,6 +48,7 @@ M.COMMON = {
   weight_decay = 0.1, grad_clip = 1.0, eval_interval = 250, eval_iters = 20, log_interval = 50,
   seed = 1337, sample_tokens = 300, strategy = "none", device = "auto",   -- auto: cuda when a GPU is there
   dtype = "f32",   -- or bf16: mixed precision with f32 master weights
+  offload = false, -- FSDP CPU offload: sharded parameters, grads and AdamW state in host memory
   save_interval = 0, keep = 0, resume = false, async_save = false, grad_accum = 1,
   metrics_file = "", straggler_margin = 0.25, straggler_windows = 3, accum_sync = "every",
   hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
@@ -121,6 +122,9 @@ local function make_model(recipe, cfg, env, vocab_size)
   if cfg.strategy == "none" and env.world > 1 then
     error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0)
   end
+  if cfg.offload and (cfg.strategy == "none" or cfg.strategy == "no_shard") then
+    error(("--offload needs a sharding strategy (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2), not --strategy=%s"):format(cfg.strategy), 0)
+  end
   if cfg.strategy == "none" and not mixed then
     model = build()
   else
@@ -129,7 +133,7 @@ local function make_model(recipe, cfg, env, vocab_size)
     local strategy = cfg.strategy == "none" and "full_shard" or cfg.strategy
     model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = strategy,
                                      hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group,
-                                     mixed_precision = mixed })
+                                     mixed_precision = mixed, offload = cfg.offload and { params = true } or nil })
     if env.rank == 0 then print(shard.fsdp.summary(model)) end
   end
   if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end

@@ -65,6 +65,22 @@ describe("gpt_shakespeare_char recipe", function()
     assert.is_truthy(io.open(dir .. "/data/meta.lua", "r"))
   end)
 
+  -- CPU offload on the CPU backend: nothing to move, said once, the same training
+  it("takes --offload under FSDP: on the CPU it says there is nothing to move and trains the same", function()
+    local plain, rc1 = run("run recipes/gpt_shakespeare_char.lua --strategy=full_shard --out_dir=/tmp/shard_recipe_o1" .. ARGS)
+    local out, rc2 = run("run recipes/gpt_shakespeare_char.lua --strategy=full_shard --offload --out_dir=/tmp/shard_recipe_o2" .. ARGS)
+    assert.equal(0, rc1, plain)
+    assert.equal(0, rc2, out)
+    local _, notes = out:gsub("nothing to move", "")
+    assert.equal(1, notes, out)
+    local a, b = losses(plain), losses(out)
+    assert.equal(#a, #b, out)
+    for i = 1, #a do assert.equal(a[i], b[i], out) end
+    local bad, code = run("run recipes/gpt_shakespeare_char.lua --offload --out_dir=/tmp/shard_recipe_o3" .. ARGS)
+    assert.are_not.equal(0, code)
+    assert.is_truthy(bad:find("--offload needs a sharding strategy", 1, true), bad)
+  end)
+
   it("refuses several ranks without a strategy, naming the choices", function()
     local out, code = run("launch --nproc 2 recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_x" .. ARGS)
     assert.are_not.equal(0, code)
