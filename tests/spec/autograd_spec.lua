@@ -185,7 +185,12 @@ describe("tape", function()
       local l = (a / b):sum()    -- div's backward makes four temporaries
       l:backward()
       l:free()
-      assert.equal(before + 2 * 64 * 64 * 4, shard.memory.stats().allocated)   -- just the two grads
+      -- just the two grads: a temporary left over would show as more (once, in a full suite
+      -- run, 1,152 bytes less: something held from before went meanwhile, so not equality)
+      local after = shard.memory.stats().allocated
+      assert.is_true(after <= before + 2 * 64 * 64 * 4, ("%d bytes allocated, %d before + two grads"):format(after, before + 2 * 64 * 64 * 4))
+      assert.same({ 64, 64 }, a.grad:shape())
+      assert.same({ 64, 64 }, b.grad:shape())
     end)
     collectgarbage("restart")
     assert(ok, err)
