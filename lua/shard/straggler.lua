@@ -11,6 +11,7 @@
 -- after it recovered. (The others' median, not everyone's: at world 2 the median of both
 -- would sit halfway to the straggler.)
 local tensor = require "shard.tensor"
+local median = require("shard.stats").median
 
 local Watch = {}
 Watch.__index = Watch
@@ -32,15 +33,6 @@ end
 
 function Watch:forget(r)
   self.slow_for[r], self.own_sum[r], self.median_sum[r], self.steps_sum[r], self.named[r] = 0, 0, 0, 0, false
-end
-
-local function median(values)
-  local sorted = {}
-  for i, v in ipairs(values) do sorted[i] = v end
-  table.sort(sorted)
-  local n = #sorted
-  if n % 2 == 1 then return sorted[(n + 1) / 2] end
-  return (sorted[n / 2] + sorted[n / 2 + 1]) / 2
 end
 
 -- Every rank's own work per step over the window, in rank order.

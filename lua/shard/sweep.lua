@@ -224,19 +224,9 @@ function M.command(spec, point, log)
   return cmd
 end
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  if n == 0 then return nil end
-  if n % 2 == 1 then return s[(n + 1) / 2] end
-  return (s[n / 2] + s[n / 2 + 1]) / 2
-end
-
 local REDUCE = {
   last = function(t) return t[#t] end,
-  median = median,
+  median = require("shard.stats").median,
   mean = function(t) local s = 0; for _, v in ipairs(t) do s = s + v end; return #t > 0 and s / #t or nil end,
   max = function(t) local m; for _, v in ipairs(t) do if not m or v > m then m = v end end; return m end,
 }

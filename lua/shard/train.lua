@@ -35,6 +35,7 @@
 local shard = require "shard"
 local cjson = require "cjson"
 local timer = require "shard.timer"
+local median = require("shard.stats").median
 
 local M = {}
 
@@ -275,14 +276,6 @@ local function metrics_line(model, opt, train, cfg, env, extra)
   for k, v in pairs(extra) do fields[k] = v end
   peak:free()
   if env.rank == 0 then print("metrics " .. cjson.encode(fields)); io.stdout:flush() end
-end
-
-local function median(values)
-  if #values == 0 then return nil end
-  local s = {}
-  for i, v in ipairs(values) do s[i] = v end
-  table.sort(s)
-  return s[math.floor((#s + 1) / 2)]
 end
 
 function M.run(recipe)

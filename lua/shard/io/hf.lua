@@ -411,6 +411,18 @@ function M.load_into(model, path)
   return model
 end
 
+-- The model class(cfg) for from_pretrained: plain, or, given fsdp.wrap's options, built
+-- sharded (each rank initialises only its shard) with policy transformer{ block } unless
+-- the options name one.
+local function build(class, cfg, wrap_opts, block)
+  if not wrap_opts then return class(cfg) end
+  local fsdp = require "shard.fsdp"
+  local wrap = {}
+  for k, v in pairs(wrap_opts) do wrap[k] = v end
+  wrap.policy = wrap.policy or fsdp.policy.transformer{ block }
+  return fsdp.wrap(function() return class(cfg) end, wrap)
+end
+
 -- nn.GPT.from_pretrained: builds the model config.json describes and loads the weights.
 -- opts: dropout (default 0), fsdp (fsdp.wrap's options: the model is built sharded, with
 -- policy fsdp.policy.transformer{ nn.Block } unless given).
@@ -422,17 +434,7 @@ function M.from_pretrained(GPT, path, opts)
   local c = M.config_from_hf(hc, config_path)
   local cfg = { n_layer = c.n_layer, n_head = c.n_head, n_embd = c.n_embd, vocab_size = c.vocab_size,
                 block_size = c.block_size, bias = true, dropout = opts.dropout or 0 }
-  local model
-  if opts.fsdp then
-    local fsdp = require "shard.fsdp"
-    local wrap = {}
-    for k, v in pairs(opts.fsdp) do wrap[k] = v end
-    wrap.policy = wrap.policy or fsdp.policy.transformer{ require("shard.nn.gpt").Block }
-    model = fsdp.wrap(function() return GPT(cfg) end, wrap)
-  else
-    model = GPT(cfg)
-  end
-  return M.load_into(model, path)
+  return M.load_into(build(GPT, cfg, opts.fsdp, require("shard.nn.gpt").Block), path)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -596,17 +598,7 @@ function M.from_pretrained_llama(Llama, path, opts)
   local config_path = path:gsub("/+$", "") .. "/config.json"
   if not exists(config_path) then error(("hf: no %s (the Llama's sizes come from it)"):format(config_path), 0) end
   local cfg = M.llama_config_from_hf(M.read_config(config_path), config_path)
-  local model
-  if opts.fsdp then
-    local fsdp = require "shard.fsdp"
-    local wrap = {}
-    for k, v in pairs(opts.fsdp) do wrap[k] = v end
-    wrap.policy = wrap.policy or fsdp.policy.transformer{ require("shard.nn.llama").LlamaBlock }
-    model = fsdp.wrap(function() return Llama(cfg) end, wrap)
-  else
-    model = Llama(cfg)
-  end
-  return M.load_llama_into(model, path)
+  return M.load_llama_into(build(Llama, cfg, opts.fsdp, require("shard.nn.llama").LlamaBlock), path)
 end
 
 ---------------------------------------------------------------------------------------------
