@@ -5,10 +5,11 @@
 #               of THREADS, rounds alternating the systems (the order of a round is reversed in
 #               the next); with them, each round, the machine's f32 peak: an OpenBLAS sgemm of a
 #               PEAK_N square at the same threads (bench/peak_sgemm.c).
-#               Both run with OMP_WAIT_POLICY=passive (shard's own default, runtime/host.c); with
-#               PEER_SPIN=1 PyTorch also runs at each count above 1 with libgomp's default wait
-#               policy (spin, then sleep), the setting "N spin", so that neither choice of wait
-#               policy can depress PyTorch's best.
+#               shard runs with its own OpenMP wait setting (runtime/host.c: passive, plus a
+#               short spin when its threads have the cores to themselves, as here); PyTorch with
+#               OMP_WAIT_POLICY=passive, and with PEER_SPIN=1 also at each count above 1 with
+#               libgomp's default wait policy (spin, then sleep), the setting "N spin", so that
+#               neither choice of wait policy can depress PyTorch's best.
 #               Reports medians over the rounds with their spread [min-max] for every figure;
 #               the headline is the ratio of bests (shard at its best setting over PyTorch at
 #               its own), then the same-setting ratios, then the step's GFLOP/s against the
@@ -46,7 +47,7 @@ for t in $THREADS; do
   case " $threads " in *" $t "*) ;; *) threads="$threads $t";; esac
 done
 [ -n "$threads" ] || die "THREADS names no thread count"
-export OMP_WAIT_POLICY=passive   # the same for both (shard's own default); PEER_SPIN adds PyTorch at libgomp's
+unset OMP_WAIT_POLICY GOMP_SPINCOUNT   # shard picks its own; PyTorch's settings are named below
 
 # The peer: PyTorch in /usr/bin/python3, installed (or named) by bench/deps.sh.
 PY=/usr/bin/python3
@@ -88,9 +89,9 @@ measure() {
 
 # THREADS ROUND
 shard() { measure shard "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" bin/shard run bench/cpu_train.lua --iters="$ITERS"; }
-torch() { measure pytorch "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"; }
+torch() { measure pytorch "$1" "$2" tokens_per_s env OMP_WAIT_POLICY=passive OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"; }
 torch_spin() {
-  measure pytorch "${1}s" "$2" tokens_per_s env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"
+  measure pytorch "${1}s" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"
 }
 peak() { measure peak "$1" "$2" gflops "$PEAK" "$PEAK_N" "$1" 5; }
 
@@ -136,9 +137,9 @@ bf16_report() {
 
 # THREADS ROUND: both systems in bf16, in cpu_train's order (reversed every other round).
 shard_bf16() { measure shard_bf16 "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" bin/shard run bench/cpu_train.lua --iters="$ITERS" --dtype=bf16; }
-torch_bf16() { measure pytorch_bf16 "$1" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16; }
+torch_bf16() { measure pytorch_bf16 "$1" "$2" tokens_per_s env OMP_WAIT_POLICY=passive OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16; }
 torch_bf16_spin() {
-  measure pytorch_bf16 "${1}s" "$2" tokens_per_s env -u OMP_WAIT_POLICY OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16
+  measure pytorch_bf16 "${1}s" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1" --bf16
 }
 bench_bf16() {
   echo "cpu_train_bf16: $ROUNDS round(s) of $ITERS steps, threads:$threads (load now: $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -210,7 +211,7 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
       k = P[i]; t = k + 0
       printf "  %-10s %-24s %-24s %.2fx [%.2f-%.2f]\n", label(k), tok("shard", t), tok("pytorch", k), med("shard", t) / med("pytorch", k), rlo(t, k), rhi(t, k)
     }
-    if (psettings ~ /s/) printf "  (N spin: PyTorch with libgomp'"'"'s default wait policy; the other rows, both systems, OMP_WAIT_POLICY=passive)\n"
+    if (psettings ~ /s/) printf "  (PyTorch: OMP_WAIT_POLICY=passive, N spin: libgomp'"'"'s default wait policy; shard: its own setting, passive with a short spin)\n"
     printf "\nGFLOP/s of the step (%.2f MFLOP/token of matmuls, bench/cpu_train.lua) against the peak: an OpenBLAS sgemm\n", fpt / 1e6
     printf "at the same threads in the same rounds; \"of peak\": the step'"'"'s median over the best sgemm seen (load only lowers a peak)\n"
     printf "  %-10s %-20s %-20s %-22s %s\n", "setting", "shard", "pytorch", "peak sgemm", "of peak: shard, pytorch"

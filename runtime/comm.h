@@ -22,6 +22,7 @@
 #pragma once
 #include <stdint.h>
 #include <stddef.h>
+#include "tensor.h"
 
 typedef struct sh_comm sh_comm;
 typedef struct sh_comm_work sh_comm_work;
