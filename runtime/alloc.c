@@ -21,6 +21,7 @@ typedef struct device_pool {
 
 static device_pool pools[MAX_DEVICES]; /* [0] is the CPU, [1 + N] is cuda:N */
 static device_pool meta_pool;           /* the meta device (meta.h): accounted, never backed */
+static device_pool meta_host_pool;      /* its host side (SH_DEVICE_META_HOST), likewise */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int current_tag = SH_TAG_OTHER;
 static _Thread_local int pinned_mode;
@@ -36,10 +37,13 @@ const char *sh_mem_tag_name(int tag) { return tag >= 0 && tag < SH_N_TAGS ? tag_
 void sh_mem_register_cuda(const sh_mem_backend *backend) { cuda_backend = *backend; }
 const sh_mem_backend *sh_mem_cuda(void) { return cuda_backend.raw_alloc ? &cuda_backend : NULL; }
 
-static device_pool *slot(int device) { return device == SH_DEVICE_META ? &meta_pool : &pools[device + 1]; }
+static device_pool *slot(int device) {
+  if (device == SH_DEVICE_META) return &meta_pool;
+  return device == SH_DEVICE_META_HOST ? &meta_host_pool : &pools[device + 1];
+}
 
 static device_pool *pool_for(int device) {
-  if (device == SH_DEVICE_META) return &meta_pool;
+  if (sh_is_meta(device)) return slot(device);
   if (device < -1 || device >= MAX_DEVICES - 1) {
     sh_fail(SH_ERR_DEVICE, "memory: no device %d", device);
     return NULL;
@@ -112,13 +116,13 @@ static int size_class(size_t n, size_t *class_bytes) {
 }
 
 static void *system_alloc(int device, size_t bytes) {
-  if (device == SH_DEVICE_META) return sh_meta_address(bytes);
+  if (sh_is_meta(device)) return sh_meta_address(bytes);
   if (device < 0) return aligned_alloc(ALIGN, bytes);
   return cuda_backend.raw_alloc(device, bytes);
 }
 
 static void system_free(int device, void *ptr) {
-  if (device == SH_DEVICE_META) return;
+  if (sh_is_meta(device)) return;
   if (device < 0) free(ptr); else cuda_backend.raw_free(device, ptr);
 }
 

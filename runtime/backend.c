@@ -28,7 +28,7 @@ static void cpu_register(void) {
 void sh_backend_register_cuda(const sh_backend *b) { cuda_backend = b; }
 
 int sh_backend_for(const sh_backend **out, int device, const char *op) {
-  if (device == SH_DEVICE_META) { *out = sh_meta_backend(); return SH_OK; }
+  if (sh_is_meta(device)) { *out = sh_meta_backend(); return SH_OK; }
   if (device < 0) {
     pthread_once(&cpu_once, cpu_register);
     *out = &cpu_backend;

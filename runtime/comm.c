@@ -5,6 +5,7 @@
 #include "comm_internal.h"
 #include "tensor_internal.h"
 #include "alloc_internal.h"
+#include "meta_internal.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -552,7 +553,7 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
    * through the CPU side unless only NCCL spans the ranks. */
   const sh_comm_backend *b = any ? (any->device >= 0 ? device_backend(c) : c->cpu)
                                  : (c->cpu != &none_backend || !c->gpu ? c->cpu : c->gpu);
-  if (any && any->device == SH_DEVICE_META && b != &sh_comm_dry_backend)
+  if (any && sh_is_meta(any->device) && b != &sh_comm_dry_backend)
     return sh_fail(SH_ERR_DEVICE, "%s on %s (rank %d): %s is a meta tensor, which only a dry-run world "
                    "(shard estimate --dry-run) can take", KIND_NAME[kind], c->name, c->rank, sh_desc(any));
   if (!b)

@@ -3,6 +3,7 @@
  * storage while sharded. Their .grad is kept across those swaps until reduce_grad takes it. */
 #include "tensor_internal.h"
 #include "alloc_internal.h"
+#include "meta_internal.h"
 #include "comm.h"
 #include "flatparam.h"
 #include "ops.h"
@@ -221,11 +222,16 @@ int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, str
 
 /* ---- CPU offload (flatparam.h) ------------------------------------------------------------ */
 
-static const sh_mem_backend *offload_backend(void) { return sh_mem_cuda(); }
+/* The host side and its copies: pinned host memory and the CUDA backend's copy stream and
+ * events; for a meta FlatParameter (a dry run) the meta device's host side and no-ops
+ * (meta_internal.h), so the same code runs and the host memory is accounted. */
+static const sh_mem_backend *offload_backend(const sh_flatparam *fp) {
+  return fp->device == SH_DEVICE_META ? sh_meta_offload_backend() : sh_mem_cuda();
+}
 
-static int new_pinned(sh_tensor **out, int64_t numel, int dtype, int tag) {
+static int new_pinned(const sh_flatparam *fp, sh_tensor **out, int64_t numel, int dtype, int tag) {
   int old = sh_mem_set_pinned(1);
-  int rc = new_tagged(out, numel, dtype, -1, tag);
+  int rc = new_tagged(out, numel, dtype, fp->device == SH_DEVICE_META ? SH_DEVICE_META_HOST : -1, tag);
   sh_mem_set_pinned(old);
   return rc;
 }
@@ -236,18 +242,18 @@ int sh_flatparam_set_offload(sh_flatparam *fp, int on) {
     if (fp->offload) return sh_fail(SH_ERR_ARG, "flatparam offload: an offloaded FlatParameter cannot be brought back to the device");
     return SH_OK;
   }
-  if (fp->offload || fp->device < 0) return SH_OK;    /* done already, or nothing to move on the CPU */
+  if (fp->offload || (fp->device < 0 && fp->device != SH_DEVICE_META)) return SH_OK;   /* done, or on the host already */
   if (fp->no_shard)
     return sh_fail(SH_ERR_ARG, "flatparam offload: no_shard keeps the full parameters on every rank; offload needs a "
                    "sharded FlatParameter (full_shard, shard_grad_op, hybrid)");
   if (fp->state != SH_FP_SHARDED || fp->has_grad || fp->red_out || fp->grad_ready)
     return sh_fail(SH_ERR_ARG, "flatparam offload: set it while the FlatParameter is sharded and holds no grad (state %d, grad %d)",
                    (int)fp->state, fp->has_grad);
-  if (!offload_backend()) return sh_fail(SH_ERR_DEVICE, "flatparam offload: cuda:%d has no CUDA backend", fp->device);
+  if (!offload_backend(fp)) return sh_fail(SH_ERR_DEVICE, "flatparam offload: cuda:%d has no CUDA backend", fp->device);
   sh_tensor *host = NULL, *cast = NULL;
-  int rc = new_pinned(&host, fp->shard_numel, fp->master, SH_TAG_PARAM);
+  int rc = new_pinned(fp, &host, fp->shard_numel, fp->master, SH_TAG_PARAM);
   if (!rc) rc = sh_tensor_copy_(host, fp->shard);
-  if (!rc && fp->pdt != fp->master) rc = new_pinned(&cast, fp->shard_numel, fp->pdt, SH_TAG_PARAM);
+  if (!rc && fp->pdt != fp->master) rc = new_pinned(fp, &cast, fp->shard_numel, fp->pdt, SH_TAG_PARAM);
   if (rc) { sh_tensor_destroy(host); sh_tensor_destroy(cast); return sh_fail_context("flatparam offload: "); }
   fp->cast = cast;
   fp->cast_stale = 1;
@@ -264,7 +270,7 @@ int sh_flatparam_set_offload(sh_flatparam *fp, int on) {
  * again when the shard may have changed since (before the host writes that copy, the copies
  * that read it must be done: after offload_settle they are; else the host waits). */
 static int offload_copy_in(sh_flatparam *fp, sh_tensor *slot) {
-  const sh_mem_backend *be = offload_backend();
+  const sh_mem_backend *be = offload_backend(fp);
   if (!fp->cast) return be->copy_async(slot, fp->shard);
   if (fp->cast_stale) {
     if (fp->h2d_newer) {
@@ -284,7 +290,7 @@ static void offload_shard_out(sh_flatparam *fp) { fp->cast_stale = 1; }
  * with the host-copy stream current, so the allocator orders its reuse on that stream and
  * the gather waits for that stream only. */
 static int offload_unshard_start(sh_flatparam *fp) {
-  const sh_mem_backend *be = offload_backend();
+  const sh_mem_backend *be = offload_backend(fp);
   void *saved = NULL;
   SH_TRY(be->copy_stream_enter(fp->device, &saved));
   int rc = new_tagged(&fp->full, fp->padded, fp->pdt, fp->device, SH_TAG_PARAM);
@@ -305,13 +311,13 @@ static int offload_unshard_start(sh_flatparam *fp) {
 /* The caller's stream waits for the shard's copy (when no gather stands between them). */
 static int offload_order_copy_in(sh_flatparam *fp) {
   if (!fp->offload || fp->gather) return SH_OK;
-  return offload_backend()->mark_order(fp->device, fp->h2d_mark);
+  return offload_backend(fp)->mark_order(fp->device, fp->h2d_mark);
 }
 
 /* The host waits for the last grad copy, then adds a staged grad: the host grad may be read. */
 static int offload_settle_grad(sh_flatparam *fp) {
   if (!fp->grad_pending) return SH_OK;
-  SH_TRY(offload_backend()->mark_wait(fp->d2h_mark));
+  SH_TRY(offload_backend(fp)->mark_wait(fp->d2h_mark));
   int staged = fp->grad_pending == 2;
   fp->grad_pending = 0;
   return staged ? accumulate(fp->grad, fp->grad_stage) : SH_OK;
@@ -324,7 +330,7 @@ static int offload_settle(sh_flatparam *fp) {
   SH_TRY(offload_settle_grad(fp));
   offload_shard_out(fp);
   if (!fp->h2d_newer) return SH_OK;
-  SH_TRY(offload_backend()->mark_wait(fp->h2d_mark));
+  SH_TRY(offload_backend(fp)->mark_wait(fp->h2d_mark));
   fp->h2d_newer = 0;
   return SH_OK;
 }
@@ -333,10 +339,10 @@ static int offload_settle(sh_flatparam *fp) {
  * in the master dtype goes to the host grad (set) or to the stage (added when read). The
  * copy waits on the device for the last shard copy, so its mark covers both. */
 static int offload_grad_out(sh_flatparam *fp) {
-  const sh_mem_backend *be = offload_backend();
+  const sh_mem_backend *be = offload_backend(fp);
   SH_TRY(offload_settle_grad(fp));   /* a second reduction before the grad was read waits here */
-  if (!fp->grad) SH_TRY(new_pinned(&fp->grad, fp->shard_numel, fp->master, SH_TAG_GRAD));
-  if (fp->has_grad && !fp->grad_stage) SH_TRY(new_pinned(&fp->grad_stage, fp->shard_numel, fp->master, SH_TAG_GRAD));
+  if (!fp->grad) SH_TRY(new_pinned(fp, &fp->grad, fp->shard_numel, fp->master, SH_TAG_GRAD));
+  if (fp->has_grad && !fp->grad_stage) SH_TRY(new_pinned(fp, &fp->grad_stage, fp->shard_numel, fp->master, SH_TAG_GRAD));
   sh_tensor *src = fp->red_out, *cast = NULL;
   if (fp->rdt != fp->master) {
     SH_TRY(new_tagged(&cast, fp->shard_numel, fp->master, fp->device, SH_TAG_GRAD));
@@ -356,7 +362,7 @@ static int offload_grad_out(sh_flatparam *fp) {
 
 static void offload_destroy(sh_flatparam *fp) {
   if (!fp->offload) return;
-  const sh_mem_backend *be = offload_backend();
+  const sh_mem_backend *be = offload_backend(fp);
   be->mark_free(fp->h2d_mark);
   be->mark_free(fp->d2h_mark);
   sh_tensor_destroy(fp->grad_stage);

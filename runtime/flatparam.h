@@ -154,7 +154,9 @@ void sh_flatparam_reset_peaks(void);
  *                  shard_view, writable aliases, mark the param-dtype copy stale too)
  *   zero_grad      keeps the pinned grad buffer (freeing it would pin a new one next step)
  * A FlatParameter on the CPU has nothing to move: the call does nothing (info.offload stays
- * 0). no_shard refuses it (its parameters are the full model on every rank: offloading them
+ * 0). One on the meta device (a dry run) moves to the meta device's host side (meta.h), which
+ * accounts what a GPU would pin, through the same calls (its copy stream and marks do nothing
+ * and are always reached). no_shard refuses it (its parameters are the full model on every rank: offloading them
  * copies the whole model to the device twice a step); on/off: 0 on an offloaded one refuses. */
 int sh_flatparam_set_offload(sh_flatparam *fp, int on);
 

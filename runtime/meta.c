@@ -22,14 +22,20 @@ static void add(int kind, int64_t n) { __atomic_add_fetch(&counts[kind], n, __AT
 
 static int64_t span(const sh_tensor *t) { return t ? sh_tensor_numel(t) * sh_dtype_size(t->dtype) : 0; }
 
-/* One kernel call over n tensors (NULL where an optional one is absent). */
+/* One kernel call over n tensors (NULL where an optional one is absent); on the host side when
+ * any of them is there. */
 static int touch(int n, ...) {
   va_list ap;
   va_start(ap, n);
   int64_t bytes = 0;
-  for (int i = 0; i < n; i++) bytes += span(va_arg(ap, const sh_tensor *));
+  int host = 0;
+  for (int i = 0; i < n; i++) {
+    const sh_tensor *t = va_arg(ap, const sh_tensor *);
+    bytes += span(t);
+    host |= t && t->device == SH_DEVICE_META_HOST;
+  }
   va_end(ap);
-  add(SH_META_BYTES, bytes);
+  add(host ? SH_META_HOST_BYTES : SH_META_BYTES, bytes);
   add(SH_META_KERNELS, 1);
   return SH_OK;
 }
@@ -207,6 +213,26 @@ void *sh_meta_address(size_t nbytes) {
 }
 
 int sh_meta_copy_across(sh_tensor *dst, const sh_tensor *src) {
-  if (dst->device == SH_DEVICE_META) return touch(2, dst, src);
+  if (sh_is_meta(dst->device) && sh_is_meta(src->device)) { add(SH_META_COPY_BYTES, span(dst)); return SH_OK; }
+  if (sh_is_meta(dst->device)) return touch(2, dst, src);
   return sh_tensor_fill_(dst, 0);
 }
+
+/* ---- CPU offload (meta_internal.h): one copy stream, marks that are always reached ---------- */
+
+static int no_mark;     /* what a recorded mark points at: made, and never waited for */
+
+static int off_stream_enter(int device, void **saved) { *saved = NULL; return SH_OK; }
+static int off_stream_leave(int device, void *saved) { return SH_OK; }
+static int off_copy_async(sh_tensor *dst, const sh_tensor *src) { return sh_tensor_copy_(dst, src); }
+static int off_mark_record(int device, void **mark) { *mark = &no_mark; return SH_OK; }
+static int off_mark_order(int device, void *mark) { return SH_OK; }
+static int off_mark_wait(void *mark) { return SH_OK; }
+static void off_mark_free(void *mark) {}
+
+static const sh_mem_backend meta_offload = {
+  .copy_stream_enter = off_stream_enter, .copy_stream_leave = off_stream_leave, .copy_async = off_copy_async,
+  .mark_record = off_mark_record, .mark_order = off_mark_order, .mark_wait = off_mark_wait, .mark_free = off_mark_free,
+};
+
+const sh_mem_backend *sh_meta_offload_backend(void) { return &meta_offload; }

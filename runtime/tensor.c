@@ -50,6 +50,7 @@ const char *sh_shape_str(int ndim, const int64_t *shape, char *buf, int size) {
 
 const char *sh_device_str(int device, char *buf, int size) {
   if (device == SH_DEVICE_META) snprintf(buf, size, "meta");
+  else if (device == SH_DEVICE_META_HOST) snprintf(buf, size, "meta:host");
   else if (device < 0) snprintf(buf, size, "cpu");
   else snprintf(buf, size, "cuda:%d", device);
   return buf;

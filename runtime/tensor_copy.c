@@ -218,7 +218,7 @@ int sh_tensor_copy_(sh_tensor *dst, const sh_tensor *src) {
   /* Across devices the bytes move between contiguous images of the same dtype and shape;
    * dtype conversion and any striding happen on one side (the host, or a device's copy_). */
   if (dst->device == src->device) return copy_within(dst, src);
-  if (dst->device == SH_DEVICE_META || src->device == SH_DEVICE_META) return sh_meta_copy_across(dst, src);
+  if (sh_is_meta(dst->device) || sh_is_meta(src->device)) return sh_meta_copy_across(dst, src);
   if (src->device < 0) return copy_from_host(dst, src);
   if (dst->device < 0) return copy_to_host(dst, src);
   return copy_between_devices(dst, src);

@@ -6,7 +6,10 @@
 -- last of --steps training steps (the optimizer's step calls delimit them): the rank's peak
 -- memory by tag and the unit running when it was reached, the collectives and their bytes,
 -- the FLOPs, and the step time that a device's peak figures imply (an estimate: bounds, not
--- a measurement). Dry-run options come before RECIPE, the recipe's own after it:
+-- a measurement). Under CPU offload (a recipe's --offload: fsdp.wrap's offload = { params =
+-- true }) the device's peak leaves out what moved to the host, and the host's peak by tag
+-- (the shards, sharded grads and AdamW state, on the meta device's host side, meta.h) is
+-- printed apart, with the bytes copied between host and device and the host kernels' bytes. Dry-run options come before RECIPE, the recipe's own after it:
 --   --world=N (1)  --rank=R (0)  --local_size=L (8 ranks per node; hybrid_group = "node")
 --   --steps=S (3)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
 -- The recipe runs with its device set to meta and, where it has these settings, one
@@ -27,16 +30,22 @@ local KINDS = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barr
 M.KINDS = KINDS
 
 -- Step k's counters: comm counts and bytes (this process's, every group), the meta device's
--- FLOPs and bytes, and the memory peak of `device` since the previous step, by tag.
-local function counters(device)
+-- FLOPs and bytes, and the memory peak of `device` and of `host` (where CPU offload puts the
+-- shards: "meta:host" in a dry run, "cpu" in the real runs it is checked against) since the
+-- previous step, by tag.
+local function counters(device, host)
   local comm, memory = require "shard.comm", require "shard.memory"
   local c = { count = {}, bytes = {} }
   for _, k in ipairs(KINDS) do c.count[k], c.bytes[k] = comm.count(k), comm.bytes(k) end
   c.flops_matmul = tonumber(C.sh_meta_count(C.SH_META_FLOPS_MATMUL))
   c.flops_attention = tonumber(C.sh_meta_count(C.SH_META_FLOPS_ATTENTION))
   c.kernel_bytes = tonumber(C.sh_meta_count(C.SH_META_BYTES))
+  c.host_kernel_bytes = tonumber(C.sh_meta_count(C.SH_META_HOST_BYTES))
+  c.copy_bytes = tonumber(C.sh_meta_count(C.SH_META_COPY_BYTES))
   local s = memory.stats(device)
   c.peak, c.peak_by_tag, c.allocated = s.peak, s.peak_by_tag, s.allocated
+  local h = memory.stats(host)
+  c.host_peak, c.host_peak_by_tag = h.peak, h.peak_by_tag
   return c
 end
 
@@ -62,10 +71,11 @@ end
 
 function Probe:after_step()
   self:observe()
-  local c = counters(self.device)
+  local c = counters(self.device, self.host)
   c.at_peak = self.at_peak_now
   self.steps[#self.steps + 1] = c
   require("shard.memory").reset_peak(self.device)
+  require("shard.memory").reset_peak(self.host)
   C.sh_mem_stats_get(self.device_id, self.raw)
   self.seen, self.at_peak_now = tonumber(self.raw.peak), self:label()
 end
@@ -77,7 +87,8 @@ function Probe:step(k)
   if not now or not before then
     error(("dry run: step %s of %d has no step before it to measure from (run at least 2 steps)"):format(tostring(k), #self.steps), 2)
   end
-  local r = { step = k, count = {}, bytes = {}, peak = now.peak, peak_by_tag = now.peak_by_tag, at_peak = now.at_peak }
+  local r = { step = k, count = {}, bytes = {}, peak = now.peak, peak_by_tag = now.peak_by_tag, at_peak = now.at_peak,
+              host_peak = now.host_peak, host_peak_by_tag = now.host_peak_by_tag }
   for _, kind in ipairs(KINDS) do
     r.count[kind] = now.count[kind] - before.count[kind]
     r.bytes[kind] = now.bytes[kind] - before.bytes[kind]
@@ -86,6 +97,8 @@ function Probe:step(k)
   r.flops_attention = now.flops_attention - before.flops_attention
   r.flops = r.flops_matmul + r.flops_attention
   r.kernel_bytes = now.kernel_bytes - before.kernel_bytes
+  r.host_kernel_bytes = now.host_kernel_bytes - before.host_kernel_bytes
+  r.copy_bytes = now.copy_bytes - before.copy_bytes
   return r
 end
 
@@ -97,10 +110,12 @@ end
 
 -- Hooks the optimizers' step (every optimizer built from now on) and the FSDP units' phases.
 -- device: where the model's memory lives ("meta" in a dry run, "cpu" for the real runs the
--- dry run is checked against). Returns the probe; probe:remove() takes the hooks out.
-function M.probe(device)
+-- dry run is checked against); host: where CPU offload puts the shards ("meta:host" with
+-- "meta", else "cpu"). Returns the probe; probe:remove() takes the hooks out.
+function M.probe(device, host)
   local optim, fsdp = require "shard.optim", require "shard.fsdp"
-  local self = setmetatable({ device = device, device_id = require("shard.tensor").device_id(device),
+  host = host or (device == "meta" and "meta:host" or "cpu")
+  local self = setmetatable({ device = device, host = host, device_id = require("shard.tensor").device_id(device),
                               raw = ffi.new("sh_mem_stats"), stack = {}, steps = {}, seen = 0, undo = {} }, Probe)
   local function unit_name(u) return u.name == "" and "(root)" or u.name end
   for _, ctor in ipairs { "AdamW", "SGD" } do
@@ -126,7 +141,7 @@ function M.probe(device)
     orig(u)
     self:leave("backward of " .. unit_name(u))
   end)
-  self.steps[0] = counters(device)    -- step 1 is measured from here
+  self.steps[0] = counters(device, host)    -- step 1 is measured from here
   return self
 end
 
@@ -279,6 +294,14 @@ function M.report(o, r, cpu)
     if r.peak_by_tag[tag] ~= 0 then say("  %-11s %12s", tag, fmt_bytes(r.peak_by_tag[tag])) end
   end
   say("  reached in: %s", r.at_peak or "?")
+  if r.host_peak > 0 then
+    say("host memory (rank %d, CPU offload: pinned on a GPU): peak %s", o.rank, fmt_bytes(r.host_peak))
+    for _, tag in ipairs(memory.TAGS) do
+      if r.host_peak_by_tag[tag] ~= 0 then say("  %-11s %12s", tag, fmt_bytes(r.host_peak_by_tag[tag])) end
+    end
+    say("  copied between host and device per step: %s; host kernels (the CPU optimizer) touch %s",
+        fmt_bytes(r.copy_bytes), fmt_bytes(r.host_kernel_bytes))
+  end
   say("communication per step (rank %d sends its share of each):", o.rank)
   local total = 0
   for _, k in ipairs(KINDS) do
@@ -316,7 +339,9 @@ function M.main(args)
   if o.json then
     print("dryrun " .. require("cjson").encode({ rank = o.rank, world = o.world, peak = r.peak, peak_by_tag = r.peak_by_tag,
       at_peak = r.at_peak, count = r.count, bytes = r.bytes, flops = r.flops, flops_matmul = r.flops_matmul,
-      flops_attention = r.flops_attention, kernel_bytes = r.kernel_bytes, seconds = took }))
+      flops_attention = r.flops_attention, kernel_bytes = r.kernel_bytes, host_peak = r.host_peak,
+      host_peak_by_tag = r.host_peak_by_tag, copy_bytes = r.copy_bytes, host_kernel_bytes = r.host_kernel_bytes,
+      seconds = took }))
     return 0
   end
   print(M.report(o, r, M.cpu_row()))

@@ -34,18 +34,24 @@ end
 function M.dtype_name(id) return DTYPES[id] end
 
 -- Device ids: -1 the CPU, N cuda:N, C.SH_DEVICE_META the meta device (runtime/meta.h: shapes
--- and memory accounting without data, for dry runs).
-local META = C.SH_DEVICE_META
+-- and memory accounting without data, for dry runs) and C.SH_DEVICE_META_HOST its host side
+-- ("meta:host", where a dry run's CPU offload keeps what a GPU run keeps in pinned memory).
+local META, META_HOST = C.SH_DEVICE_META, C.SH_DEVICE_META_HOST
 function M.device_id(dev)
   if dev == nil or dev == "cpu" or dev == -1 then return -1 end
   if type(dev) == "number" then return dev end
   if dev == "meta" then return META end
+  if dev == "meta:host" then return META_HOST end
   if dev == "cuda" then return 0 end
   local n = type(dev) == "string" and dev:match("^cuda:(%d+)$")
-  if not n then error("unknown device '" .. tostring(dev) .. "' (expected cpu, cuda, cuda:N or meta)", 3) end
+  if not n then error("unknown device '" .. tostring(dev) .. "' (expected cpu, cuda, cuda:N, meta or meta:host)", 3) end
   return tonumber(n)
 end
-function M.device_name(id) return id == META and "meta" or (id < 0 and "cpu" or ("cuda:" .. id)) end
+function M.device_name(id)
+  if id == META then return "meta" end
+  if id == META_HOST then return "meta:host" end
+  return id < 0 and "cpu" or ("cuda:" .. id)
+end
 
 local Handle = ffi.typeof("sh_handle")
 local box = ffi.new("sh_tensor*[1]")
@@ -357,7 +363,7 @@ function Tensor:to(what)
   if type(what) == "table" then
     if what.dtype then dtype = M.dtype_id(what.dtype) end
     if what.device then device = M.device_id(what.device) end
-  elseif type(what) == "string" and (what == "cpu" or what == "meta" or what:match("^cuda")) then
+  elseif type(what) == "string" and (what == "cpu" or what:match("^meta") or what:match("^cuda")) then
     device = M.device_id(what)
   else
     dtype = M.dtype_id(what)

@@ -112,8 +112,9 @@ else
   failed=$((failed + 1)); echo "FAIL gpu/mpi_fsdp_strategies.lua passed with every event wait dropped"
   tail -n 20 "$out" | sed 's/^/    /'
 fi
-# CPU offload at world 2 (offload_fsdp.lua ran at world 1 in the loop above).
+# CPU offload at world 2 (offload_fsdp.lua and offload_dryrun.lua ran at world 1 in the loop above).
 run_one "gpu/offload_fsdp.lua (emulated, mpirun -np 2)" $MPIRUN -np 2 "$SHARD" run tests/gpu/offload_fsdp.lua
+run_one "gpu/offload_dryrun.lua (emulated, mpirun -np 2)" $MPIRUN -np 2 "$SHARD" run tests/gpu/offload_dryrun.lua
 # With every cudaStreamWaitEvent dropped the offloaded FlatParameter must read stale shards.
 SHARD_EMU_DROP_EVENT_WAITS=1 timeout -k 10 "$TIMEOUT" "$SHARD" run tests/gpu/offload_flatparam.lua >"$out" 2>&1
 if [ $? -ne 0 ] && grep -q '^not ok' "$out"; then

@@ -2,7 +2,10 @@
 -- runs at world 1-4 is tests/mpi/dryrun_parity.lua; here: the meta device's accounting and
 -- counts against the formulas (2*M*N*K per product; a GPT step's 6 * weights * tokens plus
 -- 12 * L * T * C * tokens of attention, nanoGPT's MFU formula), values read as 0, the errors,
--- and a 64-rank dry run of the recipe in seconds.
+-- and a 64-rank dry run of the recipe in seconds. CPU offload (issue 20): the meta device's
+-- host side, and a dry run with --offload against the analytic `shard estimate --offload` and
+-- against the same dry run without offload (the dry run against the emulated GPU's real offload
+-- is tests/gpu/offload_dryrun.lua).
 local shard = require "shard"
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local C = shard.C
@@ -74,6 +77,64 @@ describe("the meta device", function()
   end)
 end)
 
+describe("the meta device's host side (CPU offload)", function()
+  it("accounts meta:host tensors in a pool of its own and counts their kernels and copies apart", function()
+    collectgarbage()
+    local cpu0, meta0, host0 = shard.memory.stats("cpu").allocated, shard.memory.stats("meta").allocated,
+                               shard.memory.stats("meta:host").allocated
+    local h = shard.memory.with_tag("optim", shard.zeros, { 1000 }, { device = "meta:host" })
+    local s = shard.memory.stats("meta:host")
+    assert.equal(4032, s.allocated - host0)      -- 4000 bytes, 64-byte rounded
+    assert.equal(4032, s.by_tag.optim)
+    assert.equal(meta0, shard.memory.stats("meta").allocated)
+    assert.equal(cpu0, shard.memory.stats("cpu").allocated)
+    assert.equal("meta:host", h:device())
+    local d = shard.empty({ 1000 }, { device = "meta" })
+    C.sh_meta_reset_counts()
+    h:add_(h)                                     -- a host kernel: its bytes are not the device's
+    assert.equal(8000, count("HOST_BYTES"))
+    assert.equal(0, count("BYTES"))
+    d:copy_(h)                                    -- host to device and back: what PCIe carries
+    h:copy_(d)
+    assert.equal(8000, count("COPY_BYTES"))
+    assert.equal(0, count("BYTES"))
+    local total = h:sum()
+    assert.equal(0, total:item())
+    total:free()
+    local ok, err = pcall(function() shard.comm.world():all_reduce(h, "sum") end)
+    assert.is_false(ok)
+    assert.matches("f32%[1000%] meta:host is a meta tensor, which only a dry%-run world", err)
+    h:free(); d:free()
+    assert.equal(host0, shard.memory.stats("meta:host").allocated)
+  end)
+
+  it("takes an offloaded FlatParameter's shard and grad, the rest of it running as on a GPU", function()
+    local fp_mod = require "shard.flatparam"
+    local w = shard.empty({ 10, 7 }, { device = "meta" })
+    local b = shard.empty({ 10 }, { device = "meta" })
+    w.requires_grad, b.requires_grad = true, true
+    local host0, meta0 = shard.memory.stats("meta:host").allocated, shard.memory.stats("meta").allocated
+    local fp = fp_mod.new({ w, b }, { master = "f32", param = "bf16" })
+    assert.is_true(fp:set_offload())
+    local s = shard.memory.stats("meta:host")
+    -- the f32 shard (80 elements: 320 bytes) and its bf16 copy for the device (160 -> 192)
+    assert.equal(320 + 192, s.allocated - host0)
+    -- and the device holds nothing of it: w's and b's storages (280 -> 320, 40 -> 64) went into the shard
+    assert.equal(meta0 - 320 - 64, shard.memory.stats("meta").allocated)
+    fp:unshard()
+    local y = shard.F.linear(shard.empty({ 3, 7 }, { device = "meta", dtype = "bf16" }), w, b)
+    y:sum():backward()
+    fp:reduce_grad()
+    fp:reshard()
+    local g = fp:grad_shard()
+    assert.equal("meta:host", g:device())
+    assert.equal(320 + 192 + 320, shard.memory.stats("meta:host").allocated - host0)   -- + the f32 grad
+    g:free(); y:free()
+    fp:free()
+    assert.equal(host0, shard.memory.stats("meta:host").allocated)
+  end)
+end)
+
 describe("shard estimate --dry-run", function()
   local RECIPE = " recipes/gpt_shakespeare_char.lua --data=/usr/share/common-licenses/GPL-3 --out_dir=/tmp/shard_dryrun_spec"
   local function dry(opts, recipe_args)
@@ -135,6 +196,61 @@ describe("shard estimate --dry-run", function()
       local _, ranks = out:gsub(case[2] .. ", rank %d of %d: peak dry %d+, real %d+ bytes", "")
       assert.equal(case[1], ranks, out)
     end
+  end)
+
+  -- the recipe's model at world 4 against `shard estimate --offload` on its shapes: the host's
+  -- shards, grads and AdamW state equal the analytic per-rank bytes up to the allocator's
+  -- 64-byte rounding of each unit's block; the AdamW state and the master shard leave the
+  -- device exactly
+  it("accounts CPU offload: the host's shards, grads and AdamW state apart from the device's", function()
+    for _, param in ipairs { "f32", "bf16" } do
+      local recipe = " --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=12 --strategy=full_shard --dtype=" .. param
+      local off, out = dry("--world=4 --rank=1", recipe .. " --offload")
+      assert(off, out)
+      local plain, out2 = dry("--world=4 --rank=1", recipe)
+      assert(plain, out2)
+      local V = dofile("/tmp/shard_dryrun_spec/data/meta.lua").vocab_size
+      local est = require("shard.estimate").estimate({ n_layer = 2, n_head = 2, n_embd = 32, vocab_size = V, block_size = 16,
+        bias = false, world = 4, strategy = "full_shard", hybrid_group = 0, batch_size = 3, param = param, offload = true,
+        model = "gpt", measure = "meta" })
+      -- blocks: a shard, a grad (and a bf16 copy) per unit (the root and two blocks), an m and a v
+      -- per parameter the rank holds a slice of (at most 2 * 6 + 3, the head tied to wte)
+      local units, entries, h = 3, 2 * 6 + 3, off.host_peak_by_tag
+      local function near(what, dry_bytes, analytic, blocks)
+        assert.is_true(dry_bytes >= analytic and dry_bytes - analytic < 64 * blocks,
+          ("%s %s: the dry run's %d bytes, shard estimate --offload's %d"):format(param, what, dry_bytes, analytic))
+      end
+      local casts = param == "f32" and 0 or units
+      near("master shards and their copy", h.param, est.master + est.host_cast, units + casts)
+      near("grads", h.grad, est.grads, units)
+      near("AdamW state", h.optim, est.adamw, 2 * entries)
+      near("host total", h.param + h.grad + h.optim, est.host, 2 * units + casts + 2 * entries)
+      assert.equal(plain.peak_by_tag.optim, h.optim)              -- the state moved, all of it
+      assert.equal(0, off.peak_by_tag.optim)
+      assert.is_true(off.peak <= plain.peak - h.optim, ("%s: device peak %d with offload, %d without"):format(param, off.peak, plain.peak))
+      assert.is_true(off.copy_bytes > 0 and off.host_kernel_bytes > 0)
+      assert.same(plain.bytes, off.bytes)                        -- the same collectives
+      print(("\n%s, world 4: device peak %d with offload, %d without; host %d (param %d, grad %d, optim %d); " ..
+             "shard estimate --offload: device %d, host %d; %d bytes copied per step"):format(param, off.peak, plain.peak,
+             h.param + h.grad + h.optim, h.param, h.grad, h.optim, est.total, est.host, off.copy_bytes))
+    end
+  end)
+
+  it("offloads under hybrid sharding and refuses it under no_shard, as fsdp.wrap does", function()
+    local r, out = dry("--world=16 --local_size=8 --rank=9", " --strategy=hybrid_shard --batch_size=16 --offload")
+    assert(r, out)
+    local one = dry("--world=8 --local_size=8 --rank=1", " --strategy=full_shard --batch_size=8 --offload")
+    assert.equal(one.host_peak_by_tag.optim, r.host_peak_by_tag.optim)   -- sharded over the node's 8 ranks
+    assert.is_true(r.count.all_reduce > one.count.all_reduce)            -- and the grads all-reduced across nodes
+    local script = support.script([[
+      local shard = require "shard"
+      shard.init{ device = "meta" }
+      shard.fsdp.wrap(shard.nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 11, block_size = 4 },
+        { policy = shard.fsdp.policy.transformer{ shard.nn.Block }, strategy = "no_shard", offload = { params = true } }) ]])
+    local code
+    out, code = support.shard("estimate --dry-run --world=2 " .. script)
+    assert.equal(1, code)
+    assert.matches("unit transformer.h.0: offload = { params = true } needs a sharding strategy", out, 1, true)
   end)
 
   it("refuses bad options and splits it cannot answer, naming them", function()
