@@ -20,9 +20,15 @@
 #               master weights; the linear layers' GEMMs on AVX-512 BF16 where the CPU has it)
 #               vs PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) (nanogpt_cpu.py --bf16),
 #               same rounds, alternation and settings as cpu_train; the headline is again the
-#               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 all but this part.
+#               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 all but this part,
+#               BENCH=train only cpu_train (with the recipe loop).
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
+#               With them, each round, the recipe's own loop (recipes/gpt_shakespeare_char.lua
+#               through lua/shard/train.lua, RECIPE_ITERS steps, its data and logging): its
+#               tokens/s is the median of the loop's 50-step windows (its metrics line), and its
+#               ratio of bests is taken against the same PyTorch best as cpu_train's.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
+#                         RECIPE_ITERS=300
 cd "$(dirname "$0")/.." || exit 2
 
 die() { echo "bench: $*" >&2; exit 1; }
@@ -33,13 +39,14 @@ whole() {   # whole NAME VALUE: VALUE must be a whole number >= 1
 
 ROUNDS=${ROUNDS:-3}
 BENCH=${BENCH:-all}
-case "$BENCH" in all|f32|bf16) ;; *) die "BENCH must be all, f32 or bf16, not '$BENCH'";; esac
+case "$BENCH" in all|f32|bf16|train) ;; *) die "BENCH must be all, f32, bf16 or train, not '$BENCH'";; esac
 ITERS=${ITERS:-50}
 PEAK_N=${PEAK_N:-2048}
 PEER_SPIN=${PEER_SPIN:-1}
+RECIPE_ITERS=${RECIPE_ITERS:-300}
 case "$PEER_SPIN" in 0|1) ;; *) die "PEER_SPIN must be 0 or 1, not '$PEER_SPIN'";; esac
 THREADS=${THREADS:-"1 $(nproc)"}
-whole ROUNDS "$ROUNDS"; whole ITERS "$ITERS"; whole PEAK_N "$PEAK_N"
+whole ROUNDS "$ROUNDS"; whole ITERS "$ITERS"; whole PEAK_N "$PEAK_N"; whole RECIPE_ITERS "$RECIPE_ITERS"
 threads=""
 set -f   # THREADS is split on blanks, never globbed; every word is checked before use
 for t in $THREADS; do
@@ -93,6 +100,16 @@ torch() { measure pytorch "$1" "$2" tokens_per_s env OMP_WAIT_POLICY=passive OMP
 torch_spin() {
   measure pytorch "${1}s" "$2" tokens_per_s env OMP_NUM_THREADS="$1" "$PY" bench/peers/nanogpt_cpu.py --iters "$ITERS" --threads "$1"
 }
+# THREADS: the recipe's loop, its metrics line's tokens/s as a "tokens_per_s N" line.
+recipe_loop() {
+  env OMP_NUM_THREADS="$1" bin/shard run recipes/gpt_shakespeare_char.lua --max_iters="$RECIPE_ITERS" \
+    --eval_interval="$RECIPE_ITERS" --eval_iters=1 --sample_tokens=0 --out_dir="$tmp/recipe" >"$tmp/recipe.out" 2>&1
+  rc=$?
+  cat "$tmp/recipe.out"
+  sed -n 's/^metrics .*"tokens_per_s":\([0-9.eE+-]*\).*/tokens_per_s \1/p' "$tmp/recipe.out"
+  return $rc
+}
+recipe() { measure recipe "$1" "$2" tokens_per_s recipe_loop "$1"; }
 peak() { measure peak "$1" "$2" gflops "$PEAK" "$PEAK_N" "$1" 5; }
 
 psettings=""   # PyTorch's settings: a thread count, or a count and s (libgomp's default wait)
@@ -169,20 +186,20 @@ while [ "$r" -le "$ROUNDS" ]; do
     spin=""
     [ "$PEER_SPIN" = 1 ] && [ "$t" -gt 1 ] && spin=1
     if [ $((r % 2)) -eq 1 ]; then
-      shard "$t" "$r"; torch "$t" "$r"; [ -n "$spin" ] && torch_spin "$t" "$r"
+      shard "$t" "$r"; torch "$t" "$r"; [ -n "$spin" ] && torch_spin "$t" "$r"; recipe "$t" "$r"
     else
-      [ -n "$spin" ] && torch_spin "$t" "$r"; torch "$t" "$r"; shard "$t" "$r"
+      recipe "$t" "$r"; [ -n "$spin" ] && torch_spin "$t" "$r"; torch "$t" "$r"; shard "$t" "$r"
     fi
   done
   awk -v r="$r" '$3 == r { s = $2; sub(/s$/, " spin", s); x[$1] = x[$1] sprintf("  %s: %s", s, $4) }
-    END { printf "round %d  tokens/s shard%s | pytorch%s | peak GFLOP/s%s\n", r, x["shard"], x["pytorch"], x["peak"] }' "$data"
+    END { printf "round %d  tokens/s shard%s | pytorch%s | recipe loop%s | peak GFLOP/s%s\n", r, x["shard"], x["pytorch"], x["recipe"], x["peak"] }' "$data"
   r=$((r + 1))
 done
 
 fpt=$(cat "$tmp/flops_per_token" 2>/dev/null)
 whole flops_per_token "$fpt"
 tv=$(cat "$tmp/torch_version" 2>/dev/null)
-awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psettings" -v rounds="$ROUNDS" '
+awk -v fpt="$fpt" -v tv="${tv:-?}" -v riters="$RECIPE_ITERS" -v threads="$threads" -v psettings="$psettings" -v rounds="$ROUNDS" '
   { v[$1, $2, $3] = $4 }
   function med(name, k,   n, a, i, j, x) {
     n = 0; for (i = 1; i <= rounds; i++) a[++n] = v[name, k, i]
@@ -191,9 +208,9 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
   }
   function lo(name, k,   i, m) { m = v[name, k, 1]; for (i = 2; i <= rounds; i++) if (v[name, k, i] < m) m = v[name, k, i]; return m }
   function hi(name, k,   i, m) { m = v[name, k, 1]; for (i = 2; i <= rounds; i++) if (v[name, k, i] > m) m = v[name, k, i]; return m }
-  # the per-round ratios shard at setting ks / pytorch at setting kp: their min and max
-  function rlo(ks, kp,   i, m, x) { m = 1e30; for (i = 1; i <= rounds; i++) { x = v["shard", ks, i] / v["pytorch", kp, i]; if (x < m) m = x }; return m }
-  function rhi(ks, kp,   i, m, x) { m = 0; for (i = 1; i <= rounds; i++) { x = v["shard", ks, i] / v["pytorch", kp, i]; if (x > m) m = x }; return m }
+  # the per-round ratios name (shard unless given) at setting ks / pytorch at setting kp: their min and max
+  function rlo(ks, kp, name,   i, m, x) { m = 1e30; for (i = 1; i <= rounds; i++) { x = v[name ? name : "shard", ks, i] / v["pytorch", kp, i]; if (x < m) m = x }; return m }
+  function rhi(ks, kp, name,   i, m, x) { m = 0; for (i = 1; i <= rounds; i++) { x = v[name ? name : "shard", ks, i] / v["pytorch", kp, i]; if (x > m) m = x }; return m }
   function tok(name, k) { return sprintf("%.0f [%.0f-%.0f]", med(name, k), lo(name, k), hi(name, k)) }
   function gf(name, k, s) { s = fpt / 1e9; return sprintf("%.1f [%.1f-%.1f]", med(name, k) * s, lo(name, k) * s, hi(name, k) * s) }
   function label(k) { return k ~ /s$/ ? (k + 0) " spin" : (k + 0 == 1 ? "1 thread" : k " threads") }
@@ -205,6 +222,11 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
     best = med("shard", bs) / med("pytorch", bp)
     printf "\ncpu_train, ratio of bests: shard at %s %.0f tokens/s / pytorch at %s %.0f tokens/s = %.2fx [%.2f-%.2f]\n",
       label(bs), med("shard", bs), label(bp), med("pytorch", bp), best, rlo(bs, bp), rhi(bs, bp)
+    br = T[1]
+    for (i = 2; i <= nt; i++) if (med("recipe", T[i]) > med("recipe", br)) br = T[i]
+    rbest = med("recipe", br) / med("pytorch", bp)
+    printf "recipe loop (recipes/gpt_shakespeare_char.lua, %d steps), ratio of bests: shard at %s %s tokens/s / pytorch at %s = %.2fx [%.2f-%.2f]\n",
+      riters, label(br), tok("recipe", br), label(bp), rbest, rlo(br, bp, "recipe"), rhi(br, bp, "recipe")
     printf "tokens/s: median [min-max] over %d round(s); ratios: of the medians [min-max of the per-round ratios]\n", rounds
     printf "  %-10s %-24s %-24s %s\n", "setting", "shard", "pytorch " tv, "shard/pytorch"
     for (i = 1; i <= np; i++) {
@@ -221,16 +243,18 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v threads="$threads" -v psettings="$psetting
         sprintf("%.1f [%.1f-%.1f]", med("peak", t), lo("peak", t), hi("peak", t)), 100 * med("shard", t) * fpt / 1e9 / p, 100 * med("pytorch", k) * fpt / 1e9 / p
     }
     # plain "name number" lines (medians; the peak: the best seen), for shard sweep and scripts
-    printf "\nratio_best %.3f\n", best
+    printf "\nratio_best %.3f\nratio_recipe_best %.3f\n", best, rbest
     for (i = 1; i <= nt; i++) {
       t = T[i]
-      printf "shard_tokens_per_s_%dt %.1f\npeak_gflops_%dt %.1f\n", t, med("shard", t), t, hi("peak", t)
+      printf "shard_tokens_per_s_%dt %.1f\nrecipe_tokens_per_s_%dt %.1f\npeak_gflops_%dt %.1f\n", t, med("shard", t), t, med("recipe", t), t, hi("peak", t)
     }
     for (i = 1; i <= np; i++) {
       k = P[i]; n = (k + 0) "t" (k ~ /s$/ ? "_spin" : "")
       printf "pytorch_tokens_per_s_%s %.1f\nratio_%s %.3f\n", n, med("pytorch", k), n, med("shard", k + 0) / med("pytorch", k)
     }
   }' "$data" || exit 1
+
+[ "$BENCH" = train ] && exit 0
 
 # The CPU AdamW step beside PyTorch's and the machine's bandwidth, at the same thread counts
 # (bench/adamw.sh; make bench-adamw runs it alone).
