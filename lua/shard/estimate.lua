@@ -212,7 +212,7 @@ function M.state(o)
   if not strategy.shard then r.gathered = (pbytes == 4) and 0 or pbytes * padded
   elseif strategy.reshard_after_forward then r.gathered = pbytes * (largest[1] + largest[2])
   else r.gathered = pbytes * padded end
-  r.flat_grad = 4 * largest[1] * (strategy.shard and 2 or 1)   -- a unit's flat grad and its reduced shard
+  r.flat_grad = pbytes * largest[1] * (strategy.shard and 2 or 1)   -- a unit's flat grad and its reduced shard, in the compute dtype (reduced in it, as mixed precision does by default)
   return r, kind, cfg
 end
 

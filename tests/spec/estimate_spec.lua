@@ -33,7 +33,7 @@ describe("shard estimate", function()
       loss:free(); x:free()
     end
     local peak = shard.memory.stats().peak - base
-    assert.is_true(math.abs(r.total - peak) <= 0.25 * peak, ("estimated %d, measured %d"):format(r.total, peak))
+    assert.is_true(math.abs(r.total - peak) <= 0.13 * peak, ("estimated %d, measured %d"):format(r.total, peak))
   end)
 
   it("runs from the command line", function()
@@ -98,7 +98,7 @@ describe("shard estimate", function()
     assert.is_true(ratio > 0.45 and ratio < 0.55, ("bf16 / f32 per-block activations = %.3f"):format(ratio))
   end)
 
-  it("predicts the measured peak of a bf16 mixed-precision full_shard step within 25%", function()
+  it("predicts the measured peak of a bf16 mixed-precision full_shard step within 13% (flat grads in bf16)", function()
     local r = estimate.estimate(with(recipe, { param = "bf16" }))
     shard.memory.reset_peak()
     local base = shard.memory.stats().allocated
@@ -114,6 +114,6 @@ describe("shard estimate", function()
       loss:free(); x:free()
     end
     local peak = shard.memory.stats().peak - base
-    assert.is_true(math.abs(r.total - peak) <= 0.25 * peak, ("estimated %d, measured %d"):format(r.total, peak))
+    assert.is_true(math.abs(r.total - peak) <= 0.13 * peak, ("estimated %d, measured %d"):format(r.total, peak))
   end)
 end)
