@@ -17,6 +17,7 @@
 --   * the next step's copies start during the optimizer step: after it, the root is gathering;
 --   * in the emulator's graph of a step, the shards' copies run on the host-copy stream and the
 --     grads' on the reduction stream, and the host waits only for the grads' copies and reads.
+-- SGD with momentum over host shards equals SGD without offload.
 -- A checkpoint saved and loaded with offload resumes the same training, the optimizer's
 -- prefetch notwithstanding. Then the options: no_shard refuses offload naming the unit, a malformed option is named, and
 -- on the CPU offload is accepted, does nothing (the same losses) and says so once.
@@ -76,7 +77,11 @@ local function host_copy(t)
 end
 
 local function free_all(model, opt)
-  for _, e in ipairs(opt.entries) do e.m:free(); e.v:free(); e.tensor:free() end
+  for _, e in ipairs(opt.entries) do
+    if e.m then e.m:free() end
+    if e.v then e.v:free() end
+    e.tensor:free()
+  end
   for _, u in ipairs(model.all_units) do if u.fp then u.fp:free() end end
   collectgarbage()
   collectgarbage()
@@ -262,6 +267,44 @@ for _, case in ipairs(cases) do
   local name = ("%s/%s"):format(case.strategy, case.bf16 and "bf16" or "f32")
   if not only or only:find(name, 1, true) then compare(case, name) end
 end
+
+-- The other optimizer over host shards: SGD with momentum (its buffer follows the shard to the
+-- host) gives the losses and final shards of the same training without offload.
+local function sgd_case()
+  local function run(offload)
+    require("shard.tensor").default_device = cuda
+    local model = fsdp.wrap(function() shard.manual_seed(7); return nn.GPT(CFG) end, {
+      policy = fsdp.policy.transformer{ nn.Block }, offload = offload and { params = true } or nil })
+    local opt = optim.SGD(model, { lr = 0.05, momentum = 0.9, weight_decay = 0.1 })
+    local r = { losses = {}, shards = {}, on_host = true }
+    for step = 1, STEPS do
+      local x, y = batch(step, cuda)
+      local loss = model(x, y)
+      loss:backward()
+      opt:step()
+      opt:zero_grad(true)
+      r.losses[step] = loss:item()
+      loss:free(); x:free(); y:free()
+    end
+    for _, e in ipairs(opt.entries) do r.on_host = r.on_host and e.m:device() == "cpu" end
+    for i, u in ipairs(model.all_units) do
+      if u.fp then r.shards[i] = host_copy(u.fp:shard()) end
+    end
+    free_all(model, opt)
+    return r
+  end
+  local ref, off = run(false), run(true)
+  check(off.on_host, "sgd: with offload the momentum buffers are not host tensors")
+  for step = 1, STEPS do
+    local a, b = off.losses[step], ref.losses[step]
+    check(math.abs(a - b) <= TOL * math.abs(b), "sgd step %d: loss %.9g with offload, %.9g without", step, a, b)
+  end
+  for i, t in pairs(ref.shards) do
+    close(off.shards[i], t, ("sgd: unit %d's final shard"):format(i))
+    t:free(); off.shards[i]:free()
+  end
+end
+if not only or only:find("sgd", 1, true) then sgd_case() end
 
 ---------------------------------------------------------------------------------------------
 -- a checkpoint saved after step 1 and loaded after step 3, while the optimizer's prefetch of
