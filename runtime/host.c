@@ -74,13 +74,16 @@ static int traceback(lua_State *L) {
 
 /* OpenMP reads its settings when libgomp loads, before main, so the host picks them and
  * starts again (unless the user chose: OMP_WAIT_POLICY or GOMP_SPINCOUNT set). Idle OpenMP
- * threads spin by default, which starves the other ranks and their threads when ranks share
- * cores: there, waiting threads sleep at once (passive). When this node's ranks times their
- * threads fit the CPUs this process may use, a short spin (SPIN_WHEN_ALONE iterations, some
- * tens of microseconds) keeps the threads awake between a step's back-to-back parallel
- * regions: waking a sleeping thread costs more than many of those regions (a 2-thread CPU
- * step ran about 20% faster), and a thread idle for longer still goes to sleep. */
-enum { SPIN_WHEN_ALONE = 30000 };
+ * threads spin by default (libgomp: 300,000 pause instructions, ~7 ms here), which starves the
+ * other ranks and their threads when ranks share cores: there, waiting threads sleep at once
+ * (passive). When this node's ranks times their threads fit the CPUs this process may use, a
+ * short spin (SPIN_WHEN_ALONE pauses, ~25 us) keeps the threads awake across the short gaps
+ * between a step's back-to-back parallel regions, where waking a sleeping thread costs more
+ * than the gap (a 2-thread CPU step ran about 25% faster). It stays short because another
+ * process may still take a core: a spinner whose partner lost its core burns the whole spin
+ * at every region (at 30,000 pauses the step ran 4x slower than passive beside one busy
+ * process; at 1,000, 8% slower). */
+enum { SPIN_WHEN_ALONE = 1000 };
 
 static int cpus_available(void) {
   cpu_set_t set;

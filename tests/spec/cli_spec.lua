@@ -36,8 +36,8 @@ describe("bin/shard", function()
       assert.equal(0, code)
       return (out:gsub("\n$", ""))
     end
-    assert.equal("passive 30000", wait_of("OMP_NUM_THREADS=1"))
-    assert.equal("passive 30000", wait_of("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1"))
+    assert.equal("passive 1000", wait_of("OMP_NUM_THREADS=1"))
+    assert.equal("passive 1000", wait_of("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1"))
     -- more threads than any machine has, or ranks: they share cores
     assert.equal("passive nil", wait_of("OMP_NUM_THREADS=100000"))
     assert.equal("passive nil", wait_of("OMP_NUM_THREADS=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=100000 " ..
