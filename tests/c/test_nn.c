@@ -219,6 +219,8 @@ static void test_linear(void) {
   test_linear_case(1, 7, 3, 9, 0, 1, SH_F32);
   test_linear_case(3, 3 * 65, 33, 17, 1, 1, SH_F32);
   test_linear_case(2, 8, 16, 12, 1, 0, SH_BF16);
+  /* past sh_sgemm's split threshold: each product is split over the threads */
+  test_linear_case(2, 600, 64, 48, 1, 0, SH_F32);
 
   sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(2, (int64_t[]){4, 6}, NULL), *y = (sh_tensor *)1;
   CHECK_FAILS(sh_linear_forward(&y, x, w, NULL), SH_ERR_ARG, "f32[4,6]");
