@@ -15,6 +15,7 @@
  * one-line notice says so, once. */
 #include "blas_internal.h"
 #include "dtype.h"
+#include "bf16_internal.h"
 #include "status_internal.h"
 #include <immintrin.h>
 #include <omp.h>
@@ -71,8 +72,7 @@ static int use_avx512_bf16(void) {
 static float *widen(const uint16_t *p, int rows, int cols, int ld) {
   float *out = malloc((size_t)rows * cols * sizeof(float) + 1);
   if (!out) return NULL;
-  for (int i = 0; i < rows; i++)
-    for (int j = 0; j < cols; j++) out[(size_t)i * cols + j] = sh_bf16_to_f32(p[(size_t)i * ld + j]);
+  for (int i = 0; i < rows; i++) sh_bf16_to_f32_n(out + (size_t)i * cols, 1, p + (size_t)i * ld, 1, cols);
   return out;
 }
 
@@ -87,8 +87,7 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
   int ok = af && bf && cf;
   if (ok) sh_sgemm(ta, tb, m, n, k, alpha, af, ac > 0 ? ac : 1, bf, bc > 0 ? bc : 1, beta, cf, c.bf16 ? n : c.ld);
   if (ok && c.bf16)
-    for (int i = 0; i < m; i++)
-      for (int j = 0; j < n; j++) *(uint16_t *)out_at(c, i, j) = sh_f32_to_bf16(cf[(size_t)i * n + j]);
+    for (int i = 0; i < m; i++) sh_f32_to_bf16_n((uint16_t *)out_at(c, i, 0), 1, cf + (size_t)i * n, 1, n);
   free(af);
   free(bf);
   if (c.bf16) free(cf);
@@ -96,6 +95,11 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
 }
 
 /* ---- packing ------------------------------------------------------------------------------ */
+
+/* The first min(max(cols, 0), 16) of 16 lanes. */
+static inline __mmask16 cols_mask(int cols) {
+  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
+}
 
 /* A block of w lanes (rows of op(a) or columns of op(b)) i0 .. i0+cnt of an operand, packed as
  * kp k-pairs of w 32-bit lanes each: dst[q * w + r] holds (x(i0+r, 2q) low, x(i0+r, 2q+1)
@@ -112,37 +116,35 @@ static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0
   }
 }
 
-static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+BF16_TARGET static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
   int kp = (k + 1) / 2;
   for (int q = 0; q < kp; q++) {
     const uint16_t *lo = x + (size_t)(2 * q) * ld + i0, *hi = lo + ld;
+    int pair = 2 * q + 1 < k;
     uint32_t *d = dst + (size_t)q * w;
-    if (2 * q + 1 < k)
-      for (int r = 0; r < cnt; r++) d[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
-    else
-      for (int r = 0; r < cnt; r++) d[r] = lo[r];
-    for (int r = cnt; r < w; r++) d[r] = 0;
+    for (int r = 0; r < w; r += 16) {   /* 16 lanes: lo | hi << 16, zero past cnt */
+      __mmask16 m = cols_mask(cnt - r);
+      __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + r));
+      __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(pair ? m : 0, hi + r));
+      _mm512_mask_storeu_epi32(d + r, cols_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
   }
 }
 
 /* Row tile it of op(a) (MR lanes) or column panel jp of op(b) (NR lanes). */
-static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
+BF16_TARGET static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
   int i0 = it * MR, cnt = m - i0 < MR ? m - i0 : MR;
   if (ta == CblasNoTrans) pack_k_along(dst, MR, a, lda, i0, cnt, k);
   else pack_k_down(dst, MR, a, lda, i0, cnt, k);
 }
 
-static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
+BF16_TARGET static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
   int j0 = jp * NR, cnt = n - j0 < NR ? n - j0 : NR;
   if (tb == CblasNoTrans) pack_k_down(dst, NR, b, ldb, j0, cnt, k);
   else pack_k_along(dst, NR, b, ldb, j0, cnt, k);
 }
 
 /* ---- the micro-kernel --------------------------------------------------------------------- */
-
-static inline __mmask16 cols_mask(int cols) {
-  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
-}
 
 /* One row of c's block, 16 columns under mask mk: v (+ beta times what is there), stored. */
 BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v, float beta) {
@@ -152,10 +154,9 @@ BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v
     return;
   }
   if (beta != 0.0f) {
-    __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16);
-    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_castsi512_ps(old), v);
+    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), sh_bf16_to_f32_x16(_mm256_maskz_loadu_epi16(mk, p)), v);
   }
-  _mm256_mask_storeu_epi16(p, mk, (__m256i)_mm512_cvtneps_pbh(v));
+  _mm256_mask_storeu_epi16(p, mk, sh_f32_to_bf16_x16(v));
 }
 
 /* c[0:mr, 0:nr] = alpha * (a tile . b panel over kq pairs) + beta c; beta 0 never reads c. */
@@ -199,7 +200,7 @@ static uint32_t *scratch(size_t words) {
 /* The product of one thread: packs its operands into the thread's scratch, then runs the
  * micro-kernel panel by panel (a panel's pack stays in cache across the row tiles). 0, or -1
  * when the scratch cannot be allocated. */
-static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+BF16_TARGET static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
                       int lda, const uint16_t *b, int ldb, float beta, out c) {
   int kp = (k + 1) / 2, mtiles = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
   size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;

@@ -4,6 +4,7 @@
 #include "alloc_internal.h"
 #include "meta_internal.h"
 #include "bf16_internal.h"
+#include <omp.h>
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -59,27 +60,12 @@ void sh_nditer_next(sh_nditer *it) {
   }
 }
 
-/* Contiguous same-device conversion loops for the common pairs, else element by element. */
-static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
-  if (dt == st) { memcpy(dst, src, (size_t)(n * sh_dtype_size(dt))); return; }
-  /* bf16 <-> f32 is every mixed-precision op's staging: inline, vectorized, threaded when large */
-  if (dt == SH_F32 && st == SH_BF16) {
-    float *d = dst;
-    const uint16_t *s = src;
-#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
-    for (int64_t i = 0; i < n; i++) d[i] = sh_bf16_to_f32_inline(s[i]);
-  } else if (dt == SH_BF16 && st == SH_F32) {
-    uint16_t *d = dst;
-    const float *s = src;
-#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
-    for (int64_t i = 0; i < n; i++) d[i] = sh_f32_to_bf16_inline(s[i]);
-  } else {
-    for (int64_t i = 0; i < n; i++) sh_store(dst, dt, i, sh_load(src, st, i));
-  }
-}
-
-/* One row of a strided copy: n elements at element strides ds and ss. */
-static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
+/* n elements at element strides ds and ss from dtype st to dt: bf16 <-> f32 (every
+ * mixed-precision op's staging) through bf16_vec.c, same dtypes as bits, the rest element by
+ * element. */
+static void convert_run(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
+  if (dt == SH_F32 && st == SH_BF16) { sh_bf16_to_f32_n((float *)d, ds, (const uint16_t *)s, ss, n); return; }
+  if (dt == SH_BF16 && st == SH_F32) { sh_f32_to_bf16_n((uint16_t *)d, ds, (const float *)s, ss, n); return; }
   if (dt == st) {
     int size = sh_dtype_size(dt);
     if (ds == 1 && ss == 1) { memcpy(d, s, (size_t)(n * size)); return; }
@@ -91,6 +77,18 @@ static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int
     }
   }
   for (int64_t i = 0; i < n; i++) sh_store(d, dt, i * ds, sh_load(s, st, i * ss));
+}
+
+/* A contiguous conversion, split over the threads when large (in whole vectors of 16). */
+static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
+  if (dt == st || n <= (1 << 16)) { convert_run(dst, 1, dt, src, 1, st, n); return; }
+  int dsz = sh_dtype_size(dt), ssz = sh_dtype_size(st);
+#pragma omp parallel
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t a = n / 16 * t / nt * 16, b = t == nt - 1 ? n : n / 16 * (t + 1) / nt * 16;
+    convert_run((char *)dst + a * dsz, 1, dt, (const char *)src + a * ssz, 1, st, b - a);
+  }
 }
 
 /* Element offsets of row r (the index over every dim but the last) in both operands. */
@@ -120,7 +118,7 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   char *d = sh_tensor_data(dst);
   const char *s = sh_tensor_data(src);
   int dsz = sh_dtype_size(dst->dtype), ssz = sh_dtype_size(src->dtype);
-  if (dst->ndim == 0) { copy_row(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
+  if (dst->ndim == 0) { convert_run(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
   /* rows along the last dim, spread over the threads when the copy is big */
   int last = dst->ndim - 1;
   int64_t row = dst->shape[last], rows = n / row;
@@ -128,7 +126,7 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   for (int64_t r = 0; r < rows; r++) {
     int64_t od, os;
     row_offsets(r, last, dst->shape, dst->stride, sstride, &od, &os);
-    copy_row(d + od * dsz, dst->stride[last], dst->dtype, s + os * ssz, sstride[last], src->dtype, row);
+    convert_run(d + od * dsz, dst->stride[last], dst->dtype, s + os * ssz, sstride[last], src->dtype, row);
   }
   return SH_OK;
 }
@@ -263,7 +261,10 @@ static int cpu_fill_(sh_tensor *t, double value) {
   if (sh_tensor_is_contiguous(t)) {
     void *d = sh_tensor_data(t);
     if (t->dtype == SH_F32) { float v = (float)value; for (int64_t i = 0; i < n; i++) ((float *)d)[i] = v; }
-    else for (int64_t i = 0; i < n; i++) sh_store(d, t->dtype, i, value);
+    else if (t->dtype == SH_BF16) {   /* rounded once */
+      uint16_t v = sh_f32_to_bf16_inline((float)value);
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i] = v;
+    } else for (int64_t i = 0; i < n; i++) sh_store(d, t->dtype, i, value);
     return SH_OK;
   }
   const int64_t *strides[1] = {t->stride};
