@@ -101,47 +101,81 @@ static inline __mmask16 cols_mask(int cols) {
   return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
 }
 
-/* A block of w lanes (rows of op(a) or columns of op(b)) i0 .. i0+cnt of an operand, packed as
- * kp k-pairs of w 32-bit lanes each: dst[q * w + r] holds (x(i0+r, 2q) low, x(i0+r, 2q+1)
- * high); lanes past cnt and the partner of an odd k's last element are zero. Two layouts:
- * k along the stored rows (a as is, b transposed: a pair is one 32-bit word) or k down the
+/* An operand packed in blocks of w lanes (rows of op(a), MR a block, or columns of op(b), NR),
+ * block t at dst + t * w * kp: kp k-pairs of w 32-bit lanes each, dst[q * w + r] holding
+ * (x(t w + r, 2q) low, x(t w + r, 2q+1) high); lanes past the operand's last and the partner of
+ * an odd k's last element are zero. Two layouts: k along the stored rows (a as is, b
+ * transposed: a pair is one 32-bit word, and a block is a transpose of words) or k down the
  * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
-static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
-  int kp = (k + 1) / 2, whole = k / 2;
-  memset(dst, 0, sizeof(uint32_t) * (size_t)kp * w);
-  for (int r = 0; r < cnt; r++) {
-    const uint16_t *row = x + (size_t)(i0 + r) * ld;
-    for (int q = 0; q < whole; q++) memcpy(dst + (size_t)q * w + r, row + 2 * q, sizeof(uint32_t));
-    if (k & 1) dst[(size_t)whole * w + r] = row[k - 1];
+
+/* out[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are in[0 .. 15]: words,
+ * then pairs of words, within each 128-bit lane; then the 4 x 4 transpose of the lanes. */
+BF16_TARGET static inline void transpose16(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16], s[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {   /* s[4i + e], lane L: rows 4i .. 4i+3 of column 4L + e */
+    s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; e++) {
+    __m512i p0 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0x44), p1 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0xEE);
+    __m512i p2 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0x44), p3 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0xEE);
+    out[e] = _mm512_shuffle_i32x4(p0, p2, 0x88);
+    out[4 + e] = _mm512_shuffle_i32x4(p0, p2, 0xDD);
+    out[8 + e] = _mm512_shuffle_i32x4(p1, p3, 0x88);
+    out[12 + e] = _mm512_shuffle_i32x4(p1, p3, 0xDD);
   }
 }
 
-BF16_TARGET static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+/* Block of lanes i0 .. i0+cnt, k along the rows: 16 rows of 16 words (k masked at its end,
+ * rows past cnt zero) transposed into 16 k-pairs of 16 lanes at a time. */
+BF16_TARGET static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
   int kp = (k + 1) / 2;
+  for (int r0 = 0; r0 < w; r0 += 16)
+    for (int q0 = 0; q0 < kp; q0 += 16) {
+      int left = k - 2 * q0, nq = kp - q0 < 16 ? kp - q0 : 16;
+      __mmask32 mk = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
+      __m512i in[16], out[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++)
+        in[j] = r0 + j < cnt ? _mm512_maskz_loadu_epi16(mk, x + (size_t)(i0 + r0 + j) * ld + 2 * q0) : _mm512_setzero_si512();
+      transpose16(in, out);
+      for (int q = 0; q < nq; q++) _mm512_mask_storeu_epi32(dst + (size_t)(q0 + q) * w + r0, cols_mask(w - r0), out[q]);
+    }
+}
+
+/* Every block, k down the columns: pair by pair, so that the two stored rows of a pair are
+ * read once, in order, for all the blocks (16 lanes at a time: lo | hi << 16). */
+BF16_TARGET static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int lanes, int k) {
+  int kp = (k + 1) / 2, blocks = (lanes + w - 1) / w;
   for (int q = 0; q < kp; q++) {
-    const uint16_t *lo = x + (size_t)(2 * q) * ld + i0, *hi = lo + ld;
+    const uint16_t *lo = x + (size_t)(2 * q) * ld, *hi = lo + ld;
     int pair = 2 * q + 1 < k;
-    uint32_t *d = dst + (size_t)q * w;
-    for (int r = 0; r < w; r += 16) {   /* 16 lanes: lo | hi << 16, zero past cnt */
-      __mmask16 m = cols_mask(cnt - r);
-      __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + r));
-      __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(pair ? m : 0, hi + r));
-      _mm512_mask_storeu_epi32(d + r, cols_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    for (int t = 0; t < blocks; t++) {
+      uint32_t *d = dst + ((size_t)t * kp + q) * w;
+      for (int r = 0; r < w; r += 16) {
+        __mmask16 m = cols_mask(lanes - t * w - r);
+        __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + t * w + r));
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(pair ? m : 0, hi + t * w + r));
+        _mm512_mask_storeu_epi32(d + r, cols_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+      }
     }
   }
 }
 
-/* Row tile it of op(a) (MR lanes) or column panel jp of op(b) (NR lanes). */
-BF16_TARGET static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
-  int i0 = it * MR, cnt = m - i0 < MR ? m - i0 : MR;
-  if (ta == CblasNoTrans) pack_k_along(dst, MR, a, lda, i0, cnt, k);
-  else pack_k_down(dst, MR, a, lda, i0, cnt, k);
-}
-
-BF16_TARGET static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
-  int j0 = jp * NR, cnt = n - j0 < NR ? n - j0 : NR;
-  if (tb == CblasNoTrans) pack_k_down(dst, NR, b, ldb, j0, cnt, k);
-  else pack_k_along(dst, NR, b, ldb, j0, cnt, k);
+/* All the blocks of w lanes of an operand with `lanes` lanes. */
+BF16_TARGET static void pack(uint32_t *dst, int w, const uint16_t *x, int ld, int k_down, int lanes, int k) {
+  if (k_down) { pack_k_down(dst, w, x, ld, lanes, k); return; }
+  int kp = (k + 1) / 2;
+  for (int i0 = 0; i0 < lanes; i0 += w) pack_k_along(dst + (size_t)i0 * kp, w, x, ld, i0, lanes - i0 < w ? lanes - i0 : w, k);
 }
 
 /* ---- the micro-kernel --------------------------------------------------------------------- */
@@ -206,8 +240,8 @@ BF16_TARGET static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
   size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;
   uint32_t *ap = scratch(na + nb), *bp = ap + na;
   if (!ap) return -1;
-  for (int it = 0; it < mtiles; it++) pack_a_tile(ap + (size_t)it * MR * kp, a, lda, ta, m, k, it);
-  for (int jp = 0; jp < npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * kp, b, ldb, tb, n, k, jp);
+  pack(ap, MR, a, lda, ta != CblasNoTrans, m, k);
+  pack(bp, NR, b, ldb, tb == CblasNoTrans, n, k);
   for (int jp = 0; jp < npanels; jp++)
     for (int it = 0; it < mtiles; it++) {
       int mr = m - it * MR < MR ? m - it * MR : MR, nr = n - jp * NR < NR ? n - jp * NR : NR;

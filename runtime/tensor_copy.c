@@ -4,6 +4,7 @@
 #include "alloc_internal.h"
 #include "meta_internal.h"
 #include "bf16_internal.h"
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -260,6 +261,7 @@ static int cpu_fill_(sh_tensor *t, double value) {
   int64_t n = sh_tensor_numel(t);
   if (sh_tensor_is_contiguous(t)) {
     void *d = sh_tensor_data(t);
+    if (value == 0 && !signbit(value)) { memset(d, 0, (size_t)(n * sh_dtype_size(t->dtype))); return SH_OK; }  /* +0: all bits 0 in every dtype */
     if (t->dtype == SH_F32) { float v = (float)value; for (int64_t i = 0; i < n; i++) ((float *)d)[i] = v; }
     else if (t->dtype == SH_BF16) {   /* rounded once */
       uint16_t v = sh_f32_to_bf16_inline((float)value);

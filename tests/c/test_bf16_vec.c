@@ -233,6 +233,14 @@ static void test_fill_bf16(void) {
   bad = 0;
   for (int i = 0; i < 5 * 33; i++) bad += d[i] != (i % 33 == 4 ? 0x4780 : third);
   CHECK(bad == 0, "fill_ of a strided bf16 column: %d elements wrong", bad);
+  CHECK_OK(sh_tensor_fill_(t, -0.0));   /* the sign of zero kept */
+  bad = 0;
+  for (int i = 0; i < 5 * 33; i++) bad += d[i] != 0x8000;
+  CHECK(bad == 0, "fill_ bf16 with -0: %d elements not 0x8000", bad);
+  CHECK_OK(sh_tensor_fill_(t, 0.0));
+  bad = 0;
+  for (int i = 0; i < 5 * 33; i++) bad += d[i] != 0;
+  CHECK(bad == 0, "fill_ bf16 with 0: %d elements not 0", bad);
   sh_tensor_destroy(col);
   sh_tensor_destroy(t);
 }
