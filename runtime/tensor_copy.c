@@ -92,18 +92,35 @@ static void convert_contiguous(void *dst, int dt, const void *src, int st, int64
   }
 }
 
-/* Element offsets of row r (the index over every dim but the last) in both operands. */
-static void row_offsets(int64_t r, int last, const int64_t *shape, const int64_t *dstride,
-                        const int64_t *sstride, int64_t *doff, int64_t *soff) {
-  int64_t od = 0, os = 0;
-  for (int d = last - 1; d >= 0; d--) {
-    int64_t i = r % shape[d];
-    r /= shape[d];
-    od += i * dstride[d];
-    os += i * sstride[d];
+/* A strided copy seen as rows along the last dim (src strides already broadcast). */
+typedef struct copy_plan {
+  char *d;
+  const char *s;
+  int dt, st, dsz, ssz, last;
+  const int64_t *shape, *dstride, *sstride;
+} copy_plan;
+
+/* Rows r0 .. r1: the first row's index by division, the next ones advanced like an odometer
+ * (a division per row cost more than converting a row of 32). */
+static void copy_rows(const copy_plan *p, int64_t r0, int64_t r1) {
+  int64_t idx[SH_MAX_DIMS], od = 0, os = 0, r = r0, row = p->shape[p->last];
+  for (int d = p->last - 1; d >= 0; d--) {
+    idx[d] = r % p->shape[d];
+    r /= p->shape[d];
+    od += idx[d] * p->dstride[d];
+    os += idx[d] * p->sstride[d];
   }
-  *doff = od;
-  *soff = os;
+  for (int64_t k = r0; k < r1; k++) {
+    convert_run(p->d + od * p->dsz, p->dstride[p->last], p->dt, p->s + os * p->ssz, p->sstride[p->last], p->st, row);
+    for (int d = p->last - 1; d >= 0; d--) {
+      od += p->dstride[d];
+      os += p->sstride[d];
+      if (++idx[d] < p->shape[d]) break;
+      od -= p->dstride[d] * p->shape[d];
+      os -= p->sstride[d] * p->shape[d];
+      idx[d] = 0;
+    }
+  }
 }
 
 static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
@@ -116,18 +133,15 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   if (n == 0) return SH_OK;
   int64_t sstride[SH_MAX_DIMS];
   sh_broadcast_strides(src, dst->ndim, dst->shape, sstride);
-  char *d = sh_tensor_data(dst);
-  const char *s = sh_tensor_data(src);
-  int dsz = sh_dtype_size(dst->dtype), ssz = sh_dtype_size(src->dtype);
-  if (dst->ndim == 0) { convert_run(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
-  /* rows along the last dim, spread over the threads when the copy is big */
-  int last = dst->ndim - 1;
-  int64_t row = dst->shape[last], rows = n / row;
-  #pragma omp parallel for if (n > (1 << 16)) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t od, os;
-    row_offsets(r, last, dst->shape, dst->stride, sstride, &od, &os);
-    convert_run(d + od * dsz, dst->stride[last], dst->dtype, s + os * ssz, sstride[last], src->dtype, row);
+  copy_plan p = { sh_tensor_data(dst), sh_tensor_data(src), dst->dtype, src->dtype, sh_dtype_size(dst->dtype),
+                  sh_dtype_size(src->dtype), dst->ndim - 1, dst->shape, dst->stride, sstride };
+  if (dst->ndim == 0) { convert_run(p.d, 1, p.dt, p.s, 1, p.st, 1); return SH_OK; }
+  int64_t rows = n / dst->shape[p.last];
+  if (n <= (1 << 16)) { copy_rows(&p, 0, rows); return SH_OK; }
+  #pragma omp parallel   /* rows spread over the threads when the copy is big */
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    copy_rows(&p, rows * t / nt, rows * (t + 1) / nt);
   }
   return SH_OK;
 }

@@ -130,10 +130,10 @@ static int64_t bthd(const int64_t *s, int64_t b, int64_t h, int64_t t, int64_t d
 }
 
 /* A [B, T, H, D] tensor seen as [B, H, T, D] (rows of D contiguous, D = 40: two vectors and a
- * tail) copied to a contiguous tensor of the other dtype, both ways, on both paths; then the
+ * tail; big enough for the threads) copied to a contiguous tensor of the other dtype, both ways, on both paths; then the
  * same dtype pair over 200003 contiguous elements (split over the threads). */
 static void test_copy_staging(void) {
-  const int64_t s[4] = {3, 20, 4, 40};
+  const int64_t s[4] = {12, 40, 4, 40};   /* 76800 elements: split over the threads */
   int64_t n = s[0] * s[1] * s[2] * s[3];
   float *x = f32_inputs();
   for (int avx = 1; avx >= 0; avx--) {
