@@ -5,11 +5,13 @@
  * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
  * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
  * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
- * in a scratch buffer each thread keeps between calls); a micro-kernel keeps an
- * MR x NR block of c in 24 zmm accumulators. OpenMP splits c into one block per thread (the
- * threads other kernels use, omp_get_max_threads), or the calling thread does it all inside a
- * parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
- * store, which also applies alpha, beta and the rounding of a bf16 c.
+ * in a scratch buffer each thread keeps between calls; the packs are AVX-512 too: 16x16 word
+ * transposes, or two rows interleaved); a micro-kernel keeps an MR x NR block of c in 24 zmm
+ * accumulators. OpenMP splits c into one block per thread (the threads other kernels use,
+ * omp_get_max_threads), or the calling thread does it all inside a parallel region. Tails in
+ * m, n and odd k are zero-padded in the packs and masked at the store, which also applies
+ * alpha, beta and the rounding of a bf16 c (sh_f32_to_bf16_inline's bits: vcvtneps2bf16
+ * would flush denormal results to zero).
  * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
  * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
  * one-line notice says so, once. */
