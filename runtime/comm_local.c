@@ -4,6 +4,7 @@
  * kernel on the current stream (it is also their backend in a build without NCCL). */
 #include "comm_internal.h"
 #include "tensor_internal.h"
+#include "bf16_internal.h"
 #include <string.h>
 
 static void copy_rounded(sh_tensor *dst, const sh_tensor *src, int rd) {
@@ -12,6 +13,13 @@ static void copy_rounded(sh_tensor *dst, const sh_tensor *src, int rd) {
   const void *s = sh_tensor_data(src);
   if (rd < 0 || rd == src->dtype) {
     if (d != s) memmove(d, s, (size_t)(n * sh_dtype_size(src->dtype)));
+    return;
+  }
+  if (src->dtype == SH_F32 && rd == SH_BF16) {   /* an f32 reduction rounded in bf16: inline, vectorizable */
+    float *df = d;
+    const float *sf = s;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) df[i] = sh_bf16_to_f32_inline(sh_f32_to_bf16_inline(sf[i]));
     return;
   }
   for (int64_t i = 0; i < n; i++) sh_store(d, dst->dtype, i, sh_comm_round(sh_load(s, src->dtype, i), rd));

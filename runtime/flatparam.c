@@ -4,6 +4,7 @@
 #include "tensor_internal.h"
 #include "alloc_internal.h"
 #include "meta_internal.h"
+#include "bf16_internal.h"
 #include "comm.h"
 #include "flatparam.h"
 #include "ops.h"
@@ -122,6 +123,13 @@ static int accumulate(sh_tensor *dst, const sh_tensor *src) {
     const float *sf = s;
     #pragma omp parallel for if (n > 65536)
     for (int64_t i = 0; i < n; i++) df[i] += sf[i];
+    return SH_OK;
+  }
+  if (dst->dtype == SH_F32 && src->dtype == SH_BF16) {   /* the f32 grad += a bf16 reduction */
+    float *df = d;
+    const uint16_t *sb = s;
+    #pragma omp parallel for simd if (n > 65536)
+    for (int64_t i = 0; i < n; i++) df[i] += sh_bf16_to_f32_inline(sb[i]);
     return SH_OK;
   }
   for (int64_t i = 0; i < n; i++) sh_store(d, dst->dtype, i, sh_load(d, dst->dtype, i) + sh_load(s, src->dtype, i));

@@ -5,16 +5,19 @@
  * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
  * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
  * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
- * in a scratch buffer each thread keeps between calls); a micro-kernel keeps an
- * MR x NR block of c in 24 zmm accumulators. OpenMP splits c into one block per thread (the
- * threads other kernels use, omp_get_max_threads), or the calling thread does it all inside a
- * parallel region. Tails in m, n and odd k are zero-padded in the packs and masked at the
- * store, which also applies alpha, beta and the rounding of a bf16 c.
+ * in a scratch buffer each thread keeps between calls; the packs are AVX-512 too: 16x16 word
+ * transposes, or two rows interleaved); a micro-kernel keeps an MR x NR block of c in 24 zmm
+ * accumulators. OpenMP splits c into one block per thread (the threads other kernels use,
+ * omp_get_max_threads), or the calling thread does it all inside a parallel region. Tails in
+ * m, n and odd k are zero-padded in the packs and masked at the store, which also applies
+ * alpha, beta and the rounding of a bf16 c (sh_f32_to_bf16_inline's bits: vcvtneps2bf16
+ * would flush denormal results to zero).
  * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
  * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
  * one-line notice says so, once. */
 #include "blas_internal.h"
 #include "dtype.h"
+#include "bf16_internal.h"
 #include "status_internal.h"
 #include <immintrin.h>
 #include <omp.h>
@@ -71,8 +74,7 @@ static int use_avx512_bf16(void) {
 static float *widen(const uint16_t *p, int rows, int cols, int ld) {
   float *out = malloc((size_t)rows * cols * sizeof(float) + 1);
   if (!out) return NULL;
-  for (int i = 0; i < rows; i++)
-    for (int j = 0; j < cols; j++) out[(size_t)i * cols + j] = sh_bf16_to_f32(p[(size_t)i * ld + j]);
+  for (int i = 0; i < rows; i++) sh_bf16_to_f32_n(out + (size_t)i * cols, 1, p + (size_t)i * ld, 1, cols);
   return out;
 }
 
@@ -87,8 +89,7 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
   int ok = af && bf && cf;
   if (ok) sh_sgemm(ta, tb, m, n, k, alpha, af, ac > 0 ? ac : 1, bf, bc > 0 ? bc : 1, beta, cf, c.bf16 ? n : c.ld);
   if (ok && c.bf16)
-    for (int i = 0; i < m; i++)
-      for (int j = 0; j < n; j++) *(uint16_t *)out_at(c, i, j) = sh_f32_to_bf16(cf[(size_t)i * n + j]);
+    for (int i = 0; i < m; i++) sh_f32_to_bf16_n((uint16_t *)out_at(c, i, 0), 1, cf + (size_t)i * n, 1, n);
   free(af);
   free(bf);
   if (c.bf16) free(cf);
@@ -97,52 +98,89 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-/* A block of w lanes (rows of op(a) or columns of op(b)) i0 .. i0+cnt of an operand, packed as
- * kp k-pairs of w 32-bit lanes each: dst[q * w + r] holds (x(i0+r, 2q) low, x(i0+r, 2q+1)
- * high); lanes past cnt and the partner of an odd k's last element are zero. Two layouts:
- * k along the stored rows (a as is, b transposed: a pair is one 32-bit word) or k down the
- * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
-static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
-  int kp = (k + 1) / 2, whole = k / 2;
-  memset(dst, 0, sizeof(uint32_t) * (size_t)kp * w);
-  for (int r = 0; r < cnt; r++) {
-    const uint16_t *row = x + (size_t)(i0 + r) * ld;
-    for (int q = 0; q < whole; q++) memcpy(dst + (size_t)q * w + r, row + 2 * q, sizeof(uint32_t));
-    if (k & 1) dst[(size_t)whole * w + r] = row[k - 1];
-  }
-}
-
-static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
-  int kp = (k + 1) / 2;
-  for (int q = 0; q < kp; q++) {
-    const uint16_t *lo = x + (size_t)(2 * q) * ld + i0, *hi = lo + ld;
-    uint32_t *d = dst + (size_t)q * w;
-    if (2 * q + 1 < k)
-      for (int r = 0; r < cnt; r++) d[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
-    else
-      for (int r = 0; r < cnt; r++) d[r] = lo[r];
-    for (int r = cnt; r < w; r++) d[r] = 0;
-  }
-}
-
-/* Row tile it of op(a) (MR lanes) or column panel jp of op(b) (NR lanes). */
-static void pack_a_tile(uint32_t *dst, const uint16_t *a, int lda, CBLAS_TRANSPOSE ta, int m, int k, int it) {
-  int i0 = it * MR, cnt = m - i0 < MR ? m - i0 : MR;
-  if (ta == CblasNoTrans) pack_k_along(dst, MR, a, lda, i0, cnt, k);
-  else pack_k_down(dst, MR, a, lda, i0, cnt, k);
-}
-
-static void pack_b_panel(uint32_t *dst, const uint16_t *b, int ldb, CBLAS_TRANSPOSE tb, int n, int k, int jp) {
-  int j0 = jp * NR, cnt = n - j0 < NR ? n - j0 : NR;
-  if (tb == CblasNoTrans) pack_k_down(dst, NR, b, ldb, j0, cnt, k);
-  else pack_k_along(dst, NR, b, ldb, j0, cnt, k);
-}
-
-/* ---- the micro-kernel --------------------------------------------------------------------- */
-
+/* The first min(max(cols, 0), 16) of 16 lanes. */
 static inline __mmask16 cols_mask(int cols) {
   return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
 }
+
+/* An operand packed in blocks of w lanes (rows of op(a), MR a block, or columns of op(b), NR),
+ * block t at dst + t * w * kp: kp k-pairs of w 32-bit lanes each, dst[q * w + r] holding
+ * (x(t w + r, 2q) low, x(t w + r, 2q+1) high); lanes past the operand's last and the partner of
+ * an odd k's last element are zero. Two layouts: k along the stored rows (a as is, b
+ * transposed: a pair is one 32-bit word, and a block is a transpose of words) or k down the
+ * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
+
+/* out[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are in[0 .. 15]: words,
+ * then pairs of words, within each 128-bit lane; then the 4 x 4 transpose of the lanes. */
+BF16_TARGET static inline void transpose16(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16], s[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {   /* s[4i + e], lane L: rows 4i .. 4i+3 of column 4L + e */
+    s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; e++) {
+    __m512i p0 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0x44), p1 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0xEE);
+    __m512i p2 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0x44), p3 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0xEE);
+    out[e] = _mm512_shuffle_i32x4(p0, p2, 0x88);
+    out[4 + e] = _mm512_shuffle_i32x4(p0, p2, 0xDD);
+    out[8 + e] = _mm512_shuffle_i32x4(p1, p3, 0x88);
+    out[12 + e] = _mm512_shuffle_i32x4(p1, p3, 0xDD);
+  }
+}
+
+/* Block of lanes i0 .. i0+cnt, k along the rows: 16 rows of 16 words (k masked at its end,
+ * rows past cnt zero) transposed into 16 k-pairs of 16 lanes at a time. */
+BF16_TARGET static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, int ld, int i0, int cnt, int k) {
+  int kp = (k + 1) / 2;
+  for (int r0 = 0; r0 < w; r0 += 16)
+    for (int q0 = 0; q0 < kp; q0 += 16) {
+      int left = k - 2 * q0, nq = kp - q0 < 16 ? kp - q0 : 16;
+      __mmask32 mk = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
+      __m512i in[16], out[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++)
+        in[j] = r0 + j < cnt ? _mm512_maskz_loadu_epi16(mk, x + (size_t)(i0 + r0 + j) * ld + 2 * q0) : _mm512_setzero_si512();
+      transpose16(in, out);
+      for (int q = 0; q < nq; q++) _mm512_mask_storeu_epi32(dst + (size_t)(q0 + q) * w + r0, cols_mask(w - r0), out[q]);
+    }
+}
+
+/* Every block, k down the columns: pair by pair, so that the two stored rows of a pair are
+ * read once, in order, for all the blocks (16 lanes at a time: lo | hi << 16). */
+BF16_TARGET static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int ld, int lanes, int k) {
+  int kp = (k + 1) / 2, blocks = (lanes + w - 1) / w;
+  for (int q = 0; q < kp; q++) {
+    const uint16_t *lo = x + (size_t)(2 * q) * ld, *hi = lo + ld;
+    int pair = 2 * q + 1 < k;
+    for (int t = 0; t < blocks; t++) {
+      uint32_t *d = dst + ((size_t)t * kp + q) * w;
+      for (int r = 0; r < w; r += 16) {
+        __mmask16 m = cols_mask(lanes - t * w - r);
+        __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + t * w + r));
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(pair ? m : 0, hi + t * w + r));
+        _mm512_mask_storeu_epi32(d + r, cols_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+      }
+    }
+  }
+}
+
+/* All the blocks of w lanes of an operand with `lanes` lanes. */
+BF16_TARGET static void pack(uint32_t *dst, int w, const uint16_t *x, int ld, int k_down, int lanes, int k) {
+  if (k_down) { pack_k_down(dst, w, x, ld, lanes, k); return; }
+  int kp = (k + 1) / 2;
+  for (int i0 = 0; i0 < lanes; i0 += w) pack_k_along(dst + (size_t)i0 * kp, w, x, ld, i0, lanes - i0 < w ? lanes - i0 : w, k);
+}
+
+/* ---- the micro-kernel --------------------------------------------------------------------- */
 
 /* One row of c's block, 16 columns under mask mk: v (+ beta times what is there), stored. */
 BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v, float beta) {
@@ -152,10 +190,9 @@ BF16_TARGET static inline void store16(char *p, int bf16, __mmask16 mk, __m512 v
     return;
   }
   if (beta != 0.0f) {
-    __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16);
-    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_castsi512_ps(old), v);
+    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), sh_bf16_to_f32_x16(_mm256_maskz_loadu_epi16(mk, p)), v);
   }
-  _mm256_mask_storeu_epi16(p, mk, (__m256i)_mm512_cvtneps_pbh(v));
+  _mm256_mask_storeu_epi16(p, mk, sh_f32_to_bf16_x16(v));
 }
 
 /* c[0:mr, 0:nr] = alpha * (a tile . b panel over kq pairs) + beta c; beta 0 never reads c. */
@@ -199,14 +236,14 @@ static uint32_t *scratch(size_t words) {
 /* The product of one thread: packs its operands into the thread's scratch, then runs the
  * micro-kernel panel by panel (a panel's pack stays in cache across the row tiles). 0, or -1
  * when the scratch cannot be allocated. */
-static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
+BF16_TARGET static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,
                       int lda, const uint16_t *b, int ldb, float beta, out c) {
   int kp = (k + 1) / 2, mtiles = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
   size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;
   uint32_t *ap = scratch(na + nb), *bp = ap + na;
   if (!ap) return -1;
-  for (int it = 0; it < mtiles; it++) pack_a_tile(ap + (size_t)it * MR * kp, a, lda, ta, m, k, it);
-  for (int jp = 0; jp < npanels; jp++) pack_b_panel(bp + (size_t)jp * NR * kp, b, ldb, tb, n, k, jp);
+  pack(ap, MR, a, lda, ta != CblasNoTrans, m, k);
+  pack(bp, NR, b, ldb, tb == CblasNoTrans, n, k);
   for (int jp = 0; jp < npanels; jp++)
     for (int it = 0; it < mtiles; it++) {
       int mr = m - it * MR < MR ? m - it * MR : MR, nr = n - jp * NR < NR ? n - jp * NR : NR;

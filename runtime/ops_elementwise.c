@@ -23,6 +23,7 @@
 #include "backend_internal.h"
 #include "ops_internal.h"
 #include "fastmath_internal.h"
+#include "bf16_internal.h"
 #include "ops.h"
 #include <math.h>
 #include <omp.h>
@@ -220,8 +221,7 @@ static void gather(void *buf, int ct, const void *base, int dt, int64_t off, int
   if (ct == SH_F32 && dt == SH_F32) {
     for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = ((const float *)base)[off + i * stride];
   } else if (ct == SH_F32 && dt == SH_BF16) {
-    const uint16_t *s = (const uint16_t *)base + off;
-    for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = sh_bf16_to_f32(s[i * stride]);
+    sh_bf16_to_f32_n(buf, 1, (const uint16_t *)base + off, stride, n);
   } else if (ct == SH_F32) {
     for (int64_t i = 0; i < n; i++) ((float *)buf)[i] = (float)sh_load(base, dt, off + i * stride);
   } else if (ct == SH_F64) {
@@ -234,8 +234,7 @@ static void gather(void *buf, int ct, const void *base, int dt, int64_t off, int
 /* The reverse: element (off + i * stride) of base = buf[i], converted to dt. */
 static void scatter(void *base, int dt, int64_t off, int64_t stride, const void *buf, int ct, int64_t n) {
   if (ct == SH_F32 && dt == SH_BF16) {
-    uint16_t *d = (uint16_t *)base + off;
-    for (int64_t i = 0; i < n; i++) d[i * stride] = sh_f32_to_bf16(((const float *)buf)[i]);
+    sh_f32_to_bf16_n((uint16_t *)base + off, stride, buf, 1, n);
   } else if (ct == SH_F32) {
     for (int64_t i = 0; i < n; i++) sh_store(base, dt, off + i * stride, ((const float *)buf)[i]);
   } else if (ct == SH_F64) {

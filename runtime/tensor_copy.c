@@ -4,6 +4,8 @@
 #include "alloc_internal.h"
 #include "meta_internal.h"
 #include "bf16_internal.h"
+#include <math.h>
+#include <omp.h>
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -59,27 +61,12 @@ void sh_nditer_next(sh_nditer *it) {
   }
 }
 
-/* Contiguous same-device conversion loops for the common pairs, else element by element. */
-static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
-  if (dt == st) { memcpy(dst, src, (size_t)(n * sh_dtype_size(dt))); return; }
-  /* bf16 <-> f32 is every mixed-precision op's staging: inline, vectorized, threaded when large */
-  if (dt == SH_F32 && st == SH_BF16) {
-    float *d = dst;
-    const uint16_t *s = src;
-#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
-    for (int64_t i = 0; i < n; i++) d[i] = sh_bf16_to_f32_inline(s[i]);
-  } else if (dt == SH_BF16 && st == SH_F32) {
-    uint16_t *d = dst;
-    const float *s = src;
-#pragma omp parallel for simd if (n > (1 << 16)) schedule(static)
-    for (int64_t i = 0; i < n; i++) d[i] = sh_f32_to_bf16_inline(s[i]);
-  } else {
-    for (int64_t i = 0; i < n; i++) sh_store(dst, dt, i, sh_load(src, st, i));
-  }
-}
-
-/* One row of a strided copy: n elements at element strides ds and ss. */
-static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
+/* n elements at element strides ds and ss from dtype st to dt: bf16 <-> f32 (every
+ * mixed-precision op's staging) through bf16_vec.c, same dtypes as bits, the rest element by
+ * element. */
+static void convert_run(char *d, int64_t ds, int dt, const char *s, int64_t ss, int st, int64_t n) {
+  if (dt == SH_F32 && st == SH_BF16) { sh_bf16_to_f32_n((float *)d, ds, (const uint16_t *)s, ss, n); return; }
+  if (dt == SH_BF16 && st == SH_F32) { sh_f32_to_bf16_n((uint16_t *)d, ds, (const float *)s, ss, n); return; }
   if (dt == st) {
     int size = sh_dtype_size(dt);
     if (ds == 1 && ss == 1) { memcpy(d, s, (size_t)(n * size)); return; }
@@ -93,18 +80,47 @@ static void copy_row(char *d, int64_t ds, int dt, const char *s, int64_t ss, int
   for (int64_t i = 0; i < n; i++) sh_store(d, dt, i * ds, sh_load(s, st, i * ss));
 }
 
-/* Element offsets of row r (the index over every dim but the last) in both operands. */
-static void row_offsets(int64_t r, int last, const int64_t *shape, const int64_t *dstride,
-                        const int64_t *sstride, int64_t *doff, int64_t *soff) {
-  int64_t od = 0, os = 0;
-  for (int d = last - 1; d >= 0; d--) {
-    int64_t i = r % shape[d];
-    r /= shape[d];
-    od += i * dstride[d];
-    os += i * sstride[d];
+/* A contiguous conversion, split over the threads when large (in whole vectors of 16). */
+static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
+  if (dt == st || n <= (1 << 16)) { convert_run(dst, 1, dt, src, 1, st, n); return; }
+  int dsz = sh_dtype_size(dt), ssz = sh_dtype_size(st);
+#pragma omp parallel
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t a = n / 16 * t / nt * 16, b = t == nt - 1 ? n : n / 16 * (t + 1) / nt * 16;
+    convert_run((char *)dst + a * dsz, 1, dt, (const char *)src + a * ssz, 1, st, b - a);
   }
-  *doff = od;
-  *soff = os;
+}
+
+/* A strided copy seen as rows along the last dim (src strides already broadcast). */
+typedef struct copy_plan {
+  char *d;
+  const char *s;
+  int dt, st, dsz, ssz, last;
+  const int64_t *shape, *dstride, *sstride;
+} copy_plan;
+
+/* Rows r0 .. r1: the first row's index by division, the next ones advanced like an odometer
+ * (a division per row cost more than converting a row of 32). */
+static void copy_rows(const copy_plan *p, int64_t r0, int64_t r1) {
+  int64_t idx[SH_MAX_DIMS], od = 0, os = 0, r = r0, row = p->shape[p->last];
+  for (int d = p->last - 1; d >= 0; d--) {
+    idx[d] = r % p->shape[d];
+    r /= p->shape[d];
+    od += idx[d] * p->dstride[d];
+    os += idx[d] * p->sstride[d];
+  }
+  for (int64_t k = r0; k < r1; k++) {
+    convert_run(p->d + od * p->dsz, p->dstride[p->last], p->dt, p->s + os * p->ssz, p->sstride[p->last], p->st, row);
+    for (int d = p->last - 1; d >= 0; d--) {
+      od += p->dstride[d];
+      os += p->sstride[d];
+      if (++idx[d] < p->shape[d]) break;
+      od -= p->dstride[d] * p->shape[d];
+      os -= p->sstride[d] * p->shape[d];
+      idx[d] = 0;
+    }
+  }
 }
 
 static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
@@ -117,18 +133,15 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   if (n == 0) return SH_OK;
   int64_t sstride[SH_MAX_DIMS];
   sh_broadcast_strides(src, dst->ndim, dst->shape, sstride);
-  char *d = sh_tensor_data(dst);
-  const char *s = sh_tensor_data(src);
-  int dsz = sh_dtype_size(dst->dtype), ssz = sh_dtype_size(src->dtype);
-  if (dst->ndim == 0) { copy_row(d, 1, dst->dtype, s, 1, src->dtype, 1); return SH_OK; }
-  /* rows along the last dim, spread over the threads when the copy is big */
-  int last = dst->ndim - 1;
-  int64_t row = dst->shape[last], rows = n / row;
-  #pragma omp parallel for if (n > (1 << 16)) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t od, os;
-    row_offsets(r, last, dst->shape, dst->stride, sstride, &od, &os);
-    copy_row(d + od * dsz, dst->stride[last], dst->dtype, s + os * ssz, sstride[last], src->dtype, row);
+  copy_plan p = { sh_tensor_data(dst), sh_tensor_data(src), dst->dtype, src->dtype, sh_dtype_size(dst->dtype),
+                  sh_dtype_size(src->dtype), dst->ndim - 1, dst->shape, dst->stride, sstride };
+  if (dst->ndim == 0) { convert_run(p.d, 1, p.dt, p.s, 1, p.st, 1); return SH_OK; }
+  int64_t rows = n / dst->shape[p.last];
+  if (n <= (1 << 16)) { copy_rows(&p, 0, rows); return SH_OK; }
+  #pragma omp parallel   /* rows spread over the threads when the copy is big */
+  {
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    copy_rows(&p, rows * t / nt, rows * (t + 1) / nt);
   }
   return SH_OK;
 }
@@ -262,8 +275,12 @@ static int cpu_fill_(sh_tensor *t, double value) {
   int64_t n = sh_tensor_numel(t);
   if (sh_tensor_is_contiguous(t)) {
     void *d = sh_tensor_data(t);
+    if (value == 0 && !signbit(value)) { memset(d, 0, (size_t)(n * sh_dtype_size(t->dtype))); return SH_OK; }  /* +0: all bits 0 in every dtype */
     if (t->dtype == SH_F32) { float v = (float)value; for (int64_t i = 0; i < n; i++) ((float *)d)[i] = v; }
-    else for (int64_t i = 0; i < n; i++) sh_store(d, t->dtype, i, value);
+    else if (t->dtype == SH_BF16) {   /* rounded once */
+      uint16_t v = sh_f32_to_bf16_inline((float)value);
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i] = v;
+    } else for (int64_t i = 0; i < n; i++) sh_store(d, t->dtype, i, value);
     return SH_OK;
   }
   const int64_t *strides[1] = {t->stride};

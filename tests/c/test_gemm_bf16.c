@@ -7,7 +7,8 @@
  * all four transposes (linear's backward uses dx = dy W and dW = dy^T x), leading dimensions
  * wider than the matrix, alpha and beta (beta 0 must not read c: it starts as NaN), c in f32
  * and in bf16 (sh_gemm_bf16_out16: plus half a bf16 ulp), and products large enough for the
- * threaded path.
+ * threaded path; c in bf16 exactly against float64 nearest-even rounding where the products
+ * and sums are exact (denormal results, ties).
  * Tolerance: the products of two bf16 are exact in f32 and the sums are f32, so each element
  * is within k * 2^-23 * sum_p |a_ip b_pj| of the exact value (plus |beta c| rounding); the
  * check allows 4 times that. */
@@ -130,6 +131,53 @@ static void test_gemm_linear_shapes(void) {
   test_case((gcase){1, 1, 65, 129, 97, 5, 1.0f, 0.0f});
 }
 
+/* ---- c in bf16: the rounding itself ------------------------------------------------------ */
+
+/* x (finite, exact in float64) rounded to the nearest bf16 value, ties to even, by arithmetic:
+ * 8 significant bits, and a spacing of no less than 2^-133 (bf16's denormals). */
+static double bf16_nearest(double x) {
+  if (x == 0) return x;
+  int e;
+  frexp(x, &e);   /* |x| in [2^(e-1), 2^e) */
+  int q = e - 8 < -133 ? -133 : e - 8;
+  return ldexp(nearbyint(ldexp(x, -q)), q);
+}
+
+/* Small integers times 2^-58 in a and b: every product (2^-116 times an integer) and every sum
+ * is exact in f32, and alpha 2^-19 puts alpha times the sum among the f32 denormals, exactly.
+ * So each element of c in bf16 must be that value rounded once to nearest even: denormal
+ * results kept (not flushed to zero), ties to even. Both paths, all four transposes, tails. */
+static void test_gemm_bf16_out_rounding(void) {
+  enum { M = 13, N = 35, K = 5 };
+  uint16_t a[M * K], b[K * N], c[M * N];
+  for (int i = 0; i < M * K; i++) a[i] = sh_f32_to_bf16(ldexpf((float)((int)(urand() * 8)), -58));
+  for (int i = 0; i < K * N; i++) b[i] = sh_f32_to_bf16(ldexpf((float)((int)(urand() * 8)), -58));
+  float alpha = ldexpf(1, -19);
+  for (int path = 0; path < 2; path++) {
+    if (path) setenv("SHARD_CPU_BF16", "0", 1);
+    for (int t = 0; t < 4; t++) {
+      int ta = t & 1, tb = t >> 1, bad = 0, denormal = 0;
+      CHECK_OK(sh_gemm_bf16_out16(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, a,
+                                  ta ? M : K, b, tb ? K : N, 0.0f, c, N));
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+          double s = 0;
+          for (int p = 0; p < K; p++) s += el(a, ta ? M : K, ta, i, p) * el(b, tb ? K : N, tb, p, j);
+          double want = bf16_nearest(ldexp(s, -19));
+          uint32_t bits = (uint32_t)c[i * N + j] << 16;
+          float got;
+          memcpy(&got, &bits, 4);
+          denormal += want != 0 && fabs(want) < ldexp(1, -126);
+          if (got != want && bad++ < 3)
+            printf("# %s ta=%d tb=%d c[%d][%d] = %a, want %a\n", path ? "fallback" : "default", ta, tb, i, j, got, want);
+        }
+      CHECK(bad == 0 && denormal > M * N / 4, "%s ta=%d tb=%d: bf16 c wrong in %d of %d elements (%d denormal)",
+            path ? "fallback" : "default path", ta, tb, bad, M * N, denormal);
+    }
+  }
+  unsetenv("SHARD_CPU_BF16");
+}
+
 /* ---- linear in bf16 ------------------------------------------------------------------------ */
 
 static sh_tensor *tensor_of(int dtype, int64_t rows, int64_t cols, const double *v) {
@@ -239,6 +287,7 @@ int main(int argc, char **argv) {
   RUN(test_gemm_shapes);
   RUN(test_gemm_alpha_beta);
   RUN(test_gemm_linear_shapes);
+  RUN(test_gemm_bf16_out_rounding);
   RUN(test_linear_bf16);
   return check_summary("test_gemm_bf16");
 }

@@ -125,6 +125,36 @@ static void test_bf16_accumulates_in_f32(sh_comm *w, int rank, int size) {
   sh_tensor_destroy(t);
 }
 
+/* A group of one (the local backend) rounds an f32 reduction in bf16 element by element: the
+ * bits of each result are the inline rounding's (ties to even, NaN quiet, denormals kept),
+ * widened back to f32, in place and into another tensor; 37 elements. */
+static void test_local_bf16_rounding(sh_comm *w, int rank, int size) {
+  if (size != 1) return;
+  static const uint32_t bits[] = { 0x3f808000u, 0x3f818000u, 0xbf818000u, 0x3f808001u, 0x00018000u, 0x807fffffu,
+                                   0x7f7fffffu, 0x7f800000u, 0xff800001u, 0x7fc00000u, 0x80000000u };
+  enum { N = 37, NB = sizeof bits / sizeof bits[0] };
+  sh_tensor *t = vec(N, SH_F32), *out = vec(N, SH_F32);
+  float in[N];
+  for (int i = 0; i < N; i++) {
+    uint32_t u = i < NB ? bits[i] : 0x3e000000u + (uint32_t)i * 0x1234567u % 0x02000000u;
+    memcpy(&in[i], &u, 4);
+  }
+  memcpy(sh_tensor_data(t), in, sizeof in);
+  CHECK_OK(sh_comm_reduce_scatter(w, out, t, SH_RED_SUM, SH_BF16));
+  CHECK_OK(sh_comm_all_reduce(w, t, SH_RED_SUM, SH_BF16));
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    uint16_t h = sh_f32_to_bf16(in[i]);
+    uint32_t got, got_out;
+    memcpy(&got, (float *)sh_tensor_data(t) + i, 4);
+    memcpy(&got_out, (float *)sh_tensor_data(out) + i, 4);
+    bad += got != (uint32_t)h << 16 || got_out != (uint32_t)h << 16;
+  }
+  CHECK(bad == 0, "local bf16 rounding of f32: %d elements wrong", bad);
+  sh_tensor_destroy(out);
+  sh_tensor_destroy(t);
+}
+
 static void test_broadcast_barrier(sh_comm *w, int rank, int size) {
   sh_tensor *t = vec(7, SH_BF16);
   fill(t, rank);
@@ -311,6 +341,7 @@ int main(int argc, char **argv) {
   RUN(test_all_gather, w, rank, size);
   RUN(test_reductions, w, rank, size);
   RUN(test_bf16_accumulates_in_f32, w, rank, size);
+  RUN(test_local_bf16_rounding, w, rank, size);
   RUN(test_broadcast_barrier, w, rank, size);
   RUN(test_async, w, rank, size);
   RUN(test_errors, w, rank, size);

@@ -163,6 +163,31 @@ static void test_mixed_precision(sh_comm *w, int rank, int size) {
   free_params(p);
 }
 
+/* bf16 grads reduced in bf16, then two backwards: the second adds the bf16 reduction into
+ * the f32 sharded grad (every value here is exact in bf16, so the sum is exact). */
+static void test_mixed_precision_accumulate(sh_comm *w, int rank, int size) {
+  sh_tensor *p[NP];
+  make_params(p, 1);
+  sh_flatparam *fp = NULL;
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, SH_F32, SH_BF16, SH_BF16, 0));
+  if (!fp) return;
+  for (int step = 0; step < 2; step++) {
+    CHECK_OK(sh_flatparam_unshard(fp));
+    set_grads(p, rank);
+    CHECK_OK(sh_flatparam_reshard(fp));
+    CHECK_OK(sh_flatparam_reduce_grad(fp, SH_RED_SUM, NULL));
+  }
+  sh_tensor *g = NULL;
+  CHECK_OK(sh_flatparam_grad_shard(&g, fp));
+  int64_t S = (TOTAL + size - 1) / size;
+  int bad = 0;
+  if (g) for (int64_t i = 0; i < S; i++) bad += at(g, i) != 2 * flat_grad(rank * S + i, size, 0, 1);
+  CHECK(g && g->dtype == SH_F32 && bad == 0, "bf16-reduced grads accumulated in f32: %d wrong", bad);
+  sh_tensor_destroy(g);
+  sh_flatparam_destroy(fp);
+  free_params(p);
+}
+
 static void test_grads(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
@@ -329,6 +354,7 @@ int main(int argc, char **argv) {
   int rank = sh_comm_rank(w), size = sh_comm_size(w);
   RUN(test_layout_roundtrip, w, rank, size);
   RUN(test_mixed_precision, w, rank, size);
+  RUN(test_mixed_precision_accumulate, w, rank, size);
   RUN(test_grads, w, rank, size);
   RUN(test_no_shard, w, rank, size);
   RUN(test_hybrid, w, rank, size);
