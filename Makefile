@@ -119,8 +119,9 @@ test-gpu: all $(GPU_TESTS)
 
 # make bench: shard vs PyTorch 1.13 (/usr/bin/python3; bench/deps.sh installs python3-torch as
 # root or names it) at 1 and nproc threads in alternating rounds, beside an OpenBLAS sgemm peak;
-# medians [min-max]; then the CPU AdamW step (bench-adamw below). Knobs (whole numbers): ROUNDS=3
-# ITERS=50 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1, and bench-adamw's.
+# medians [min-max], with the recipe's own loop each round; then the CPU AdamW step (bench-adamw
+# below) and the bf16 step. Knobs (whole numbers): ROUNDS=3 ITERS=50 RECIPE_ITERS=300 THREADS="1 2"
+# PEAK_N=2048 PEER_SPIN=1, and bench-adamw's; BENCH=train|f32|bf16 runs a part.
 ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
 bench: all $(ADAMW_BENCH)
 	@sh bench/run.sh
