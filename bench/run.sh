@@ -25,7 +25,8 @@
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 #               With them, each round, the recipe's own loop (recipes/gpt_shakespeare_char.lua
 #               through lua/shard/train.lua, RECIPE_ITERS steps, its data and logging): its
-#               tokens/s is the median of the loop's 50-step windows (its metrics line), and its
+#               tokens/s is the median of the loop's 50-step windows after the first step (its
+#               metrics line), and its
 #               ratio of bests is taken against the same PyTorch best as cpu_train's.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
 #                         RECIPE_ITERS=300

@@ -348,7 +348,10 @@ function M.run(recipe)
       print(tok.decode(out:tolist()[1]))
     end
   end
-  metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(rates), mfu = median(mfus) })
+  -- the medians leave out the first window when there are others: it is the run's first step
+  -- alone (compiling, allocating, warming the caches)
+  local function steady(xs) return #xs > 1 and { unpack(xs, 2) } or xs end
+  metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(steady(rates)), mfu = median(steady(mfus)) })
   return { model = model, cfg = cfg, env = env }
 end
 

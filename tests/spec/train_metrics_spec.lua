@@ -57,6 +57,14 @@ describe("the training loop's throughput figures", function()
         end
       end
       assert.equal(4, steps, out)
+      -- the metrics line: the median of the windows after the first (the first step alone)
+      local rates = {}
+      for _, r in ipairs(recs) do if r.tokens_per_s and r.iter > 0 then rates[#rates + 1] = r.tokens_per_s end end
+      table.sort(rates)
+      assert.equal(3, #rates, out)
+      local metrics = cjson.decode((assert(out:match("metrics (%b{})"), out)))
+      assert.is_true(close(metrics.tokens_per_s, rates[2], 1e-9),
+                     ("metrics %s, windows after the first %s"):format(metrics.tokens_per_s, table.concat(rates, " ")))
     end)
   end
 end)
