@@ -46,6 +46,13 @@ static float *f32_inputs(void) {
   return x;
 }
 
+/* Whether element i of dst (bf16 when to16, else f32) is element j of src converted: rounded
+ * by sh_f32_to_bf16_inline, or widened exactly. */
+static int converted(const sh_tensor *dst, int64_t i, const sh_tensor *src, int64_t j, int to16) {
+  if (to16) return ((const uint16_t *)sh_tensor_data(dst))[i] == sh_f32_to_bf16_inline(((const float *)sh_tensor_data(src))[j]);
+  return bits_of(((const float *)sh_tensor_data(dst))[i]) == (uint32_t)((const uint16_t *)sh_tensor_data(src))[j] << 16;
+}
+
 static const char *path_name(int avx) { return avx ? "avx512 allowed" : "portable"; }
 
 static const int64_t STRIDES[][2] = {{1, 1}, {1, 3}, {2, 1}, {3, 2}};
@@ -152,11 +159,7 @@ static void test_copy_staging(void) {
         for (int64_t h = 0; h < s[2]; h++)
           for (int64_t t = 0; t < s[1]; t++)
             for (int64_t d = 0; d < s[3]; d++, i++) {
-              int64_t j = bthd(s, b, h, t, d);
-              uint32_t got = to16 ? ((uint16_t *)sh_tensor_data(dst))[i] : bits_of(((float *)sh_tensor_data(dst))[i]);
-              uint32_t want = to16 ? sh_f32_to_bf16_inline(((float *)sh_tensor_data(src))[j])
-                                   : (uint32_t)((uint16_t *)sh_tensor_data(src))[j] << 16;
-              bad += got != want;
+              bad += !converted(dst, i, src, bthd(s, b, h, t, d), to16);
             }
       CHECK(bad == 0, "copy of a transposed %s view to %s (%s): %d elements wrong", sh_dtype_name(st), sh_dtype_name(dt),
             path_name(avx), bad);
@@ -203,12 +206,7 @@ static void test_copy_transposed(void) {
       CHECK_OK(sh_tensor_copy_(view, src));
       int bad = 0;
       for (int i = 0; i < R; i++)
-        for (int j = 0; j < C; j++) {
-          uint32_t got = to16 ? ((uint16_t *)sh_tensor_data(dst))[j * R + i] : bits_of(((float *)sh_tensor_data(dst))[j * R + i]);
-          uint32_t want = to16 ? sh_f32_to_bf16_inline(((float *)sh_tensor_data(src))[i * C + j])
-                               : (uint32_t)((uint16_t *)sh_tensor_data(src))[i * C + j] << 16;
-          bad += got != want;
-        }
+        for (int j = 0; j < C; j++) bad += !converted(dst, j * R + i, src, i * C + j, to16);
       CHECK(bad == 0, "copy of %s into a transposed %s (%s): %d elements wrong", sh_dtype_name(st), sh_dtype_name(dt),
             path_name(avx), bad);
       sh_tensor_destroy(view);

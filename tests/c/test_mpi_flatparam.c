@@ -139,6 +139,22 @@ static void test_layout_roundtrip(sh_comm *w, int rank, int size) {
   free_params(p);
 }
 
+/* How many elements of fp's grad shard differ from `times` x the reference grad by more than
+ * tol relative (tol 0: any difference); -1 when the shard is missing or not f32. */
+static int f32_grad_shard_mismatches(sh_flatparam *fp, int rank, int size, double times, double tol) {
+  sh_tensor *g = NULL;
+  CHECK_OK(sh_flatparam_grad_shard(&g, fp));
+  if (!g || g->dtype != SH_F32) { sh_tensor_destroy(g); return -1; }
+  int64_t S = (TOTAL + size - 1) / size;
+  int bad = 0;
+  for (int64_t i = 0; i < S; i++) {
+    double want = times * flat_grad(rank * S + i, size, 0, 1);
+    bad += fabs(at(g, i) - want) > tol * (1 + fabs(want));
+  }
+  sh_tensor_destroy(g);
+  return bad;
+}
+
 static void test_mixed_precision(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
@@ -152,13 +168,8 @@ static void test_mixed_precision(sh_comm *w, int rank, int size) {
   set_grads(p, rank);
   CHECK_OK(sh_flatparam_reshard(fp));
   CHECK_OK(sh_flatparam_reduce_grad(fp, SH_RED_SUM, NULL));
-  sh_tensor *g = NULL;
-  CHECK_OK(sh_flatparam_grad_shard(&g, fp));
-  int64_t S = (TOTAL + size - 1) / size;
-  int bad = 0;
-  if (g) for (int64_t i = 0; i < S; i++) bad += fabs(at(g, i) - flat_grad(rank * S + i, size, 0, 1)) > 1e-5 * (1 + fabs(flat_grad(rank * S + i, size, 0, 1)));
-  CHECK(g && g->dtype == SH_F32 && bad == 0, "mixed precision grad: %d wrong", bad);
-  sh_tensor_destroy(g);
+  int bad = f32_grad_shard_mismatches(fp, rank, size, 1, 1e-5);
+  CHECK(bad == 0, "mixed precision grad: %d wrong", bad);
   sh_flatparam_destroy(fp);
   free_params(p);
 }
@@ -177,13 +188,8 @@ static void test_mixed_precision_accumulate(sh_comm *w, int rank, int size) {
     CHECK_OK(sh_flatparam_reshard(fp));
     CHECK_OK(sh_flatparam_reduce_grad(fp, SH_RED_SUM, NULL));
   }
-  sh_tensor *g = NULL;
-  CHECK_OK(sh_flatparam_grad_shard(&g, fp));
-  int64_t S = (TOTAL + size - 1) / size;
-  int bad = 0;
-  if (g) for (int64_t i = 0; i < S; i++) bad += at(g, i) != 2 * flat_grad(rank * S + i, size, 0, 1);
-  CHECK(g && g->dtype == SH_F32 && bad == 0, "bf16-reduced grads accumulated in f32: %d wrong", bad);
-  sh_tensor_destroy(g);
+  int bad = f32_grad_shard_mismatches(fp, rank, size, 2, 0);
+  CHECK(bad == 0, "bf16-reduced grads accumulated in f32: %d wrong", bad);
   sh_flatparam_destroy(fp);
   free_params(p);
 }
