@@ -79,7 +79,7 @@ static int traceback(lua_State *L) {
  * (passive). When this node's ranks times their threads fit the CPUs this process may use, a
  * short spin (SPIN_WHEN_ALONE pauses, ~25 us) keeps the threads awake across the short gaps
  * between a step's back-to-back parallel regions, where waking a sleeping thread costs more
- * than the gap (a 2-thread CPU step ran about 25% faster). It stays short because another
+ * than the gap (a 2-thread CPU step ran 15-20% faster). It stays short because another
  * process may still take a core: a spinner whose partner lost its core burns the whole spin
  * at every region (at 30,000 pauses the step ran 4x slower than passive beside one busy
  * process; at 1,000, 8% slower). */

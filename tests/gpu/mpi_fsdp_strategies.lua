@@ -57,18 +57,7 @@ local function check(ok, fmt, ...)
 end
 
 local function batch(step, device)   -- this rank's rows of the global batch
-  shard.manual_seed(1000 + step)
-  local function ids()
-    local u = shard.rand({ B_LOCAL * size, CFG.block_size }, { device = "cpu" })
-    local s = u * CFG.vocab_size
-    local i = s:to("i64")
-    local mine = i:narrow(1, rank * B_LOCAL + 1, B_LOCAL):contiguous()
-    local out = mine:to(device)
-    u:free(); s:free(); i:free(); mine:free()
-    return out
-  end
-  local x = ids()
-  return x, ids()
+  return support.rank_batch(step, device, rank, size, B_LOCAL, CFG.block_size, CFG.vocab_size)
 end
 
 local function wrap(case, device)

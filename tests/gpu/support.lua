@@ -15,6 +15,25 @@ function T.finish(name)
   if T.failed > 0 then os.exit(1) end
 end
 
+-- This rank's rows of step's global batch of random token ids (seeded by the step, so every
+-- rank draws the same global batch): x and y, each [rows, block] on device, from a global
+-- [rows * size, block] with ids below vocab.
+function T.rank_batch(step, device, rank, size, rows, block, vocab)
+  local shard = require "shard"
+  shard.manual_seed(1000 + step)
+  local function ids()
+    local u = shard.rand({ rows * size, block }, { device = "cpu" })
+    local s = u * vocab
+    local i = s:to("i64")
+    local mine = i:narrow(1, rank * rows + 1, rows):contiguous()
+    local out = mine:to(device)
+    u:free(); s:free(); i:free(); mine:free()
+    return out
+  end
+  local x = ids()
+  return x, ids()
+end
+
 -- normwise relative error ||a - b|| / ||b||
 function T.rel(a, b)
   local x, y = a:tolist_flat(), b:tolist_flat()

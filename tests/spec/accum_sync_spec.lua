@@ -9,14 +9,7 @@ local ARGS = " --data=" .. TEXT .. " --n_layer=1 --n_head=2 --n_embd=32 --block_
   .. " --straggler_margin=1e9"   -- a loaded machine's straggler warnings would interleave with the loss lines
 local run = support.shard
 
-local function losses(out)
-  local t = {}
-  for loss in out:gmatch("iter %d+ | loss ([%d%.]+)") do t[#t + 1] = tonumber(loss) end
-  for tl, vl in out:gmatch("iter %d+ | train_loss ([%d%.]+) | val_loss ([%d%.]+)") do
-    t[#t + 1] = tonumber(tl); t[#t + 1] = tonumber(vl)
-  end
-  return t
-end
+local losses = support.recipe_losses
 
 describe("--accum_sync", function()
   local single, rc = run("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_accum_1" .. ARGS)

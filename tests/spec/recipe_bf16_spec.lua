@@ -14,13 +14,9 @@ local TOL = 0.03
 
 -- the logged step losses, then each evaluation's train and val loss; and the train losses
 -- of the first and last evaluations
+-- the losses, and the first and last evaluation's train loss
 local function losses(out)
-  local t, train = {}, {}
-  for loss in out:gmatch("iter %d+ | loss ([%d%.]+)") do t[#t + 1] = tonumber(loss) end
-  for tl, vl in out:gmatch("iter %d+ | train_loss ([%d%.]+) | val_loss ([%d%.]+)") do
-    t[#t + 1] = tonumber(tl); t[#t + 1] = tonumber(vl)
-    train[#train + 1] = tonumber(tl)
-  end
+  local t, train = support.recipe_losses(out)
   return t, train[1], train[#train]
 end
 

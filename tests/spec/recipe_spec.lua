@@ -8,14 +8,7 @@ local ARGS = " --data=" .. TEXT .. " --n_layer=2 --n_head=2 --n_embd=32 --block_
 
 local run = support.shard
 
-local function losses(out)
-  local t = {}
-  for loss in out:gmatch("iter %d+ | loss ([%d%.]+)") do t[#t + 1] = tonumber(loss) end
-  for tl, vl in out:gmatch("iter %d+ | train_loss ([%d%.]+) | val_loss ([%d%.]+)") do
-    t[#t + 1] = tonumber(tl); t[#t + 1] = tonumber(vl)
-  end
-  return t
-end
+local losses = support.recipe_losses
 
 describe("gpt_shakespeare_char recipe", function()
   local single, rc = run("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_1" .. ARGS)
