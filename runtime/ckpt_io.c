@@ -160,7 +160,9 @@ static int do_write(sh_ckpt_job *job, const step *s) {
   if (close(fd) != 0) { unlink(tmp); return io_fail(job, "cannot close", tmp); }
   if (rename(tmp, s->path) != 0) { int e = errno; unlink(tmp); errno = e; return io_fail(job, "cannot rename to", s->path); }
   dir_of(s->path, dir, sizeof dir);
-  if (fsync_dir(dir) != 0) return io_fail(job, "cannot fsync directory", dir);
+  /* Once this file is in place, rank 0 may publish (rename) a checkpoint's directory before
+   * this fsync opens it: gone, it is rank 0's to fsync (do_rename), this entry included. */
+  if (fsync_dir(dir) != 0 && errno != ENOENT) return io_fail(job, "cannot fsync directory", dir);
   return SH_OK;
 }
 
@@ -191,6 +193,8 @@ static int do_rename(sh_ckpt_job *job, const step *s) {
     snprintf(what, sizeof what, "cannot rename %s to", s->path);
     return io_fail(job, what, s->path2);
   }
+  /* the published directory's entries (every rank's file) and its own entry in the parent */
+  if (fsync_dir(s->path2) != 0) return io_fail(job, "cannot fsync directory", s->path2);
   dir_of(s->path2, dir, sizeof dir);
   if (fsync_dir(dir) != 0) return io_fail(job, "cannot fsync directory", dir);
   return SH_OK;

@@ -24,6 +24,7 @@ typedef struct sh_ckpt_job sh_ckpt_job;
 int sh_ckpt_job_create(sh_ckpt_job **out);
 int sh_ckpt_job_write(sh_ckpt_job *job, const char *path, int n, const void *const *data, const int64_t *nbytes);
 int sh_ckpt_job_wait_file(sh_ckpt_job *job, const char *path, double timeout_s);
+/* Renames a directory from -> to, then fsyncs its entries and its entry in the parent. */
 int sh_ckpt_job_rename(sh_ckpt_job *job, const char *from, const char *to);
 int sh_ckpt_job_prune(sh_ckpt_job *job, const char *root, int keep, const char *protect);
 /* Runs the steps: on a new thread when background != 0 (returns at once), else here. */
