@@ -466,8 +466,20 @@ static const __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) {
   return (const __nv_bfloat16 *)sh_tensor_data(t) + b0 * t->stride[0];
 }
 
+/* The contiguous tensor of q's dtype and src's shape a kernel writes output dst into: dst
+ * itself when it is contiguous with that dtype, else scratch copied into dst after (a strided
+ * view of the caller's, e.g. heads of a fused [B, T, 3C] gradient; a gradient of another
+ * dtype; dst may be NULL, not asked for). */
+static int dense_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *src, const sh_tensor *q, sh_tensor **out) {
+  *out = dst;
+  if (dst && dst->dtype == q->dtype && sh_tensor_is_contiguous(dst)) return SH_OK;
+  SH_TRY(sh_tensor_empty(g.out(), 4, src->shape, q->dtype, q->device));
+  *out = g.t;
+  return SH_OK;
+}
+
 /* Kernels get the front's outputs and the scale it resolved (> 0). */
-static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                                   double scale) {
   const char *op = "attention";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
@@ -476,7 +488,9 @@ static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tenso
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, q->device, &st));
   if (rows == 0) return SH_OK;
-  sh_tguard qc, kc, vc;
+  sh_tguard qc, kc, vc, oc;
+  sh_tensor *out;
+  SH_TRY(dense_target(oc, dst, q, q, &out));
   if (use_tc(q)) {
     const sh_tensor *Q, *K, *V;
     SH_TRY(tc_input(qc, q, &Q));
@@ -507,18 +521,7 @@ static int cuda_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tenso
     });
     CU_LAUNCHED(op);
   }
-  return SH_OK;
-}
-
-/* The contiguous tensor of q's dtype and src's shape a backward kernel writes gradient dst into:
- * dst itself when it has that dtype, else scratch (converted into dst after; dst may be NULL,
- * not asked for). */
-static int grad_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *src, const sh_tensor *q, sh_tensor **out) {
-  *out = dst;
-  if (dst && dst->dtype == q->dtype) return SH_OK;
-  SH_TRY(sh_tensor_empty(g.out(), 4, src->shape, q->dtype, q->device));
-  *out = g.t;
-  return SH_OK;
+  return out == dst ? SH_OK : sh_tensor_copy_(dst, out);
 }
 
 static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout, const sh_tensor *q,
@@ -538,7 +541,7 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
   sh_tensor *dst[3] = {dq, dk, dv}, *Gr[3];
   const sh_tensor *src[3] = {q, k, v};
   sh_tguard gs[3], lc, oc, dqrow, qc, kc, vc, doc;
-  for (int i = 0; i < 3; i++) SH_TRY(grad_target(gs[i], dst[i], src[i], q, &Gr[i]));
+  for (int i = 0; i < 3; i++) SH_TRY(dense_target(gs[i], dst[i], src[i], q, &Gr[i]));
   const sh_tensor *Q, *K, *V, *dO;
   if (tc) {
     SH_TRY(tc_input(qc, q, &Q));

@@ -57,6 +57,15 @@ int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, c
 int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const sh_tensor *dout,
                           const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
                           const sh_tensor *out, const sh_tensor *lse, double scale);
+/* The same into the caller's tensors: out and dq, dk, dv (NULL: not wanted) have the shape and
+ * dtype of q, k, v and may be strided views (e.g. the heads of a fused [B, T, 3C] gradient or
+ * of a [B, T, C] output, so no layout copy follows); lse is contiguous f32 [B, H, T]. The
+ * gradients are written, not summed into. */
+int sh_attention_forward_into(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
+                              const sh_tensor *v, double scale);
+int sh_attention_backward_into(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
+                               const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                               const sh_tensor *out, const sh_tensor *lse, double scale);
 
 /* Rotary position embedding of x [B, H, T, D] (D even) at positions t = 0..T-1, in Hugging
  * Face's rotate_half layout (so their q_proj/k_proj weights load unpermuted): for i < D/2 and

@@ -159,9 +159,16 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
   free(scratch);
 }
 
+/* Zeroes the T rows (b, h, 0..T-1) of a gradient view. */
+static void zero_rows(const view4 *g, int64_t b, int64_t h, int64_t T, int64_t D) {
+  for (int64_t t = 0; t < T; t++) memset(row_at(g, b, h, t), 0, sizeof(float) * (size_t)D);
+}
+
 /* Tasks are (b, key/value head), each walking its G query heads: key blocks outside, query
- * blocks inside, so dk/dv of a key block are finished before the next; dq, dk, dv are
- * contiguous and zeroed by the caller. */
+ * blocks inside, so dk/dv of a key block are finished before the next. dq, dk, dv may be
+ * strided (rows of a fused dqkv). A task zeroes the
+ * gradient rows it sums into (its dk, dv and its query heads' dq): in parallel, and warm in
+ * cache for the products that follow. */
 SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
   attn_args *a = (attn_args *)arg;
   int64_t D = a->D, T = a->T, Hkv = a->H / a->G;
@@ -171,6 +178,8 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
   for (int64_t it = t0 * a->G; it < t1 * a->G; it++) {   /* (task, query head of its group) */
     int64_t task = it / a->G, b = task / Hkv, hk = task % Hkv, h = hk * a->G + it % a->G, bh = b * a->H + h;
     const float *lse = a->lse + bh * T;
+    if (it % a->G == 0) { zero_rows(&a->dk, b, hk, T, D); zero_rows(&a->dv, b, hk, T, D); }
+    zero_rows(&a->dq, b, h, T, D);
     for (int64_t i = 0; i < T; i++) {
       const float *o = row_at(&a->out, b, h, i), *go = row_at(&a->dout, b, h, i);
       float sum = 0.0f;
@@ -197,9 +206,9 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
             dp[jj] = pj * (dp[jj] - dii) * a->scale;             /* dS, pre-scaled */
           }
         }
-        gemm_tn((int)nk, (int)D, (int)nq, P, BK, goi, a->dout.s2, dvj, D);
-        gemm_nn((int)nq, (int)D, (int)nk, dP, BK, kj, a->k.s2, row_at(&a->dq, b, h, i0), D);
-        gemm_tn((int)nk, (int)D, (int)nq, dP, BK, qi, a->q.s2, dkj, D);
+        gemm_tn((int)nk, (int)D, (int)nq, P, BK, goi, a->dout.s2, dvj, a->dv.s2);
+        gemm_nn((int)nq, (int)D, (int)nk, dP, BK, kj, a->k.s2, row_at(&a->dq, b, h, i0), a->dq.s2);
+        gemm_tn((int)nk, (int)D, (int)nq, dP, BK, qi, a->q.s2, dkj, a->dk.s2);
       }
     }
   }
@@ -247,7 +256,7 @@ static int cpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor
   sh_nn_accum o = {0};
   attn_args a = {0};
   int rc = stage_qkv(st, &a, op, q, k, v, scale);
-  if (!rc) rc = sh_nn_out_begin(&o, out);
+  if (!rc) rc = sh_nn_out_rows_begin(&o, out);
   if (!rc) {
     a.out = view_of(o.buf);
     a.lse = sh_nn_ptr(lse);   /* the front's f32 [B, H, T] */
@@ -260,13 +269,12 @@ static int cpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor
   return rc;
 }
 
-/* The zeroed f32 buffer a gradient is summed into: dst itself when it is f32 contiguous,
+/* The f32 rows a gradient is summed into (zeroed by the kernel's tasks): dst itself when
+ * it is f32 with rows the kernel can write (a strided head view of a fused dqkv included),
  * else scratch that sh_nn_accum_end writes into dst; scratch only when dst is NULL (all
  * three gradients are computed together). */
 static int grad_begin(sh_nn_accum *g, sh_tensor *dst, const int64_t *shape) {
-  int rc = dst ? sh_nn_out_begin(g, dst) : sh_nn_new_f32(&g->buf, 4, shape);
-  if (!rc) memset(sh_tensor_data(g->buf), 0, sizeof(float) * (size_t)sh_tensor_numel(g->buf));
-  return rc;
+  return dst ? sh_nn_out_rows_begin(g, dst) : sh_nn_new_f32(&g->buf, 4, shape);
 }
 
 static int cpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
@@ -402,6 +410,28 @@ int sh_attention_forward(sh_tensor **out, sh_tensor **lse, const sh_tensor *q, c
   return attention_fwd(op, out, lse, q, k, v, sc);
 }
 
+/* A caller's output: a float tensor of src's shape and dtype on its device (any strides). */
+static int check_dest(const char *op, const sh_tensor *t, const sh_tensor *src, const char *name, const char *src_name) {
+  SH_TRY(sh_nn_check_float_on(t, src->device, op, name));
+  SH_TRY(sh_nn_check_same_shape(t, src, op, name, src_name));
+  if (t->dtype != src->dtype)
+    return sh_fail(SH_ERR_ARG, "%s: %s must have %s's dtype, got %s for %s", op, name, src_name, sh_desc(t), sh_desc(src));
+  return SH_OK;
+}
+
+int sh_attention_forward_into(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
+                              const sh_tensor *v, double scale) {
+  const char *op = "attention";
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  SH_TRY(check_dest(op, out, q, "out", "q"));
+  SH_TRY(sh_check_on(lse, q->device, op, "lse"));
+  if (lse->dtype != SH_F32 || !sh_tensor_is_contiguous(lse))
+    return sh_fail(SH_ERR_ARG, "%s: lse must be a contiguous f32 tensor, got %s", op, sh_desc(lse));
+  SH_TRY(sh_nn_check_shape(lse, op, "lse", 3, q->shape));
+  return SH_KERNEL(op, q->device, attention_forward, out, lse, q, k, v, sc);
+}
+
 /* Checks what backward gets beyond q, k, v: dout and out of q's shape, lse [B, H, T]. */
 static int check_bwd(const char *op, const sh_tensor *dout, const sh_tensor *q, const sh_tensor *out,
                      const sh_tensor *lse) {
@@ -443,6 +473,19 @@ int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const 
   for (int i = 0; i < 3; i++)
     if (dst[i]) *dst[i] = g[i];
   return SH_OK;
+}
+
+int sh_attention_backward_into(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
+                               const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                               const sh_tensor *out, const sh_tensor *lse, double scale) {
+  const char *op = "attention_backward";
+  double sc;
+  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  SH_TRY(check_bwd(op, dout, q, out, lse));
+  if (dq) SH_TRY(check_dest(op, dq, q, "dq", "q"));
+  if (dk) SH_TRY(check_dest(op, dk, k, "dk", "k"));
+  if (dv) SH_TRY(check_dest(op, dv, v, "dv", "v"));
+  return SH_KERNEL(op, q->device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, sc);
 }
 
 /* *y = x rotated (inverse: back) by the device's rope kernel, x float [B, H, T, D], checked. */

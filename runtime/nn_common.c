@@ -107,6 +107,33 @@ int sh_nn_out_begin(sh_nn_accum *a, sh_tensor *dst) {
   return sh_tensor_empty(&a->buf, dst->ndim, dst->shape, SH_F32, -1);
 }
 
+/* No two elements of t share memory: with the dims of extent > 1 ordered by stride, each
+ * stride is at least the span of the dims below it. */
+static int non_overlapping(const sh_tensor *t) {
+  int order[SH_MAX_DIMS], n = 0;
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1) {
+      int i = n++;
+      for (; i > 0 && t->stride[order[i - 1]] > t->stride[d]; i--) order[i] = order[i - 1];
+      order[i] = d;
+    }
+  int64_t span = 1;
+  for (int i = 0; i < n; i++) {
+    if (t->stride[order[i]] < span) return 0;
+    span = t->stride[order[i]] * t->shape[order[i]];
+  }
+  return 1;
+}
+
+int sh_nn_out_rows_begin(sh_nn_accum *a, sh_tensor *dst) {
+  int rows = dst->ndim > 0 && dst->stride[dst->ndim - 1] == 1 && non_overlapping(dst);
+  if (dst->dtype == SH_F32 && rows) {
+    a->dst = dst;
+    return sh_tensor_alias(&a->buf, dst);
+  }
+  return sh_nn_out_begin(a, dst);
+}
+
 int sh_nn_accum_end(sh_nn_accum *a) {
   int rc = SH_OK;
   if (a->buf && a->buf->storage != a->dst->storage) rc = sh_tensor_copy_(a->dst, a->buf);

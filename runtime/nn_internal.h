@@ -63,6 +63,10 @@ int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char
  * when dst is f32 contiguous, else an uninitialised f32 buffer that sh_nn_accum_end copies
  * into dst. */
 int sh_nn_out_begin(sh_nn_accum *a, sh_tensor *dst);
+/* The same for a kernel that writes rows through strides: buf is also dst itself when dst is
+ * an f32 view with a unit last stride whose elements do not overlap (a transposed head view,
+ * a slice of a wider row). */
+int sh_nn_out_rows_begin(sh_nn_accum *a, sh_tensor *dst);
 int sh_nn_accum_end(sh_nn_accum *a);
 void sh_nn_accum_drop(sh_nn_accum *a);   /* on an error path: forget without writing back */
 

@@ -356,36 +356,38 @@ function F.attention(q, k, v, scale)
 end
 
 -- Causal self-attention straight from the fused projection qkv [B, T, 3C] (q | k | v, each
--- H heads of D): the heads are strided views, never copied; returns y [B, T, C]. Backward
--- writes dq, dk, dv into one dqkv buffer, so no zero-filled per-slice gradients are summed.
+-- H heads of D): returns y [B, T, C]. The heads are strided views, never copied: the kernel
+-- reads q, k, v from qkv, writes its output through a [B, H, T, D] view of y, and backward
+-- writes dq, dk, dv straight into the head views of one dqkv buffer (no layout copies).
 function F.causal_attention(qkv, n_head, scale)
   scale = scale or 0
   local B, T, C3 = qkv:size(1), qkv:size(2), qkv:size(3)
   local Cn = C3 / 3
   local D = Cn / n_head
-  local function heads(i) -- [B, H, T, D] view of slice i (0, 1, 2)
-    local part = V.narrow(qkv, 3, i * Cn + 1, Cn)
+  local function heads(x, i) -- [B, H, T, D] view of slice i (0, 1, 2) of x [B, T, n C]
+    local part = V.narrow(x, 3, i * Cn + 1, Cn)
     local v4 = V.view(part, B, T, n_head, D)
     local h = V.transpose(v4, 2, 3)
     part:free(); v4:free()
     return h
   end
-  local q, k, v = heads(0), heads(1), heads(2)
-  local out, lse = attention_forward(q, k, v, scale)
-  local ot = V.transpose(out, 2, 3)
-  local oc = V.contiguous(ot)
-  local y = V.view(oc, B, T, Cn)
-  ot:free(); oc:free()
+  local q, k, v = heads(qkv, 0), heads(qkv, 1), heads(qkv, 2)
+  local y, lse = A.replay("attention")
+  if not y then
+    local opts = { dtype = qkv:dtype(), device = qkv:device() }
+    y = tensor.empty({ B, T, Cn }, opts)
+    lse = tensor.empty({ B, n_head, T }, { dtype = "f32", device = opts.device })
+    local out = heads(y, 0)
+    check(C.sh_attention_forward_into(out.p, lse.p, q.p, k.p, v.p, scale))
+    out:free()
+    A.save("attention", y, lse)
+  end
+  local out = heads(y, 0)   -- backward reads the output through the same view
   return result(y, { qkv }, function(node, dy)
     local dout = tv(V.transpose, tv(V.view, dy, B, T, n_head, D), 2, 3)
-    local g = slots(3)
-    check(C.sh_attention_backward(g, g + 1, g + 2, dout.p, q.p, k.p, v.p, out.p, lse.p, scale))
-    local gs = { taken(g, 0), taken(g, 1), taken(g, 2) }
     local dqkv = track(tensor.empty({ B, T, C3 }, { dtype = dy:dtype(), device = dy:device() }))
-    for i = 0, 2 do
-      local part = tv(V.narrow, dqkv, 3, i * Cn + 1, Cn)
-      tv(V.transpose, tv(V.view, part, B, T, n_head, D), 2, 3):copy_(gs[i + 1])
-    end
+    local dq, dk, dv = track(heads(dqkv, 0)), track(heads(dqkv, 1)), track(heads(dqkv, 2))
+    check(C.sh_attention_backward_into(dq.p, dk.p, dv.p, dout.p, q.p, k.p, v.p, out.p, lse.p, scale))
     return { dqkv }
   end, { q, k, v, out, lse }, "causal_attention")
 end

@@ -712,6 +712,14 @@ static void attn_ref_bwd(const attn_ctx *c, double *const *in, const double *dou
   free(p); free(dp);
 }
 
+/* [B, H, T, D] view of slot k of a [B, T, n, H, D] buffer. */
+static void head_view(sh_tensor **t, const sh_tensor *buf, int k) {
+  sh_tensor *sel = NULL;
+  CHECK_OK(sh_view_select(&sel, buf, 2, k));   /* [B, T, H, D] */
+  CHECK_OK(sh_view_transpose(t, sel, 1, 2));   /* [B, H, T, D] */
+  sh_tensor_destroy(sel);
+}
+
 /* q, k, v as contiguous tensors, or as views into one fused [B, T, 3, H, D] buffer (the
  * layout of a qkv projection), permuted to [B, H, T, D]. */
 static void attn_inputs(sh_tensor **t, double *const *vals, const attn_ctx *c, int fused, sh_tensor **fused_buf) {
@@ -731,12 +739,37 @@ static void attn_inputs(sh_tensor **t, double *const *vals, const attn_ctx *c, i
             f[(((b * T + i) * 3 + k) * H + h) * D + e] = vals[k][((b * H + h) * T + i) * D + e];
   *fused_buf = mkf(5, fs, f);
   free(f);
-  for (int k = 0; k < 3; k++) {
-    sh_tensor *sel = NULL;
-    CHECK_OK(sh_view_select(&sel, *fused_buf, 2, k));                  /* [B, T, H, D] */
-    CHECK_OK(sh_view_transpose(&t[k], sel, 1, 2));                     /* [B, H, T, D] */
-    sh_tensor_destroy(sel);
-  }
+  for (int k = 0; k < 3; k++) head_view(&t[k], *fused_buf, k);
+}
+
+/* The _into forms write through strided views: out into a [B, T, 1, H, D] buffer (the
+ * [B, T, C] layout the next projection reads) and dq, dk, dv into one [B, T, 3, H, D]
+ * buffer (a fused dqkv), with the other buffer elements left as they were. */
+static void check_attention_into(const attn_ctx *c, sh_tensor *const *t, const sh_tensor *dout, const double *oref,
+                                 double *const *gref, double scale) {
+  int64_t B = c->B, H = c->H, T = c->T, D = c->D, os[5] = {B, T, 1, H, D}, gs[5] = {B, T, 3, H, D};
+  int64_t shape[4] = {B, H, T, D};
+  sh_tensor *obuf = mkf(5, os, NULL), *gbuf = mkf(5, gs, NULL), *lse = NULL, *out = NULL, *g[3];
+  CHECK_OK(sh_tensor_fill_(gbuf, 7));
+  CHECK_OK(sh_tensor_empty(&lse, 3, shape, SH_F32, -1));
+  head_view(&out, obuf, 0);
+  for (int k = 0; k < 3; k++) head_view(&g[k], gbuf, k);
+  CHECK_OK(sh_attention_forward_into(out, lse, t[0], t[1], t[2], scale));
+  check_vals("attention_forward_into out", out, oref, TOL);
+  CHECK_OK(sh_attention_backward_into(g[0], g[1], g[2], dout, t[0], t[1], t[2], out, lse, scale));
+  const char *names[3] = {"backward_into dq", "backward_into dk", "backward_into dv"};
+  for (int k = 0; k < 3; k++) check_vals(names[k], g[k], gref[k], TOL);
+  /* only dk: dq's and dv's slots keep what they held */
+  CHECK_OK(sh_tensor_fill_(gbuf, 7));
+  CHECK_OK(sh_attention_backward_into(NULL, g[1], NULL, dout, t[0], t[1], t[2], out, lse, scale));
+  check_vals("backward_into dk alone", g[1], gref[1], TOL);
+  double *v = rd(g[0]), *w = rd(g[2]);
+  int kept = 1;
+  for (int64_t i = 0; i < B * H * T * D; i++) kept = kept && v[i] == 7 && w[i] == 7;
+  CHECK(kept, "backward_into dk alone wrote into dq's or dv's slots");
+  free(v); free(w);
+  for (int k = 0; k < 3; k++) sh_tensor_destroy(g[k]);
+  sh_tensor_destroy(out); sh_tensor_destroy(lse); sh_tensor_destroy(obuf); sh_tensor_destroy(gbuf);
 }
 
 static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, double scale, int fused) {
@@ -770,6 +803,7 @@ static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, doub
   sh_tensor *only_dv = NULL;
   CHECK_OK(sh_attention_backward(NULL, NULL, &only_dv, tr, t[0], t[1], t[2], out, lse, scale));
   check_tensor("attention dv alone", only_dv, dv, 4, shape, TOL);
+  check_attention_into(&c, t, tr, oref, (double *[]){dq, dk, dv}, scale);
 
   for (int i = 0; i < 3; i++) sh_tensor_destroy(t[i]);
   sh_tensor_destroy(fb); sh_tensor_destroy(tr); sh_tensor_destroy(out); sh_tensor_destroy(lse);
@@ -799,6 +833,15 @@ static void test_attention(void) {
   CHECK_FAILS(sh_attention_rope_forward(&o, &l, q5, q5, q5, 0, 1e4), SH_ERR_ARG, "even head dim");
   CHECK_FAILS(sh_rope_forward(&o, q3, 1e4), SH_ERR_ARG, "[B, H, T, D]");
   CHECK(o == NULL && l == NULL, "attention_rope: outputs must be NULL after an error");
+  /* the _into forms: out of q's shape and dtype, lse contiguous f32 [B, H, T] */
+  sh_tensor *l3 = mkf(3, (int64_t[]){1, 2, 3}, NULL), *o4 = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *o16 = NULL;
+  CHECK_OK(sh_tensor_empty(&o16, 4, q->shape, SH_BF16, -1));
+  CHECK_FAILS(sh_attention_forward_into(o4, l3, q, k, q, 0), SH_ERR_ARG, "f32[1,2,4,4]");
+  CHECK_FAILS(sh_attention_forward_into(k, l3, q, q, q, 0), SH_ERR_ARG, "out and q must have the same shape");
+  CHECK_FAILS(sh_attention_forward_into(o16, l3, q, q, q, 0), SH_ERR_ARG, "out must have q's dtype");
+  CHECK_FAILS(sh_attention_forward_into(o4, o4, q, q, q, 0), SH_ERR_ARG, "lse must have shape [1,2,3]");
+  CHECK_FAILS(sh_attention_backward_into(NULL, k, NULL, q, q, q, q, q, l3, 0), SH_ERR_ARG, "dk and k must have the same shape");
+  sh_tensor_destroy(l3); sh_tensor_destroy(o4); sh_tensor_destroy(o16);
   sh_tensor_destroy(q6); sh_tensor_destroy(k4); sh_tensor_destroy(k2); sh_tensor_destroy(q5);
   sh_tensor_destroy(q); sh_tensor_destroy(k); sh_tensor_destroy(q3);
 }
