@@ -7,6 +7,14 @@
 
 void sh_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
               const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+/* An epilogue over rows of c: fn(ctx, r0, r1) finishes rows [r0, r1) once they hold the
+ * product (gelu on a linear's output, say). */
+typedef struct sh_sgemm_rows { void (*fn)(const void *ctx, int r0, int r1); const void *ctx; } sh_sgemm_rows;
+/* sh_sgemm, then rows->fn over every row of c (rows may be NULL): a split product runs it on
+ * each thread's own block of rows as soon as that block is done, in the same parallel
+ * region, while the block is still in the thread's cache. */
+void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc, const struct sh_sgemm_rows *rows);
 
 /* c = alpha op(a) op(b) + beta c with a and b bf16 (uint16_t bit patterns) and c f32, row
  * major (gemm_bf16.c): AVX-512 BF16 with f32 sums where the CPU has it, else (or with

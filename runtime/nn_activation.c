@@ -44,6 +44,16 @@ SH_NN_SIMD static void gelu_bwd(const void *arg, int64_t i0, int64_t i1) {
   }
 }
 
+void sh_nn_gelu_f32(const float *x, float *y, int64_t n) {
+  ew_args a = {.x = x, .out = y};
+  gelu_fwd(&a, 0, n);
+}
+
+void sh_nn_gelu_backward_f32(const float *dy, const float *x, float *dx, int64_t n) {
+  ew_args a = {.x = x, .dy = dy, .out = dx};
+  gelu_bwd(&a, 0, n);
+}
+
 /* ---- silu and swiglu ----------------------------------------------------------------- */
 
 SH_NN_SIMD static void silu_fwd(const void *arg, int64_t i0, int64_t i1) {

@@ -70,6 +70,11 @@ int sh_nn_out_rows_begin(sh_nn_accum *a, sh_tensor *dst);
 int sh_nn_accum_end(sh_nn_accum *a);
 void sh_nn_accum_drop(sh_nn_accum *a);   /* on an error path: forget without writing back */
 
+/* gelu (GPT-2's tanh form) over n f32 values on the calling thread, the CPU kernels' own
+ * loops, for fusions: y = gelu(x), and dx = dy * gelu'(x) (dx may be dy: in place). */
+void sh_nn_gelu_f32(const float *x, float *y, int64_t n);
+void sh_nn_gelu_backward_f32(const float *dy, const float *x, float *dx, int64_t n);
+
 /* Number of rows of t seen as [rows, last dim]. */
 static inline int64_t sh_nn_rows(const sh_tensor *t) {
   int64_t n = 1;

@@ -55,12 +55,12 @@ static int dest_end(dest *d) {
 }
 
 /* c = op(a) op(b) + beta c (lda, ldb: the operands' row lengths as stored; c dense f32, or
- * bf16 for a bf16 product). */
+ * bf16 for a bf16 product), then `rows` over c's rows (f32 products only; may be NULL). */
 static int product(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const operand *a,
-                   int64_t lda, const operand *b, int64_t ldb, float beta, sh_tensor *c) {
+                   int64_t lda, const operand *b, int64_t ldb, float beta, sh_tensor *c, const sh_sgemm_rows *rows) {
   if (a->f32) {
-    sh_sgemm(ta, tb, (int)m, (int)n, (int)k, 1.0f, sh_nn_ptr(a->f32), (int)lda, sh_nn_ptr(b->f32), (int)ldb, beta,
-             sh_nn_ptr(c), (int)n);
+    sh_sgemm_then(ta, tb, (int)m, (int)n, (int)k, 1.0f, sh_nn_ptr(a->f32), (int)lda, sh_nn_ptr(b->f32), (int)ldb, beta,
+                  sh_nn_ptr(c), (int)n, rows);
     return SH_OK;
   }
   const uint16_t *ap = bf16_ptr(a->src), *bp = bf16_ptr(b->src);
@@ -77,7 +77,9 @@ static void fill_bias(sh_tensor *y, const void *b, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; r++) memcpy((char *)sh_tensor_data(y) + r * row, b, row);
 }
 
-static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+/* y = x w^T + b, then `rows` over y's rows when given (an f32 product into a dense f32 y). */
+static int linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b,
+                          const sh_sgemm_rows *epilogue) {
   const char *op = "linear";
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
   int low = bf16_pair(x, w);
@@ -94,7 +96,7 @@ static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor 
     if (rows > 0 && nout > 0) {
       if (b) fill_bias(c, bc ? sh_tensor_data(bc) : sh_tensor_data(b), rows, nout);
       else if (in == 0) memset(sh_tensor_data(c), 0, (size_t)(rows * nout) * sh_dtype_size(c->dtype));
-      if (in > 0) rc = product(CblasNoTrans, CblasTrans, rows, nout, in, &ox, in, &ow, in, b ? 1.0f : 0.0f, c);
+      if (in > 0) rc = product(CblasNoTrans, CblasTrans, rows, nout, in, &ox, in, &ow, in, b ? 1.0f : 0.0f, c, epilogue);
     }
     if (!rc) rc = dest_end(&dy);
   }
@@ -112,8 +114,14 @@ static void column_sums(float *db, const float *dy, int64_t rows, int64_t n) {
   }
 }
 
-static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                               const sh_tensor *x, const sh_tensor *w) {
+static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+  return linear_forward(y, x, w, b, NULL);
+}
+
+/* The backward, with `epilogue` (NULL, or when the dx product is f32 into a dense f32 dx) run
+ * over dx's rows. */
+static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
+                           const sh_tensor *w, const sh_sgemm_rows *epilogue) {
   const char *op = "linear_backward";
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
   int full = rows > 0 && in > 0 && nout > 0;
@@ -134,12 +142,12 @@ static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, cons
   /* the dx product writes every element (beta 0) unless a dim is empty */
   if (dx && full)
     rc = product(CblasNoTrans, CblasNoTrans, rows, in, nout, lowx ? &ody16 : &ody, nout, &ow, in, 0.0f,
-                 dest_tensor(&dx_));
+                 dest_tensor(&dx_), epilogue);
   else if (dx)
     memset(sh_tensor_data(dest_tensor(&dx_)), 0, (size_t)sh_tensor_numel(dx) * sh_dtype_size(dest_tensor(&dx_)->dtype));
   if (!rc && dw && full)
     rc = product(CblasTrans, CblasNoTrans, nout, in, rows, loww ? &ody16 : &ody, nout, &ox, in, 1.0f,
-                 dest_tensor(&dw_));
+                 dest_tensor(&dw_), NULL);
   if (rc) goto done;
   if (db) column_sums(sh_nn_ptr(ab.buf), sh_nn_ptr(ody.f32), rows, nout);
   if (dx) rc = dest_end(&dx_);
@@ -151,8 +159,41 @@ done:
   return rc;
 }
 
+static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                               const sh_tensor *x, const sh_tensor *w) {
+  return linear_backward(dx, dw, db, dy, x, w, NULL);
+}
+
+/* The gelu fusions' epilogue: rows of a [rows, n] product (pre, or dpre holding dy @ w) go
+ * through gelu into out (the forward's y; dpre itself, in place, for backward). */
+typedef struct gelu_rows { const float *pre; float *out; int64_t n; } gelu_rows;
+
+static void gelu_fwd_rows(const void *ctx, int r0, int r1) {
+  const gelu_rows *g = ctx;
+  sh_nn_gelu_f32(g->pre + r0 * g->n, g->out + r0 * g->n, (r1 - r0) * g->n);
+}
+
+static void gelu_bwd_rows(const void *ctx, int r0, int r1) {
+  const gelu_rows *g = ctx;
+  float *d = g->out + r0 * g->n;
+  sh_nn_gelu_backward_f32(d, g->pre + r0 * g->n, d, (r1 - r0) * g->n);
+}
+
+/* An f32 product whose [rows, n] output is dense f32 (so the product writes it in place)
+ * and whose epilogue reads and writes dense f32 rows: the fusions then run gelu on each
+ * thread's rows inside the product's parallel region. */
+static int fusable(const sh_tensor *a, const sh_tensor *b, const sh_tensor *out, const sh_tensor *pre) {
+  int f32 = !bf16_pair(a, b) && out->dtype == SH_F32 && pre->dtype == SH_F32;
+  return f32 && sh_tensor_is_contiguous(out) && sh_tensor_is_contiguous(pre) && sh_tensor_numel(out) > 0 &&
+         a->shape[a->ndim - 1] > 0;
+}
+
 static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
                                    const sh_tensor *b) {
+  if (fusable(x, w, pre, y)) {
+    gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(y), w->shape[0]};
+    return linear_forward(pre, x, w, b, &(sh_sgemm_rows){gelu_fwd_rows, &g});
+  }
   SH_TRY(cpu_linear_forward(pre, x, w, b));
   return SH_KERNEL("linear_gelu", -1, gelu_forward, y, pre);
 }
@@ -160,6 +201,10 @@ static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor
 /* The gelu backward runs in place on dpre: it is elementwise, each element read then written. */
 static int cpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  if (dpre && fusable(dy, w, dpre, pre)) {
+    gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(dpre), w->shape[1]};
+    return linear_backward(dpre, dw, db, dy, x, w, &(sh_sgemm_rows){gelu_bwd_rows, &g});
+  }
   SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w));   /* dpre holds dy @ w */
   return SH_KERNEL("linear_backward_dgelu", -1, gelu_backward, dpre, dpre, pre);
 }

@@ -24,8 +24,8 @@ local function requires(t) return tensor.is_tensor(t) and t.p.requires_grad ~= 0
 A.requires = requires
 
 -- True when an op on these inputs must be recorded.
-function A.needs_grad(a, b, c, d)
-  return A.grad_enabled and (requires(a) or requires(b) or requires(c) or requires(d))
+function A.needs_grad(a, b, c, d, e)
+  return A.grad_enabled and (requires(a) or requires(b) or requires(c) or requires(d) or requires(e))
 end
 
 -- Appends a node whose output is `out`; `inputs` are the tensors gradients flow to (nil

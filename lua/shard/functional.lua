@@ -27,7 +27,7 @@ local function take(box, i) local p = box[i]; return p ~= nil and wrap(p) or nil
 
 -- out is recorded with a backward when the inputs need it, else tracked by the scope.
 local function result(out, inputs, backward, saved, name)
-  if backward and A.needs_grad(inputs[1], inputs[2], inputs[3], inputs[4]) then
+  if backward and A.needs_grad(inputs[1], inputs[2], inputs[3], inputs[4], inputs[5]) then
     return A.record(out, inputs, backward, saved, name)   -- looked up each time: shard.profile wraps it
   end
   if saved then for _, s in pairs(saved) do s:free() end end
@@ -285,6 +285,38 @@ function F.linear(x, w, b)
   end, nil, "linear")
 end
 
+-- GPT-2's MLP body as one op: y = gelu(x w1^T + b1) w2^T + b2, through the two fused
+-- kernels: linear_gelu forward (pre and h = gelu(pre) at once), and backward's
+-- linear_backward_dgelu, which gives dpre straight from dy. On CUDA they are cuBLASLt
+-- epilogues; on the CPU gelu runs on each thread's rows inside the product's parallel region.
+-- A selective checkpoint keeping "linear" keeps pre and y (h is recomputed from pre).
+function F.gelu_mlp(x, w1, b1, w2, b2)
+  local pre, h = A.replay("linear"), nil
+  if pre then h = new_from(C.sh_gelu_forward, pre.p)
+  else
+    local box = slots(2)
+    check(C.sh_linear_gelu_forward(box, box + 1, x.p, w1.p, ptr(b1)))
+    h, pre = take(box, 0), take(box, 1)
+    A.save("linear", pre)
+  end
+  local y = A.replay("linear")
+  if not y then y = new_from(C.sh_linear_forward, h.p, w2.p, ptr(b2)); A.save("linear", y) end
+  return result(y, { x, w1, b1, w2, b2 }, function(node, dy)
+    local dw2, db2 = requires(w2) and A.grad_buffer(w2).p or nil, (b2 and requires(b2)) and A.grad_buffer(b2).p or nil
+    if not (requires(x) or requires(w1) or (b1 and requires(b1))) then
+      check(C.sh_linear_backward(nil, dw2, db2, dy.p, h.p, w2.p))
+      return {}
+    end
+    local box = slots(2)
+    check(C.sh_linear_backward_dgelu(box, dw2, db2, dy.p, h.p, w2.p, pre.p))
+    local dpre = taken(box, 0)
+    check(C.sh_linear_backward(requires(x) and box + 1 or nil,
+      requires(w1) and A.grad_buffer(w1).p or nil, (b1 and requires(b1)) and A.grad_buffer(b1).p or nil,
+      dpre.p, x.p, w1.p))
+    return { taken(box, 1) }
+  end, { h, pre }, "gelu_mlp")
+end
+
 function F.layernorm(x, w, b, eps)
   local box = slots(3)
   check(C.sh_layernorm_forward(box, box + 1, box + 2, x.p, w.p, ptr(b), eps or 1e-5))
@@ -472,7 +504,7 @@ end
 local TENSOR_ARGS = {
   add = { "a" }, sub = { "a" }, mul = { "a" }, div = { "a" }, pow = { "a" },
   matmul = { "a", "b" }, mm = { "a", "b" }, bmm = { "a", "b" },
-  linear = { "x", "weight", "bias?" }, layernorm = { "x", "weight", "bias?" }, rmsnorm = { "x", "weight" },
+  linear = { "x", "weight", "bias?" }, gelu_mlp = { "x", "w1", "b1?", "w2", "b2?" }, layernorm = { "x", "weight", "bias?" }, rmsnorm = { "x", "weight" },
   swiglu = { "a", "b" }, attention = { "q", "k", "v" }, causal_attention = { "qkv" },
   embedding = { "idx", "weight" }, cross_entropy = { "logits", "targets" },
 }

@@ -588,6 +588,7 @@ static void test_linear_gelu_case(int64_t A, int64_t M, int64_t K, int64_t N, in
 static void test_linear_gelu(void) {
   test_linear_gelu_case(2, 6, 5, 4, 3, SH_F32);
   test_linear_gelu_case(3, 3 * 65, 33, 17, 9, SH_F32);   /* threaded, ragged */
+  test_linear_gelu_case(2, 2 * 150, 64, 128, 48, SH_F32); /* products split across threads: gelu per row block */
   test_linear_gelu_case(2, 8, 16, 12, 5, SH_BF16);
 
   sh_tensor *x = mkf(2, (int64_t[]){3, 5}, NULL), *w = mkf(2, (int64_t[]){4, 5}, NULL), *b3 = mkf(1, (int64_t[]){3}, NULL);

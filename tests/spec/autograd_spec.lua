@@ -90,6 +90,13 @@ describe("gradcheck", function()
     check("softmax", F.softmax, { x })
   end)
 
+  it("gelu mlp (the fused linear, gelu, linear), with and without biases", function()
+    local x, w1, b1 = randn({ 2, 3, 4 }, 30), randn({ 6, 4 }, 31), randn({ 6 }, 32)
+    local w2, b2 = randn({ 5, 6 }, 33), randn({ 5 }, 34)
+    check("gelu_mlp", F.gelu_mlp, { x, w1, b1, w2, b2 })
+    check("gelu_mlp without biases", function(a, p, q) return F.gelu_mlp(a, p, nil, q, nil) end, { x, w1, w2 })
+  end)
+
   it("causal attention", function()
     local q, k, v = randn({ 1, 2, 5, 4 }, 18), randn({ 1, 2, 5, 4 }, 19), randn({ 1, 2, 5, 4 }, 20)
     check("attention", function(a, b, c) return F.attention(a, b, c) end, { q, k, v })

@@ -13,8 +13,10 @@ describe("shard.profile", function()
     loss:backward()
     shard.profile.stop()
     local s = shard.profile.stats
-    assert.equal(5, s.linear.calls)            -- c_attn, c_proj, c_fc, mlp c_proj, lm_head
-    assert.equal(5, s.linear.bwd_calls)
+    assert.equal(3, s.linear.calls)            -- c_attn, c_proj, lm_head
+    assert.equal(3, s.linear.bwd_calls)
+    assert.equal(1, s.gelu_mlp.calls)          -- c_fc, gelu and the mlp's c_proj as one op
+    assert.equal(1, s.gelu_mlp.bwd_calls)
     assert.is_true(s.linear.fwd > 0 and s.linear.bwd > 0)
     assert.equal(1, s.causal_attention.calls)
     assert.matches("linear", shard.profile.report())

@@ -103,8 +103,15 @@ function L.MLP:init(dim, opts)
   self:child("c_proj", L.Linear(hidden, dim, { bias = opts.bias, std = opts.proj_std }))
   self:child("dropout", L.Dropout(opts.dropout))
 end
+-- Both projections plain Linear layers (not wrapped as FSDP units, not subclassed, forward
+-- not replaced): one fused op, F.gelu_mlp; else the layers' own forwards.
+local function plain_linear(m) return getmetatable(m) == L.Linear and rawget(m, "forward") == nil end
 function L.MLP:forward(x)
-  return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+  local fc, proj = self.c_fc, self.c_proj
+  if plain_linear(fc) and plain_linear(proj) then
+    return self.dropout(F.gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias))
+  end
+  return self.dropout(proj(F.gelu(fc(x))))
 end
 
 -- Llama's MLP: w2(silu(w1 x) * w3 x).
