@@ -103,12 +103,15 @@ function L.MLP:init(dim, opts)
   self:child("c_proj", L.Linear(hidden, dim, { bias = opts.bias, std = opts.proj_std }))
   self:child("dropout", L.Dropout(opts.dropout))
 end
--- Both projections plain Linear layers (not wrapped as FSDP units, not subclassed, forward
--- not replaced): one fused op, F.gelu_mlp; else the layers' own forwards.
+-- Both projections plain f32 Linear layers (not wrapped as FSDP units, not subclassed,
+-- forward not replaced) on an f32 input: one fused op, F.gelu_mlp; else the layers' own
+-- forwards. Not in bf16: CUDA's epilogues take gelu of the f32 product and round once, where
+-- the composition (PyTorch's autocast, and shard's CPU) rounds pre to bf16 first.
 local function plain_linear(m) return getmetatable(m) == L.Linear and rawget(m, "forward") == nil end
+local function f32(t) return t == nil or t:dtype() == "f32" end
 function L.MLP:forward(x)
   local fc, proj = self.c_fc, self.c_proj
-  if plain_linear(fc) and plain_linear(proj) then
+  if plain_linear(fc) and plain_linear(proj) and f32(x) and f32(fc.weight) and f32(proj.weight) then
     return self.dropout(F.gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias))
   end
   return self.dropout(proj(F.gelu(fc(x))))
