@@ -309,10 +309,10 @@ static int cuda_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tenso
   return linear_fwd("linear_gelu", y, pre, x, w, b);
 }
 
-/* dw += dy^T x and db += colsum(dy): one product with beta = 1 straight into dw when its
- * dtype allows, BGRADB for db when the library offers it. */
+/* dw += dy^T x (set_dw: dw = dy^T x) and db += colsum(dy): one product with beta = 1 (0)
+ * straight into dw when its dtype allows, BGRADB for db when the library offers it. */
 static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh_tensor *db, const sh_tensor *dyc,
-                              const sh_tensor *xc, int64_t rows, int64_t in, int64_t out) {
+                              const sh_tensor *xc, int64_t rows, int64_t in, int64_t out, int set_dw) {
   int dt = dyc->dtype, dev = dyc->device;
   bool db_done = false;
   if (dw && rows > 0) {
@@ -331,7 +331,7 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
     g.A = sh_tensor_data(dyc); g.lda = out; g.ta = 1;     /* dy stored [rows, out] = [K, M] */
     g.B = sh_tensor_data(xc); g.ldb = in; g.tb = 0;       /* x [rows, in] = [K, N] */
     g.D = sh_tensor_data(target); g.ldd = in;
-    g.in_dt = dt; g.out_dt = target->dtype; g.alpha = 1; g.beta = direct ? 1.0 : 0.0; g.batch = 1;
+    g.in_dt = dt; g.out_dt = target->dtype; g.alpha = 1; g.beta = direct && !set_dw ? 1.0 : 0.0; g.batch = 1;
     if (db) {
       int64_t s1[1] = {out};
       SH_TRY(sh_tensor_empty(bgrad.out(), 1, s1, target->dtype, dev));
@@ -341,7 +341,7 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
     /* BGRADB's bias length is D's column count in cuBLASLt's view, which is our M = out. */
     int fused = 0;
     SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
-    if (!direct) SH_TRY(sh_cuda_accumulate(op, dw, acc.t));
+    if (!direct) SH_TRY(set_dw ? sh_tensor_copy_(dw, acc.t) : sh_cuda_accumulate(op, dw, acc.t));
     else dw->version++;
     if (db && fused) { SH_TRY(sh_cuda_accumulate(op, db, bgrad.t)); db_done = true; }
   }
@@ -357,7 +357,7 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
 
 /* Shared by linear_backward (dx = dy w) and linear_backward_dgelu (dx is dpre = (dy w) gelu'(pre)). */
 static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
-                      const sh_tensor *w, const sh_tensor *pre) {
+                      const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   int dt = x->dtype, dev = x->device;
   int64_t in = x->shape[x->ndim - 1], out = w->shape[0], rows = rows_of(x);
   cudaStream_t st;
@@ -388,18 +388,18 @@ static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *d
       }
     }
   }
-  if (dw || db) SH_TRY(linear_param_grads(op, st, dw, db, dyc.t, dw ? xc.t : NULL, rows, in, out));
+  if (dw || db) SH_TRY(linear_param_grads(op, st, dw, db, dyc.t, dw ? xc.t : NULL, rows, in, out, set_dw));
   return SH_OK;
 }
 
 static int cuda_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                const sh_tensor *x, const sh_tensor *w) {
-  return linear_bwd("linear_backward", dx, dw, db, dy, x, w, NULL);
+                                const sh_tensor *x, const sh_tensor *w, int set_dw) {
+  return linear_bwd("linear_backward", dx, dw, db, dy, x, w, NULL, set_dw);
 }
 
 static int cuda_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
-  return linear_bwd("linear_backward_dgelu", dpre, dw, db, dy, x, w, pre);
+                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
+  return linear_bwd("linear_backward_dgelu", dpre, dw, db, dy, x, w, pre, set_dw);
 }
 
 /* ---- matmul and gemm_ ------------------------------------------------------------------------ */

@@ -63,12 +63,13 @@ typedef struct sh_backend {
 
   /* nn.h, linear (and the cuBLASLt-epilogue fusions, which equal their compositions) */
   int (*linear_forward)(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b);
+  /* set_dw: dw is written, not summed into (its contents are never read) */
   int (*linear_backward)(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                         const sh_tensor *x, const sh_tensor *w);
+                         const sh_tensor *x, const sh_tensor *w, int set_dw);
   int (*linear_gelu_forward)(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
                              const sh_tensor *b);
   int (*linear_backward_dgelu)(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                               const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre);
+                               const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw);
 
   /* nn.h, normalisation */
   int (*layernorm_forward)(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,

@@ -81,7 +81,7 @@ static int k_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w
   return touch(4, y, x, w, b);
 }
 static int k_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
-                             const sh_tensor *w) {
+                             const sh_tensor *w, int set_dw) {
   add(SH_META_FLOPS_MATMUL, linear_flops(dy, w) * ((dx != NULL) + (dw != NULL)));
   return touch(6, dx, dw, db, dy, x, w);
 }
@@ -91,7 +91,7 @@ static int k_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *
   return touch(5, y, pre, x, w, b);
 }
 static int k_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                   const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+                                   const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   add(SH_META_FLOPS_MATMUL, linear_flops(dy, w) * ((dpre != NULL) + (dw != NULL)));
   return touch(7, dpre, dw, db, dy, x, w, pre);
 }

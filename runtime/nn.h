@@ -19,6 +19,12 @@ int sh_linear_gelu_forward(sh_tensor **y, sh_tensor **pre, const sh_tensor *x, c
                            const sh_tensor *b);
 int sh_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                              const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre);
+/* sh_linear_backward (pre NULL) or sh_linear_backward_dgelu (dx is then dpre) with dw and db
+ * written instead of summed into: a parameter's first gradient of a step, into a buffer whose
+ * contents are never read (so it need not be zero-filled first, and the dw product runs with
+ * beta 0). */
+int sh_linear_backward_set(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre);
 
 /* layernorm over the last dim; mean and rstd [rows] (f32) are saved for backward. */
 int sh_layernorm_forward(sh_tensor **y, sh_tensor **mean, sh_tensor **rstd, const sh_tensor *x,

@@ -119,9 +119,9 @@ static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor 
 }
 
 /* The backward, with `epilogue` (NULL, or when the dx product is f32 into a dense f32 dx) run
- * over dx's rows. */
+ * over dx's rows; set_dw: the dw product writes dw (beta 0) instead of adding into it. */
 static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy, const sh_tensor *x,
-                           const sh_tensor *w, const sh_sgemm_rows *epilogue) {
+                           const sh_tensor *w, const sh_sgemm_rows *epilogue, int set_dw) {
   const char *op = "linear_backward";
   int64_t in = x->shape[x->ndim - 1], nout = w->shape[0], rows = sh_nn_rows(x);
   int full = rows > 0 && in > 0 && nout > 0;
@@ -136,7 +136,7 @@ static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh
   if (!rc && dw) rc = operand_stage(&ox, x, loww, op, "x");
   if (!rc && dx) rc = operand_stage(&ow, w, lowx, op, "w");
   if (!rc && dx) rc = dest_begin(&dx_, dx, lowx, 0, op, "dx");
-  if (!rc && dw) rc = dest_begin(&dw_, dw, loww, 1, op, "dw");
+  if (!rc && dw) rc = dest_begin(&dw_, dw, loww, !set_dw, op, "dw");
   if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
   if (rc) goto done;
   /* the dx product writes every element (beta 0) unless a dim is empty */
@@ -146,7 +146,7 @@ static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh
   else if (dx)
     memset(sh_tensor_data(dest_tensor(&dx_)), 0, (size_t)sh_tensor_numel(dx) * sh_dtype_size(dest_tensor(&dx_)->dtype));
   if (!rc && dw && full)
-    rc = product(CblasTrans, CblasNoTrans, nout, in, rows, loww ? &ody16 : &ody, nout, &ox, in, 1.0f,
+    rc = product(CblasTrans, CblasNoTrans, nout, in, rows, loww ? &ody16 : &ody, nout, &ox, in, set_dw ? 0.0f : 1.0f,
                  dest_tensor(&dw_), NULL);
   if (rc) goto done;
   if (db) column_sums(sh_nn_ptr(ab.buf), sh_nn_ptr(ody.f32), rows, nout);
@@ -160,8 +160,8 @@ done:
 }
 
 static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                               const sh_tensor *x, const sh_tensor *w) {
-  return linear_backward(dx, dw, db, dy, x, w, NULL);
+                               const sh_tensor *x, const sh_tensor *w, int set_dw) {
+  return linear_backward(dx, dw, db, dy, x, w, NULL, set_dw);
 }
 
 /* The gelu fusions' epilogue: rows of a [rows, n] product (pre, or dpre holding dy @ w) go
@@ -200,12 +200,12 @@ static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor
 
 /* The gelu backward runs in place on dpre: it is elementwise, each element read then written. */
 static int cpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                     const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+                                     const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   if (dpre && fusable(dy, w, dpre, pre)) {
     gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(dpre), w->shape[1]};
-    return linear_backward(dpre, dw, db, dy, x, w, &(sh_sgemm_rows){gelu_bwd_rows, &g});
+    return linear_backward(dpre, dw, db, dy, x, w, &(sh_sgemm_rows){gelu_bwd_rows, &g}, set_dw);
   }
-  SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w));   /* dpre holds dy @ w */
+  SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w, set_dw));   /* dpre holds dy @ w */
   return SH_KERNEL("linear_backward_dgelu", -1, gelu_backward, dpre, dpre, pre);
 }
 
@@ -290,15 +290,20 @@ static int check_backward(const char *op, const sh_tensor *dw, const sh_tensor *
   return SH_OK;
 }
 
-/* dx (dpre for the dgelu fusion, which pre selects) in x's dtype on x's device, when asked. */
+/* dx (dpre for the dgelu fusion, which pre selects) in x's dtype on x's device, when asked.
+ * set: dw and db are written, not summed into; the kernels write dw when there are rows to
+ * sum (else it is zeroed here), db is zeroed first (out elements) and summed into. */
 static int backward_front(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+                          const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set) {
   if (dx) *dx = NULL;
   SH_TRY(check_backward(op, dw, db, dy, x, w, pre));
+  int set_dw = set && sh_nn_rows(x) > 0;
+  if (set && db) SH_TRY(sh_tensor_fill_(db, 0.0));
+  if (set && dw && !set_dw) SH_TRY(sh_tensor_fill_(dw, 0.0));
   sh_tensor *d = NULL;
   if (dx) SH_TRY(sh_tensor_empty(&d, x->ndim, x->shape, x->dtype, x->device));
-  int rc = pre ? SH_KERNEL(op, x->device, linear_backward_dgelu, d, dw, db, dy, x, w, pre)
-               : SH_KERNEL(op, x->device, linear_backward, d, dw, db, dy, x, w);
+  int rc = pre ? SH_KERNEL(op, x->device, linear_backward_dgelu, d, dw, db, dy, x, w, pre, set_dw)
+               : SH_KERNEL(op, x->device, linear_backward, d, dw, db, dy, x, w, set_dw);
   if (rc) { sh_tensor_destroy(d); return rc; }
   if (dx) *dx = d;
   return SH_OK;
@@ -306,7 +311,14 @@ static int backward_front(const char *op, sh_tensor **dx, sh_tensor *dw, sh_tens
 
 int sh_linear_backward(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                        const sh_tensor *x, const sh_tensor *w) {
-  return backward_front("linear_backward", dx, dw, db, dy, x, w, NULL);
+  return backward_front("linear_backward", dx, dw, db, dy, x, w, NULL, 0);
+}
+
+int sh_linear_backward_set(sh_tensor **dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre) {
+  const char *op = pre ? "linear_backward_dgelu" : "linear_backward";
+  if (pre && !dx) return sh_fail(SH_ERR_ARG, "%s: dpre is the point of this op; got NULL", op);
+  return backward_front(op, dx, dw, db, dy, x, w, pre, 1);
 }
 
 int sh_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
@@ -315,5 +327,5 @@ int sh_linear_backward_dgelu(sh_tensor **dpre, sh_tensor *dw, sh_tensor *db, con
   if (!dpre) return sh_fail(SH_ERR_ARG, "%s: dpre is the point of this op; got NULL", op);
   *dpre = NULL;
   if (!pre) return sh_fail(SH_ERR_ARG, "%s: pre is missing (got nil)", op);
-  return backward_front(op, dpre, dw, db, dy, x, w, pre);
+  return backward_front(op, dpre, dw, db, dy, x, w, pre, 0);
 }

@@ -105,6 +105,20 @@ function A.grad_buffer(t)
   return tensor.borrow(t.p.grad)
 end
 
+-- Whether t is a leaf with no gradient yet: a kernel that can write instead of sum (the
+-- linear layers' dw and db) then writes a new buffer, A.new_grad(t), with no zero fill.
+function A.grad_is_fresh(t) return not produced[t] and t.p.grad == nil end
+
+-- A new, uninitialised gradient for fresh leaf t, set as t.grad (the caller's kernel writes
+-- every element, or drops it with A.drop_grad on an error); returned borrowed.
+function A.new_grad(t)
+  local g = memory.with_tag("grad", tensor.empty, t:shape(), { dtype = t:dtype(), device = t:device() })
+  tensor.set_grad(t, g)
+  g:free()
+  return tensor.borrow(t.p.grad)
+end
+function A.drop_grad(t) tensor.set_grad(t, nil) end
+
 -- Adds g (which the caller gives up) into t's gradient.
 local function accumulate(t, g)
   if t.p.requires_grad == 0 then g:free(); return end

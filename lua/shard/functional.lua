@@ -273,14 +273,32 @@ end
 ---------------------------------------------------------------------------------------------
 -- layers
 
+-- A linear layer's backward kernel (pre: the dgelu fusion, dx then being dpre) with w's and b's
+-- gradients: written into new buffers when every one asked for is fresh (a step's first
+-- backward after zero_grad(true): no zero fill, and the dw product does not read), else
+-- summed into the existing ones (grad_buffer zero-fills any that is missing).
+local function linear_backward_call(dx, dy, x, w, b, pre)
+  local need_w, need_b = requires(w), b ~= nil and requires(b)
+  local set = (need_w or need_b) and (not need_w or A.grad_is_fresh(w)) and (not need_b or A.grad_is_fresh(b))
+  local grad = set and A.new_grad or A.grad_buffer
+  local gw, gb = need_w and grad(w).p or nil, need_b and grad(b).p or nil
+  local rc
+  if set then rc = C.sh_linear_backward_set(dx, gw, gb, dy.p, x.p, w.p, ptr(pre))
+  elseif pre then rc = C.sh_linear_backward_dgelu(dx, gw, gb, dy.p, x.p, w.p, pre.p)
+  else rc = C.sh_linear_backward(dx, gw, gb, dy.p, x.p, w.p) end
+  if rc ~= 0 and set then
+    if need_w then A.drop_grad(w) end
+    if need_b then A.drop_grad(b) end
+  end
+  check(rc)
+end
+
 function F.linear(x, w, b)
   local y = A.replay("linear")
   if not y then y = new_from(C.sh_linear_forward, x.p, w.p, ptr(b)); A.save("linear", y) end
   return result(y, { x, w, b }, function(node, dy)
     local box = slots(1)
-    check(C.sh_linear_backward(requires(x) and box or nil,
-      requires(w) and A.grad_buffer(w).p or nil, (b and requires(b)) and A.grad_buffer(b).p or nil,
-      dy.p, x.p, w.p))
+    linear_backward_call(requires(x) and box or nil, dy, x, w, b)
     return { taken(box, 0) }
   end, nil, "linear")
 end
@@ -302,17 +320,14 @@ function F.gelu_mlp(x, w1, b1, w2, b2)
   local y = A.replay("linear")
   if not y then y = new_from(C.sh_linear_forward, h.p, w2.p, ptr(b2)); A.save("linear", y) end
   return result(y, { x, w1, b1, w2, b2 }, function(node, dy)
-    local dw2, db2 = requires(w2) and A.grad_buffer(w2).p or nil, (b2 and requires(b2)) and A.grad_buffer(b2).p or nil
     if not (requires(x) or requires(w1) or (b1 and requires(b1))) then
-      check(C.sh_linear_backward(nil, dw2, db2, dy.p, h.p, w2.p))
+      linear_backward_call(nil, dy, h, w2, b2)
       return {}
     end
     local box = slots(2)
-    check(C.sh_linear_backward_dgelu(box, dw2, db2, dy.p, h.p, w2.p, pre.p))
+    linear_backward_call(box, dy, h, w2, b2, pre)
     local dpre = taken(box, 0)
-    check(C.sh_linear_backward(requires(x) and box + 1 or nil,
-      requires(w1) and A.grad_buffer(w1).p or nil, (b1 and requires(b1)) and A.grad_buffer(b1).p or nil,
-      dpre.p, x.p, w1.p))
+    linear_backward_call(requires(x) and box + 1 or nil, dpre, x, w1, b1)
     return { taken(box, 1) }
   end, { h, pre }, "gelu_mlp")
 end

@@ -942,7 +942,8 @@ static void run_linear_forward(ot_run *r) {
 }
 
 /* linear_backward: dx, and dw, db accumulated into random starting values, in f32 (k[1] = 0)
- * or in the case's dtype (k[1] = 1); k[0]: db given; k[2]: dx not asked for */
+ * or in the case's dtype (k[1] = 1); k[0]: db given; k[2]: dx not asked for; k[3]: through
+ * sh_linear_backward_set, which writes dw and db (the starting values must not show) */
 static void run_linear_backward(ot_run *r) {
   const ot_row *w_ = r->row;
   int nd = w_->nd[0];
@@ -959,6 +960,10 @@ static void run_linear_backward(ot_run *r) {
   OT_OK(r);
   if (r->host) {
     double *dx = ot_buf(r, rows * in), *dwv = ot_d(r, dw), *dbv = db ? ot_d(r, db) : NULL;
+    if (w_->k[3]) {
+      memset(dwv, 0, sizeof(double) * (size_t)(out * in));
+      if (dbv) memset(dbv, 0, sizeof(double) * (size_t)out);
+    }
     ref_linear_bwd(ot_d(r, dy), ot_d(r, x), ot_d(r, w), dx, dwv, dbv, rows, in, out);
     if (!w_->k[2]) ot_host_out(r, "dx", nd, x->shape, dx);
     ot_host_out(r, "dw", 2, dw->shape, dwv);
@@ -966,7 +971,8 @@ static void run_linear_backward(ot_run *r) {
     return;
   }
   sh_tensor *dx = NULL;
-  OT_CALL(r, sh_linear_backward(w_->k[2] ? NULL : &dx, dw, db, dy, x, w));
+  if (w_->k[3]) OT_CALL(r, sh_linear_backward_set(w_->k[2] ? NULL : &dx, dw, db, dy, x, w, NULL));
+  else OT_CALL(r, sh_linear_backward(w_->k[2] ? NULL : &dx, dw, db, dy, x, w));
   if (!w_->k[2]) ot_out(r, "dx", dx);
   ot_out_inplace(r, "dw", dw, 1, -1);
   if (db) ot_out_inplace(r, "db", db, 1, -1);
@@ -1723,6 +1729,12 @@ static const ot_row ot_table[] = {
    .s = {48}, .k = {0}},
   {"linear_backward", "x [5,19] w [33,19], dw db in the row's dtype, no dx", OT_FLOATS, OT_REF_HOST, run_linear_backward,
    {2}, {{5, 19}}, .s = {33}, .k = {1, 1, 1}, .tol = {[SH_BF16] = 2e-2}},
+  {"linear_backward", "x [3,21,64] w [48,64], f32 dw db written (set)", OT_FLOATS, OT_REF_HOST, run_linear_backward, {3},
+   {{3, 21, 64}}, .s = {48}, .k = {1, 0, 0, 1}},
+  {"linear_backward", "x [5,19] w [33,19], dw db in the row's dtype written (set), no dx", OT_FLOATS, OT_REF_HOST,
+   run_linear_backward, {2}, {{5, 19}}, .s = {33}, .k = {1, 1, 1, 1}, .tol = {[SH_BF16] = 2e-2}},
+  {"linear_backward", "x [0,16] w [5,16], dw db written (set) with no rows: zeros", OT_FLOATS, OT_REF_HOST,
+   run_linear_backward, {2}, {{0, 16}}, .s = {5}, .k = {1, 0, 0, 1}},
   {"linear_backward", "x [1,1,13] w [7,13] (B 1, T 1)", OT_FLOATS, OT_REF_HOST, run_linear_backward, {3}, {{1, 1, 13}},
    .s = {7}, .k = {1}},
   {"linear_backward", "x [2,8] w [50304,8] (vocab)", OT_FLOATS, OT_REF_HOST, run_linear_backward, {2}, {{2, 8}},
