@@ -88,6 +88,20 @@ end
 
 local grads = {}   -- gradient of each non-leaf output, during the current backward
 
+-- Whether t is a leaf with no gradient yet: a kernel that can write instead of sum (the
+-- linear layers' dw and db) then writes a new buffer, A.new_grad(t), with no zero fill.
+function A.grad_is_fresh(t) return not produced[t] and t.p.grad == nil end
+
+-- A new, uninitialised gradient for fresh leaf t, set as t.grad (the caller's kernel writes
+-- every element, or drops it with A.drop_grad on an error); returned borrowed. Memory stats
+-- count it as a gradient.
+function A.new_grad(t)
+  local g = memory.with_tag("grad", tensor.empty, t:shape(), { dtype = t:dtype(), device = t:device() })
+  tensor.set_grad(t, g)
+  g:free()
+  return tensor.borrow(t.p.grad)
+end
+
 -- The tensor into which t's gradient accumulates: a leaf's .grad (created as zeros on first
 -- use), or the running gradient of a non-leaf. Fused backward kernels add into it directly.
 function A.grad_buffer(t)
@@ -96,25 +110,7 @@ function A.grad_buffer(t)
     if not g then g = tensor.zeros(t:shape(), { dtype = t:dtype(), device = t:device() }); grads[t] = g end
     return g
   end
-  if t.p.grad == nil then
-    -- memory stats count it as a gradient
-    local g = memory.with_tag("grad", tensor.zeros, t:shape(), { dtype = t:dtype(), device = t:device() })
-    tensor.set_grad(t, g)
-    g:free()
-  end
-  return tensor.borrow(t.p.grad)
-end
-
--- Whether t is a leaf with no gradient yet: a kernel that can write instead of sum (the
--- linear layers' dw and db) then writes a new buffer, A.new_grad(t), with no zero fill.
-function A.grad_is_fresh(t) return not produced[t] and t.p.grad == nil end
-
--- A new, uninitialised gradient for fresh leaf t, set as t.grad (the caller's kernel writes
--- every element, or drops it with A.drop_grad on an error); returned borrowed.
-function A.new_grad(t)
-  local g = memory.with_tag("grad", tensor.empty, t:shape(), { dtype = t:dtype(), device = t:device() })
-  tensor.set_grad(t, g)
-  g:free()
+  if t.p.grad == nil then return A.new_grad(t):fill_(0) end
   return tensor.borrow(t.p.grad)
 end
 function A.drop_grad(t) tensor.set_grad(t, nil) end

@@ -420,16 +420,17 @@ function F.causal_attention(qkv, n_head, scale)
   end
   local q, k, v = heads(qkv, 0), heads(qkv, 1), heads(qkv, 2)
   local y, lse = A.replay("attention")
-  if not y then
+  local run = not y
+  if run then
     local opts = { dtype = qkv:dtype(), device = qkv:device() }
     y = tensor.empty({ B, T, Cn }, opts)
     lse = tensor.empty({ B, n_head, T }, { dtype = "f32", device = opts.device })
-    local out = heads(y, 0)
+  end
+  local out = heads(y, 0)   -- the kernel writes y through it; backward reads the output through it
+  if run then
     check(C.sh_attention_forward_into(out.p, lse.p, q.p, k.p, v.p, scale))
-    out:free()
     A.save("attention", y, lse)
   end
-  local out = heads(y, 0)   -- backward reads the output through the same view
   return result(y, { qkv }, function(node, dy)
     local dout = tv(V.transpose, tv(V.view, dy, B, T, n_head, D), 2, 3)
     local dqkv = track(tensor.empty({ B, T, C3 }, { dtype = dy:dtype(), device = dy:device() }))

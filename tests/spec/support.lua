@@ -36,19 +36,7 @@ function S.run(cmd)
 end
 
 -- The same for bin/shard with these arguments.
-function S.shard(args) -- The losses a recipe's output shows, in order: each progress line's loss, then each
--- evaluation's train and val loss; and the evaluations' train losses alone.
-function S.recipe_losses(out)
-  local t, train = {}, {}
-  for loss in out:gmatch("iter %d+ | loss ([%d%.]+)") do t[#t + 1] = tonumber(loss) end
-  for tl, vl in out:gmatch("iter %d+ | train_loss ([%d%.]+) | val_loss ([%d%.]+)") do
-    t[#t + 1] = tonumber(tl); t[#t + 1] = tonumber(vl)
-    train[#train + 1] = tonumber(tl)
-  end
-  return t, train
-end
-
-return S.run(S.quote(S.BIN) .. " " .. args) end
+function S.shard(args) return S.run(S.quote(S.BIN) .. " " .. args) end
 
 -- Writes a Lua script to a temporary file; returns its path.
 function S.script(text)
