@@ -7,7 +7,7 @@ BUILD   ?= build
 CC      ?= gcc
 OPT     ?= -O2
 SAN     ?=
-CFLAGS  += $(OPT) -g -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(SAN)
+CFLAGS  += $(OPT) -g -std=gnu11 -fPIC -fopenmp-simd -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(SAN)
 CFLAGS  += -Iruntime -Ikernels
 LDFLAGS += $(SAN)
 
@@ -30,7 +30,7 @@ ifneq ($(NVCC),)
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
 endif
-LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread -fopenmp
+LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 .DEFAULT_GOAL := all
 

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include <omp.h>
+#include "parallel.h"
 #include "dtype.h"
 #include "optim.h"
 #include "status.h"
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     double bytes = (double)total * (4 * 3 * 2 + (mixed ? 2 + 2 : 4));
     const char *name = mixed ? "bf16" : "f32";
     for (int k = 0; k < nthreads; k++) {
-      omp_set_num_threads(threads[k]);
+      sh_parallel_set_threads(threads[k]);
       double best = best_step(ps, iters, &step);
       printf("step_ms_%dt_%s %.2f\nparams_per_s_%dt_%s %.4g\nbytes_per_step_%s %.0f\ngb_per_s_%dt_%s %.2f\n", threads[k], name,
              best * 1e3, threads[k], name, total / best, name, bytes, threads[k], name, bytes / best / 1e9);

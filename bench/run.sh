@@ -5,8 +5,8 @@
 #               of THREADS, rounds alternating the systems (the order of a round is reversed in
 #               the next); with them, each round, the machine's f32 peak: an OpenBLAS sgemm of a
 #               PEAK_N square at the same threads (bench/peak_sgemm.c).
-#               shard runs with its own OpenMP wait setting (runtime/host.c: passive, plus a
-#               short spin when its threads have the cores to themselves, as here); PyTorch with
+#               shard runs with its own wait setting (runtime/parallel.h: idle threads spin
+#               up to 200 us while they have their cores to themselves, then sleep); PyTorch with
 #               OMP_WAIT_POLICY=passive, and with PEER_SPIN=1 also at each count above 1 with
 #               libgomp's default wait policy (spin, then sleep), the setting "N spin", so that
 #               neither choice of wait policy can depress PyTorch's best.
@@ -234,7 +234,7 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v riters="$RECIPE_ITERS" -v threads="$thread
       k = P[i]; t = k + 0
       printf "  %-10s %-24s %-24s %.2fx [%.2f-%.2f]\n", label(k), tok("shard", t), tok("pytorch", k), med("shard", t) / med("pytorch", k), rlo(t, k), rhi(t, k)
     }
-    if (psettings ~ /s/) printf "  (PyTorch: OMP_WAIT_POLICY=passive, N spin: libgomp'"'"'s default wait policy; shard: its own setting, passive with a short spin)\n"
+    if (psettings ~ /s/) printf "  (PyTorch: OMP_WAIT_POLICY=passive, N spin: libgomp'"'"'s default wait policy; shard: its own setting, a spin of up to 200 us while alone on its cores, then sleep)\n"
     printf "\nGFLOP/s of the step (%.2f MFLOP/token of matmuls, bench/cpu_train.lua) against the peak: an OpenBLAS sgemm\n", fpt / 1e6
     printf "at the same threads in the same rounds; \"of peak\": the step'"'"'s median over the best sgemm seen (load only lowers a peak)\n"
     printf "  %-10s %-20s %-20s %-22s %s\n", "setting", "shard", "pytorch", "peak sgemm", "of peak: shard, pytorch"

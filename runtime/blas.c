@@ -1,5 +1,5 @@
 #include "blas_internal.h"
-#include <omp.h>
+#include "parallel.h"
 #include <pthread.h>
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -13,10 +13,39 @@ static void finish_rows(const sh_sgemm_rows *rows, int r0, int r1) {
   if (rows && r1 > r0) rows->fn(rows->ctx, r0, r1);
 }
 
+/* A product split into parts: part p is rows (or columns) [p chunk, (p + 1) chunk) of c. */
+typedef struct sgemm_job {
+  CBLAS_TRANSPOSE ta, tb;
+  int m, n, k, lda, ldb, ldc, split_rows, len, chunk, parts;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+  const sh_sgemm_rows *rows;
+} sgemm_job;
+
+static void sgemm_part(const sgemm_job *j, int p) {
+  int s = p * j->chunk, e = s + j->chunk < j->len ? s + j->chunk : j->len;
+  if (j->split_rows) {
+    const float *ap = j->ta == CblasNoTrans ? j->a + (long)s * j->lda : j->a + s;
+    cblas_sgemm(CblasRowMajor, j->ta, j->tb, e - s, j->n, j->k, j->alpha, ap, j->lda, j->b, j->ldb, j->beta,
+                j->c + (long)s * j->ldc, j->ldc);
+    finish_rows(j->rows, s, e);   /* while its block of c is still in this core's cache */
+  } else {
+    const float *bp = j->tb == CblasNoTrans ? j->b + s : j->b + (long)s * j->ldb;
+    cblas_sgemm(CblasRowMajor, j->ta, j->tb, j->m, e - s, j->k, j->alpha, j->a, j->lda, bp, j->ldb, j->beta, j->c + s,
+                j->ldc);
+  }
+}
+
+static void sgemm_task(void *arg, int t, int nt) {
+  const sgemm_job *j = arg;
+  for (int p = t; p < j->parts; p += nt) sgemm_part(j, p);
+}
+
 void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc, const sh_sgemm_rows *rows) {
   pthread_once(&blas_once, blas_single_threaded);
-  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int threads = sh_parallel_inside() ? 1 : sh_parallel_threads();
   int small = threads < 2 || (double)m * n * k < SPLIT_MIN_WORK;
   /* split the longer side of C (a row block of C needs rows of op(a), a column block
    * columns of op(b)); rows always when each block is finished by `rows` */
@@ -30,18 +59,8 @@ void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, 
     finish_rows(rows, 0, m);
     return;
   }
-  #pragma omp parallel for num_threads(threads) schedule(static, 1)
-  for (int p = 0; p < parts; p++) {
-    int s = p * chunk, e = s + chunk < len ? s + chunk : len;
-    if (split_rows) {
-      const float *ap = ta == CblasNoTrans ? a + (long)s * lda : a + s;
-      cblas_sgemm(CblasRowMajor, ta, tb, e - s, n, k, alpha, ap, lda, b, ldb, beta, c + (long)s * ldc, ldc);
-      finish_rows(rows, s, e);   /* while its block of c is still in this core's cache */
-    } else {
-      const float *bp = tb == CblasNoTrans ? b + s : b + (long)s * ldb;
-      cblas_sgemm(CblasRowMajor, ta, tb, m, e - s, k, alpha, a, lda, bp, ldb, beta, c + s, ldc);
-    }
-  }
+  sgemm_job job = { ta, tb, m, n, k, lda, ldb, ldc, split_rows, len, chunk, parts, alpha, beta, a, b, c, rows };
+  sh_parallel(parts, sgemm_task, &job);
 }
 
 void sh_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,

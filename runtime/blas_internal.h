@@ -1,7 +1,8 @@
 /* blas_internal.h: the one way shard calls an f32 GEMM on the CPU.
  * OpenBLAS runs single-threaded (its worker threads spin in sched_yield between calls, taking
- * the cores OpenMP needs); sh_sgemm itself splits a large product across the OpenMP threads,
- * each calling BLAS on its block of C. Inside an OpenMP region it is a plain BLAS call. */
+ * the cores the kernels need); sh_sgemm itself splits a large product across the thread team
+ * (parallel.h), each thread calling BLAS on its block of C. Inside a parallel call it is a
+ * plain BLAS call. */
 #pragma once
 #include <cblas.h>
 

@@ -8,6 +8,7 @@
 #include "comm.h"
 #include "flatparam.h"
 #include "ops.h"
+#include "parallel.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,24 +113,31 @@ static int copy_flat_range(sh_tensor *dst, const sh_tensor *t, int64_t start, in
   return rc;
 }
 
+typedef struct add_job { float *d; const void *s; } add_job;
+
+static void add_f32(void *arg, int64_t i0, int64_t i1) {
+  const add_job *j = arg;
+  const float *s = j->s;
+  for (int64_t i = i0; i < i1; i++) j->d[i] += s[i];
+}
+
+static void add_bf16(void *arg, int64_t i0, int64_t i1) {
+  const add_job *j = arg;
+  const uint16_t *s = j->s;
+#pragma omp simd
+  for (int64_t i = i0; i < i1; i++) j->d[i] += sh_bf16_to_f32_inline(s[i]);
+}
+
 /* dst += src elementwise (same numel, contiguous, 1-D). */
 static int accumulate(sh_tensor *dst, const sh_tensor *src) {
   if (dst->device != -1) return sh_axpy_(dst, 1.0, src);
   int64_t n = sh_tensor_numel(dst);
   void *d = sh_tensor_data(dst);
   const void *s = sh_tensor_data(src);
-  if (dst->dtype == SH_F32 && src->dtype == SH_F32) {
-    float *df = d;
-    const float *sf = s;
-    #pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; i++) df[i] += sf[i];
-    return SH_OK;
-  }
+  add_job job = { d, s };
+  if (dst->dtype == SH_F32 && src->dtype == SH_F32) { sh_parallel_for(n, n > 65536, add_f32, &job); return SH_OK; }
   if (dst->dtype == SH_F32 && src->dtype == SH_BF16) {   /* the f32 grad += a bf16 reduction */
-    float *df = d;
-    const uint16_t *sb = s;
-    #pragma omp parallel for simd if (n > 65536)
-    for (int64_t i = 0; i < n; i++) df[i] += sh_bf16_to_f32_inline(sb[i]);
+    sh_parallel_for(n, n > 65536, add_bf16, &job);
     return SH_OK;
   }
   for (int64_t i = 0; i < n; i++) sh_store(d, dst->dtype, i, sh_load(d, dst->dtype, i) + sh_load(s, src->dtype, i));

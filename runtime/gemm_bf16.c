@@ -7,8 +7,8 @@
  * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
  * in a scratch buffer each thread keeps between calls; the packs are AVX-512 too: 16x16 word
  * transposes, or two rows interleaved); a micro-kernel keeps an MR x NR block of c in 24 zmm
- * accumulators. OpenMP splits c into one block per thread (the threads other kernels use,
- * omp_get_max_threads), or the calling thread does it all inside a parallel region. Tails in
+ * accumulators. The thread team (parallel.h) splits c into one block per thread, or the
+ * calling thread does it all inside a parallel call. Tails in
  * m, n and odd k are zero-padded in the packs and masked at the store, which also applies
  * alpha, beta and the rounding of a bf16 c (sh_f32_to_bf16_inline's bits: vcvtneps2bf16
  * would flush denormal results to zero).
@@ -19,9 +19,10 @@
 #include "dtype.h"
 #include "bf16_internal.h"
 #include "status_internal.h"
+#include "parallel.h"
 #include <immintrin.h>
-#include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,23 +258,38 @@ BF16_TARGET static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
  * columns of NR), each block a product of its own, so the threads meet only at the end
  * (every barrier costs a whole time slice on a shared machine). Each block packs the shared
  * operand again: k x n (or m x k) pairs, small beside its part of the product. */
+typedef struct bf16_job {
+  CBLAS_TRANSPOSE ta, tb;
+  int m, n, k, lda, ldb, split_rows, len, chunk, parts;
+  float alpha, beta;
+  const uint16_t *a, *b;
+  out c;
+  _Atomic int failed;
+} bf16_job;
+
+static void bf16_task(void *arg, int t, int nt) {
+  bf16_job *j = arg;
+  for (int part = t; part < j->parts; part += nt) {
+    int s = part * j->chunk, e = s + j->chunk < j->len ? s + j->chunk : j->len;
+    int failed = j->split_rows
+      ? gemm_block(j->ta, j->tb, e - s, j->n, j->k, j->alpha, j->ta == CblasNoTrans ? j->a + (size_t)s * j->lda : j->a + s,
+                   j->lda, j->b, j->ldb, j->beta, (out){out_at(j->c, s, 0), j->c.ld, j->c.bf16})
+      : gemm_block(j->ta, j->tb, j->m, e - s, j->k, j->alpha, j->a, j->lda,
+                   j->tb == CblasNoTrans ? j->b + s : j->b + (size_t)s * j->ldb, j->ldb, j->beta,
+                   (out){out_at(j->c, 0, s), j->c.ld, j->c.bf16});
+    if (failed) atomic_store(&j->failed, 1);
+  }
+}
+
 static int gemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                        const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, out c) {
-  int threads = omp_in_parallel() || (double)m * n * k < PAR_MIN_WORK ? 1 : omp_get_max_threads();
+  int threads = sh_parallel_inside() || (double)m * n * k < PAR_MIN_WORK ? 1 : sh_parallel_threads();
   int split_rows = m >= n, len = split_rows ? m : n, unit = split_rows ? MR : NR;
   int chunk = ((len + threads - 1) / threads + unit - 1) / unit * unit;
-  int parts = (len + chunk - 1) / chunk, failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
-  for (int part = 0; part < parts; part++) {
-    int s = part * chunk, e = s + chunk < len ? s + chunk : len;
-    if (split_rows)
-      failed |= gemm_block(ta, tb, e - s, n, k, alpha, ta == CblasNoTrans ? a + (size_t)s * lda : a + s, lda, b, ldb,
-                           beta, (out){out_at(c, s, 0), c.ld, c.bf16});
-    else
-      failed |= gemm_block(ta, tb, m, e - s, k, alpha, a, lda, tb == CblasNoTrans ? b + s : b + (size_t)s * ldb, ldb,
-                           beta, (out){out_at(c, 0, s), c.ld, c.bf16});
-  }
-  return failed ? sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n) : SH_OK;
+  int parts = (len + chunk - 1) / chunk;
+  bf16_job job = { ta, tb, m, n, k, lda, ldb, split_rows, len, chunk, parts, alpha, beta, a, b, c, 0 };
+  sh_parallel(parts, bf16_task, &job);
+  return job.failed ? sh_fail(SH_ERR_OOM, "gemm_bf16: no memory to pack [%d,%d] x [%d,%d]", m, k, k, n) : SH_OK;
 }
 
 static int gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const uint16_t *a,

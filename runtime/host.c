@@ -1,11 +1,9 @@
 /* host.c: bin/shard, a small C host that embeds LuaJIT and hands the command line to
  * lua/shard/cli.lua. The runtime is linked in with -Wl,-E, so FFI finds its symbols (and
  * readline's) in this executable. The project root is found from the executable's path. */
-#define _GNU_SOURCE   /* sched_getaffinity */
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
-#include <sched.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -13,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "comm.h"
 #include "status.h"
 
 /* Ctrl-C for the REPL (lua/shard/repl/interrupt.lua). While a chunk runs the REPL arms the
@@ -72,49 +69,7 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
-/* OpenMP reads its settings when libgomp loads, before main, so the host picks them and
- * starts again (unless the user chose: OMP_WAIT_POLICY or GOMP_SPINCOUNT set). Idle OpenMP
- * threads spin by default (libgomp: 300,000 pause instructions, ~7 ms here), which starves the
- * other ranks and their threads when ranks share cores: there, waiting threads sleep at once
- * (passive). When this node's ranks times their threads fit the CPUs this process may use, a
- * short spin (SPIN_WHEN_ALONE pauses, ~25 us) keeps the threads awake across the short gaps
- * between a step's back-to-back parallel regions, where waking a sleeping thread costs more
- * than the gap (a 2-thread CPU step ran 15-20% faster). It stays short because another
- * process may still take a core: a spinner whose partner lost its core burns the whole spin
- * at every region (at 30,000 pauses the step ran 4x slower than passive beside one busy
- * process; at 1,000, 8% slower). */
-enum { SPIN_WHEN_ALONE = 1000 };
-
-static int cpus_available(void) {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-}
-
-static int openmp_threads(int cpus) {
-  const char *v = getenv("OMP_NUM_THREADS");
-  int n = v ? atoi(v) : 0;   /* "4" or "4,2": the outer level counts */
-  return n > 0 ? n : cpus;
-}
-
-static int ranks_on_this_node(void) {
-  sh_comm_env env;
-  return sh_comm_read_env(&env) == SH_OK && env.local_size > 0 ? env.local_size : 1;
-}
-
-static void choose_openmp_waiting(char **argv) {
-  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-  int cpus = cpus_available();
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  if ((long)ranks_on_this_node() * openmp_threads(cpus) <= cpus) {
-    char spin[16];
-    snprintf(spin, sizeof spin, "%d", SPIN_WHEN_ALONE);
-    setenv("GOMP_SPINCOUNT", spin, 1);
-  }
-  execv("/proc/self/exe", argv);   /* returns only on failure: carry on with the default */
-}
-
 int main(int argc, char **argv) {
-  choose_openmp_waiting(argv);
   char root[PATH_MAX];
   const char *home = getenv("SHARD_HOME");
   if (home) snprintf(root, sizeof root, "%s", home);

@@ -1,20 +1,19 @@
 /* nn_common.c: argument checks, f32 staging and gradient accumulation shared by the nn and
  * optimizer kernels (see nn_internal.h for why they stage through f32). */
 #include <stdio.h>
-#include <omp.h>
 #include "nn_internal.h"
+#include "parallel.h"
+
+typedef struct nn_range_job { sh_nn_range_fn fn; const void *arg; } nn_range_job;
+
+static void nn_range_task(void *job, int64_t i0, int64_t i1) {
+  const nn_range_job *j = job;
+  j->fn(j->arg, i0, i1);
+}
 
 void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg) {
-  if (n <= 0) return;
-  int nt = work >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
-  if (nt > n) nt = (int)n;
-  if (nt <= 1) { fn(arg, 0, n); return; }
-#pragma omp parallel num_threads(nt)
-  {
-    int t = omp_get_thread_num(), k = omp_get_num_threads();
-    int64_t i0 = n * t / k, i1 = n * (t + 1) / k;
-    if (i1 > i0) fn(arg, i0, i1);
-  }
+  nn_range_job job = { fn, arg };
+  sh_parallel_for(n, work >= SH_NN_PAR_MIN, nn_range_task, &job);
 }
 
 int sh_nn_check_float(const sh_tensor *t, const char *op, const char *name) {

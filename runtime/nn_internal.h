@@ -29,9 +29,8 @@
 enum { SH_NN_PAR_MIN = 1 << 15 };
 
 /* Calls fn(arg, i0, i1) over [0, n) split into one contiguous range per thread; one call
- * on the calling thread when work (elements touched) is below SH_NN_PAR_MIN. Kernels are
- * written as such range functions so that the SH_NN_SIMD clone is what runs on each thread
- * (gcc outlines an omp region into a function of its own, which target_clones would miss). */
+ * on the calling thread when work (elements touched) is below SH_NN_PAR_MIN (sh_parallel_for
+ * of parallel.h). Kernels are written as such range functions, with the SH_NN_SIMD clones. */
 typedef void (*sh_nn_range_fn)(const void *arg, int64_t i0, int64_t i1);
 void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg);
 

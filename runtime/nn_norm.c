@@ -8,12 +8,12 @@
  * The public ops at the end check, allocate on x's device and dispatch (backend_internal.h);
  * the cpu_ kernels above them stage through f32 (nn_internal.h). */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
 #include "nn.h"
 #include "ops.h"
+#include "parallel.h"
 
 typedef struct norm_args {
   int64_t rows, c;
@@ -98,9 +98,21 @@ SH_NN_SIMD static void norm_bwd_rows(const norm_args *a, int64_t r0, int64_t r1,
   }
 }
 
+typedef struct norm_bwd_job { const norm_args *a; int centered, nacc; float *part, *dw, *db; } norm_bwd_job;
+
+/* Thread t's share of the rows, its partial dw/db sums in its own slice of part. */
+static void norm_bwd_task(void *arg, int t, int n) {
+  const norm_bwd_job *j = arg;
+  const norm_args *a = j->a;
+  int64_t r0 = a->rows * t / n, r1 = a->rows * (t + 1) / n;
+  float *pw = j->dw ? j->part + (size_t)t * j->nacc * a->c : NULL;
+  float *pb = j->db ? j->part + (size_t)t * j->nacc * a->c + (j->dw ? a->c : 0) : NULL;
+  norm_bwd_rows(a, r0, r1, j->centered, pw, pb);
+}
+
 /* Runs norm_bwd_rows over all rows on the team and adds the private sums into dw/db. */
 static int norm_bwd(const norm_args *a, int centered, float *dw, float *db) {
-  int nt = a->rows * a->c >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
+  int nt = a->rows * a->c >= SH_NN_PAR_MIN ? sh_parallel_threads() : 1;
   if (nt > a->rows) nt = a->rows > 0 ? (int)a->rows : 1;
   float *part = NULL;
   int nacc = (dw != NULL) + (db != NULL);
@@ -108,14 +120,8 @@ static int norm_bwd(const norm_args *a, int centered, float *dw, float *db) {
     part = calloc((size_t)nt * nacc * a->c + 1, sizeof(float));
     if (!part) return sh_fail(SH_ERR_OOM, "norm backward: out of host memory for %d x %lld partial sums", nt, (long long)a->c);
   }
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    int t = omp_get_thread_num(), n = omp_get_num_threads();
-    int64_t r0 = a->rows * t / n, r1 = a->rows * (t + 1) / n;
-    float *pw = dw ? part + (size_t)t * nacc * a->c : NULL;
-    float *pb = db ? part + (size_t)t * nacc * a->c + (dw ? a->c : 0) : NULL;
-    norm_bwd_rows(a, r0, r1, centered, pw, pb);
-  }
+  norm_bwd_job job = { a, centered, nacc, part, dw, db };
+  sh_parallel(nt, norm_bwd_task, &job);
   for (int t = 0; t < nt && nacc; t++) {
     const float *pw = part + (size_t)t * nacc * a->c;
     for (int64_t i = 0; dw && i < a->c; i++) dw[i] += pw[i];

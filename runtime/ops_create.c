@@ -3,12 +3,13 @@
  * counter offset + i of the Philox stream (philox_internal.h), so a strided view, a
  * contiguous tensor and a CUDA tensor of the same shape get the same numbers, and drawing
  * n then m numbers equals drawing n + m. Every element is independent, so rows split over
- * OpenMP threads without changing a single value. Uniform numbers lie in (low, high]
+ * threads without changing a single value. Uniform numbers lie in (low, high]
  * (philox's unit interval is (0, 1]), so a log of one is always finite. */
 #include "backend_internal.h"
 #include "ops_internal.h"
 #include "ops.h"
 #include "philox_internal.h"
+#include "parallel.h"
 #include <math.h>
 
 static int cpu_arange(sh_tensor *out, double start, double step) {
@@ -75,26 +76,40 @@ static void uniform_run(uint64_t seed, uint64_t c, int64_t n, float *out) {
  * elements are the unit of parallel work, so a single long row splits as well as many
  * short ones. */
 enum { CHUNK = 4096 };
-static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, float *), uint64_t seed,
-                        uint64_t offset, float scale, float shift) {
+typedef struct random_job {
+  const sh_tensor *t;
+  void (*run)(uint64_t, uint64_t, int64_t, float *);
+  uint64_t seed, offset;
+  float scale, shift;
+} random_job;
+
+/* Chunks c0 .. c1 of CHUNK elements in index order. */
+static void random_chunks(void *arg, int64_t c0, int64_t c1) {
+  const random_job *jb = arg;
+  const sh_tensor *t = jb->t;
   int64_t n = sh_tensor_numel(t);
-  if (n == 0) return;
   int64_t len = t->ndim ? t->shape[t->ndim - 1] : 1, inner = t->ndim ? t->stride[t->ndim - 1] : 0;
   char *base = t->storage->data;
   int dt = t->dtype;
-  #pragma omp parallel for schedule(static) if (n > 2 * CHUNK)
-  for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+  for (int64_t c = c0; c < c1; c++) {
     float z[CHUNK];
     int64_t i0 = c * CHUNK, i1 = i0 + CHUNK < n ? i0 + CHUNK : n;
-    run(seed, offset + (uint64_t)i0, i1 - i0, z);
+    jb->run(jb->seed, jb->offset + (uint64_t)i0, i1 - i0, z);
     int64_t r = i0 / len, j = i0 % len, off = row_offset(t, r);
     for (int64_t k = 0; k < i1 - i0; k++) {
-      float v = shift + scale * z[k];
+      float v = jb->shift + jb->scale * z[k];
       if (dt == SH_F32) ((float *)base)[off + j * inner] = v;
       else sh_store(base, dt, off + j * inner, v);
       if (++j == len) { j = 0; off = row_offset(t, ++r); }
     }
   }
+}
+
+static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, float *), uint64_t seed,
+                        uint64_t offset, float scale, float shift) {
+  int64_t n = sh_tensor_numel(t);
+  random_job job = { t, run, seed, offset, scale, shift };
+  sh_parallel_for((n + CHUNK - 1) / CHUNK, n > 2 * CHUNK, random_chunks, &job);
 }
 
 static int cpu_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {

@@ -5,7 +5,7 @@
  * where broadcast), size-1 dims are dropped and adjacent dims that are contiguous for every
  * operand are merged, so the common cases become one long row (same-shape contiguous) or
  * rows of the last dim ([B,T,C] + [C]). Rows are cut into blocks of at most BLOCK elements
- * that OpenMP spreads over the cores once the tensor is large. Within a block, an operand
+ * that the thread team (parallel.h) spreads over the cores once the tensor is large. Within a block, an operand
  * already in the compute dtype with stride 1 (or 0: a broadcast scalar) is used in place;
  * anything else (bf16, a transposed view, an integer input to a float result) is gathered
  * into a small buffer first, so the typed kernels only ever see dense arrays and vectorize.
@@ -25,8 +25,8 @@
 #include "fastmath_internal.h"
 #include "bf16_internal.h"
 #include "ops.h"
+#include "parallel.h"
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 enum { BLOCK = 4096, PAR_MIN = 32768, PAR_MIN_COSTLY = 4096 };
@@ -389,6 +389,21 @@ static int costly(const ew_plan *p) {
   return p->op == SH_OP_POW;
 }
 
+static void rows_task(void *p, int64_t r0, int64_t r1) { run_rows(p, r0, r1); }
+
+/* Blocks k0 .. k1 of BLOCK elements, counted along the rows (per_row blocks a row). */
+typedef struct block_job { const ew_plan *p; int64_t len, per_row; } block_job;
+
+static void blocks_task(void *arg, int64_t k0, int64_t k1) {
+  const block_job *j = arg;
+  ew_bufs bufs;
+  for (int64_t k = k0; k < k1; k++) {
+    int64_t off[3], c0 = (k % j->per_row) * BLOCK;
+    row_start(j->p, k / j->per_row, NULL, off);
+    run_block(j->p, &bufs, off, c0, j->len - c0 < BLOCK ? j->len - c0 : BLOCK);
+  }
+}
+
 /* Small ops run on the calling thread. Large ones split rows over the threads, or, when
  * rows are long (a same-shape op is one row), blocks of BLOCK elements. */
 static void run_plan(ew_plan *p) {
@@ -397,25 +412,9 @@ static void run_plan(ew_plan *p) {
   for (int d = 0; d < p->ndim - 1; d++) rows *= p->shape[d];
   if (len == 0 || rows == 0) return;
   if (rows * len <= (costly(p) ? PAR_MIN_COSTLY : PAR_MIN)) { run_rows(p, 0, rows); return; }
-  if (len <= BLOCK) {
-    #pragma omp parallel
-    {
-      int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-      run_rows(p, rows * t / nt, rows * (t + 1) / nt);
-    }
-    return;
-  }
-  int64_t per_row = (len + BLOCK - 1) / BLOCK;
-  #pragma omp parallel
-  {
-    ew_bufs bufs;
-    #pragma omp for schedule(static)
-    for (int64_t k = 0; k < rows * per_row; k++) {
-      int64_t off[3], c0 = (k % per_row) * BLOCK;
-      row_start(p, k / per_row, NULL, off);
-      run_block(p, &bufs, off, c0, len - c0 < BLOCK ? len - c0 : BLOCK);
-    }
-  }
+  if (len <= BLOCK) { sh_parallel_for(rows, 1, rows_task, p); return; }
+  block_job job = { p, len, (len + BLOCK - 1) / BLOCK };
+  sh_parallel_for(rows * job.per_row, 1, blocks_task, &job);
 }
 
 /* ---- CPU kernels: outputs planned and allocated by the fronts ---------------------------- */

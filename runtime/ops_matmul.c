@@ -11,16 +11,18 @@
  * Batched products whose right operand is shared ([B,T,C] @ [C,N], a Linear) fold the
  * batch into the rows and make one large gemm. Other batches loop over gemms, each threaded
  * by OpenBLAS; when each product is too small for OpenBLAS to thread (it runs those on the
- * calling thread), OpenMP spreads the batch over the cores instead. */
+ * calling thread), the thread team spreads the batch over the cores instead. */
 #include "backend_internal.h"
 #include "blas_internal.h"
 #include "ops_internal.h"
 #include "ops.h"
+#include "parallel.h"
 #include <cblas.h>
 #include <limits.h>
+#include <stdatomic.h>
 
 /* OpenBLAS runs gemms with m*n*k at or below this single-threaded (GEMM_MULTITHREAD_THRESHOLD
- * 4 times 65536 in 0.3.x); batches of such small products are worth OpenMP. */
+ * 4 times 65536 in 0.3.x); batches of such small products are worth the thread team. */
 enum { SMALL_GEMM = 65536 * 4, PAR_MIN = 32768 };
 
 typedef struct mat {
@@ -154,6 +156,34 @@ static void plan_batch(batch_plan *bp, const sh_tensor *out, const sh_tensor *a,
 }
 
 /* Runs the batch of products into the dense tensor c. */
+/* Batches i0 .. i1 of a batched product, each its own gemm (small ones: see run_batches). */
+typedef struct batches_job {
+  const batch_plan *bp;
+  mat ma, mb, mc;
+  int64_t ea, eb, ec;
+  _Atomic int rc;
+} batches_job;
+
+static void batches_task(void *arg, int64_t i0, int64_t i1) {
+  batches_job *j = arg;
+  const batch_plan *bp = j->bp;
+  for (int64_t i = i0; i < i1; i++) {
+    int64_t oa = 0, ob = 0, rest = i;
+    for (int d = bp->nb - 1; d >= 0; d--) {
+      int64_t x = rest % bp->shape[d];
+      rest /= bp->shape[d];
+      oa += x * bp->sa[d];
+      ob += x * bp->sb[d];
+    }
+    mat xa = j->ma, xb = j->mb, xc = j->mc;
+    xa.p += oa * j->ea;
+    xb.p += ob * j->eb;
+    xc.p += i * j->mc.rows * j->mc.cols * j->ec;
+    int rc = gemm(xc, xa, xb, 1.0, 0.0);
+    if (rc) atomic_fetch_or(&j->rc, rc);
+  }
+}
+
 static int run_batches(sh_tensor *c, const operand *a, const operand *b, const batch_plan *bp) {
   int64_t m = a->rows, n = b->cols, k = a->cols;
   int64_t ea = sh_dtype_size(a->t->dtype), eb = sh_dtype_size(b->t->dtype), ec = sh_dtype_size(c->dtype);
@@ -175,24 +205,10 @@ static int run_batches(sh_tensor *c, const operand *a, const operand *b, const b
     fa.rows = fc.rows = bp->count * m;
     if (line && fits_int(fa.rows) && (a->cs == 1 || k <= 1) && readable(fa)) return gemm(fc, fa, mb, 1.0, 0.0);
   }
-  int rc = SH_OK;
   int par = bp->count > 1 && m * n * k <= SMALL_GEMM && bp->count * m * n * k > PAR_MIN;
-  #pragma omp parallel for schedule(static) if (par) reduction(| : rc)
-  for (int64_t i = 0; i < bp->count; i++) {
-    int64_t oa = 0, ob = 0, rest = i;
-    for (int d = bp->nb - 1; d >= 0; d--) {
-      int64_t j = rest % bp->shape[d];
-      rest /= bp->shape[d];
-      oa += j * bp->sa[d];
-      ob += j * bp->sb[d];
-    }
-    mat xa = ma, xb = mb, xc = mc;
-    xa.p += oa * ea;
-    xb.p += ob * eb;
-    xc.p += i * m * n * ec;
-    rc |= gemm(xc, xa, xb, 1.0, 0.0);
-  }
-  return rc;
+  batches_job job = { bp, ma, mb, mc, ea, eb, ec, SH_OK };
+  sh_parallel_for(bp->count, par, batches_task, &job);
+  return job.rc;
 }
 
 /* out = a @ b; out is dense in the promoted dtype, which BLAS computes in unless it is

@@ -16,8 +16,8 @@
 #include "backend_internal.h"
 #include "ops_internal.h"
 #include "ops.h"
+#include "parallel.h"
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -146,12 +146,29 @@ static void reduce_task(const red_plan *p, int64_t o, int64_t r0, int64_t r1, in
   }
 }
 
+/* Tasks t0 .. t1: a task is one outer index and one of `splits` slices of R, all inner
+ * chunks in turn, into its own part of `part`. */
+typedef struct reduce_job { const red_plan *p; double *part; int64_t splits, chunk; } reduce_job;
+
+static void reduce_tasks(void *arg, int64_t t0, int64_t t1) {
+  const reduce_job *j = arg;
+  const red_plan *p = j->p;
+  int64_t splits = j->splits, nout = p->outer * p->inner;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t s = splits > 1 ? t / p->outer : 0, o = splits > 1 ? t % p->outer : t;
+    int64_t r0 = splits > 1 ? p->R * s / splits : 0, r1 = splits > 1 ? p->R * (s + 1) / splits : p->R;
+    double *dst = j->part + s * nout + o * p->inner;
+    for (int64_t i0 = 0; i0 < p->inner; i0 += j->chunk)
+      reduce_task(p, o, r0, r1, i0, p->inner - i0 < j->chunk ? p->inner - i0 : j->chunk, dst + i0);
+  }
+}
+
 /* res[outer * inner] = the reduction over R (sums, not yet divided for a mean). */
 static int reduce_core(const red_plan *p, double *res) {
   int64_t chunk = p->inner < ICHUNK ? p->inner : ICHUNK;
   int64_t numel = p->outer * p->R * p->inner, nout = p->outer * p->inner;
   if (nout == 0) return SH_OK;
-  int threads = omp_get_max_threads();
+  int threads = sh_parallel_threads();
   int64_t splits = 1;
   if (numel > PAR_MIN && p->outer < threads) {   /* too few tasks: slice R as well */
     splits = (threads + p->outer - 1) / p->outer;
@@ -160,16 +177,8 @@ static int reduce_core(const red_plan *p, double *res) {
   double *part = splits > 1 ? malloc(sizeof(double) * (size_t)(splits * nout)) : res;
   if (!part) return sh_fail(SH_ERR_OOM, "%s: out of host memory for %lld partial results",
                             sh_reduce_name(p->op), (long long)(splits * nout));
-  /* a task is one outer index and one slice of R, all inner chunks in turn */
-  int64_t ntasks = p->outer * splits;
-  #pragma omp parallel for schedule(static) if (numel > PAR_MIN && ntasks > 1)
-  for (int64_t t = 0; t < ntasks; t++) {
-    int64_t s = splits > 1 ? t / p->outer : 0, o = splits > 1 ? t % p->outer : t;
-    int64_t r0 = splits > 1 ? p->R * s / splits : 0, r1 = splits > 1 ? p->R * (s + 1) / splits : p->R;
-    double *dst = part + s * nout + o * p->inner;
-    for (int64_t i0 = 0; i0 < p->inner; i0 += chunk)
-      reduce_task(p, o, r0, r1, i0, p->inner - i0 < chunk ? p->inner - i0 : chunk, dst + i0);
-  }
+  reduce_job job = { p, part, splits, chunk };
+  sh_parallel_for(p->outer * splits, numel > PAR_MIN, reduce_tasks, &job);
   if (splits > 1) {
     for (int64_t j = 0; j < nout; j++) {
       double v = part[j];
@@ -266,6 +275,20 @@ static int cpu_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
 DEFINE_ARGMAX(argmax_f32, float)
 DEFINE_ARGMAX(argmax_f64, double)
 
+/* Tasks t0 .. t1: one outer index and one chunk of ICHUNK inner columns each. */
+typedef struct argmax_job { const void *data; int64_t *idx; int f32; int64_t R, inner, nchunks; } argmax_job;
+
+static void argmax_tasks(void *arg, int64_t t0, int64_t t1) {
+  const argmax_job *j = arg;
+  int64_t R = j->R, inner = j->inner;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t o = t / j->nchunks, i0 = (t % j->nchunks) * ICHUNK;
+    int64_t cnt = inner - i0 < ICHUNK ? inner - i0 : ICHUNK;
+    if (j->f32) argmax_f32((const float *)j->data + o * R * inner, R, inner, i0, cnt, j->idx + o * inner + i0);
+    else argmax_f64((const double *)j->data + o * R * inner, R, inner, i0, cnt, j->idx + o * inner + i0);
+  }
+}
+
 static int cpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
   int64_t outer, inner, R = a->shape[dim];
   split_at(a->ndim, a->shape, dim, &outer, &inner);
@@ -273,14 +296,8 @@ static int cpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
   SH_TRY(sh_contiguous_as(&x, a, dense_dtype(a->dtype)));
   int64_t *idx = sh_tensor_data(out), nchunks = (inner + ICHUNK - 1) / ICHUNK;
   const void *data = sh_tensor_data(x);
-  int f32 = x->dtype == SH_F32;
-  #pragma omp parallel for schedule(static) if (outer * R * inner > PAR_MIN)
-  for (int64_t t = 0; t < outer * nchunks; t++) {
-    int64_t o = t / nchunks, i0 = (t % nchunks) * ICHUNK;
-    int64_t cnt = inner - i0 < ICHUNK ? inner - i0 : ICHUNK;
-    if (f32) argmax_f32((const float *)data + o * R * inner, R, inner, i0, cnt, idx + o * inner + i0);
-    else argmax_f64((const double *)data + o * R * inner, R, inner, i0, cnt, idx + o * inner + i0);
-  }
+  argmax_job job = { data, idx, x->dtype == SH_F32, R, inner, nchunks };
+  sh_parallel_for(outer * nchunks, outer * R * inner > PAR_MIN, argmax_tasks, &job);
   sh_tensor_destroy(x);
   return SH_OK;
 }

@@ -16,7 +16,7 @@
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
  * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include "backend_internal.h"
 #include "nn_internal.h"
@@ -24,6 +24,7 @@
 #include "ops_internal.h"
 #include "optim.h"
 #include "optim_internal.h"
+#include "parallel.h"
 
 /* The SGD kernel's arguments. */
 typedef struct opt_args {
@@ -82,19 +83,31 @@ static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
  * share of the step. Every element is updated on its own, so the bits do not depend on the
  * split. One thread when the step is too small to wake the team (SH_NN_PAR_MIN). */
 enum { OPTIM_BLOCK = 1 << 16 };
+typedef struct optim_blocks {
+  int64_t total;
+  sh_nn_range_fn fn;
+  const void *arg;
+  _Atomic int64_t next;   /* the next block nobody took */
+} optim_blocks;
+
+static void optim_task(void *arg, int t, int nt) {
+  optim_blocks *j = arg;
+  for (int64_t b; (b = atomic_fetch_add(&j->next, 1)) * OPTIM_BLOCK < j->total;) {
+    int64_t e1 = (b + 1) * OPTIM_BLOCK;
+    j->fn(j->arg, b * OPTIM_BLOCK, e1 < j->total ? e1 : j->total);
+  }
+}
+
 static void optim_parallel(int64_t total, sh_nn_range_fn fn, const void *arg) {
   int64_t blocks = (total + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
-  int nt = total * 4 >= SH_NN_PAR_MIN ? omp_get_max_threads() : 1;
+  int nt = total * 4 >= SH_NN_PAR_MIN ? sh_parallel_threads() : 1;
   if (nt > blocks) nt = (int)blocks;
   if (nt <= 1) {
     if (total > 0) fn(arg, 0, total);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-  for (int64_t b = 0; b < blocks; b++) {
-    int64_t e1 = (b + 1) * OPTIM_BLOCK;
-    fn(arg, b * OPTIM_BLOCK, e1 < total ? e1 : total);
-  }
+  optim_blocks job = { total, fn, arg, 0 };
+  sh_parallel(nt, optim_task, &job);
 }
 
 /* A multi-tensor AdamW step is one loop over the concatenation of its n parameters (start:

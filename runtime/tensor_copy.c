@@ -5,7 +5,7 @@
 #include "meta_internal.h"
 #include "bf16_internal.h"
 #include <math.h>
-#include <omp.h>
+#include "parallel.h"
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -81,15 +81,19 @@ static void convert_run(char *d, int64_t ds, int dt, const char *s, int64_t ss, 
 }
 
 /* A contiguous conversion, split over the threads when large (in whole vectors of 16). */
+typedef struct convert_job { char *dst; const char *src; int dt, st; int64_t n; } convert_job;
+
+/* Vectors v0 .. v1 of 16 elements; the last one also takes the tail. */
+static void convert_task(void *arg, int64_t v0, int64_t v1) {
+  const convert_job *j = arg;
+  int64_t a = v0 * 16, b = v1 == j->n / 16 ? j->n : v1 * 16;
+  convert_run(j->dst + a * sh_dtype_size(j->dt), 1, j->dt, j->src + a * sh_dtype_size(j->st), 1, j->st, b - a);
+}
+
 static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
   if (dt == st || n <= (1 << 16)) { convert_run(dst, 1, dt, src, 1, st, n); return; }
-  int dsz = sh_dtype_size(dt), ssz = sh_dtype_size(st);
-#pragma omp parallel
-  {
-    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    int64_t a = n / 16 * t / nt * 16, b = t == nt - 1 ? n : n / 16 * (t + 1) / nt * 16;
-    convert_run((char *)dst + a * dsz, 1, dt, (const char *)src + a * ssz, 1, st, b - a);
-  }
+  convert_job job = { dst, src, dt, st, n };
+  sh_parallel_for(n / 16, 1, convert_task, &job);
 }
 
 /* A strided copy seen as rows along the last dim (src strides already broadcast). */
@@ -123,6 +127,8 @@ static void copy_rows(const copy_plan *p, int64_t r0, int64_t r1) {
   }
 }
 
+static void copy_task(void *p, int64_t r0, int64_t r1) { copy_rows(p, r0, r1); }
+
 static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   int64_t n = sh_tensor_numel(dst);
   int same_shape = dst->ndim == src->ndim && memcmp(dst->shape, src->shape, sizeof(int64_t) * dst->ndim) == 0;
@@ -138,11 +144,7 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   if (dst->ndim == 0) { convert_run(p.d, 1, p.dt, p.s, 1, p.st, 1); return SH_OK; }
   int64_t rows = n / dst->shape[p.last];
   if (n <= (1 << 16)) { copy_rows(&p, 0, rows); return SH_OK; }
-  #pragma omp parallel   /* rows spread over the threads when the copy is big */
-  {
-    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    copy_rows(&p, rows * t / nt, rows * (t + 1) / nt);
-  }
+  sh_parallel_for(rows, 1, copy_task, &p);   /* rows spread over the threads when the copy is big */
   return SH_OK;
 }
 

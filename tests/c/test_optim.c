@@ -7,7 +7,7 @@
  * dtype.c's conversions, special values (ties, NaN, Inf, -0, subnormals) included; the two
  * loops must give the same bits (both are plain IEEE f32 operations in the same order). */
 #include <math.h>
-#include <omp.h>
+#include "parallel.h"
 #include <stdlib.h>
 #include "check.h"
 #include "dtype.h"
@@ -156,7 +156,7 @@ static void run_everywhere(const char *name, int n, const int64_t *sizes, int gr
       char what[160];
       snprintf(what, sizeof what, "%s grad %s shadow %s, %d thread(s), %s loop", name, sh_dtype_name(grad_dtype),
                shadow_dtype >= 0 ? sh_dtype_name(shadow_dtype) : "none", threads, vec ? "vector" : "portable");
-      omp_set_num_threads(threads);
+      sh_parallel_set_threads(threads);
       sh_optim_allow_avx512(vec);
       uint32_t *bits = NULL;
       run_group(what, n, sizes, grad_dtype, shadow_dtype, &bits);
@@ -171,7 +171,7 @@ static void run_everywhere(const char *name, int n, const int64_t *sizes, int gr
   }
   free(first);
   sh_optim_allow_avx512(1);
-  omp_set_num_threads(2);
+  sh_parallel_set_threads(2);
 }
 
 static void test_adamw_sizes(void) {

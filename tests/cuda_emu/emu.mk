@@ -15,11 +15,11 @@ EMU_LUAJIT ?= luajit
 EMU_OPT    ?= -O2
 EMU_BIN    ?= bin/shard-emu
 
-EMU_CFLAGS   := $(EMU_OPT) -g -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation \
+EMU_CFLAGS   := $(EMU_OPT) -g -std=gnu11 -fPIC -fopenmp-simd -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation \
                 -Iruntime -Ikernels -DSHARD_CUDA
 EMU_CXXFLAGS := $(EMU_OPT) -g -std=c++17 -fPIC -Wall -Wno-unused-parameter -Wno-unknown-pragmas -Wno-unused-function \
                 -Wno-comment -fno-strict-aliasing -I$(EMU_DIR)/include -I$(EMU_DIR) -Iruntime -Ikernels -DSHARD_CUDA
-EMU_LIBS     := $(MPI_LIBS) $(BLAS_LIBS) -lstdc++ -lm -lpthread -fopenmp -ldl
+EMU_LIBS     := $(MPI_LIBS) $(BLAS_LIBS) -lstdc++ -lm -lpthread -ldl
 
 EMU_HEADERS  := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h $(EMU_DIR)/include/*/*.cuh)
 

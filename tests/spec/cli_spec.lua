@@ -25,25 +25,28 @@ describe("bin/shard", function()
     end
   end)
 
-  -- runtime/host.c: OpenMP threads spin briefly when this node's ranks x threads fit the CPUs,
-  -- else sleep at once (passive); a setting of the user's own is left alone
-  it("chooses the OpenMP wait by how many ranks and threads share the CPUs", function()
-    local probe = script('print(tostring(os.getenv("OMP_WAIT_POLICY")) .. " " .. tostring(os.getenv("GOMP_SPINCOUNT")))')
-    local clear = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE " ..
+  -- runtime/parallel.c: idle workers spin a while when this node's ranks x threads fit the
+  -- CPUs, else sleep at once; OMP_NUM_THREADS sets the team, OMP_WAIT_POLICY overrides the wait
+  it("sizes the thread team and picks its wait by how many ranks and threads share the CPUs", function()
+    local probe = script('local C = require("shard.ffi").C; local s = tonumber(C.sh_parallel_spin_ns()); ' ..
+                         'print(C.sh_parallel_threads() .. " " .. (s == 0 and "sleep" or s >= 2^62 and "spin" or "spin-then-sleep"))')
+    local clear = "env -u OMP_WAIT_POLICY -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE " ..
                   "-u OMPI_COMM_WORLD_LOCAL_SIZE -u RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u SLURM_PROCID"
     local function wait_of(env)
       local code, out = shard_cmd("run " .. quote(probe), nil, clear .. " " .. env)
       assert.equal(0, code)
       return (out:gsub("\n$", ""))
     end
-    assert.equal("passive 1000", wait_of("OMP_NUM_THREADS=1"))
-    assert.equal("passive 1000", wait_of("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1"))
-    -- more threads than any machine has, or ranks: they share cores
-    assert.equal("passive nil", wait_of("OMP_NUM_THREADS=100000"))
-    assert.equal("passive nil", wait_of("OMP_NUM_THREADS=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=100000 " ..
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE=100000"))
-    assert.equal("active nil", wait_of("OMP_WAIT_POLICY=active"))
-    assert.equal("nil 5", wait_of("GOMP_SPINCOUNT=5"))
+    assert.equal("1 spin-then-sleep", wait_of("OMP_NUM_THREADS=1"))
+    assert.equal("1 spin-then-sleep", wait_of("OMP_NUM_THREADS=1 RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1"))
+    assert.equal("2 spin-then-sleep", wait_of("OMP_NUM_THREADS=2,1 taskset -c 0-1"))
+    -- more threads than the CPUs it may use, or ranks: they share cores
+    assert.equal("255 sleep", wait_of("OMP_NUM_THREADS=100000"))
+    assert.equal("2 sleep", wait_of("OMP_NUM_THREADS=2 taskset -c 0"))
+    assert.equal("1 sleep", wait_of("OMP_NUM_THREADS=1 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=100000 " ..
+                                    "OMPI_COMM_WORLD_LOCAL_SIZE=100000"))
+    assert.equal("1 spin", wait_of("OMP_NUM_THREADS=1 OMP_WAIT_POLICY=active"))
+    assert.equal("1 sleep", wait_of("OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive"))
     os.remove(probe)
   end)
 
