@@ -239,7 +239,7 @@ void sh_parallel_set_threads(int n) {
 
 long sh_parallel_spin_ns(void) {
   pthread_once(&team_once, team_init);
-  return team.spin_ns;
+  return spin_budget();
 }
 
 int sh_parallel_inside(void) { return inside; }

@@ -20,7 +20,8 @@ typedef void (*sh_parallel_fn)(void *ctx, int t, int nt);
 int sh_parallel_threads(void);
 /* Sets the team's size (clamped to [1, 255]); workers start when a call needs them. */
 void sh_parallel_set_threads(int n);
-/* How long an idle worker spins before it sleeps, in ns (0: at once). */
+/* How long an idle thread of the team would spin now before it sleeps, in ns: the wait
+ * policy's time (0: at once), or 0 while the team lately waited for its CPUs (contention). */
 long sh_parallel_spin_ns(void);
 /* Runs fn on min(nt, team size) threads and returns when all are done. Called from inside a
  * parallel call, or while another thread has the team, it runs every t in turn on the calling

@@ -5,9 +5,11 @@
  * which also checks that a child starts a team of its own); a hang fails by alarm. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
@@ -144,6 +146,45 @@ static void test_no_lost_wakeups(void) {
   }
 }
 
+/* A process that only spins, killed with its parent (even one killed by alarm). */
+static void busy_forever(void) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  for (volatile unsigned long i = 0;; i++) {}
+}
+
+/* Beside two busy processes on two CPUs the team waits for its cores: it stops spinning (the
+ * policy alone would spin, the team fitting the CPUs). */
+static void test_contention_stops_the_spin(void) {
+  cpu_set_t two;
+  CPU_ZERO(&two);
+  CPU_SET(0, &two);
+  CPU_SET(1, &two);
+  if (sched_setaffinity(0, sizeof two, &two) != 0) { printf("# skip contention: fewer than 2 CPUs\n"); return; }
+  pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("OMP_NUM_THREADS");
+    alarm(60);
+    pid_t hog[2];
+    for (int h = 0; h < 2; h++)
+      if ((hog[h] = fork()) == 0) busy_forever();
+    sh_parallel_set_threads(2);
+    long alone = sh_parallel_spin_ns();   /* the first look only takes a reading */
+    _Atomic long runs[2] = { 0 };
+    long spin = alone;
+    for (int i = 0; i < 200000 && spin != 0; i++) {
+      sh_parallel(2, count_part, runs);
+      if (i % 64 == 0) spin = sh_parallel_spin_ns();
+    }
+    for (int h = 0; h < 2; h++) kill(hog[h], SIGKILL);
+    _exit(alone > 0 && spin == 0 ? 0 : alone == 0 ? 4 : 5);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+  CHECK(rc == 0, "beside 2 busy processes: the spin stops (child %d: 4 = the policy never spun, 5 = it kept spinning)", rc);
+}
+
 /* A child forked from a process whose workers run has none of them: it starts its own. */
 static void test_child_of_a_running_team(void) {
   sh_parallel_set_threads(2);
@@ -162,5 +203,6 @@ int main(int argc, char **argv) {
   RUN(test_parallel_for_covers_the_range_once);
   RUN(test_concurrent_callers);
   RUN(test_child_of_a_running_team);
+  RUN(test_contention_stops_the_spin);
   return check_summary("test_parallel");
 }
