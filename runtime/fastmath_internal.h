@@ -5,13 +5,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* exp(x) = 2^n e^r with |r| <= ln2/2 (Cephes' degree-6 polynomial, within 1.4 ulp of the
- * true value for normal results), written without branches or calls so the loops around it
- * vectorize. 2^n is built in two halves, so results that underflow into denormals or
- * overflow to inf come out as they should; NaN passes through. */
-static inline __attribute__((always_inline)) float sh_expf(float x) {
-  float xc = x < -104.0f ? -104.0f : x;
-  xc = xc > 89.0f ? 89.0f : xc;
+/* e^xc = the result times 2^*n: the reduction and polynomial of sh_expf, for xc already
+ * clamped to where 2^n is a normal float (NaN passes through). */
+static inline __attribute__((always_inline)) float sh_expf_reduced(float xc, int32_t *n_out) {
   float t = xc * 1.44269504088896341f + 12582912.0f;   /* 1.5 * 2^23 + n: rounds to n */
   float n = t - 12582912.0f;
   uint32_t tb;
@@ -24,7 +20,19 @@ static inline __attribute__((always_inline)) float sh_expf(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  *n_out = ni;
+  return p * r * r + r + 1.0f;
+}
+
+/* exp(x) = 2^n e^r with |r| <= ln2/2 (Cephes' degree-6 polynomial, within 1.4 ulp of the
+ * true value for normal results), written without branches or calls so the loops around it
+ * vectorize. 2^n is built in two halves, so results that underflow into denormals or
+ * overflow to inf come out as they should; NaN passes through. */
+static inline __attribute__((always_inline)) float sh_expf(float x) {
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  int32_t ni;
+  float p = sh_expf_reduced(xc, &ni);
   int32_t h = ni >> 1;
   uint32_t b1 = (uint32_t)(h + 127) << 23, b2 = (uint32_t)(ni - h + 127) << 23;
   float s1, s2;
@@ -53,5 +61,15 @@ static inline __attribute__((always_inline)) float sh_tanhf(float x) {
  * Half the cost of sh_tanhf; enough where the result is added to 1, as in GELU's
  * 0.5 x (1 + tanh(...)). */
 static inline __attribute__((always_inline)) float sh_tanhf_abs(float u) {
-  return 1.0f - 2.0f / (sh_expf(2.0f * u) + 1.0f);
+  /* past |2u| = 30 the result is +-1 in f32 (as with sh_expf's wider range: the same bits),
+   * so 2^n is one normal float and needs no second half and no NaN select */
+  float xc = 2.0f * u;
+  xc = xc < -30.0f ? -30.0f : xc;
+  xc = xc > 30.0f ? 30.0f : xc;
+  int32_t ni;
+  float p = sh_expf_reduced(xc, &ni);
+  uint32_t b = (uint32_t)(ni + 127) << 23;
+  float s;
+  memcpy(&s, &b, sizeof s);
+  return 1.0f - 2.0f / (p * s + 1.0f);
 }
