@@ -8,6 +8,7 @@
 #include "parallel.h"
 #include "comm.h"
 #include "status.h"
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -17,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <fcntl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,11 +131,12 @@ static uint32_t wait_for_job(uint32_t seen) {
   return atomic_load_explicit(&team.job, memory_order_acquire);
 }
 
-/* arg: the worker's id (low 8 bits) above the job word when it was made, the last job it
- * need not run (it may start after the caller published the next one). */
+/* arg: the worker's id (low NT_BITS bits, as ids stay below MAX_THREADS) above the job word
+ * when it was made, the last job it need not run (it may start after the caller published
+ * the next one). */
 static void *worker_main(void *arg) {
-  int id = (int)((uintptr_t)arg & 0xff);
-  uint32_t seen = (uint32_t)((uintptr_t)arg >> 8);
+  int id = (int)((uintptr_t)arg & ((1u << NT_BITS) - 1));
+  uint32_t seen = (uint32_t)((uintptr_t)arg >> NT_BITS);
   inside = 1;
   for (;;) {
     seen = wait_for_job(seen);
@@ -217,7 +218,7 @@ static void start_workers(void) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    uintptr_t arg = (uintptr_t)atomic_load(&team.job) << 8 | (uintptr_t)(team.started + 1);
+    uintptr_t arg = (uintptr_t)atomic_load(&team.job) << NT_BITS | (uintptr_t)(team.started + 1);
     int rc = pthread_create(&th, &attr, worker_main, (void *)arg);
     pthread_attr_destroy(&attr);
     if (rc != 0) { team.size = team.started + 1; return; }
