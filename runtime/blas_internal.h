@@ -1,8 +1,8 @@
 /* blas_internal.h: the one way shard calls an f32 GEMM on the CPU.
- * OpenBLAS runs single-threaded (its worker threads spin in sched_yield between calls, taking
- * the cores the kernels need); sh_sgemm itself splits a large product across the thread team
- * (parallel.h), each thread calling BLAS on its block of C. Inside a parallel call it is a
- * plain BLAS call. */
+ * sh_sgemm splits a large product across the thread team (parallel.h), each thread computing
+ * its block of C: through sgemm_avx512.c's kernel where the CPU has AVX-512F (below), else
+ * through OpenBLAS, which runs single-threaded (its worker threads spin in sched_yield between
+ * calls, taking the cores the kernels need). Inside a parallel call it is one block. */
 #pragma once
 #include <cblas.h>
 
@@ -16,6 +16,14 @@ typedef struct sh_sgemm_rows { void (*fn)(const void *ctx, int r0, int r1); cons
  * region, while the block is still in the thread's cache. */
 void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc, const struct sh_sgemm_rows *rows);
+
+/* sgemm_avx512.c: whether a product goes through its kernel (AVX-512F, SHARD_CPU_SGEMM not 0,
+ * sh_sgemm_allow_avx512 not turned off, alpha not 0, not tiny); and the kernel on the calling
+ * thread: 0, or -1 when its packing scratch cannot grow (the caller then uses OpenBLAS). */
+int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha);
+int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void sh_sgemm_allow_avx512(int on);
 
 /* c = alpha op(a) op(b) + beta c with a and b bf16 (uint16_t bit patterns) and c f32, row
  * major (gemm_bf16.c): AVX-512 BF16 with f32 sums where the CPU has it, else (or with

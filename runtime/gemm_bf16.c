@@ -5,10 +5,10 @@
  * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
  * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
  * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
- * in a scratch buffer each thread keeps between calls; the packs are AVX-512 too: 16x16 word
- * transposes, or two rows interleaved); a micro-kernel keeps an MR x NR block of c in 24 zmm
- * accumulators. The thread team (parallel.h) splits c into one block per thread, or the
- * calling thread does it all inside a parallel call. Tails in
+ * in the packing scratch each thread keeps between calls, gemm_pack_internal.h; the packs are
+ * AVX-512 too: 16x16 word transposes, or two rows interleaved); a micro-kernel keeps an MR x NR
+ * block of c in 24 zmm accumulators. The thread team (parallel.h) splits c into one block per
+ * thread, or the calling thread does it all inside a parallel call. Tails in
  * m, n and odd k are zero-padded in the packs and masked at the store, which also applies
  * alpha, beta and the rounding of a bf16 c (sh_f32_to_bf16_inline's bits: vcvtneps2bf16
  * would flush denormal results to zero).
@@ -20,6 +20,7 @@
 #include "bf16_internal.h"
 #include "status_internal.h"
 #include "parallel.h"
+#include "gemm_pack_internal.h"
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,44 +100,12 @@ static int gemm_widened(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, in
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-/* The first min(max(cols, 0), 16) of 16 lanes. */
-static inline __mmask16 cols_mask(int cols) {
-  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? 0 : (__mmask16)((1u << cols) - 1);
-}
-
 /* An operand packed in blocks of w lanes (rows of op(a), MR a block, or columns of op(b), NR),
  * block t at dst + t * w * kp: kp k-pairs of w 32-bit lanes each, dst[q * w + r] holding
  * (x(t w + r, 2q) low, x(t w + r, 2q+1) high); lanes past the operand's last and the partner of
  * an odd k's last element are zero. Two layouts: k along the stored rows (a as is, b
  * transposed: a pair is one 32-bit word, and a block is a transpose of words) or k down the
  * stored columns (a transposed, b as is: a pair interleaves two stored rows). */
-
-/* out[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are in[0 .. 15]: words,
- * then pairs of words, within each 128-bit lane; then the 4 x 4 transpose of the lanes. */
-BF16_TARGET static inline void transpose16(const __m512i in[16], __m512i out[16]) {
-  __m512i t[16], s[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {   /* s[4i + e], lane L: rows 4i .. 4i+3 of column 4L + e */
-    s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int e = 0; e < 4; e++) {
-    __m512i p0 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0x44), p1 = _mm512_shuffle_i32x4(s[e], s[4 + e], 0xEE);
-    __m512i p2 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0x44), p3 = _mm512_shuffle_i32x4(s[8 + e], s[12 + e], 0xEE);
-    out[e] = _mm512_shuffle_i32x4(p0, p2, 0x88);
-    out[4 + e] = _mm512_shuffle_i32x4(p0, p2, 0xDD);
-    out[8 + e] = _mm512_shuffle_i32x4(p1, p3, 0x88);
-    out[12 + e] = _mm512_shuffle_i32x4(p1, p3, 0xDD);
-  }
-}
 
 /* Block of lanes i0 .. i0+cnt, k along the rows: 16 rows of 16 words (k masked at its end,
  * rows past cnt zero) transposed into 16 k-pairs of 16 lanes at a time. */
@@ -150,8 +119,8 @@ BF16_TARGET static void pack_k_along(uint32_t *dst, int w, const uint16_t *x, in
 #pragma GCC unroll 16
       for (int j = 0; j < 16; j++)
         in[j] = r0 + j < cnt ? _mm512_maskz_loadu_epi16(mk, x + (size_t)(i0 + r0 + j) * ld + 2 * q0) : _mm512_setzero_si512();
-      transpose16(in, out);
-      for (int q = 0; q < nq; q++) _mm512_mask_storeu_epi32(dst + (size_t)(q0 + q) * w + r0, cols_mask(w - r0), out[q]);
+      sh_transpose16(in, out);
+      for (int q = 0; q < nq; q++) _mm512_mask_storeu_epi32(dst + (size_t)(q0 + q) * w + r0, sh_lanes_mask(w - r0), out[q]);
     }
 }
 
@@ -165,10 +134,10 @@ BF16_TARGET static void pack_k_down(uint32_t *dst, int w, const uint16_t *x, int
     for (int t = 0; t < blocks; t++) {
       uint32_t *d = dst + ((size_t)t * kp + q) * w;
       for (int r = 0; r < w; r += 16) {
-        __mmask16 m = cols_mask(lanes - t * w - r);
+        __mmask16 m = sh_lanes_mask(lanes - t * w - r);
         __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + t * w + r));
         __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(pair ? m : 0, hi + t * w + r));
-        _mm512_mask_storeu_epi32(d + r, cols_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+        _mm512_mask_storeu_epi32(d + r, sh_lanes_mask(w - r), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
       }
     }
   }
@@ -211,7 +180,7 @@ BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t 
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
   }
-  __mmask16 m0 = cols_mask(nr), m1 = cols_mask(nr - 16);
+  __mmask16 m0 = sh_lanes_mask(nr), m1 = sh_lanes_mask(nr - 16);
   __m512 va = _mm512_set1_ps(alpha);
   for (int r = 0; r < mr; r++) {
     store16(out_at(c, r, 0), c.bf16, m0, _mm512_mul_ps(acc[r][0], va), beta);
@@ -221,19 +190,6 @@ BF16_TARGET static void micro_kernel(int kq, const uint32_t *ap, const uint32_t 
 
 /* ---- the blocked product ------------------------------------------------------------------ */
 
-/* The calling thread's packing buffer, grown as needed and kept: a fresh allocation of this
- * size per call is an mmap, and its page faults cost as much as a small product. */
-static uint32_t *scratch(size_t words) {
-  static __thread uint32_t *buf;
-  static __thread size_t cap;
-  if (words <= cap) return buf;
-  free(buf);
-  cap = 0;
-  buf = aligned_alloc(64, (words * sizeof(uint32_t) + 63) / 64 * 64);
-  if (buf) cap = words;
-  return buf;
-}
-
 /* The product of one thread: packs its operands into the thread's scratch, then runs the
  * micro-kernel panel by panel (a panel's pack stays in cache across the row tiles). 0, or -1
  * when the scratch cannot be allocated. */
@@ -241,7 +197,7 @@ BF16_TARGET static int gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
                       int lda, const uint16_t *b, int ldb, float beta, out c) {
   int kp = (k + 1) / 2, mtiles = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
   size_t na = (size_t)mtiles * MR * kp, nb = (size_t)npanels * NR * kp;
-  uint32_t *ap = scratch(na + nb), *bp = ap + na;
+  uint32_t *ap = sh_gemm_scratch((na + nb) * sizeof(uint32_t)), *bp = ap + na;
   if (!ap) return -1;
   pack(ap, MR, a, lda, ta != CblasNoTrans, m, k);
   pack(bp, NR, b, ldb, tb == CblasNoTrans, n, k);

@@ -1,0 +1,185 @@
+/* sgemm_avx512.c: c = alpha op(a) op(b) + beta c in f32 on the calling thread, with AVX-512F
+ * (checked at run time): the product blas.c gives each thread of a split, and the whole
+ * product of a small one.
+ *
+ * Why not OpenBLAS for these: on the transformer's shapes (k and n from 65 to a few thousand)
+ * OpenBLAS packs both operands on every call and zero-fills c before a beta-0 product. Here
+ * only op(b) is packed, into panels of NR columns (a row of a panel is two zmm loads); op(a)
+ * is read where it lies: a micro-kernel broadcasts the elements of its MR rows of op(a), from
+ * MR stored rows of a, or from MR adjacent elements of one stored row when a is transposed.
+ * It keeps an MR x NR block of c in 24 zmm accumulators and writes c once (beta 0 never
+ * reads it). Row tiles run outer and panels inner, so a tile of a stays in L1 while the
+ * packed block of b (at most PACK_FLOATS) stays in L2; k runs in chunks of at most KC.
+ * A tail tile of fewer than MR rows is copied into a zero-padded tile first, so the kernel
+ * never reads past a; a tail panel of at most 16 columns runs on one zmm per row.
+ *
+ * Sums: every element of c is its k products summed in order, one FMA after another (chunk
+ * by chunk, c carrying the partial sum between chunks), so the bits do not depend on the
+ * split or on the number of threads. They differ from OpenBLAS's in the last places where
+ * OpenBLAS blocks k differently.
+ *
+ * sh_sgemm_avx512_wanted says when to use it: a CPU with AVX-512F, SHARD_CPU_SGEMM not 0
+ * (read once; sh_sgemm_allow_avx512 for tests), alpha not 0 (BLAS then never reads a or b),
+ * and a product of at least MIN_WORK multiply-adds: below that (attention's 64 x 64 blocks)
+ * OpenBLAS's small-matrix kernels are faster. */
+#include "blas_internal.h"
+#include "gemm_pack_internal.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  MR = 12, NR = 32,
+  KC = 1024,                  /* k per chunk: a tile of a (MR x KC) stays within L1 and L2 */
+  PACK_FLOATS = 128 * 1024,   /* packed block of b: 512 KiB, half an L2 */
+  MIN_WORK = 1 << 18,
+};
+
+/* ---- choosing the path ------------------------------------------------------------------- */
+
+static int allowed = 1, env_off, cpu_has;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+static void detect(void) {
+  __builtin_cpu_init();
+  cpu_has = __builtin_cpu_supports("avx512f");
+  const char *env = getenv("SHARD_CPU_SGEMM");
+  env_off = env && strcmp(env, "0") == 0;
+}
+
+void sh_sgemm_allow_avx512(int on) { allowed = on != 0; }
+
+int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha) {
+  pthread_once(&detect_once, detect);
+  return allowed && cpu_has && !env_off && alpha != 0.0f && (double)m * n * k >= MIN_WORK;
+}
+
+/* ---- packing op(b) ----------------------------------------------------------------------- */
+
+/* Width of panel jp of a block of n columns: NR, or 16 for a tail of at most 16. */
+static int panel_width(int n, int jp) { return n - jp * NR > 16 ? NR : 16; }
+
+/* op(b)[k0 .. k0+kc, j0 .. j0+n] into panels: panel jp at dst + jp NR kc, row q of it at
+ * + q width; columns past n are zero. b as stored: k x n (tb none) or n x k (transposed). */
+SH_GEMM_AVX512 static void pack_b(float *dst, const float *b, int ldb, int trans, int k0, int kc, int j0, int n) {
+  for (int jp = 0; jp * NR < n; jp++) {
+    float *panel = dst + (size_t)jp * NR * kc;
+    int w = panel_width(n, jp), cols = n - jp * NR;
+    if (!trans) {
+      const float *src = b + (size_t)k0 * ldb + j0 + jp * NR;
+      for (int q = 0; q < kc; q++)
+        for (int h = 0; h < w; h += 16)
+          _mm512_storeu_ps(panel + q * w + h, _mm512_maskz_loadu_ps(sh_lanes_mask(cols - h), src + (size_t)q * ldb + h));
+      continue;
+    }
+    /* 16 columns x 16 k at a time: rows of the stored b, transposed */
+    for (int h = 0; h < w; h += 16)
+      for (int q0 = 0; q0 < kc; q0 += 16) {
+        __mmask16 mk = sh_lanes_mask(kc - q0);
+        __m512i in[16], out[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++)
+          in[r] = h + r < cols ? _mm512_castps_si512(_mm512_maskz_loadu_ps(
+                                     mk, b + (size_t)(j0 + jp * NR + h + r) * ldb + k0 + q0))
+                               : _mm512_setzero_si512();
+        sh_transpose16(in, out);
+        for (int q = 0; q < 16 && q0 + q < kc; q++) _mm512_storeu_si512(panel + (q0 + q) * w + h, out[q]);
+      }
+  }
+}
+
+/* ---- the micro-kernel -------------------------------------------------------------------- */
+
+/* c[0:mr, 0:nr] = alpha (a tile . panel) + beta c over kc, the tile's element (r, q) at
+ * a[r rs + q cs]; a panel row is V zmm (NR or 16 columns). Inlined into one function per
+ * tile layout and width, so rs, cs and V are constants where it matters. */
+SH_GEMM_AVX512 static inline __attribute__((always_inline)) void tile(
+    int kc, const float *a, size_t rs, size_t cs, const float *panel, int V, float *c, int ldc, int mr, int nr,
+    float alpha, float beta) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int q = 0; q < kc; q++) {
+    __m512 b0 = _mm512_loadu_ps(panel + (size_t)q * V * 16);
+    __m512 b1 = V == 2 ? _mm512_loadu_ps(panel + (size_t)q * V * 16 + 16) : b0;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+      __m512 av = _mm512_set1_ps(a[r * rs + q * cs]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      if (V == 2) acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < mr; r++)
+    for (int v = 0; v < V; v++) {
+      float *p = c + (size_t)r * ldc + 16 * v;
+      __mmask16 mk = sh_lanes_mask(nr - 16 * v);
+      __m512 x = _mm512_mul_ps(acc[r][v], va);
+      if (beta != 0.0f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, p), x);
+      _mm512_mask_storeu_ps(p, mk, x);
+    }
+}
+
+typedef void tile_fn(int kc, const float *a, size_t ld, const float *panel, float *c, int ldc, int mr, int nr,
+                     float alpha, float beta);
+
+/* a's tile as MR stored rows (ld apart), or as MR adjacent elements of stored rows ld apart */
+#define TILE_FN(name, RS, CS, V)                                                                         \
+  SH_GEMM_AVX512 static void name(int kc, const float *a, size_t ld, const float *panel, float *c, int ldc, \
+                                  int mr, int nr, float alpha, float beta) {                           \
+    tile(kc, a, RS, CS, panel, V, c, ldc, mr, nr, alpha, beta);                                      \
+  }
+TILE_FN(tile_rows2, ld, 1, 2)
+TILE_FN(tile_rows1, ld, 1, 1)
+TILE_FN(tile_cols2, 1, ld, 2)
+TILE_FN(tile_cols1, 1, ld, 1)
+
+/* ---- the blocked product ------------------------------------------------------------------ */
+
+/* op(a)'s rows i0 .. i0+mr over k0 .. k0+kc into a dense MR x kc tile, rows past mr zero. */
+static void copy_tail_tile(float *dst, const float *a, int lda, int trans, int i0, int mr, int k0, int kc) {
+  memset(dst, 0, sizeof(float) * MR * kc);
+  for (int r = 0; r < mr; r++)
+    for (int q = 0; q < kc; q++)
+      dst[(size_t)r * kc + q] = trans ? a[(size_t)(k0 + q) * lda + i0 + r] : a[(size_t)(i0 + r) * lda + k0 + q];
+}
+
+/* Columns j0 .. j0+n of c over k0 .. k0+kc (beta: what c's value counts for). */
+static void block(CBLAS_TRANSPOSE ta, int m, int n, int kc, float alpha, const float *a, int lda, int k0, int j0,
+                  const float *packed, float *tail, float beta, float *c, int ldc) {
+  int ta_t = ta != CblasNoTrans;
+  for (int i0 = 0; i0 < m; i0 += MR) {
+    int mr = m - i0 < MR ? m - i0 : MR;
+    const float *at = ta_t ? a + (size_t)k0 * lda + i0 : a + (size_t)i0 * lda + k0;
+    size_t ld = lda;
+    int rows = !ta_t;
+    if (mr < MR) {
+      copy_tail_tile(tail, a, lda, ta_t, i0, mr, k0, kc);
+      at = tail, ld = kc, rows = 1;
+    }
+    for (int jp = 0; jp * NR < n; jp++) {
+      int nr = n - jp * NR < NR ? n - jp * NR : NR;
+      tile_fn *fn = panel_width(n, jp) == NR ? (rows ? tile_rows2 : tile_cols2) : (rows ? tile_rows1 : tile_cols1);
+      fn(kc, at, ld, packed + (size_t)jp * NR * kc, c + (size_t)i0 * ldc + j0 + jp * NR, ldc, mr, nr, alpha, beta);
+    }
+  }
+}
+
+int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  int kc_max = k < KC ? k : KC;
+  int nc = PACK_FLOATS / kc_max / NR * NR;
+  if (nc < NR) nc = NR;
+  float *packed = sh_gemm_scratch(sizeof(float) * ((size_t)nc * kc_max + (size_t)MR * kc_max));
+  if (!packed) return -1;
+  float *tail = packed + (size_t)nc * kc_max;
+  for (int j0 = 0; j0 < n; j0 += nc) {
+    int nb = n - j0 < nc ? n - j0 : nc;
+    for (int k0 = 0; k0 < k; k0 += KC) {
+      int kc = k - k0 < KC ? k - k0 : KC;
+      pack_b(packed, b, ldb, tb != CblasNoTrans, k0, kc, j0, nb);
+      block(ta, m, nb, kc, alpha, a, lda, k0, j0, packed, tail, k0 == 0 ? beta : 1.0f, c, ldc);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,199 @@
+/* test_sgemm.c: the CPU's f32 GEMM (runtime/blas.c, runtime/sgemm_avx512.c) against a float64
+ * product, on both of its paths in one process: sgemm_avx512.c's kernel when this CPU has
+ * AVX-512F, and OpenBLAS (sh_sgemm_allow_avx512(0)).
+ * - The kernel itself (sh_sgemm_avx512 on one thread), which sh_sgemm uses only for products
+ *   past its size threshold: sizes 1, the tails of every block (rows of 12, panels of 32 and
+ *   of 16, k chunks of 1024, column blocks of the 512 KiB pack), all four transposes, leading
+ *   dimensions wider than the matrix (their padding is NaN in a and b, and must stay as it
+ *   was in c), alpha and beta (beta 0 must not read c: it starts as NaN).
+ * - sh_sgemm on 1 and 2 threads with both paths on the model's shapes and on ones whose
+ *   split leaves tails; the kernel's bits must not depend on the thread count (each element
+ *   is its k products summed in order), and the gelu epilogue (sh_sgemm_then) sees each row
+ *   once, after its product.
+ * Tolerance: f32 sums of f32 products, each element within (k + 2) 2^-24 sum_p |a_ip b_pj|
+ * (times |alpha|, plus beta c's rounding) of the exact value; the check allows 4 times that. */
+#include "check.h"
+#include "blas_internal.h"
+#include "parallel.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x13198A2E03707344ull;
+static double urand(void) {
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(rng >> 11) / 9007199254740992.0 * 2 - 1;
+}
+
+typedef struct gcase { int ta, tb, m, n, k, extra; float alpha, beta; } gcase;
+
+/* Operands and a starting c of a case, with NaN in every padding element. */
+typedef struct operands { float *a, *b, *c0; int lda, ldb, ldc; } operands;
+
+static operands make_operands(const gcase *g) {
+  int ar = g->ta ? g->k : g->m, ac = g->ta ? g->m : g->k, br = g->tb ? g->n : g->k, bc = g->tb ? g->k : g->n;
+  operands o = { NULL, NULL, NULL, ac + g->extra, bc + g->extra, g->n + g->extra };
+  o.a = malloc(sizeof(float) * ((size_t)ar * o.lda + 1));
+  o.b = malloc(sizeof(float) * ((size_t)br * o.ldb + 1));
+  o.c0 = malloc(sizeof(float) * ((size_t)g->m * o.ldc + 1));
+  for (size_t i = 0; i < (size_t)ar * o.lda; i++) o.a[i] = (int)(i % o.lda) < ac ? (float)urand() : NAN;
+  for (size_t i = 0; i < (size_t)br * o.ldb; i++) o.b[i] = (int)(i % o.ldb) < bc ? (float)urand() : NAN;
+  for (size_t i = 0; i < (size_t)g->m * o.ldc; i++)
+    o.c0[i] = (int)(i % o.ldc) >= g->n ? NAN : g->beta == 0 ? NAN : (float)urand();
+  return o;
+}
+
+static void free_operands(operands *o) { free(o->a); free(o->b); free(o->c0); }
+
+static double el(const float *x, int ld, int t, int i, int p) { return t ? x[(size_t)p * ld + i] : x[(size_t)i * ld + p]; }
+
+/* c (computed from o.c0 by `path`) against float64; padding past n untouched. */
+static void check_result(const gcase *g, const operands *o, const float *c, const char *path) {
+  int bad = 0;
+  for (int i = 0; i < g->m && bad < 3; i++)
+    for (int j = 0; j < o->ldc && bad < 3; j++) {
+      double got = c[(size_t)i * o->ldc + j], start = o->c0[(size_t)i * o->ldc + j];
+      if (j >= g->n) {
+        if (!isnan(got)) { bad++; CHECK(0, "%s m=%d n=%d k=%d: c[%d][%d] past n changed", path, g->m, g->n, g->k, i, j); }
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (int p = 0; p < g->k; p++) {
+        double t = el(o->a, o->lda, g->ta, i, p) * el(o->b, o->ldb, g->tb, p, j);
+        s += t;
+        mag += fabs(t);
+      }
+      double beta_c = g->beta == 0 ? 0 : g->beta * start;
+      double want = g->alpha * s + beta_c;
+      double tol = 4 * (g->k + 2) * ldexp(1, -24) * (fabs(g->alpha) * mag + fabs(beta_c)) + 1e-30;
+      if (!(fabs(got - want) <= tol)) {
+        bad++;
+        CHECK(0, "%s ta=%d tb=%d m=%d n=%d k=%d alpha=%g beta=%g: c[%d][%d] = %.9g, want %.9g (tol %.3g)", path, g->ta,
+              g->tb, g->m, g->n, g->k, g->alpha, g->beta, i, j, got, want, tol);
+      }
+    }
+  if (!bad) CHECK(1, "%s", path);
+}
+
+static CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTrans; }
+
+static float *copy_c(const gcase *g, const operands *o) {
+  float *c = malloc(sizeof(float) * ((size_t)g->m * o->ldc + 1));
+  memcpy(c, o->c0, sizeof(float) * (size_t)g->m * o->ldc);
+  return c;
+}
+
+/* ---- the kernel on one thread -------------------------------------------------------------- */
+
+static int have_kernel(void) { return sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f); }
+
+static void kernel_case(gcase g) {
+  operands o = make_operands(&g);
+  float *c = copy_c(&g, &o);
+  CHECK(sh_sgemm_avx512(tr(g.ta), tr(g.tb), g.m, g.n, g.k, g.alpha, o.a, o.lda, o.b, o.ldb, g.beta, c, o.ldc) == 0,
+        "sh_sgemm_avx512 m=%d n=%d k=%d runs", g.m, g.n, g.k);
+  check_result(&g, &o, c, "kernel");
+  free(c);
+  free_operands(&o);
+}
+
+static void test_kernel_shapes(void) {
+  if (!have_kernel()) { CHECK(1, "skipped: this CPU has no AVX-512F"); return; }
+  /* m around the 12-row tile, n around the 16- and 32-column panels, k from 1 */
+  static const int dims[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 1, 2}, {12, 32, 2}, {13, 33, 5}, {11, 16, 9},
+                                {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1}};
+  for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+    for (int t = 0; t < 4; t++) kernel_case((gcase){t & 1, t >> 1, dims[d][0], dims[d][1], dims[d][2], (int)(d % 3) * 3, 1, 0});
+}
+
+static void test_kernel_alpha_beta(void) {
+  if (!have_kernel()) return;
+  kernel_case((gcase){0, 1, 17, 40, 9, 2, 0.5f, 1.0f});
+  kernel_case((gcase){1, 0, 30, 20, 33, 0, -2.0f, 0.25f});
+  kernel_case((gcase){1, 1, 13, 50, 70, 1, 1.0f, -1.0f});
+}
+
+/* k past one chunk (c carries the partial sums between chunks, beta applied once) and n past
+ * one column block of the pack (128 columns at k >= 1024) */
+static void test_kernel_blocks(void) {
+  if (!have_kernel()) return;
+  kernel_case((gcase){0, 0, 14, 40, 2100, 1, 1.0f, 0.0f});
+  kernel_case((gcase){1, 1, 13, 300, 1100, 0, 0.75f, 0.5f});
+  kernel_case((gcase){0, 1, 25, 290, 600, 3, 1.0f, 1.0f});
+}
+
+/* ---- sh_sgemm: the split, both paths, thread counts ------------------------------------------ */
+
+typedef struct seen { int *rows; int m; } seen;
+
+static void mark_rows(const void *ctx, int r0, int r1) {
+  const seen *s = ctx;
+  for (int r = r0; r < r1; r++) s->rows[r]++;
+}
+
+/* Runs g through sh_sgemm_then on `threads` threads on the current path; checks it against
+ * float64 and that the epilogue saw every row once. Returns c. */
+static float *split_case(const gcase *g, const operands *o, int threads, const char *path) {
+  float *c = copy_c(g, o);
+  seen s = { calloc((size_t)g->m, sizeof(int)), g->m };
+  sh_parallel_set_threads(threads);
+  sh_sgemm_then(tr(g->ta), tr(g->tb), g->m, g->n, g->k, g->alpha, o->a, o->lda, o->b, o->ldb, g->beta, c, o->ldc,
+                &(sh_sgemm_rows){mark_rows, &s});
+  char what[96];
+  snprintf(what, sizeof what, "%s, %d thread%s", path, threads, threads > 1 ? "s" : "");
+  check_result(g, o, c, what);
+  int once = 1;
+  for (int r = 0; r < g->m; r++) once &= s.rows[r] == 1;
+  CHECK(once, "%s m=%d: the epilogue saw every row once", what, g->m);
+  free(s.rows);
+  return c;
+}
+
+static void split_both_paths(gcase g) {
+  operands o = make_operands(&g);
+  float *c1 = NULL;
+  int threads_before = sh_parallel_threads();
+  for (int own = 1; own >= 0; own--) {
+    sh_sgemm_allow_avx512(own);
+    const char *path = own && have_kernel() ? "kernel" : "OpenBLAS";
+    for (int threads = 1; threads <= 2; threads++) {
+      float *c = split_case(&g, &o, threads, path);
+      if (threads == 1) { c1 = c; continue; }
+      if (own && have_kernel()) {
+        int same = memcmp(c, c1, sizeof(float) * (size_t)g.m * o.ldc) == 0;
+        CHECK(same, "kernel m=%d n=%d k=%d: 2 threads give the bits of 1", g.m, g.n, g.k);
+      }
+      free(c);
+      free(c1);
+    }
+  }
+  sh_sgemm_allow_avx512(1);
+  sh_parallel_set_threads(threads_before);
+  free_operands(&o);
+}
+
+/* the model's shapes (12 x 64 tokens, n_embd 128): y = x W^T, dx = dy W, dW += dy^T x */
+static void test_split_model_shapes(void) {
+  split_both_paths((gcase){0, 1, 768, 384, 128, 0, 1.0f, 0.0f});
+  split_both_paths((gcase){0, 0, 768, 128, 512, 0, 1.0f, 0.0f});
+  split_both_paths((gcase){1, 0, 512, 128, 768, 0, 1.0f, 1.0f});
+  split_both_paths((gcase){1, 0, 128, 128, 768, 0, 1.0f, 1.0f});
+  split_both_paths((gcase){0, 1, 768, 65, 128, 0, 1.0f, 0.0f});
+}
+
+/* splits that leave a tail tile or panel on one thread, and a tall k */
+static void test_split_tails(void) {
+  split_both_paths((gcase){0, 0, 101, 77, 333, 3, 0.5f, 0.5f});
+  split_both_paths((gcase){1, 1, 37, 290, 65, 1, -1.0f, 0.0f});
+  split_both_paths((gcase){0, 1, 9, 40, 1500, 0, 1.0f, 0.0f});
+}
+
+int main(int argc, char **argv) {
+  check_args(argc, argv);
+  RUN(test_kernel_shapes);
+  RUN(test_kernel_alpha_beta);
+  RUN(test_kernel_blocks);
+  RUN(test_split_model_shapes);
+  RUN(test_split_tails);
+  return check_summary("test_sgemm");
+}
