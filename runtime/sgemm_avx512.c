@@ -33,6 +33,7 @@ enum {
   KC = 1024,                  /* k per chunk: a tile of a (MR x KC) stays within L1 and L2 */
   PACK_FLOATS = 128 * 1024,   /* packed block of b: 512 KiB, half an L2 */
   MIN_WORK = 1 << 18,
+  DIRECT_B_MAX_ROWS = 256,    /* up to this many rows of c, op(b) not transposed is read in place */
 };
 
 /* ---- choosing the path ------------------------------------------------------------------- */
@@ -91,17 +92,17 @@ SH_GEMM_AVX512 static void pack_b(float *dst, const float *b, int ldb, int trans
 /* ---- the micro-kernel -------------------------------------------------------------------- */
 
 /* c[0:mr, 0:nr] = alpha (a tile . panel) + beta c over kc, the tile's element (r, q) at
- * a[r rs + q cs]; a panel row is V zmm (NR or 16 columns). Inlined into one function per
- * tile layout and width, so rs, cs and V are constants where it matters. */
+ * a[r rs + q cs]; a panel row is V zmm (NR or 16 columns), rows ps floats apart. Inlined into
+ * one function per tile layout and width, so rs, cs and V are constants where it matters. */
 SH_GEMM_AVX512 static inline __attribute__((always_inline)) void tile(
-    int kc, const float *a, size_t rs, size_t cs, const float *panel, int V, float *c, int ldc, int mr, int nr,
+    int kc, const float *a, size_t rs, size_t cs, const float *panel, size_t ps, int V, float *c, int ldc, int mr, int nr,
     float alpha, float beta) {
   __m512 acc[MR][2];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int q = 0; q < kc; q++) {
-    __m512 b0 = _mm512_loadu_ps(panel + (size_t)q * V * 16);
-    __m512 b1 = V == 2 ? _mm512_loadu_ps(panel + (size_t)q * V * 16 + 16) : b0;
+    __m512 b0 = _mm512_loadu_ps(panel + q * ps);
+    __m512 b1 = V == 2 ? _mm512_loadu_ps(panel + q * ps + 16) : b0;
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) {
       __m512 av = _mm512_set1_ps(a[r * rs + q * cs]);
@@ -120,14 +121,14 @@ SH_GEMM_AVX512 static inline __attribute__((always_inline)) void tile(
     }
 }
 
-typedef void tile_fn(int kc, const float *a, size_t ld, const float *panel, float *c, int ldc, int mr, int nr,
-                     float alpha, float beta);
+typedef void tile_fn(int kc, const float *a, size_t ld, const float *panel, size_t ps, float *c, int ldc, int mr,
+                     int nr, float alpha, float beta);
 
 /* a's tile as MR stored rows (ld apart), or as MR adjacent elements of stored rows ld apart */
 #define TILE_FN(name, RS, CS, V)                                                                         \
-  SH_GEMM_AVX512 static void name(int kc, const float *a, size_t ld, const float *panel, float *c, int ldc, \
-                                  int mr, int nr, float alpha, float beta) {                           \
-    tile(kc, a, RS, CS, panel, V, c, ldc, mr, nr, alpha, beta);                                      \
+  SH_GEMM_AVX512 static void name(int kc, const float *a, size_t ld, const float *panel, size_t ps, float *c, \
+                                  int ldc, int mr, int nr, float alpha, float beta) {                  \
+    tile(kc, a, RS, CS, panel, ps, V, c, ldc, mr, nr, alpha, beta);                                  \
   }
 TILE_FN(tile_rows2, ld, 1, 2)
 TILE_FN(tile_rows1, ld, 1, 1)
@@ -144,9 +145,11 @@ static void copy_tail_tile(float *dst, const float *a, int lda, int trans, int i
       dst[(size_t)r * kc + q] = trans ? a[(size_t)(k0 + q) * lda + i0 + r] : a[(size_t)(i0 + r) * lda + k0 + q];
 }
 
-/* Columns j0 .. j0+n of c over k0 .. k0+kc (beta: what c's value counts for). */
+/* Columns j0 .. j0+n of c over k0 .. k0+kc (beta: what c's value counts for). Panels come
+ * from `packed`, or, when `direct` (op(b) as stored, at row k0 and column j0), the whole ones
+ * straight from b's rows, ldb apart, and only the tail panel from `packed`. */
 static void block(CBLAS_TRANSPOSE ta, int m, int n, int kc, float alpha, const float *a, int lda, int k0, int j0,
-                  const float *packed, float *tail, float beta, float *c, int ldc) {
+                  const float *direct, int ldb, const float *packed, float *tail, float beta, float *c, int ldc) {
   int ta_t = ta != CblasNoTrans;
   for (int i0 = 0; i0 < m; i0 += MR) {
     int mr = m - i0 < MR ? m - i0 : MR;
@@ -158,9 +161,12 @@ static void block(CBLAS_TRANSPOSE ta, int m, int n, int kc, float alpha, const f
       at = tail, ld = kc, rows = 1;
     }
     for (int jp = 0; jp * NR < n; jp++) {
-      int nr = n - jp * NR < NR ? n - jp * NR : NR;
-      tile_fn *fn = panel_width(n, jp) == NR ? (rows ? tile_rows2 : tile_cols2) : (rows ? tile_rows1 : tile_cols1);
-      fn(kc, at, ld, packed + (size_t)jp * NR * kc, c + (size_t)i0 * ldc + j0 + jp * NR, ldc, mr, nr, alpha, beta);
+      int nr = n - jp * NR < NR ? n - jp * NR : NR, w = panel_width(n, jp);
+      const float *panel = direct ? packed : packed + (size_t)jp * NR * kc;
+      size_t ps = w;
+      if (direct && nr == NR) panel = direct + jp * NR, ps = ldb;
+      tile_fn *fn = w == NR ? (rows ? tile_rows2 : tile_cols2) : (rows ? tile_rows1 : tile_cols1);
+      fn(kc, at, ld, panel, ps, c + (size_t)i0 * ldc + j0 + jp * NR, ldc, mr, nr, alpha, beta);
     }
   }
 }
@@ -173,12 +179,15 @@ int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
   float *packed = sh_gemm_scratch(sizeof(float) * ((size_t)nc * kc_max + (size_t)MR * kc_max));
   if (!packed) return -1;
   float *tail = packed + (size_t)nc * kc_max;
+  /* few rows of c: packing all of b would cost more than reading its rows where they are */
+  int direct = tb == CblasNoTrans && m <= DIRECT_B_MAX_ROWS;
   for (int j0 = 0; j0 < n; j0 += nc) {
-    int nb = n - j0 < nc ? n - j0 : nc;
+    int nb = n - j0 < nc ? n - j0 : nc, whole = direct ? nb / NR * NR : 0;
     for (int k0 = 0; k0 < k; k0 += KC) {
       int kc = k - k0 < KC ? k - k0 : KC;
-      pack_b(packed, b, ldb, tb != CblasNoTrans, k0, kc, j0, nb);
-      block(ta, m, nb, kc, alpha, a, lda, k0, j0, packed, tail, k0 == 0 ? beta : 1.0f, c, ldc);
+      if (whole < nb) pack_b(packed, b, ldb, tb != CblasNoTrans, k0, kc, j0 + whole, nb - whole);
+      block(ta, m, nb, kc, alpha, a, lda, k0, j0, direct ? b + (size_t)k0 * ldb + j0 : NULL, ldb, packed, tail,
+            k0 == 0 ? beta : 1.0f, c, ldc);
     }
   }
   return 0;
