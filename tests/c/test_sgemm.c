@@ -124,18 +124,20 @@ static void test_kernel_blocks(void) {
 
 /* ---- sh_sgemm: the split, both paths, thread counts ------------------------------------------ */
 
-typedef struct seen { int *rows; int m; } seen;
+/* What the epilogue saw: how often each row, and each row of c as it was then. */
+typedef struct seen { int *rows; float *snap; const float *c; int ldc; } seen;
 
 static void mark_rows(const void *ctx, int r0, int r1) {
   const seen *s = ctx;
   for (int r = r0; r < r1; r++) s->rows[r]++;
+  memcpy(s->snap + (size_t)r0 * s->ldc, s->c + (size_t)r0 * s->ldc, sizeof(float) * (size_t)(r1 - r0) * s->ldc);
 }
 
 /* Runs g through sh_sgemm_then on `threads` threads on the current path; checks it against
- * float64 and that the epilogue saw every row once. Returns c. */
+ * float64, and that the epilogue saw every row once, when it already held its result. Returns c. */
 static float *split_case(const gcase *g, const operands *o, int threads, const char *path) {
   float *c = copy_c(g, o);
-  seen s = { calloc((size_t)g->m, sizeof(int)), g->m };
+  seen s = { calloc((size_t)g->m, sizeof(int)), malloc(sizeof(float) * ((size_t)g->m * o->ldc + 1)), c, o->ldc };
   sh_parallel_set_threads(threads);
   sh_sgemm_then(tr(g->ta), tr(g->tb), g->m, g->n, g->k, g->alpha, o->a, o->lda, o->b, o->ldb, g->beta, c, o->ldc,
                 &(sh_sgemm_rows){mark_rows, &s});
@@ -145,7 +147,12 @@ static float *split_case(const gcase *g, const operands *o, int threads, const c
   int once = 1;
   for (int r = 0; r < g->m; r++) once &= s.rows[r] == 1;
   CHECK(once, "%s m=%d: the epilogue saw every row once", what, g->m);
+  int final = 1;
+  for (size_t i = 0; i < (size_t)g->m * o->ldc; i++)
+    final &= s.snap[i] == c[i] || (isnan(s.snap[i]) && isnan(c[i]));
+  CHECK(final, "%s m=%d n=%d k=%d: the epilogue saw each row's final values", what, g->m, g->n, g->k);
   free(s.rows);
+  free(s.snap);
   return c;
 }
 
