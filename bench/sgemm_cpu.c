@@ -1,0 +1,79 @@
+/* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/sgemm_avx512.c's
+ * kernel) beside the same split of OpenBLAS (sh_sgemm_allow_avx512(0)), on the products of a
+ * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
+ * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a
+ * few others. Prints GFLOP/s of each path, the best of 7 rounds of >= 30 ms (the paths
+ * alternate within a round), at the team's size (OMP_NUM_THREADS). Not a test.
+ * Build and run (from the repository root, after `make`):
+ *   cc -O2 -Iruntime bench/sgemm_cpu.c build/runtime/*.o build/kernels/*.o -L/usr/local/cuda/lib64 \
+ *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
+ *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu && /tmp/sgemm_cpu
+ * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "blas_internal.h"
+#include "parallel.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static float *random_floats(size_t n) {
+  float *p = malloc(sizeof(float) * n + 64);
+  for (size_t i = 0; i < n; i++) p[i] = (float)rand() / RAND_MAX - 0.5f;
+  return p;
+}
+
+/* Seconds per call of one path: >= 30 ms of back-to-back calls. */
+static double time_path(int own, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float *a,
+                        int lda, const float *b, int ldb, float beta, float *c) {
+  sh_sgemm_allow_avx512(own);
+  int calls = 0;
+  double t0 = now(), t;
+  do {
+    sh_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, n);
+    calls++;
+  } while ((t = now() - t0) < 0.03);
+  return t / calls;
+}
+
+static void shape(const char *name, int ta, int tb, int m, int n, int k, float beta) {
+  CBLAS_TRANSPOSE tra = ta ? CblasTrans : CblasNoTrans, trb = tb ? CblasTrans : CblasNoTrans;
+  int lda = ta ? m : k, ldb = tb ? k : n;
+  float *a = random_floats((size_t)m * k), *b = random_floats((size_t)k * n), *c = random_floats((size_t)m * n);
+  double best[2] = {1e30, 1e30};
+  for (int round = 0; round < 7; round++)
+    for (int own = 0; own < 2; own++) {
+      double s = time_path(own, tra, trb, m, n, k, a, lda, b, ldb, beta, c);
+      if (s < best[own]) best[own] = s;
+    }
+  double flop = 2.0 * m * n * k;
+  printf("%-22s m %4d n %4d k %4d   OpenBLAS %6.1f   shard %6.1f GFLOP/s   %+5.1f%%\n", name, m, n, k,
+         flop / best[0] * 1e-9, flop / best[1] * 1e-9, (best[0] / best[1] - 1) * 100);
+  free(a); free(b); free(c);
+}
+
+int main(void) {
+  if (!sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
+    printf("this CPU has no AVX-512F (or SHARD_CPU_SGEMM=0): both columns are OpenBLAS\n");
+  printf("threads %d\n", sh_parallel_threads());
+  enum { ROWS = 12 * 64 };
+  static const struct { const char *name; int in, out; } layers[] = {
+    {"c_attn 128->384", 128, 384}, {"c_proj 128->128", 128, 128}, {"c_fc 128->512", 128, 512},
+    {"mlp proj 512->128", 512, 128}, {"lm_head 128->65", 128, 65}};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
+    int in = layers[i].in, out = layers[i].out;
+    printf("%s\n", layers[i].name);
+    shape("  y = x W^T", 0, 1, ROWS, out, in, 0.0f);
+    shape("  dx = dy W", 0, 0, ROWS, in, out, 0.0f);
+    shape("  dW += dy^T x", 1, 0, out, in, ROWS, 1.0f);
+  }
+  printf("others\n");
+  shape("  GPT-2 c_attn fwd", 0, 1, 1024, 2304, 768, 0.0f);
+  shape("  GPT-2 c_fc dW", 1, 0, 3072, 768, 1024, 1.0f);
+  shape("  odd sizes", 0, 0, 100, 77, 333, 0.5f);
+  return 0;
+}
