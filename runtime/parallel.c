@@ -189,11 +189,12 @@ static long spin_policy(int threads, int cpus) {
 static void close_schedstat(void *fd_plus_1) { close((int)(intptr_t)fd_plus_1 - 1); }
 
 /* A forked child has none of the parent's workers (it starts its own when it needs them), and
- * its schedstat file is its own. */
+ * its schedstat file is its own; the contention the parent's threads met is not its own. */
 static void forget_workers(void) {
   if (schedstat_fd >= 0) close(schedstat_fd);
   schedstat_fd = -1;
   next_probe = 0;
+  atomic_store(&no_spin_until, 0);
   pthread_mutex_init(&team.lock, NULL);
   team.started = 0;
   atomic_store(&team.sleeping_workers, 0);

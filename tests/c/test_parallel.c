@@ -171,12 +171,19 @@ static void test_contention_stops_the_spin(void) {
     unsetenv("OMP_WAIT_POLICY");
     unsetenv("OMP_NUM_THREADS");
     alarm(60);
+    sh_parallel_set_threads(2);
+    _Atomic long runs[2] = { 0 };
+    /* alone, the team spins: soon (up to about half a second of calls and naps), as a moment
+     * of someone else's load (a kernel thread, the test run's previous process) stops it for
+     * 20 ms */
+    long alone = sh_parallel_spin_ns();
+    for (int i = 0; i < 20000 && alone == 0; i++) {
+      sh_parallel(2, count_part, runs);
+      if (i % 64 == 0) { usleep(1000); alone = sh_parallel_spin_ns(); }
+    }
     pid_t hog[2];
     for (int h = 0; h < 2; h++)
       if ((hog[h] = fork()) == 0) busy_forever();
-    sh_parallel_set_threads(2);
-    long alone = sh_parallel_spin_ns();   /* the first look only takes a reading */
-    _Atomic long runs[2] = { 0 };
     long spin = alone;
     for (int i = 0; i < 200000 && spin != 0; i++) {
       sh_parallel(2, count_part, runs);
