@@ -133,11 +133,12 @@ SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
               row_at(&a->k, b, h / a->G, j0), a->k.s2, 0.0f, S, BK);
       for (int64_t ii = 0; ii < nq; ii++) {
         float *s = S + ii * BK, t[BK];
-        int64_t nv = visible(i0, ii, j0, nk);    /* >= 1: key blocks start at or before i0 */
-        /* full BK-wide rows (columns past nk masked) so every loop is whole vectors */
-        for (int64_t jj = 0; jj < BK; jj++) t[jj] = jj < nv ? s[jj] : -INFINITY;
+        int nv = (int)visible(i0, ii, j0, nk);    /* >= 1: key blocks start at or before i0 */
+        /* full BK-wide rows (columns past nk masked) so every loop is whole vectors, with 32-bit
+         * indices so the masks are 16 lanes wide */
+        for (int jj = 0; jj < BK; jj++) t[jj] = jj < nv ? s[jj] : -INFINITY;
         float bm = hmax_bk(t), mx = m[ii] > bm ? m[ii] : bm;
-        for (int64_t jj = 0; jj < BK; jj++) s[jj] = jj < nv ? sh_expf(s[jj] - mx) : 0.0f;
+        for (int jj = 0; jj < BK; jj++) s[jj] = jj < nv ? sh_expf(s[jj] - mx) : 0.0f;
         float alpha = sh_expf(m[ii] - mx);   /* 0 on the first block: m was -inf */
         l[ii] = l[ii] * alpha + hsum_bk(s);
         m[ii] = mx;
@@ -198,8 +199,8 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
         gemm_nt((int)nq, (int)nk, (int)D, 1.0f, goi, a->dout.s2, vj, a->v.s2, 0.0f, dP, BK);
         for (int64_t ii = 0; ii < nq; ii++) {
           float *p = P + ii * BK, *dp = dP + ii * BK, li = lse[i0 + ii], dii = Di[i0 + ii];
-          int64_t nv = visible(i0, ii, j0, nk);
-          for (int64_t jj = 0; jj < BK; jj++) {
+          int nv = (int)visible(i0, ii, j0, nk);
+          for (int jj = 0; jj < BK; jj++) {
             float pj = jj < nv ? sh_expf(p[jj] - li) : 0.0f;   /* the forward's probabilities */
             p[jj] = pj;
             dp[jj] = pj * (dp[jj] - dii) * a->scale;             /* dS, pre-scaled */
