@@ -11,7 +11,9 @@
  * reads it). Row tiles run outer and panels inner, so a tile of a stays in L1 while the
  * packed block of b (at most PACK_FLOATS) stays in L2; k runs in chunks of at most KC.
  * A tail tile of fewer than MR rows is copied into a zero-padded tile first, so the kernel
- * never reads past a; a tail panel of at most 16 columns runs on one zmm per row.
+ * never reads past a; a tail panel of at most 16 columns runs on one zmm per row. When c has
+ * few rows (DIRECT_B_MAX_ROWS: dW = dy^T x, whose b is a long x) and b is not transposed, the
+ * whole panels are read straight from b's rows instead: packing would cost more than it saves.
  *
  * Sums: every element of c is its k products summed in order, one FMA after another (chunk
  * by chunk, c carrying the partial sum between chunks), so the bits do not depend on the
