@@ -3,14 +3,18 @@
  * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
  * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a
  * few others. Prints GFLOP/s of each path, the best of 7 rounds of >= 30 ms (the paths
- * alternate within a round), at the team's size (OMP_NUM_THREADS). Not a test.
+ * alternate within a round), at the team's size (OMP_NUM_THREADS). With the argument `cold`,
+ * each timed call runs alone after 96 MiB of other memory has been written, so its operands
+ * come from memory (best of 15 calls): the case of a model whose activations outgrow the
+ * caches. Not a test.
  * Build and run (from the repository root, after `make`):
  *   cc -O2 -Iruntime bench/sgemm_cpu.c build/runtime/*.o build/kernels/*.o -L/usr/local/cuda/lib64 \
  *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
- *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu && /tmp/sgemm_cpu
+ *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu && /tmp/sgemm_cpu [cold]
  * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "blas_internal.h"
 #include "parallel.h"
@@ -27,10 +31,19 @@ static float *random_floats(size_t n) {
   return p;
 }
 
-/* Seconds per call of one path: >= 30 ms of back-to-back calls. */
+enum { FLUSH_BYTES = 96 << 20 };
+static char *flush_buf;   /* cold: written before each call, pushing the operands out of the caches */
+
+/* Seconds per call of one path: >= 30 ms of back-to-back calls, or one call after a flush. */
 static double time_path(int own, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float *a,
                         int lda, const float *b, int ldb, float beta, float *c) {
   sh_sgemm_allow_avx512(own);
+  if (flush_buf) {
+    for (size_t i = 0; i < FLUSH_BYTES; i += 64) flush_buf[i]++;
+    double t0 = now();
+    sh_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, n);
+    return now() - t0;
+  }
   int calls = 0;
   double t0 = now(), t;
   do {
@@ -45,7 +58,7 @@ static void shape(const char *name, int ta, int tb, int m, int n, int k, float b
   int lda = ta ? m : k, ldb = tb ? k : n;
   float *a = random_floats((size_t)m * k), *b = random_floats((size_t)k * n), *c = random_floats((size_t)m * n);
   double best[2] = {1e30, 1e30};
-  for (int round = 0; round < 7; round++)
+  for (int round = 0; round < (flush_buf ? 15 : 7); round++)
     for (int own = 0; own < 2; own++) {
       double s = time_path(own, tra, trb, m, n, k, a, lda, b, ldb, beta, c);
       if (s < best[own]) best[own] = s;
@@ -56,10 +69,14 @@ static void shape(const char *name, int ta, int tb, int m, int n, int k, float b
   free(a); free(b); free(c);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "cold") == 0) {
+    flush_buf = malloc(FLUSH_BYTES);
+    memset(flush_buf, 1, FLUSH_BYTES);
+  }
   if (!sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
     printf("this CPU has no AVX-512F (or SHARD_CPU_SGEMM=0): both columns are OpenBLAS\n");
-  printf("threads %d\n", sh_parallel_threads());
+  printf("threads %d%s\n", sh_parallel_threads(), flush_buf ? ", cold operands" : "");
   enum { ROWS = 12 * 64 };
   static const struct { const char *name; int in, out; } layers[] = {
     {"c_attn 128->384", 128, 384}, {"c_proj 128->128", 128, 128}, {"c_fc 128->512", 128, 512},
