@@ -17,7 +17,7 @@
  * Both of those reads stride a page or more from one row of k to the next, where the
  * hardware's prefetchers stop, so the tile that first brings such rows in from memory (a
  * transposed a: a tile's first panel; b read in place: a panel's first tile) prefetches
- * PF_DIST rows ahead (cold operands: dW 12-20% faster than without, `bench/sgemm_cpu.c cold`).
+ * PF_DIST rows ahead (cold operands: dW 5-20% faster than without, `bench/sgemm_cpu.c cold`).
  *
  * Sums: every element of c is its k products summed in order, one FMA after another (chunk
  * by chunk, c carrying the partial sum between chunks), so the bits do not depend on the
