@@ -5,9 +5,6 @@
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) { openblas_set_num_threads(1); }
 
-/* Below this many multiply-adds a split costs more than it gains. */
-enum { SPLIT_MIN_WORK = 1 << 20 };
-
 /* The rows and columns a block of a split holds whole: the kernel's row tile and panel
  * (sgemm_avx512.c: 12 rows, 32 columns), or OpenBLAS's 16. */
 static int row_unit(int own) { return own ? 12 : 16; }
@@ -68,7 +65,7 @@ void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, 
                    const float *b, int ldb, float beta, float *c, int ldc, const sh_sgemm_rows *rows) {
   pthread_once(&blas_once, blas_single_threaded);
   int threads = sh_parallel_inside() ? 1 : sh_parallel_threads();
-  int small = threads < 2 || (double)m * n * k < SPLIT_MIN_WORK;
+  int small = threads < 2 || (double)m * n * k < SH_SGEMM_SPLIT_MIN_WORK;
   int own = sh_sgemm_avx512_wanted(m, n, k, alpha);
   int split_rows = split_by_rows(m, n, threads, own, rows != NULL);
   int len = split_rows ? m : n, unit = split_rows ? row_unit(own) : col_unit(own);

@@ -6,6 +6,10 @@
 #pragma once
 #include <cblas.h>
 
+/* Below this many multiply-adds sh_sgemm runs a product on the calling thread: a split would
+ * cost more than it gains. */
+enum { SH_SGEMM_SPLIT_MIN_WORK = 1 << 20 };
+
 void sh_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
               const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 /* An epilogue over rows of c: fn(ctx, r0, r1) finishes rows [r0, r1) once they hold the

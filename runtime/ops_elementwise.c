@@ -5,10 +5,11 @@
  * where broadcast), size-1 dims are dropped and adjacent dims that are contiguous for every
  * operand are merged, so the common cases become one long row (same-shape contiguous) or
  * rows of the last dim ([B,T,C] + [C]). Rows are cut into blocks of at most BLOCK elements
- * that the thread team (parallel.h) spreads over the cores once the tensor is large. Within a block, an operand
- * already in the compute dtype with stride 1 (or 0: a broadcast scalar) is used in place;
- * anything else (bf16, a transposed view, an integer input to a float result) is gathered
- * into a small buffer first, so the typed kernels only ever see dense arrays and vectorize.
+ * that the thread team (parallel.h) spreads over the cores once the tensor is large. Within
+ * a block, an operand already in the compute dtype with stride 1 (or 0: a broadcast scalar)
+ * is used in place; anything else (bf16, a transposed view, an integer input to a float
+ * result) is gathered into a small buffer first, so the typed kernels only ever see dense
+ * arrays and vectorize.
  *
  * Result dtypes (the contract's promotion, plus):
  *  - EQ, LT, GT return the promoted dtype holding 0 or 1 (f32 masks multiply straight into

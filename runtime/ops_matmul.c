@@ -9,9 +9,9 @@
  * broadcast dim) and other dtypes are copied into a dense f32/f64 tensor first. A product
  * into a column-major C is computed as C^T = B^T A^T, again without a copy.
  * Batched products whose right operand is shared ([B,T,C] @ [C,N], a Linear) fold the
- * batch into the rows and make one large gemm. Other batches loop over gemms, each threaded
- * by OpenBLAS; when each product is too small for OpenBLAS to thread (it runs those on the
- * calling thread), the thread team spreads the batch over the cores instead. */
+ * batch into the rows and make one large gemm. Other batches loop over gemms, each split
+ * over the thread team by sh_sgemm (blas.c); when each product is too small for sh_sgemm to
+ * split (it runs those on the calling thread), the team spreads the batch instead. */
 #include "backend_internal.h"
 #include "blas_internal.h"
 #include "ops_internal.h"
@@ -21,9 +21,9 @@
 #include <limits.h>
 #include <stdatomic.h>
 
-/* OpenBLAS runs gemms with m*n*k at or below this single-threaded (GEMM_MULTITHREAD_THRESHOLD
- * 4 times 65536 in 0.3.x); batches of such small products are worth the thread team. */
-enum { SMALL_GEMM = 65536 * 4, PAR_MIN = 32768 };
+/* Batches of products under SH_SGEMM_SPLIT_MIN_WORK with more multiply-adds than this in all
+ * are worth the thread team. */
+enum { PAR_MIN = 32768 };
 
 typedef struct mat {
   char *p;              /* element [0, 0] */
@@ -155,7 +155,6 @@ static void plan_batch(batch_plan *bp, const sh_tensor *out, const sh_tensor *a,
   }
 }
 
-/* Runs the batch of products into the dense tensor c. */
 /* Batches i0 .. i1 of a batched product, each its own gemm (small ones: see run_batches). */
 typedef struct batches_job {
   const batch_plan *bp;
@@ -184,6 +183,7 @@ static void batches_task(void *arg, int64_t i0, int64_t i1) {
   }
 }
 
+/* Runs the batch of products into the dense tensor c. */
 static int run_batches(sh_tensor *c, const operand *a, const operand *b, const batch_plan *bp) {
   int64_t m = a->rows, n = b->cols, k = a->cols;
   int64_t ea = sh_dtype_size(a->t->dtype), eb = sh_dtype_size(b->t->dtype), ec = sh_dtype_size(c->dtype);
@@ -205,7 +205,7 @@ static int run_batches(sh_tensor *c, const operand *a, const operand *b, const b
     fa.rows = fc.rows = bp->count * m;
     if (line && fits_int(fa.rows) && (a->cs == 1 || k <= 1) && readable(fa)) return gemm(fc, fa, mb, 1.0, 0.0);
   }
-  int par = bp->count > 1 && m * n * k <= SMALL_GEMM && bp->count * m * n * k > PAR_MIN;
+  int par = bp->count > 1 && m * n * k < SH_SGEMM_SPLIT_MIN_WORK && bp->count * m * n * k > PAR_MIN;
   batches_job job = { bp, ma, mb, mc, ea, eb, ec, SH_OK };
   sh_parallel_for(bp->count, par, batches_task, &job);
   return job.rc;

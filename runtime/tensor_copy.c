@@ -4,8 +4,8 @@
 #include "alloc_internal.h"
 #include "meta_internal.h"
 #include "bf16_internal.h"
-#include <math.h>
 #include "parallel.h"
+#include <math.h>
 #include <string.h>
 
 int sh_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -80,7 +80,6 @@ static void convert_run(char *d, int64_t ds, int dt, const char *s, int64_t ss, 
   for (int64_t i = 0; i < n; i++) sh_store(d, dt, i * ds, sh_load(s, st, i * ss));
 }
 
-/* A contiguous conversion, split over the threads when large (in whole vectors of 16). */
 typedef struct convert_job { char *dst; const char *src; int dt, st; int64_t n; } convert_job;
 
 /* Vectors v0 .. v1 of 16 elements; the last one also takes the tail. */
@@ -90,6 +89,7 @@ static void convert_task(void *arg, int64_t v0, int64_t v1) {
   convert_run(j->dst + a * sh_dtype_size(j->dt), 1, j->dt, j->src + a * sh_dtype_size(j->st), 1, j->st, b - a);
 }
 
+/* A contiguous conversion, split over the threads when large (in whole vectors of 16). */
 static void convert_contiguous(void *dst, int dt, const void *src, int st, int64_t n) {
   if (dt == st || n <= (1 << 16)) { convert_run(dst, 1, dt, src, 1, st, n); return; }
   convert_job job = { dst, src, dt, st, n };
