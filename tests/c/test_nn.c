@@ -16,6 +16,7 @@
 #include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
 #include "optim.h"
 #include "ops.h"
+#include "attn_blocks_internal.h"
 #include "philox_internal.h"
 #include <math.h>
 #include <stdint.h>
@@ -647,7 +648,11 @@ static void test_dropout(void) {
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-typedef struct attn_ctx { int64_t B, H, T, D; double scale; } attn_ctx;
+/* G query heads share each key/value head (grouped-query attention; 1: plain). */
+typedef struct attn_ctx { int64_t B, H, T, D; double scale; int64_t G; } attn_ctx;
+
+/* The key/value head (b, h / G) of query head bh = b H + h, as a row index base. */
+static int64_t kv_head(const attn_ctx *c, int64_t bh) { return bh / c->H * (c->H / c->G) + bh % c->H / c->G; }
 
 /* Naive causal attention over the full score rows; lse optional. */
 static void attn_ref_full(const attn_ctx *c, double *const *in, double *out, double *lse) {
@@ -656,9 +661,10 @@ static void attn_ref_full(const attn_ctx *c, double *const *in, double *out, dou
   for (int64_t bh = 0; bh < c->B * c->H; bh++)
     for (int64_t i = 0; i < T; i++) {
       const double *q = in[0] + (bh * T + i) * D;
+      int64_t kh = kv_head(c, bh);
       double m = -INFINITY, sum = 0;
       for (int64_t j = 0; j <= i; j++) {
-        const double *k = in[1] + (bh * T + j) * D;
+        const double *k = in[1] + (kh * T + j) * D;
         double d = 0;
         for (int64_t e = 0; e < D; e++) d += q[e] * k[e];
         s[j] = d * c->scale;
@@ -669,7 +675,7 @@ static void attn_ref_full(const attn_ctx *c, double *const *in, double *out, dou
       for (int64_t e = 0; e < D; e++) o[e] = 0;
       for (int64_t j = 0; j <= i; j++) {
         double p = exp(s[j] - m) / sum;
-        for (int64_t e = 0; e < D; e++) o[e] += p * in[2][(bh * T + j) * D + e];
+        for (int64_t e = 0; e < D; e++) o[e] += p * in[2][(kh * T + j) * D + e];
       }
       if (lse) lse[bh * T + i] = m + log(sum);
     }
@@ -678,18 +684,19 @@ static void attn_ref_full(const attn_ctx *c, double *const *in, double *out, dou
 static void attn_ref(const void *c, double *const *in, double *out) { attn_ref_full(c, in, out, NULL); }
 
 static void attn_ref_bwd(const attn_ctx *c, double *const *in, const double *dout, double *dq, double *dk, double *dv) {
-  int64_t T = c->T, D = c->D, n = c->B * c->H * T * D;
+  int64_t T = c->T, D = c->D, n = c->B * c->H * T * D, nkv = n / c->G;
   memset(dq, 0, sizeof(double) * (size_t)n);
-  memset(dk, 0, sizeof(double) * (size_t)n);
-  memset(dv, 0, sizeof(double) * (size_t)n);
+  memset(dk, 0, sizeof(double) * (size_t)nkv);
+  memset(dv, 0, sizeof(double) * (size_t)nkv);
   double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
   for (int64_t bh = 0; bh < c->B * c->H; bh++)
     for (int64_t i = 0; i < T; i++) {
       const double *q = in[0] + (bh * T + i) * D, *go = dout + (bh * T + i) * D;
+      int64_t kh = kv_head(c, bh);
       double m = -INFINITY, sum = 0, pdp = 0;
       for (int64_t j = 0; j <= i; j++) {
         double d = 0;
-        for (int64_t e = 0; e < D; e++) d += q[e] * in[1][(bh * T + j) * D + e];
+        for (int64_t e = 0; e < D; e++) d += q[e] * in[1][(kh * T + j) * D + e];
         p[j] = d * c->scale;
         m = fmax(m, p[j]);
       }
@@ -697,16 +704,16 @@ static void attn_ref_bwd(const attn_ctx *c, double *const *in, const double *dou
       for (int64_t j = 0; j <= i; j++) {
         p[j] = exp(p[j] - m) / sum;
         double d = 0;
-        for (int64_t e = 0; e < D; e++) d += go[e] * in[2][(bh * T + j) * D + e];
+        for (int64_t e = 0; e < D; e++) d += go[e] * in[2][(kh * T + j) * D + e];
         dp[j] = d;
         pdp += p[j] * d;
       }
       for (int64_t j = 0; j <= i; j++) {
         double ds = p[j] * (dp[j] - pdp) * c->scale;
         for (int64_t e = 0; e < D; e++) {
-          dv[(bh * T + j) * D + e] += p[j] * go[e];
-          dq[(bh * T + i) * D + e] += ds * in[1][(bh * T + j) * D + e];
-          dk[(bh * T + j) * D + e] += ds * q[e];
+          dv[(kh * T + j) * D + e] += p[j] * go[e];
+          dq[(bh * T + i) * D + e] += ds * in[1][(kh * T + j) * D + e];
+          dk[(kh * T + j) * D + e] += ds * q[e];
         }
       }
     }
@@ -724,9 +731,9 @@ static void head_view(sh_tensor **t, const sh_tensor *buf, int k) {
 /* q, k, v as contiguous tensors, or as views into one fused [B, T, 3, H, D] buffer (the
  * layout of a qkv projection), permuted to [B, H, T, D]. */
 static void attn_inputs(sh_tensor **t, double *const *vals, const attn_ctx *c, int fused, sh_tensor **fused_buf) {
-  int64_t B = c->B, H = c->H, T = c->T, D = c->D, shape[4] = {B, H, T, D};
+  int64_t B = c->B, H = c->H, T = c->T, D = c->D, shape[4] = {B, H, T, D}, kv_shape[4] = {B, H / c->G, T, D};
   if (!fused) {
-    for (int k = 0; k < 3; k++) t[k] = mkf(4, shape, vals[k]);
+    for (int k = 0; k < 3; k++) t[k] = mkf(4, k ? kv_shape : shape, vals[k]);
     *fused_buf = NULL;
     return;
   }
@@ -773,52 +780,67 @@ static void check_attention_into(const attn_ctx *c, sh_tensor *const *t, const s
   sh_tensor_destroy(out); sh_tensor_destroy(lse); sh_tensor_destroy(obuf); sh_tensor_destroy(gbuf);
 }
 
-static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, double scale, int fused) {
-  attn_ctx c = {B, H, T, D, scale > 0 ? scale : 1 / sqrt((double)D)};
-  int64_t n = B * H * T * D, shape[4] = {B, H, T, D};
-  double *q = rvec(n, -1.5, 1.5), *k = rvec(n, -1.5, 1.5), *v = rvec(n, -1, 1), *r = rvec(n, -1, 1);
-  round_f32(q, n); round_f32(k, n); round_f32(v, n); round_f32(r, n);
+/* G > 1: grouped-query attention (k and v with H / G heads), never fused. */
+static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, double scale, int fused, int64_t G) {
+  attn_ctx c = {B, H, T, D, scale > 0 ? scale : 1 / sqrt((double)D), G};
+  int64_t n = B * H * T * D, nkv = n / G, shape[4] = {B, H, T, D}, kv_shape[4] = {B, H / G, T, D};
+  double *q = rvec(n, -1.5, 1.5), *k = rvec(nkv, -1.5, 1.5), *v = rvec(nkv, -1, 1), *r = rvec(n, -1, 1);
+  round_f32(q, n); round_f32(k, nkv); round_f32(v, nkv); round_f32(r, n);
   double *in[3] = {q, k, v};
   double *oref = malloc(sizeof(double) * (size_t)n), *lref = malloc(sizeof(double) * (size_t)(B * H * T));
   attn_ref_full(&c, in, oref, lref);
   sh_tensor *t[3], *fb = NULL, *tr = mkf(4, shape, r), *out = NULL, *lse = NULL;
   attn_inputs(t, in, &c, fused, &fb);
-  char what[120];
-  snprintf(what, sizeof what, "attention B=%lld H=%lld T=%lld D=%lld fused=%d", (long long)B, (long long)H,
-           (long long)T, (long long)D, fused);
+  char what[160];
+  snprintf(what, sizeof what, "attention B=%lld H=%lld T=%lld D=%lld G=%lld fused=%d", (long long)B, (long long)H,
+           (long long)T, (long long)D, (long long)G, fused);
   CHECK_OK(sh_attention_forward(&out, &lse, t[0], t[1], t[2], scale));
   check_vals(what, out, oref, TOL);
   check_vals("attention lse", lse, lref, TOL);
 
-  double *dq = malloc(sizeof(double) * (size_t)n), *dk = malloc(sizeof(double) * (size_t)n), *dv = malloc(sizeof(double) * (size_t)n);
+  double *dq = malloc(sizeof(double) * (size_t)n), *dk = malloc(sizeof(double) * (size_t)nkv);
+  double *dv = malloc(sizeof(double) * (size_t)nkv);
   attn_ref_bwd(&c, in, r, dq, dk, dv);
   if (n <= 20000) {                   /* finite differences cost 2 forwards per coordinate */
-    fd_spec s = {&c, attn_ref, 3, {n, n, n}, n, {q, k, v}};
+    fd_spec s = {&c, attn_ref, 3, {n, nkv, nkv}, n, {q, k, v}};
     fd_check(what, &s, r, (double *[]){dq, dk, dv});
   }
   sh_tensor *g[3] = {0};
   CHECK_OK(sh_attention_backward(&g[0], &g[1], &g[2], tr, t[0], t[1], t[2], out, lse, scale));
   check_tensor("attention dq", g[0], dq, 4, shape, TOL);
-  check_tensor("attention dk", g[1], dk, 4, shape, TOL);
-  check_tensor("attention dv", g[2], dv, 4, shape, TOL);
+  check_tensor("attention dk", g[1], dk, 4, kv_shape, TOL);
+  check_tensor("attention dv", g[2], dv, 4, kv_shape, TOL);
   sh_tensor *only_dv = NULL;
   CHECK_OK(sh_attention_backward(NULL, NULL, &only_dv, tr, t[0], t[1], t[2], out, lse, scale));
-  check_tensor("attention dv alone", only_dv, dv, 4, shape, TOL);
-  check_attention_into(&c, t, tr, oref, (double *[]){dq, dk, dv}, scale);
+  check_tensor("attention dv alone", only_dv, dv, 4, kv_shape, TOL);
+  if (G == 1) check_attention_into(&c, t, tr, oref, (double *[]){dq, dk, dv}, scale);
 
   for (int i = 0; i < 3; i++) sh_tensor_destroy(t[i]);
   sh_tensor_destroy(fb); sh_tensor_destroy(tr); sh_tensor_destroy(out); sh_tensor_destroy(lse);
   free(q); free(k); free(v); free(r); free(oref); free(lref); free(dq); free(dk); free(dv);
 }
 
+/* Every case on both paths: attn_blocks' AVX-512 kernels (head dims 16, 32, 48 and 64, where
+ * the CPU has AVX-512F) and the sgemm block products. T around the query and key blocks
+ * (32 and 64) and the kernels' 4- and 8-row tiles. */
 static void test_attention(void) {
-  test_attention_case(1, 1, 1, 4, 0, 0);
-  test_attention_case(2, 3, 7, 5, 0, 1);
-  test_attention_case(1, 2, 65, 8, 0.3, 0);
-  test_attention_case(1, 1, 130, 16, 0, 1);
-  test_attention_case(2, 2, 130, 32, 0, 0);
-  test_attention_case(12, 4, 64, 32, 0, 1);     /* the benchmark's shape */
-  test_attention_case(1, 2, 257, 64, 0, 0);
+  for (int kernels = 1; kernels >= 0; kernels--) {
+    sh_attn_blocks_allow(kernels);
+    test_attention_case(1, 1, 1, 4, 0, 0, 1);
+    test_attention_case(2, 3, 7, 5, 0, 1, 1);
+    test_attention_case(1, 2, 65, 8, 0.3, 0, 1);
+    test_attention_case(1, 1, 130, 16, 0, 1, 1);
+    test_attention_case(1, 1, 3, 16, 0, 0, 1);
+    test_attention_case(2, 2, 130, 32, 0, 0, 1);
+    test_attention_case(12, 4, 64, 32, 0, 1, 1);     /* the benchmark's shape */
+    test_attention_case(1, 2, 37, 48, 0, 1, 1);
+    test_attention_case(2, 4, 97, 32, 0, 0, 2);      /* grouped-query */
+    test_attention_case(1, 6, 70, 64, 0.2, 0, 3);
+    test_attention_case(1, 2, 257, 64, 0, 0, 1);
+  }
+  sh_attn_blocks_allow(1);
+  CHECK(sh_attn_blocks_wanted(32) == !!__builtin_cpu_supports("avx512f"), "attention kernels: AVX-512F decides");
+  CHECK(!sh_attn_blocks_wanted(24) && !sh_attn_blocks_wanted(80), "attention kernels: D = 24 or 80 takes sgemm");
 
   sh_tensor *q = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *k = mkf(4, (int64_t[]){1, 2, 4, 4}, NULL);
   sh_tensor *q3 = mkf(3, (int64_t[]){2, 3, 4}, NULL), *o = NULL, *l = NULL;
