@@ -98,7 +98,7 @@ static inline int64_t visible(int64_t i0, int64_t ii, int64_t j0, int64_t nk) {
 }
 
 /* The row work of a score block runs over W columns, nv (the visible ones) rounded up to whole
- * 16-lane vectors: one copy of each row function per W (rows_of dispatches), so every loop
+ * 16-lane vectors: one copy of each row function per W (ROW_WIDTHS dispatches), so every loop
  * has a constant trip count and is whole vectors with 16-lane masks. Columns W .. BK are
  * zeroed, as the block products read up to nk. */
 #define ROW_WIDTHS(call) \
@@ -217,6 +217,7 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
   float *scratch = calloc((size_t)(2 * BQ * BK + T + 2 * D * BK) + 16, sizeof(float));
   if (!scratch) { set_failed(a); return; }
   float *P = scratch, *dP = P + BQ * BK, *Di = dP + BQ * BK, *kt = Di + T, *vt = kt + D * BK;
+  int64_t kv_holds = -1;   /* the key block kt and vt hold transposed: task T + j0 (a group's query heads share it) */
   for (int64_t it = t0 * a->G; it < t1 * a->G; it++) {   /* (task, query head of its group) */
     int64_t task = it / a->G, b = task / Hkv, hk = task % Hkv, h = hk * a->G + it % a->G, bh = b * a->H + h;
     const float *lse = a->lse + bh * T;
@@ -233,9 +234,10 @@ SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
       int64_t nk_block = j0 + BK < T ? BK : T - j0;
       const float *kj = row_at(&a->k, b, hk, j0), *vj = row_at(&a->v, b, hk, j0);
       float *dkj = row_at(&a->dk, b, hk, j0), *dvj = row_at(&a->dv, b, hk, j0);
-      if (a->fast) {
+      if (a->fast && kv_holds != task * T + j0) {
         sh_attn_transpose(kt, BK, kj, a->k.s2, (int)nk_block, (int)D);
         sh_attn_transpose(vt, BK, vj, a->v.s2, (int)nk_block, (int)D);
+        kv_holds = task * T + j0;
       }
       for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {    /* earlier queries see none of it */
         int64_t nq = i0 + BQ < T ? BQ : T - i0;
