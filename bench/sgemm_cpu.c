@@ -1,5 +1,5 @@
 /* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/sgemm_avx512.c's
- * kernel) beside the same split of OpenBLAS (sh_sgemm_allow_avx512(0)), on the products of a
+ * kernel) beside the same split of OpenBLAS (the generic CPU kernel set, cpu.h), on the products of a
  * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
  * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a
  * few others. Prints GFLOP/s of each path, the best of 7 rounds of >= 30 ms (the paths
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 #include "blas_internal.h"
+#include "cpu.h"
 #include "parallel.h"
 
 static double now(void) {
@@ -37,7 +38,7 @@ static char *flush_buf;   /* cold: written before each call, pushing the operand
 /* Seconds per call of one path: >= 30 ms of back-to-back calls, or one call after a flush. */
 static double time_path(int own, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float *a,
                         int lda, const float *b, int ldb, float beta, float *c) {
-  sh_sgemm_allow_avx512(own);
+  sh_cpu_set_isa(own ? sh_cpu_isa_best() : SH_CPU_GENERIC);
   if (flush_buf) {
     for (size_t i = 0; i < FLUSH_BYTES; i += 64) flush_buf[i]++;
     double t0 = now();
@@ -75,7 +76,7 @@ int main(int argc, char **argv) {
     memset(flush_buf, 1, FLUSH_BYTES);
   }
   if (!sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
-    printf("this CPU has no AVX-512F (or SHARD_CPU_SGEMM=0): both columns are OpenBLAS\n");
+    printf("kernel set %s has no AVX-512 GEMM: both columns are OpenBLAS\n", sh_cpu_isa_name(sh_cpu_isa()));
   printf("threads %d%s\n", sh_parallel_threads(), flush_buf ? ", cold operands" : "");
   enum { ROWS = 12 * 64 };
   static const struct { const char *name; int in, out; } layers[] = {

@@ -6,13 +6,10 @@
  * repeats its last row (the loads stay inside the operand) and stores only its own rows. */
 #include "attn_blocks_internal.h"
 #include "gemm_pack_internal.h"
-
-static int allowed = 1;
-
-void sh_attn_blocks_allow(int on) { allowed = on != 0; }
+#include "cpu_internal.h"
 
 int sh_attn_blocks_wanted(int64_t D) {
-  return allowed && D % 16 == 0 && D >= 16 && D <= 64 && __builtin_cpu_supports("avx512f");
+  return D % 16 == 0 && D >= 16 && D <= 64 && sh_cpu_isa_fast() >= SH_CPU_AVX512;
 }
 
 SH_GEMM_AVX512 void sh_attn_transpose(float *bt, int ldbt, const float *b, int64_t ldb, int n, int D) {

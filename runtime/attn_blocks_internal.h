@@ -11,10 +11,9 @@
 #pragma once
 #include <stdint.h>
 
-/* Whether the kernels run for head dim D: a CPU with AVX-512F, D % 16 == 0, D <= 64, and
- * sh_attn_blocks_allow(0) not called (tests compare them with the sgemm path). */
+/* Whether the kernels run for head dim D: an avx512 kernel set (cpu.h), D % 16 == 0, D <= 64
+ * (else attention's blocks go through sh_sgemm). */
 int sh_attn_blocks_wanted(int64_t D);
-void sh_attn_blocks_allow(int on);
 
 /* bt[d * ldbt + j] = b[j * ldb + d] for j < n, d < D; columns n .. n rounded up to 16 are 0. */
 void sh_attn_transpose(float *bt, int ldbt, const float *b, int64_t ldb, int n, int D);

@@ -18,12 +18,10 @@ static inline uint16_t sh_f32_to_bf16_inline(float x) {
 }
 
 /* The same conversions over n elements at element strides ds and ss (bf16_vec.c): contiguous
- * runs go 16 at a time through AVX-512F where the CPU has it (checked at run time), the rest
- * through the inline functions above; the bits are the same either way.
- * sh_bf16_allow_avx512(0) makes every call take the portable loop (tests compare the two). */
+ * runs go 16 at a time through AVX-512F in the avx512 kernel sets (cpu.h), the rest through
+ * the inline functions above; the bits are the same either way (tests compare the sets). */
 void sh_bf16_to_f32_n(float *dst, int64_t ds, const uint16_t *src, int64_t ss, int64_t n);
 void sh_f32_to_bf16_n(uint16_t *dst, int64_t ds, const float *src, int64_t ss, int64_t n);
-void sh_bf16_allow_avx512(int on);
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SH_BF16_HAVE_AVX512 1

@@ -1,16 +1,13 @@
 /* bf16_vec.c: bf16 <-> f32 over arrays (bf16_internal.h). A contiguous run goes 16 elements a
- * vector through AVX-512F when the CPU has it (__builtin_cpu_supports, so the build and the
- * machine may differ); strided elements, tails and other CPUs take the inline functions. */
+ * vector through AVX-512F in the avx512 kernel sets (cpu.h); strided elements, tails and the
+ * other sets take the inline functions. */
 #include "bf16_internal.h"
-
-static int allowed = 1;
-
-void sh_bf16_allow_avx512(int on) { allowed = on != 0; }
+#include "cpu_internal.h"
 
 #if SH_BF16_HAVE_AVX512
 #define AVX512 __attribute__((target("avx512f")))
 
-static int use_avx512(void) { return allowed && __builtin_cpu_supports("avx512f"); }
+static int use_avx512(void) { return sh_cpu_isa_fast() >= SH_CPU_AVX512; }
 
 /* The whole vectors of a contiguous run; returns how many elements they covered. */
 AVX512 static int64_t widen_vectors(float *d, const uint16_t *s, int64_t n) {

@@ -11,11 +11,13 @@ static int row_unit(int own) { return own ? 12 : 16; }
 static int col_unit(int own) { return own ? 32 : 16; }
 
 /* Whether to split c by rows (else by columns): rows always when each block is finished by
- * `rows`; else the side that splits into whole units evenly over the threads, and when both
- * or neither do, the longer (a row block of c needs rows of op(a), a column block columns
- * of op(b)). */
+ * `rows`, and always for OpenBLAS, whose bits depend on where an element falls in its blocking
+ * (its AVX2 kernels: a column split gives other bits than a row split, so a fused epilogue
+ * would differ from its composition); else the side that splits into whole units evenly over
+ * the threads, and when both or neither do, the longer (a row block of c needs rows of
+ * op(a), a column block columns of op(b)). */
 static int split_by_rows(int m, int n, int threads, int own, int rows) {
-  if (rows) return 1;
+  if (rows || !own) return 1;
   int even_rows = m % (row_unit(own) * threads) == 0, even_cols = n % (col_unit(own) * threads) == 0;
   return even_rows != even_cols ? even_rows : m >= n;
 }

@@ -21,17 +21,16 @@ typedef struct sh_sgemm_rows { void (*fn)(const void *ctx, int r0, int r1); cons
 void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc, const struct sh_sgemm_rows *rows);
 
-/* sgemm_avx512.c: whether a product goes through its kernel (AVX-512F, SHARD_CPU_SGEMM not 0,
- * sh_sgemm_allow_avx512 not turned off, alpha not 0, not tiny); and the kernel on the calling
+/* sgemm_avx512.c: whether a product goes through its kernel (an avx512 kernel set, cpu.h;
+ * alpha not 0, not tiny); and the kernel on the calling
  * thread: 0, or -1 when its packing scratch cannot grow (the caller then uses OpenBLAS). */
 int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha);
 int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
                     int lda, const float *b, int ldb, float beta, float *c, int ldc);
-void sh_sgemm_allow_avx512(int on);
 
 /* c = alpha op(a) op(b) + beta c with a and b bf16 (uint16_t bit patterns) and c f32, row
- * major (gemm_bf16.c): AVX-512 BF16 with f32 sums where the CPU has it, else (or with
- * SHARD_CPU_BF16=0) widened to f32 through sh_sgemm, said once on stderr. SH_OK, or
+ * major (gemm_bf16.c): AVX-512 BF16 with f32 sums in the avx512bf16 kernel set (cpu.h), else
+ * widened to f32 through sh_sgemm, said once on stderr. SH_OK, or
  * SH_ERR_OOM when its packing buffers cannot be allocated. */
 #include <stdint.h>
 int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
@@ -40,5 +39,3 @@ int sh_gemm_bf16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, fl
  * at the store. */
 int sh_gemm_bf16_out16(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                        const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, uint16_t *c, int ldc);
-/* whether the CPU runs vdpbf16ps (cpuid, once) */
-int sh_cpu_bf16_available(void);

@@ -1,5 +1,5 @@
 /* fastmath_internal.h: exp and tanh in f32 for the CPU kernels, branch-free and call-free so
- * the loops around them vectorise (and inline into the AVX-512 clones). */
+ * the loops around them vectorise (and inline into each CPU kernel set's build, cpu_internal.h). */
 #pragma once
 #include <math.h>
 #include <stdint.h>

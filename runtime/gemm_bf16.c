@@ -1,8 +1,7 @@
 /* gemm_bf16.c: c = alpha op(a) op(b) + beta c with a and b in bf16 and c in f32 or bf16 (then
  * rounded once from the f32 result), on the CPU.
  *
- * With AVX-512 BF16 (vdpbf16ps; checked at run time, so the build and the machine may
- * differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
+ * In the avx512bf16 kernel set (vdpbf16ps; cpu.h, so the build and the machine may differ) the products are exact in f32 and summed in f32: op(b) is packed once per call
  * (per thread's block of c) into panels of NR columns where each k-pair of a column sits as
  * one 32-bit lane (the layout vdpbf16ps reads), op(a) into tiles of MR rows of k-pairs (both
  * in the packing scratch each thread keeps between calls, gemm_pack_internal.h; the packs are
@@ -12,15 +11,16 @@
  * m, n and odd k are zero-padded in the packs and masked at the store, which also applies
  * alpha, beta and the rounding of a bf16 c (sh_f32_to_bf16_inline's bits: vcvtneps2bf16
  * would flush denormal results to zero).
- * Without the instructions, or with SHARD_CPU_BF16=0 in the environment, a and b are
- * widened to f32 and go through sh_sgemm (the same products, summed by OpenBLAS); a
- * one-line notice says so, once. */
+ * In the other sets (a CPU without the instructions, or SHARD_CPU_ISA below avx512bf16) a and
+ * b are widened to f32 and go through sh_sgemm (the same products, summed in f32 by
+ * sh_sgemm's kernel); a one-line notice says so, once. */
 #include "blas_internal.h"
 #include "dtype.h"
 #include "bf16_internal.h"
 #include "status_internal.h"
 #include "parallel.h"
 #include "gemm_pack_internal.h"
+#include "cpu_internal.h"
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -41,32 +41,13 @@ static char *out_at(out c, int i, int j) { return c.p + ((size_t)i * c.ld + j) *
 
 /* ---- choosing the path ------------------------------------------------------------------ */
 
-static int cpu_has_bf16;
-static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-static void detect(void) {
-  __builtin_cpu_init();
-  cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl");
-}
-
-static void notice_once(int *said, const char *why) {
-  if (__atomic_exchange_n(said, 1, __ATOMIC_RELAXED)) return;
-  fprintf(stderr, "shard: %s: bf16 matrix products on the CPU widen to f32 and run through OpenBLAS\n", why);
-}
-
-int sh_cpu_bf16_available(void) {
-  pthread_once(&detect_once, detect);
-  return cpu_has_bf16;
-}
-
-/* The environment is read on every call (a few hundred ns beside a GEMM) so that a test can
- * run both paths in one process. */
 static int use_avx512_bf16(void) {
-  static int said_env, said_cpu;
-  const char *env = getenv("SHARD_CPU_BF16");
-  if (env && strcmp(env, "0") == 0) { notice_once(&said_env, "SHARD_CPU_BF16=0"); return 0; }
-  if (sh_cpu_bf16_available()) return 1;
-  notice_once(&said_cpu, "this CPU has no AVX-512 BF16 (vdpbf16ps)");
+  static int said;
+  int isa = sh_cpu_isa_fast();
+  if (isa >= SH_CPU_AVX512BF16) return 1;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    fprintf(stderr, "shard: CPU kernel set %s (no vdpbf16ps): bf16 matrix products on the CPU widen to f32\n",
+            sh_cpu_isa_name(isa));
   return 0;
 }
 

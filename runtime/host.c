@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "cpu.h"
 #include "status.h"
 
 /* Ctrl-C for the REPL (lua/shard/repl/interrupt.lua). While a chunk runs the REPL arms the
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
   if (home) snprintf(root, sizeof root, "%s", home);
   else if (find_root(root, sizeof root) == 0) setenv("SHARD_HOME", root, 1);
   else { fprintf(stderr, "shard: cannot locate the project root; set SHARD_HOME\n"); return 2; }
+  if (sh_cpu_check() != SH_OK) { fprintf(stderr, "shard: %s\n", sh_last_error()); return 2; }
 
   lua_State *L = luaL_newstate();
   if (!L) { fprintf(stderr, "shard: cannot create a Lua state\n"); return 2; }

@@ -23,7 +23,7 @@ typedef struct ew_args {
 #define GELU_K 0.7978845608028654f   /* sqrt(2 / pi) */
 #define GELU_A 0.044715f
 
-SH_NN_SIMD static void gelu_fwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(gelu_fwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) {
@@ -33,7 +33,7 @@ SH_NN_SIMD static void gelu_fwd(const void *arg, int64_t i0, int64_t i1) {
 }
 
 /* d/dx 0.5 x (1 + t) = 0.5 (1 + t) + 0.5 x (1 - t^2) K (1 + 3 A x^2), t = tanh(K (x + A x^3)) */
-SH_NN_SIMD static void gelu_bwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(gelu_bwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) {
@@ -56,14 +56,14 @@ void sh_nn_gelu_backward_f32(const float *dy, const float *x, float *dx, int64_t
 
 /* ---- silu and swiglu ----------------------------------------------------------------- */
 
-SH_NN_SIMD static void silu_fwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(silu_fwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) a->out[i] = a->x[i] * sh_sigmoidf(a->x[i]);
 }
 
 /* d silu = s (1 + x (1 - s)), s = sigmoid(x) */
-SH_NN_SIMD static void silu_bwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(silu_bwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) {
@@ -72,14 +72,14 @@ SH_NN_SIMD static void silu_bwd(const void *arg, int64_t i0, int64_t i1) {
   }
 }
 
-SH_NN_SIMD static void swiglu_fwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(swiglu_fwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
 #pragma omp simd
   for (int64_t i = i0; i < i1; i++) a->out[i] = a->x[i] * sh_sigmoidf(a->x[i]) * a->b[i];
 }
 
 /* y = silu(a) b: da = dy b silu'(a), db = dy silu(a). out is da, out2 is db (either NULL). */
-SH_NN_SIMD static void swiglu_bwd(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(swiglu_bwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const ew_args *a = arg;
   if (a->out) {
 #pragma omp simd
@@ -96,7 +96,7 @@ SH_NN_SIMD static void swiglu_bwd(const void *arg, int64_t i0, int64_t i1) {
 
 /* ---- softmax ------------------------------------------------------------------------- */
 
-SH_NN_SIMD static void softmax_fwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(softmax_fwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const ew_args *a = arg;
   int64_t c = a->c;
   for (int64_t r = r0; r < r1; r++) {
@@ -115,7 +115,7 @@ SH_NN_SIMD static void softmax_fwd(const void *arg, int64_t r0, int64_t r1) {
 }
 
 /* dx = y (dy - sum(dy y)) */
-SH_NN_SIMD static void softmax_bwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(softmax_bwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const ew_args *a = arg;
   int64_t c = a->c;
   for (int64_t r = r0; r < r1; r++) {

@@ -156,7 +156,7 @@ static inline __attribute__((always_inline)) void probs_row(float *p, float *dp,
 }
 
 /* Tasks are (b, h, query block), numbered with the query block fastest. */
-SH_NN_SIMD static void attn_fwd_range(const void *arg, int64_t t0, int64_t t1) {
+SH_CPU_KERNEL(attn_fwd_range, (const void *arg, int64_t t0, int64_t t1), (arg, t0, t1)) {
   attn_args *a = (attn_args *)arg;
   int64_t D = a->D, T = a->T, nqb = (T + BQ - 1) / BQ;
   float *scratch = calloc((size_t)(BQ * BK + BQ * D + 2 * BQ + D * BK) + 16, sizeof(float));
@@ -211,7 +211,7 @@ static void zero_rows(const view4 *g, int64_t b, int64_t h, int64_t T, int64_t D
  * strided (rows of a fused dqkv). A task zeroes the
  * gradient rows it sums into (its dk, dv and its query heads' dq): in parallel, and warm in
  * cache for the products that follow. */
-SH_NN_SIMD static void attn_bwd_range(const void *arg, int64_t t0, int64_t t1) {
+SH_CPU_KERNEL(attn_bwd_range, (const void *arg, int64_t t0, int64_t t1), (arg, t0, t1)) {
   attn_args *a = (attn_args *)arg;
   int64_t D = a->D, T = a->T, Hkv = a->H / a->G;
   float *scratch = calloc((size_t)(2 * BQ * BK + T + 2 * D * BK) + 16, sizeof(float));
@@ -361,7 +361,7 @@ typedef struct rope_args {
 } rope_args;
 
 /* Rows (b, h, t) of the rotation, Hugging Face's rotate_half pairing: element i with i + D/2. */
-SH_NN_SIMD static void rope_range(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(rope_range, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const rope_args *a = (const rope_args *)arg;
   int64_t half = a->D / 2;
   for (int64_t row = r0; row < r1; row++) {

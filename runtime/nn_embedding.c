@@ -25,7 +25,7 @@ static void gather_rows(const void *arg, int64_t r0, int64_t r1) {
     memcpy(a->y + r * a->C, a->w + index_at(a->idx, r) * a->C, (size_t)a->C * sizeof(float));
 }
 
-SH_NN_SIMD static void scatter_columns(const void *arg, int64_t c0, int64_t c1) {
+SH_CPU_KERNEL(scatter_columns, (const void *arg, int64_t c0, int64_t c1), (arg, c0, c1)) {
   const emb_args *a = arg;
   for (int64_t r = 0; r < a->n; r++) {
     float *dst = a->dw + index_at(a->idx, r) * a->C;

@@ -6,23 +6,16 @@
  * - Accumulation: parameter gradients are summed into the caller's tensor (dw += ...). An f32
  *   contiguous dw is written in place; any other dw goes through an f32 copy written back.
  * - Vector math: exp-based functions written so that gcc vectorizes loops calling them (the
- *   libm ones are opaque calls), and SH_NN_SIMD, which compiles a hot kernel twice (AVX-512
- *   and baseline x86-64) and picks one at load time from the CPU's features. */
+ *   libm ones are opaque calls), and SH_CPU_KERNEL (cpu_internal.h), which builds a hot
+ *   kernel once per CPU kernel set and runs the set in use. */
 #pragma once
 #include "bf16_internal.h"
+#include "cpu_internal.h"
 #include "fastmath_internal.h"
 #include <stdint.h>
 #include <string.h>
 #include "tensor_internal.h"
 
-/* Hot kernels get an x86-64-v4 (AVX-512) clone chosen at run time through the CPU's
- * feature bits (gcc's target_clones resolves with __builtin_cpu_supports), and a baseline
- * clone for every other CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SH_NN_SIMD __attribute__((target_clones("arch=x86-64-v4", "default")))
-#else
-#define SH_NN_SIMD
-#endif
 
 /* Elementwise loops below this many elements stay on one thread: waking the team costs
  * more than the work. */
@@ -30,7 +23,7 @@ enum { SH_NN_PAR_MIN = 1 << 15 };
 
 /* Calls fn(arg, i0, i1) over [0, n) split into one contiguous range per thread; one call
  * on the calling thread when work (elements touched) is below SH_NN_PAR_MIN (sh_parallel_for
- * of parallel.h). Kernels are written as such range functions, with the SH_NN_SIMD clones. */
+ * of parallel.h). Kernels are written as such range functions, built by SH_CPU_KERNEL. */
 typedef void (*sh_nn_range_fn)(const void *arg, int64_t i0, int64_t i1);
 void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg);
 

@@ -28,7 +28,7 @@ static inline int64_t target_at(const ce_args *a, int64_t r) {
   return a->t64 ? ((const int64_t *)a->t)[r] : ((const int32_t *)a->t)[r];
 }
 
-SH_NN_SIMD static void ce_fwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(ce_fwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const ce_args *a = arg;
   int64_t V = a->V;
   for (int64_t r = r0; r < r1; r++) {
@@ -45,7 +45,7 @@ SH_NN_SIMD static void ce_fwd(const void *arg, int64_t r0, int64_t r1) {
   }
 }
 
-SH_NN_SIMD static void ce_bwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(ce_bwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const ce_args *a = arg;
   int64_t V = a->V;
   for (int64_t r = r0; r < r1; r++) {

@@ -32,7 +32,7 @@ typedef struct norm_args {
     (out) = sh_lanes_sum(lanes_) + tail_; \
   } while (0)
 
-SH_NN_SIMD static void layernorm_fwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(layernorm_fwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const norm_args *a = arg;
   int64_t c = a->c;
   const float *w = a->w, *b = a->b;
@@ -51,7 +51,7 @@ SH_NN_SIMD static void layernorm_fwd(const void *arg, int64_t r0, int64_t r1) {
   }
 }
 
-SH_NN_SIMD static void rmsnorm_fwd(const void *arg, int64_t r0, int64_t r1) {
+SH_CPU_KERNEL(rmsnorm_fwd, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r1)) {
   const norm_args *a = arg;
   int64_t c = a->c;
   const float *w = a->w;
@@ -71,8 +71,8 @@ SH_NN_SIMD static void rmsnorm_fwd(const void *arg, int64_t r0, int64_t r1) {
  *   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dw += dy xhat,  db += dy.
  * rmsnorm is the same with mean = 0 and without the mean(g) term. part_w/part_b are this
  * thread's private accumulators (part_b NULL for rmsnorm). */
-SH_NN_SIMD static void norm_bwd_rows(const norm_args *a, int64_t r0, int64_t r1, int centered,
-                                     float *part_w, float *part_b) {
+SH_CPU_KERNEL(norm_bwd_rows, (const norm_args *a, int64_t r0, int64_t r1, int centered, float *part_w, float *part_b),
+              (a, r0, r1, centered, part_w, part_b)) {
   int64_t c = a->c;
   for (int64_t r = r0; r < r1; r++) {
     const float *x = a->x + r * c, *dy = a->dy + r * c;

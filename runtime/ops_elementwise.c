@@ -101,7 +101,8 @@ int sh_unary_result(int op, int da, int *out) {
   } while (0)
 
 #define DEFINE_FLOAT_BINARY(NAME, T, POW)                                                 \
-  SH_CLONES static void NAME(int op, T alpha, T *o, const T *a, int sa, const T *b, int sb, int64_t n) { \
+  SH_CPU_KERNEL(NAME, (int op, T alpha, T *o, const T *a, int sa, const T *b, int sb, int64_t n),            \
+                (op, alpha, o, a, sa, b, sb, n)) {                                                  \
     switch (op) {                                                                         \
       case SH_OP_ADD: BIN_LOOP(T, x + y); break;                                          \
       case SH_OP_SUB: BIN_LOOP(T, x - y); break;                                          \
@@ -152,10 +153,7 @@ static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int 
 #define UN_LOOP(EXPR) do { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { __typeof__(a[0]) x = a[i]; o[i] = (EXPR); } } while (0)
 
 
-/* no-trapping-math lets gcc if-convert the selects above (shard never reads FP exception
- * flags; the values are the same), which is what makes the exp and tanh loops vectorize. */
-SH_CLONES __attribute__((optimize("no-trapping-math")))
-static void unary_f32(int op, float *o, const float *a, int64_t n) {
+SH_CPU_KERNEL(unary_f32, (int op, float *o, const float *a, int64_t n), (op, o, a, n)) {
   switch (op) {
     case SH_OP_NEG: UN_LOOP(-x); break;
     case SH_OP_EXP: UN_LOOP(sh_expf(x)); break;
@@ -170,7 +168,7 @@ static void unary_f32(int op, float *o, const float *a, int64_t n) {
   }
 }
 
-SH_CLONES static void unary_f64(int op, double *o, const double *a, int64_t n) {
+SH_CPU_KERNEL(unary_f64, (int op, double *o, const double *a, int64_t n), (op, o, a, n)) {
   switch (op) {
     case SH_OP_NEG: UN_LOOP(-x); break;
     case SH_OP_EXP: UN_LOOP(exp(x)); break;

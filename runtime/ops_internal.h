@@ -1,6 +1,7 @@
 /* ops_internal.h: dtype rules and helpers shared by the CPU op files (not in the FFI). */
 #pragma once
 #include "tensor_internal.h"
+#include "cpu_internal.h"
 
 /* The dtype a binary op's operands promote to (ops.h): a float beats an integer, the wider
  * float wins, bf16 with f16 gives f32; among integers the wider wins and bool is the lowest. */
@@ -39,10 +40,3 @@ int sh_compute_dtype(int dtype);
  * so kernels can assume a dense row-major array of a known type. */
 int sh_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype);
 
-/* Hot loops are compiled for AVX-512, AVX2 and the x86-64 baseline; the dynamic loader picks
- * one by the CPU it runs on (GCC's target_clones: run-time detection, portable fallback). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SH_CLONES
-#endif

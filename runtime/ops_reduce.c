@@ -38,19 +38,20 @@ const char *sh_reduce_name(int op) {
 static double init_of(int op) { return op == SH_OP_MAX ? -INFINITY : op == SH_OP_MIN ? INFINITY : 0.0; }
 
 /* Eight doubles (GCC vector extensions): four SSE2 registers on the baseline, two AVX2 or
- * one AVX-512 register in the clones. */
+ * one AVX-512 register in the other kernel sets' builds. */
 typedef double v8d __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 
-/* Macros rather than functions: passing v8d by value changes ABI between the clones. */
+/* Macros rather than functions: passing v8d by value changes ABI between the kernel sets' builds. */
 #define load8_f32(p) ({ v8f f_; memcpy(&f_, (p), sizeof f_); __builtin_convertvector(f_, v8d); })
 #define load8_f64(p) ({ v8d d_; memcpy(&d_, (p), sizeof d_); d_; })
 
-/* acc op= x[0..n) for one contiguous run, in double. Two independent accumulators of eight
+/* *out op= x[0..n) for one contiguous run, in double. Two independent accumulators of eight
  * lanes keep the adds from waiting on each other (one accumulator is latency-bound). */
 #define DEFINE_ROW(NAME, T, LOAD)                                                          \
-  SH_CLONES static double NAME(int op, double acc, const T *x, int64_t n) {                \
-    if (n == 0) return acc;                                                                \
+  SH_CPU_KERNEL(NAME, (int op, double *out, const T *x, int64_t n), (op, out, x, n)) {     \
+    double acc = *out;                                                                     \
+    if (n == 0) return;                                                                    \
     double init = init_of(op);                                                             \
     v8d a0 = {init, init, init, init, init, init, init, init}, a1 = a0;                    \
     int64_t i = 0;                                                                         \
@@ -73,21 +74,24 @@ typedef float v8f __attribute__((vector_size(32)));
         if (op == SH_OP_MAX) {                                                             \
           _Pragma("omp simd reduction(max:m) reduction(|:nan)")                           \
           for (int64_t j = 0; j < n; j++) { m = x[j] > m ? x[j] : m; nan |= x[j] != x[j]; } \
-          return nan ? NAN : NAN_MAX(acc, (double)m);                                      \
+          *out = nan ? NAN : NAN_MAX(acc, (double)m);                                      \
+          return;                                                                          \
         }                                                                                  \
         _Pragma("omp simd reduction(min:m) reduction(|:nan)")                             \
         for (int64_t j = 0; j < n; j++) { m = x[j] < m ? x[j] : m; nan |= x[j] != x[j]; }  \
-        return nan ? NAN : NAN_MIN(acc, (double)m);                                        \
+        *out = nan ? NAN : NAN_MIN(acc, (double)m);                                        \
+        return;                                                                            \
       }                                                                                    \
     }                                                                                      \
     a0 += a1;                                                                              \
-    return acc + (((a0[0] + a0[1]) + (a0[2] + a0[3])) + ((a0[4] + a0[5]) + (a0[6] + a0[7]))); \
+    *out = acc + (((a0[0] + a0[1]) + (a0[2] + a0[3])) + ((a0[4] + a0[5]) + (a0[6] + a0[7]))); \
   }
 
 /* acc[0..n) op= x[r * stride + 0..n) for r in [0, rows). Sums take four rows per pass over
  * acc, so acc is loaded and stored a quarter as often. */
 #define DEFINE_COLS(NAME, T)                                                               \
-  SH_CLONES static void NAME(int op, double *acc, const T *x, int64_t rows, int64_t stride, int64_t n) { \
+  SH_CPU_KERNEL(NAME, (int op, double *acc, const T *x, int64_t rows, int64_t stride, int64_t n),            \
+                (op, acc, x, rows, stride, n)) {                                                         \
     int64_t r = 0;                                                                          \
     if (op == SH_OP_SUM || op == SH_OP_MEAN)                                                \
       for (; r + 4 <= rows; r += 4) {                                                       \
@@ -137,8 +141,8 @@ static void reduce_task(const red_plan *p, int64_t o, int64_t r0, int64_t r1, in
   for (int64_t i = 0; i < n; i++) acc[i] = init_of(p->op);
   int64_t start = (o * p->R + r0) * p->inner + i0;
   if (p->inner == 1) {
-    acc[0] = p->dt == SH_F32 ? row_f32(p->op, acc[0], (const float *)p->x + start, r1 - r0)
-                             : row_f64(p->op, acc[0], (const double *)p->x + start, r1 - r0);
+    if (p->dt == SH_F32) row_f32(p->op, acc, (const float *)p->x + start, r1 - r0);
+    else row_f64(p->op, acc, (const double *)p->x + start, r1 - r0);
   } else if (p->dt == SH_F32) {
     cols_f32(p->op, acc, (const float *)p->x + start, r1 - r0, p->inner, n);
   } else {

@@ -10,8 +10,8 @@
  * On the CPU the threads take blocks of the step as they finish (optim_parallel). AdamW runs
  * over a group of parameters per call: on the CPU one parallel region over all of them, each
  * thread running the AVX-512 loop (optim_cpu_avx512.c) where the CPU has it and the portable
- * loop below for the rest; on CUDA one launch per up to 16. SGD's loop is compiled with an AVX-512 clone (SH_NN_SIMD) rather
- * than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
+ * loop below for the rest; on CUDA one launch per up to 16. SGD's loop is built once per CPU kernel
+ * set (SH_CPU_KERNEL) rather than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
  * their device, so a clip reads back one number however many tensors there are.
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
  * params' device (backend_internal.h) and bump the versions of what the kernel updated. */
@@ -141,7 +141,7 @@ static void adamw_span(const void *arg, int64_t e0, int64_t e1) {
     p[i] -= lr * (nesterov ? g + momentum * b : b); \
   }
 
-SH_NN_SIMD static void sgd_range(const void *arg, int64_t i0, int64_t i1) {
+SH_CPU_KERNEL(sgd_range, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)) {
   const opt_args *a = arg;
   float *restrict p = a->p, *restrict buf = a->buf;
   const float scale = a->s.scale, wd = a->s.wd, momentum = a->s.momentum, omd = a->s.omd, lr = a->s.lr;

@@ -1,23 +1,19 @@
 /* optim_cpu_avx512.c: the AdamW loop of optim.c in AVX-512 intrinsics, 16 elements a vector,
- * chosen at run time (sh_optim_avx512: __builtin_cpu_supports) on x86-64 CPUs that have
- * AVX-512F; optim.c's portable loop does the tails and every other CPU. One pass: param, grad,
+ * run in the avx512 kernel sets (sh_optim_avx512, cpu.h); optim.c's portable loop does the tails and every other CPU. One pass: param, grad,
  * m and v are loaded once, and param, m, v and the bf16 or f32 shadow stored once.
  * The operations are optim.c's, one IEEE operation each in the same order (mul, add, sqrt,
  * div: no FMA, and the Makefile builds both files with -ffp-contract=off), so this loop and the
  * portable one give the same bits; bf16 rounding is sh_f32_to_bf16_inline's (nearest even, NaN
  * kept quiet). */
 #include "optim_internal.h"
-
-static int allowed = 1;
-
-void sh_optim_allow_avx512(int on) { allowed = on != 0; }
+#include "cpu_internal.h"
 
 #if !SH_OPTIM_HAVE_AVX512
 int sh_optim_avx512(void) { return 0; }
 #else
 #include <immintrin.h>
 
-int sh_optim_avx512(void) { return allowed && __builtin_cpu_supports("avx512f"); }
+int sh_optim_avx512(void) { return sh_cpu_isa_fast() >= SH_CPU_AVX512; }
 
 #define AVX512 __attribute__((target("avx512f")))
 

@@ -36,11 +36,9 @@ typedef struct sh_adamw_buf {
 } sh_adamw_buf;
 
 /* The AVX-512 loop (optim_cpu_avx512.c), built on x86-64 with gcc or clang. sh_optim_avx512()
- * is 1 when the CPU loops use it: the CPU has AVX-512F, and no test turned it off with
- * sh_optim_allow_avx512(0). sh_adamw_avx512 updates the whole vectors of 16 elements in
+ * is 1 when the CPU loops use it: an avx512 kernel set is in use (cpu.h). sh_adamw_avx512 updates the whole vectors of 16 elements in
  * [i0, i1) of b and returns where it stopped (i0 when the shadow is neither bf16 nor f32). */
 int sh_optim_avx512(void);
-void sh_optim_allow_avx512(int on);
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SH_OPTIM_HAVE_AVX512 1
 int64_t sh_adamw_avx512(const sh_adamw_buf *b, int64_t i0, int64_t i1);

@@ -1,5 +1,5 @@
 /* sgemm_avx512.c: c = alpha op(a) op(b) + beta c in f32 on the calling thread, with AVX-512F
- * (checked at run time): the product blas.c gives each thread of a split, and the whole
+ * (the avx512 kernel sets, cpu.h): the product blas.c gives each thread of a split, and the whole
  * product of a small one.
  *
  * Why not OpenBLAS for these: on the transformer's shapes (k and n from 65 to a few thousand)
@@ -24,12 +24,12 @@
  * split or on the number of threads. They differ from OpenBLAS's in the last places where
  * OpenBLAS blocks k differently.
  *
- * sh_sgemm_avx512_wanted says when to use it: a CPU with AVX-512F, SHARD_CPU_SGEMM not 0
- * (read once; sh_sgemm_allow_avx512 for tests), alpha not 0 (BLAS then never reads a or b),
+ * sh_sgemm_avx512_wanted says when to use it: an avx512 kernel set in use (cpu.h), alpha not 0 (BLAS then never reads a or b),
  * and a product of at least MIN_WORK multiply-adds: below that (attention's 64 x 64 blocks)
  * OpenBLAS's small-matrix kernels are faster. */
 #include "blas_internal.h"
 #include "gemm_pack_internal.h"
+#include "cpu_internal.h"
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,21 +46,8 @@ enum {
 
 /* ---- choosing the path ------------------------------------------------------------------- */
 
-static int allowed = 1, env_off, cpu_has;
-static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-
-static void detect(void) {
-  __builtin_cpu_init();
-  cpu_has = __builtin_cpu_supports("avx512f");
-  const char *env = getenv("SHARD_CPU_SGEMM");
-  env_off = env && strcmp(env, "0") == 0;
-}
-
-void sh_sgemm_allow_avx512(int on) { allowed = on != 0; }
-
 int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha) {
-  pthread_once(&detect_once, detect);
-  return allowed && cpu_has && !env_off && alpha != 0.0f && (double)m * n * k >= MIN_WORK;
+  return sh_cpu_isa_fast() >= SH_CPU_AVX512 && alpha != 0.0f && (double)m * n * k >= MIN_WORK;
 }
 
 /* ---- packing op(b) ----------------------------------------------------------------------- */

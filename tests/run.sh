@@ -7,6 +7,11 @@
 #   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
 #   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
+# CPU kernel sets (runtime/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
+# best this CPU runs); then the C tests (the op table among them) and the recipe-loss specs
+# (RECIPE_SPECS) run again under each lower set this CPU runs, with OpenBLAS's kernels of such
+# a CPU (OPENBLAS_CORETYPE), so that one AVX-512 machine proves the AVX2 and baseline x86-64
+# paths too. Their lines carry the set: "ok   test_nn [avx2] (...)".
 # A passing runner prints one line; a failing one prints its output. A runner that crashes
 # or times out counts as one failure. The last line is exactly "N passed, N failed", and the
 # exit status is non-zero if anything failed.
@@ -80,23 +85,20 @@ selected() {
   case $1 in *"$NAME"*) return 0 ;; *) return 1 ;; esac
 }
 
-for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] && selected "$t" || continue
-  case $(basename "$t") in test_mpi_*) continue ;; esac
-  c_test "$(basename "$t")" "$t" $CASE
-done
-
-for t in "$BUILD"/tests/test_mpi_*; do
-  [ -x "$t" ] && selected "$t" || continue
-  for n in 1 2 3 4; do
-    c_test "$(basename "$t") -np $n" $MPIRUN -np "$n" "$t" $CASE
+# The single-process C tests; $1 tags their names (a kernel set's run).
+c_tests() {
+  for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] && selected "$t" || continue
+    case $(basename "$t") in test_mpi_*) continue ;; esac
+    c_test "$(basename "$t")$1" "$t" $CASE
   done
-done
+}
 
+# One busted spec file; $2 tags its name.
 # busted's TAP output: "ok N - name", "not ok N - name" (then "# ..." details), and
 # "ok N - # SKIP ..." for pending tests, which count as neither.
-for spec in tests/spec/*_spec.lua; do
-  [ -f "$spec" ] && selected "$spec" || continue
+spec_test() {
+  spec=$1
   run_captured "$SHARD" run tests/busted.lua -o TAP ${CASE:+--filter="$CASE"} "$spec"
   ok=$(grep -c '^ok ' "$out")
   skip=$(grep -c '^ok [0-9]* - # SKIP' "$out")
@@ -106,16 +108,48 @@ for spec in tests/spec/*_spec.lua; do
   failed=$((failed + bad))
   # No plan line ("1..N") means busted never finished the file (an os.exit, a crash).
   if [ -n "$CASE" ] && [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
-    echo "--   $spec (no test matches $CASE)"
+    echo "--   $spec$2 (no test matches $CASE)"
   elif [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ] || ! grep -q '^1\.\.[0-9]' "$out"; }; then
     failed=$((failed + 1))
-    report_fail "$spec" "$(why), $ok passed, no test failed: the runner itself broke"
+    report_fail "$spec$2" "$(why), $ok passed, no test failed: the runner itself broke"
   elif [ "$bad" -ne 0 ]; then
-    report_fail "$spec" "$bad failed, $ok passed"
+    report_fail "$spec$2" "$bad failed, $ok passed"
   else
     extra=""; [ "$skip" -eq 0 ] || extra=", $skip pending"
-    echo "ok   $spec ($ok passed$extra)"
+    echo "ok   $spec$2 ($ok passed$extra)"
   fi
+}
+
+# The specs whose recipes' losses depend on every CPU kernel (run again under each set).
+RECIPE_SPECS="recipe_spec recipe_bf16_spec gpt_parity_spec llama_parity_spec llama_recipe_spec"
+
+# OpenBLAS's kernels for a CPU whose best is kernel set $1 (its dynamic-arch core names);
+# empty: OpenBLAS's own choice.
+openblas_core() {
+  case $1 in avx512) echo SkylakeX ;; avx2) echo Haswell ;; generic) echo Prescott ;; esac
+}
+
+# The set the suite runs under, and the lower ones this CPU runs (`shard cpu`).
+cpu_info=$("$SHARD" cpu) || { echo "FAIL $SHARD cpu: $cpu_info"; echo "0 passed, 1 failed"; exit 1; }
+isa=$(echo "$cpu_info" | sed -n 's/^in use: //p')
+lower_sets=$(echo "$cpu_info" | sed -n 's/^runs: //p' | tr ' ' '\n' | sed "0,/^$isa\$/d" | tr '\n' ' ' | sed 's/ $//')
+if [ -n "${SHARD_CPU_ISA:-}" ] && [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "$(openblas_core "$isa")" ]; then
+  export OPENBLAS_CORETYPE=$(openblas_core "$isa")
+fi
+echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): every test under kernel set $isa${OPENBLAS_CORETYPE:+ (OpenBLAS $OPENBLAS_CORETYPE)}${lower_sets:+; C tests and recipe specs under $lower_sets}"
+
+c_tests ""
+
+for t in "$BUILD"/tests/test_mpi_*; do
+  [ -x "$t" ] && selected "$t" || continue
+  for n in 1 2 3 4; do
+    c_test "$(basename "$t") -np $n" $MPIRUN -np "$n" "$t" $CASE
+  done
+done
+
+for spec in tests/spec/*_spec.lua; do
+  [ -f "$spec" ] && selected "$spec" || continue
+  spec_test "$spec" ""
 done
 
 for script in tests/mpi/*.lua; do
@@ -161,6 +195,17 @@ if [ -n "${SHARD_EMU_BUILD:-}" ] && case cuda_emu in *"$NAME"*) true ;; *) false
     failed=$((failed + 1)); echo "FAIL tests/cuda_emu/run.sh ($(why), no summary line)"
   fi
 fi
+
+# The lower kernel sets, last: each changes the environment for what follows.
+for set in $lower_sets; do
+  export SHARD_CPU_ISA="$set" OPENBLAS_CORETYPE="$(openblas_core "$set")"
+  c_tests " [$set]"
+  for name in $RECIPE_SPECS; do
+    spec=tests/spec/$name.lua
+    [ -f "$spec" ] && selected "$spec" || continue
+    spec_test "$spec" " [$set]"
+  done
+done
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

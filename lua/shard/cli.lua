@@ -19,6 +19,8 @@ usage: shard <command> [args]
   sweep FILE.lua [--out DIR] [...]     run a benchmark sweep: each point its own process, results
                                        appended to JSONL (a rerun skips done points), then a
                                        Markdown/CSV table and gnuplot PNGs (sweep --help)
+  cpu                                  the CPU, its kernel set in use and the sets it runs
+                                       (SHARD_CPU_ISA=generic|avx2|avx512|avx512bf16 chooses)
   --version                            print the version
   help                                 this text
 
@@ -101,6 +103,7 @@ local COMMANDS = {
   bench = function(args) return delegate("bench", args) end,
   estimate = function(args) return delegate("estimate", args) end,
   sweep = function(args) return delegate("sweep", args) end,
+  cpu = function(args) return call_main("shard.cpu", args) end,
 }
 
 function M.main(argv)

@@ -20,7 +20,7 @@
 -- gradients reduced and kept in f32, the optimizer on the f32 shards); with --strategy=none
 -- the model is wrapped as one process's full_shard FSDP (world 1: one shard, all of it),
 -- which holds the f32 parameters and gathers their bf16 copy for each forward and backward. On the CPU the linear layers' GEMMs
--- then run on AVX-512 BF16 where the CPU has it (runtime/gemm_bf16.c).
+-- then run on AVX-512 BF16 in the avx512bf16 CPU kernel set (runtime/cpu.h, gemm_bf16.c).
 --
 -- Every log_interval steps a progress line gives tokens/s, the model FLOP/s achieved per rank
 -- and MFU (against shard.peak: the measured GEMM peak on the CPU, the vendor's on a GPU), the
@@ -281,6 +281,8 @@ end
 function M.run(recipe)
   local cfg = settings(recipe)
   local env = shard.init{ device = cfg.device }
+  local cpu = env.device == "cpu" and require("shard.cpu").describe() or nil
+  if cpu and env.rank == 0 then print("cpu: " .. cpu) end
   shard.manual_seed(cfg.seed)
   cfg.data = corpus(cfg, env)
   local dir, tok = prepare_data(cfg, env)
@@ -296,7 +298,7 @@ function M.run(recipe)
   local write = jsonl_writer(cfg, env)
   local watch = require("shard.straggler").new{ group = env.group, margin = cfg.straggler_margin, windows = cfg.straggler_windows }
   local meter = meter(recipe, cfg, env, model)
-  write{ event = "start", device = env.device, world = env.world, strategy = cfg.strategy,
+  write{ event = "start", device = env.device, cpu = cpu, world = env.world, strategy = cfg.strategy,
          n_params = model:num_params(), flops_per_token = meter.per_token, tokens_per_step = meter.tokens_per_step,
          peak_tflops = meter.peak and meter.peak.flops / 1e12, peak_source = meter.peak and meter.peak.source }
   local rates, mfus = {}, {}

@@ -1,6 +1,6 @@
 /* test_bf16_vec.c: the array conversions of runtime/bf16_vec.c and the copies, fills and
- * elementwise staging that go through them, on both paths in one process (AVX-512F when this
- * CPU has it, and the portable loop forced by sh_bf16_allow_avx512(0)).
+ * elementwise staging that go through them, under the CPU kernel set in use (AVX-512F in the
+ * avx512 sets) and under generic's portable loop, in one process (check.h's check_sets).
  * Reference: each element's bits against the scalar inline conversion (bf16_internal.h's,
  * itself checked against the nearest-value definition in test_tensor.c): every bf16 pattern
  * widened, and f32 inputs with NaN payloads, infinities, signed zeros, denormals, ties and
@@ -9,7 +9,7 @@
  * between strided ones. Tensors: a transposed [B,H,T,D] view copied across dtypes (the
  * attention's staging), a copy large enough to be split over the threads, fill_ of bf16
  * (contiguous and strided), and bf16 add with a strided operand and a strided output. */
-#include "check.h"
+#include "check_cpu.h"
 #include "bf16_internal.h"
 #include "dtype.h"
 #include "status.h"
@@ -53,8 +53,6 @@ static int converted(const sh_tensor *dst, int64_t i, const sh_tensor *src, int6
   return bits_of(((const float *)sh_tensor_data(dst))[i]) == (uint32_t)((const uint16_t *)sh_tensor_data(src))[j] << 16;
 }
 
-static const char *path_name(int avx) { return avx ? "avx512 allowed" : "portable"; }
-
 static const int64_t STRIDES[][2] = {{1, 1}, {1, 3}, {2, 1}, {3, 2}};
 static const int64_t LENGTHS[] = {0, 1, 15, 16, 17, 31, 33, 1000, NIN};
 static const int64_t STARTS[] = {0, 1, 7};
@@ -64,8 +62,8 @@ static const int64_t STARTS[] = {0, 1, 7};
 static void test_round_n(void) {
   float *x = f32_inputs();
   uint16_t *d = malloc(sizeof(uint16_t) * (3 * NIN + 16));
-  for (int avx = 1; avx >= 0; avx--) {
-    sh_bf16_allow_avx512(avx);
+  for (int si = 0; si < check_sets(); si++) {
+    const char *set = check_use_set(si);
     int bad = 0, cases = 0;
     for (size_t s = 0; s < sizeof STRIDES / sizeof STRIDES[0]; s++)
       for (size_t l = 0; l < sizeof LENGTHS / sizeof LENGTHS[0]; l++)
@@ -80,14 +78,14 @@ static void test_round_n(void) {
             int in_run = k >= 0 && k % ds == 0 && k / ds < n;
             uint16_t want = in_run ? sh_f32_to_bf16_inline(x[off + k / ds * ss]) : 0xAAAA;
             if (d[i] != want && bad++ < 3)
-              printf("# %s ds=%lld ss=%lld n=%lld start=%lld: [%lld] = %04x, want %04x (from %08x)\n", path_name(avx),
+              printf("# %s ds=%lld ss=%lld n=%lld start=%lld: [%lld] = %04x, want %04x (from %08x)\n", set,
                      (long long)ds, (long long)ss, (long long)n, (long long)off, (long long)i, d[i], want,
                      in_run ? bits_of(x[off + k / ds * ss]) : 0u);
           }
         }
-    CHECK(bad == 0, "f32 -> bf16 (%s): %d elements wrong over %d runs", path_name(avx), bad, cases);
+    CHECK(bad == 0, "f32 -> bf16 (%s): %d elements wrong over %d runs", set, bad, cases);
   }
-  sh_bf16_allow_avx512(1);
+  check_use_set(0);
   free(d);
   free(x);
 }
@@ -98,8 +96,8 @@ static void test_widen_n(void) {
   uint16_t *h = malloc(sizeof(uint16_t) * 3 * N);
   float *d = malloc(sizeof(float) * (3 * N + 16));
   for (int i = 0; i < 3 * N; i++) h[i] = (uint16_t)(i / 3 * 7 + i % 3);   /* every pattern at each stride */
-  for (int avx = 1; avx >= 0; avx--) {
-    sh_bf16_allow_avx512(avx);
+  for (int si = 0; si < check_sets(); si++) {
+    const char *set = check_use_set(si);
     int bad = 0;
     for (size_t s = 0; s < sizeof STRIDES / sizeof STRIDES[0]; s++)
       for (size_t o = 0; o < 2; o++) {
@@ -112,13 +110,13 @@ static void test_widen_n(void) {
           int in_run = k >= 0 && k % ds == 0 && k / ds < n;
           uint32_t want = in_run ? (uint32_t)h[off + k / ds * ss] << 16 : 0xAAAAAAAAu;
           if (bits_of(d[i]) != want && bad++ < 3)
-            printf("# %s ds=%lld ss=%lld: [%lld] = %08x, want %08x\n", path_name(avx), (long long)ds, (long long)ss,
+            printf("# %s ds=%lld ss=%lld: [%lld] = %08x, want %08x\n", set, (long long)ds, (long long)ss,
                    (long long)i, bits_of(d[i]), want);
         }
       }
-    CHECK(bad == 0, "bf16 -> f32 (%s): %d elements wrong", path_name(avx), bad);
+    CHECK(bad == 0, "bf16 -> f32 (%s): %d elements wrong", set, bad);
   }
-  sh_bf16_allow_avx512(1);
+  check_use_set(0);
   free(d);
   free(h);
 }
@@ -143,8 +141,8 @@ static void test_copy_staging(void) {
   const int64_t s[4] = {12, 40, 4, 40};   /* 76800 elements: split over the threads */
   int64_t n = s[0] * s[1] * s[2] * s[3];
   float *x = f32_inputs();
-  for (int avx = 1; avx >= 0; avx--) {
-    sh_bf16_allow_avx512(avx);
+  for (int si = 0; si < check_sets(); si++) {
+    const char *set = check_use_set(si);
     for (int to16 = 0; to16 < 2; to16++) {
       int st = to16 ? SH_F32 : SH_BF16, dt = to16 ? SH_BF16 : SH_F32;
       sh_tensor *src = tensor(4, s, st), *view = NULL, *dst = tensor(4, (int64_t[]){s[0], s[2], s[1], s[3]}, dt);
@@ -162,7 +160,7 @@ static void test_copy_staging(void) {
               bad += !converted(dst, i, src, bthd(s, b, h, t, d), to16);
             }
       CHECK(bad == 0, "copy of a transposed %s view to %s (%s): %d elements wrong", sh_dtype_name(st), sh_dtype_name(dt),
-            path_name(avx), bad);
+            set, bad);
       sh_tensor_destroy(dst);
       sh_tensor_destroy(view);
       sh_tensor_destroy(src);
@@ -179,12 +177,12 @@ static void test_copy_staging(void) {
       bad32 += bits_of(((float *)sh_tensor_data(back))[i]) != (uint32_t)got << 16;
     }
     CHECK(bad16 == 0 && bad32 == 0, "%lld contiguous elements f32 -> bf16 -> f32 (%s): %d and %d wrong", (long long)big,
-          path_name(avx), bad16, bad32);
+          set, bad16, bad32);
     sh_tensor_destroy(f);
     sh_tensor_destroy(h);
     sh_tensor_destroy(back);
   }
-  sh_bf16_allow_avx512(1);
+  check_use_set(0);
   free(x);
 }
 
@@ -193,8 +191,8 @@ static void test_copy_staging(void) {
 static void test_copy_transposed(void) {
   enum { R = 5, C = 37 };
   float *x = f32_inputs();
-  for (int avx = 1; avx >= 0; avx--) {
-    sh_bf16_allow_avx512(avx);
+  for (int si = 0; si < check_sets(); si++) {
+    const char *set = check_use_set(si);
     for (int to16 = 0; to16 < 2; to16++) {
       int st = to16 ? SH_F32 : SH_BF16, dt = to16 ? SH_BF16 : SH_F32;
       sh_tensor *src = tensor(2, (int64_t[]){R, C}, st), *dst = tensor(2, (int64_t[]){C, R}, dt), *view = NULL;
@@ -208,13 +206,13 @@ static void test_copy_transposed(void) {
       for (int i = 0; i < R; i++)
         for (int j = 0; j < C; j++) bad += !converted(dst, j * R + i, src, i * C + j, to16);
       CHECK(bad == 0, "copy of %s into a transposed %s (%s): %d elements wrong", sh_dtype_name(st), sh_dtype_name(dt),
-            path_name(avx), bad);
+            set, bad);
       sh_tensor_destroy(view);
       sh_tensor_destroy(dst);
       sh_tensor_destroy(src);
     }
   }
-  sh_bf16_allow_avx512(1);
+  check_use_set(0);
   free(x);
 }
 
@@ -248,8 +246,8 @@ static void test_fill_bf16(void) {
  * of the widened operands, rounded as inline. 70 columns: vectors and a tail. */
 static void test_elementwise_bf16(void) {
   enum { R = 9, C = 70 };
-  for (int avx = 1; avx >= 0; avx--) {
-    sh_bf16_allow_avx512(avx);
+  for (int si = 0; si < check_sets(); si++) {
+    const char *set = check_use_set(si);
     sh_tensor *a = tensor(2, (int64_t[]){C, R}, SH_BF16), *b = tensor(2, (int64_t[]){R, C}, SH_BF16);
     sh_tensor *at = NULL, *sum = NULL, *acc = tensor(2, (int64_t[]){C, R}, SH_BF16), *acct = NULL;
     uint16_t *ha = sh_tensor_data(a), *hb = sh_tensor_data(b), *hc = sh_tensor_data(acc);
@@ -269,8 +267,8 @@ static void test_elementwise_bf16(void) {
         bad += sum->dtype != SH_BF16 || ((uint16_t *)sh_tensor_data(sum))[i * C + j] != sh_f32_to_bf16_inline(f);
         bad_inplace += hc[j * R + i] != sh_f32_to_bf16_inline(f);
       }
-    CHECK(bad == 0, "bf16 a^T + b (%s): %d elements wrong", path_name(avx), bad);
-    CHECK(bad_inplace == 0, "bf16 acc^T += a^T (%s): %d elements wrong", path_name(avx), bad_inplace);
+    CHECK(bad == 0, "bf16 a^T + b (%s): %d elements wrong", set, bad);
+    CHECK(bad_inplace == 0, "bf16 acc^T += a^T (%s): %d elements wrong", set, bad_inplace);
     sh_tensor_destroy(acct);
     sh_tensor_destroy(sum);
     sh_tensor_destroy(at);
@@ -278,12 +276,11 @@ static void test_elementwise_bf16(void) {
     sh_tensor_destroy(b);
     sh_tensor_destroy(a);
   }
-  sh_bf16_allow_avx512(1);
+  check_use_set(0);
 }
 
 int main(int argc, char **argv) {
   check_args(argc, argv);
-  printf("# this CPU %s AVX-512F\n", __builtin_cpu_supports("avx512f") ? "has" : "lacks (both runs are portable)");
   RUN(test_round_n);
   RUN(test_widen_n);
   RUN(test_copy_staging);

@@ -1,6 +1,6 @@
 /* test_gemm_bf16.c: sh_gemm_bf16 (runtime/gemm_bf16.c) against a float64 product of the same
- * bf16 inputs, on both of its paths in one process: AVX-512 BF16 when this CPU has it, and
- * the widened-to-f32 fallback forced by SHARD_CPU_BF16=0 (and the two against each other);
+ * bf16 inputs, under the CPU kernel set in use and under generic in one process (check.h):
+ * AVX-512 BF16 in the avx512bf16 set, widened to f32 in the others (and the two against each other);
  * then linear's forward and backward with bf16 x, w and dy (mixed precision), which read
  * them through it.
  * Shapes: sizes 1, tails of every block (rows of 12, columns of 32, 128 k-pairs, odd k),
@@ -12,7 +12,7 @@
  * Tolerance: the products of two bf16 are exact in f32 and the sums are f32, so each element
  * is within k * 2^-23 * sum_p |a_ip b_pj| of the exact value (plus |beta c| rounding); the
  * check allows 4 times that. */
-#include "check.h"
+#include "check_cpu.h"
 #include "blas_internal.h"
 #include "dtype.h"
 #include "status.h"
@@ -93,11 +93,9 @@ static void test_case(gcase g) {
       c0[i] = g.beta == 0 && i % ldc < g.n ? NAN : (float)urand();
       if (c16) c0[i] = sh_bf16_to_f32(sh_f32_to_bf16(c0[i]));
     }
-    unsetenv("SHARD_CPU_BF16");
-    run_case(&g, sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)", c16, a, lda, b, ldb, c0, c, ldc);
-    setenv("SHARD_CPU_BF16", "0", 1);
-    run_case(&g, "fallback", c16, a, lda, b, ldb, c0, cf, ldc);
-    unsetenv("SHARD_CPU_BF16");
+    run_case(&g, check_use_set(0), c16, a, lda, b, ldb, c0, c, ldc);
+    run_case(&g, check_use_set(1), c16, a, lda, b, ldb, c0, cf, ldc);
+    check_use_set(0);
     /* the two paths sum in different orders; both are within the bound of the exact value,
      * so within twice it of each other: checked above. Here: same shape of result. */
     int differ = 0;
@@ -153,8 +151,8 @@ static void test_gemm_bf16_out_rounding(void) {
   for (int i = 0; i < M * K; i++) a[i] = sh_f32_to_bf16(ldexpf((float)((int)(urand() * 8)), -58));
   for (int i = 0; i < K * N; i++) b[i] = sh_f32_to_bf16(ldexpf((float)((int)(urand() * 8)), -58));
   float alpha = ldexpf(1, -19);
-  for (int path = 0; path < 2; path++) {
-    if (path) setenv("SHARD_CPU_BF16", "0", 1);
+  for (int s = 0; s < check_sets(); s++) {
+    const char *set = check_use_set(s);
     for (int t = 0; t < 4; t++) {
       int ta = t & 1, tb = t >> 1, bad = 0, denormal = 0;
       CHECK_OK(sh_gemm_bf16_out16(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, a,
@@ -169,13 +167,13 @@ static void test_gemm_bf16_out_rounding(void) {
           memcpy(&got, &bits, 4);
           denormal += want != 0 && fabs(want) < ldexp(1, -126);
           if (got != want && bad++ < 3)
-            printf("# %s ta=%d tb=%d c[%d][%d] = %a, want %a\n", path ? "fallback" : "default", ta, tb, i, j, got, want);
+            printf("# %s ta=%d tb=%d c[%d][%d] = %a, want %a\n", set, ta, tb, i, j, got, want);
         }
-      CHECK(bad == 0 && denormal > M * N / 4, "%s ta=%d tb=%d: bf16 c wrong in %d of %d elements (%d denormal)",
-            path ? "fallback" : "default path", ta, tb, bad, M * N, denormal);
+      CHECK(bad == 0 && denormal > M * N / 4, "kernel set %s ta=%d tb=%d: bf16 c wrong in %d of %d elements (%d denormal)",
+            set, ta, tb, bad, M * N, denormal);
     }
   }
-  unsetenv("SHARD_CPU_BF16");
+  check_use_set(0);
 }
 
 /* ---- linear in bf16 ------------------------------------------------------------------------ */
@@ -250,9 +248,8 @@ static void test_linear_case(int64_t rows, int64_t in, int64_t out, int bias, in
   sh_tensor *tb = tensor_of(SH_BF16, 1, out, b), *tb1 = NULL;
   CHECK_OK(sh_view_reshape(&tb1, tb, 1, (int64_t[]){out}));
   sh_tensor *tx = tensor_of(SH_BF16, rows, in, x), *tw = tensor_of(SH_BF16, out, in, w), *tdy = tensor_of(SH_BF16, rows, out, dy);
-  for (int path = 0; path < 2; path++) {
-    const char *name = path ? "fallback" : sh_cpu_bf16_available() ? "avx512bf16" : "fallback (no avx512bf16)";
-    if (path) setenv("SHARD_CPU_BF16", "0", 1);
+  for (int s = 0; s < check_sets(); s++) {
+    const char *name = check_use_set(s);
     sh_tensor *ty = NULL, *tdx = NULL, *tdw = NULL;
     CHECK_OK(sh_tensor_empty(&tdw, 2, (int64_t[]){out, in}, dw_dtype, -1));
     memset(sh_tensor_data(tdw), 0, (size_t)sh_dtype_size(dw_dtype) * (size_t)(out * in));
@@ -269,8 +266,8 @@ static void test_linear_case(int64_t rows, int64_t in, int64_t out, int bias, in
       check_product("dw = dy^T x, accumulated twice", name, tdw, dw2, dwm2, out * in, rows);
     }
     sh_tensor_destroy(ty); sh_tensor_destroy(tdx); sh_tensor_destroy(tdw);
-    unsetenv("SHARD_CPU_BF16");
   }
+  check_use_set(0);
   sh_tensor_destroy(tx); sh_tensor_destroy(tw); sh_tensor_destroy(tdy); sh_tensor_destroy(tb); sh_tensor_destroy(tb1);
   free(x); free(w); free(dy); free(b); free(y); free(ym); free(dx); free(dxm); free(dw); free(dwm); free(dw2); free(dwm2);
 }

@@ -9,7 +9,7 @@
  *
  * Tolerance: f32 kernels against f64 references, max abs error <= 1e-5 of the reference's
  * max abs value (TOL), unless a check says why it needs more. */
-#include "check.h"
+#include "check_cpu.h"
 #include "dtype.h"
 #include "status.h"
 #include "tensor.h"
@@ -820,12 +820,12 @@ static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, doub
   free(q); free(k); free(v); free(r); free(oref); free(lref); free(dq); free(dk); free(dv);
 }
 
-/* Every case on both paths: attn_blocks' AVX-512 kernels (head dims 16, 32, 48 and 64, where
- * the CPU has AVX-512F) and the sgemm block products. T around the query and key blocks
+/* Every case under the kernel set in use and under generic (check.h): attn_blocks' AVX-512
+ * kernels (head dims 16, 32, 48 and 64, in the avx512 sets) and the sgemm block products. T around the query and key blocks
  * (32 and 64) and the kernels' 4- and 8-row tiles. */
 static void test_attention(void) {
-  for (int kernels = 1; kernels >= 0; kernels--) {
-    sh_attn_blocks_allow(kernels);
+  for (int s = 0; s < check_sets(); s++) {
+    check_use_set(s);
     test_attention_case(1, 1, 1, 4, 0, 0, 1);
     test_attention_case(2, 3, 7, 5, 0, 1, 1);
     test_attention_case(1, 2, 65, 8, 0.3, 0, 1);
@@ -838,8 +838,8 @@ static void test_attention(void) {
     test_attention_case(1, 6, 70, 64, 0.2, 0, 3);
     test_attention_case(1, 2, 257, 64, 0, 0, 1);
   }
-  sh_attn_blocks_allow(1);
-  CHECK(sh_attn_blocks_wanted(32) == !!__builtin_cpu_supports("avx512f"), "attention kernels: AVX-512F decides");
+  check_use_set(0);
+  CHECK(sh_attn_blocks_wanted(32) == (sh_cpu_isa() >= SH_CPU_AVX512), "attention kernels: the kernel set decides");
   CHECK(!sh_attn_blocks_wanted(24) && !sh_attn_blocks_wanted(80), "attention kernels: D = 24 or 80 takes sgemm");
 
   sh_tensor *q = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *k = mkf(4, (int64_t[]){1, 2, 4, 4}, NULL);

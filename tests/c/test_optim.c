@@ -2,14 +2,14 @@
  * loop, the multi-tensor split across threads) against a float64 reference of
  * torch.optim.AdamW's formula, over sizes that hit every tail and thread split (1, 15, 16, 17,
  * 1000003 elements, and groups of parameters whose thread boundaries fall inside a tensor),
- * f32 and bf16 grads, shadows of every float dtype; at 1, 2 and 3 threads, with the AVX-512
- * loop on (where the CPU has it) and off. The shadow must be exactly the param rounded by
+ * f32 and bf16 grads, shadows of every float dtype; at 1, 2 and 3 threads, under the CPU
+ * kernel set in use (the AVX-512 loop in the avx512 sets) and under generic (check.h). The shadow must be exactly the param rounded by
  * dtype.c's conversions, special values (ties, NaN, Inf, -0, subnormals) included; the two
  * loops must give the same bits (both are plain IEEE f32 operations in the same order). */
 #include <math.h>
 #include "parallel.h"
 #include <stdlib.h>
-#include "check.h"
+#include "check_cpu.h"
 #include "dtype.h"
 #include "optim.h"
 #include "optim_internal.h"
@@ -152,12 +152,12 @@ static void run_everywhere(const char *name, int n, const int64_t *sizes, int gr
   for (int k = 0; k < n; k++) total += sizes[k];
   uint32_t *first = NULL;
   for (int threads = 1; threads <= 3; threads++) {
-    for (int vec = 1; vec >= 0; vec--) {
+    for (int s = 0; s < check_sets(); s++) {
       char what[160];
-      snprintf(what, sizeof what, "%s grad %s shadow %s, %d thread(s), %s loop", name, sh_dtype_name(grad_dtype),
-               shadow_dtype >= 0 ? sh_dtype_name(shadow_dtype) : "none", threads, vec ? "vector" : "portable");
+      const char *set = check_use_set(s);
+      snprintf(what, sizeof what, "%s grad %s shadow %s, %d thread(s), kernel set %s", name, sh_dtype_name(grad_dtype),
+               shadow_dtype >= 0 ? sh_dtype_name(shadow_dtype) : "none", threads, set);
       sh_parallel_set_threads(threads);
-      sh_optim_allow_avx512(vec);
       uint32_t *bits = NULL;
       run_group(what, n, sizes, grad_dtype, shadow_dtype, &bits);
       if (!first) first = bits;
@@ -170,7 +170,7 @@ static void run_everywhere(const char *name, int n, const int64_t *sizes, int gr
     }
   }
   free(first);
-  sh_optim_allow_avx512(1);
+  check_use_set(0);
   sh_parallel_set_threads(2);
 }
 
@@ -205,8 +205,8 @@ static void test_adamw_shadow_rounding(void) {
   };
   enum { N = 37 };
   int np = (int)(sizeof pats / sizeof pats[0]);
-  for (int vec = 1; vec >= 0; vec--) {
-    sh_optim_allow_avx512(vec);
+  for (int set = 0; set < check_sets(); set++) {
+    const char *name = check_use_set(set);
     for (int sd = 0; sd < 2; sd++) {
       int64_t n = N;
       sh_tensor *p = mk(n, SH_F32, NULL), *g = mk(n, SH_F32, NULL), *m = mk(n, SH_F32, NULL), *v = mk(n, SH_F32, NULL);
@@ -218,12 +218,12 @@ static void test_adamw_shadow_rounding(void) {
       int64_t bad = shadow_misses(&x);
       int64_t moved = 0;
       for (int i = 0; i < N; i++) moved += pb[i] != pats[(i * 7) % np] && !(isnan(((float *)pb)[i]));
-      CHECK(bad == 0 && moved == 0, "adamw shadow %s (%s loop): %lld elements misrounded, %lld params moved with lr 0",
-            sd ? "f16" : "bf16", vec ? "vector" : "portable", (long long)bad, (long long)moved);
+      CHECK(bad == 0 && moved == 0, "adamw shadow %s (kernel set %s): %lld elements misrounded, %lld params moved with lr 0",
+            sd ? "f16" : "bf16", name, (long long)bad, (long long)moved);
       sh_tensor_destroy(p); sh_tensor_destroy(g); sh_tensor_destroy(m); sh_tensor_destroy(v); sh_tensor_destroy(s);
     }
   }
-  sh_optim_allow_avx512(1);
+  check_use_set(0);
 }
 
 int main(int argc, char **argv) {

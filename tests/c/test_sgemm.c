@@ -1,6 +1,6 @@
 /* test_sgemm.c: the CPU's f32 GEMM (runtime/blas.c, runtime/sgemm_avx512.c) against a float64
- * product, on both of its paths in one process: sgemm_avx512.c's kernel when this CPU has
- * AVX-512F, and OpenBLAS (sh_sgemm_allow_avx512(0)).
+ * product, under the CPU kernel set in use and under generic in one process (check.h): the
+ * avx512 sets run sgemm_avx512.c's kernel, the others OpenBLAS.
  * - The kernel itself (sh_sgemm_avx512 on one thread), which sh_sgemm uses only for products
  *   past its size threshold: sizes 1, the tails of every block (rows of 12, panels of 32 and
  *   of 16, k chunks of 1024, column blocks of the 512 KiB pack), all four transposes, leading
@@ -12,7 +12,7 @@
  *   once, after its product.
  * Tolerance: f32 sums of f32 products, each element within (k + 2) 2^-24 sum_p |a_ip b_pj|
  * (times |alpha|, plus beta c's rounding) of the exact value; the check allows 4 times that. */
-#include "check.h"
+#include "check_cpu.h"
 #include "blas_internal.h"
 #include "parallel.h"
 #include <math.h>
@@ -98,7 +98,7 @@ static void kernel_case(gcase g) {
 }
 
 static void test_kernel_shapes(void) {
-  if (!have_kernel()) { CHECK(1, "skipped: this CPU has no AVX-512F"); return; }
+  if (!have_kernel()) { printf("# kernel tests skipped: kernel set %s has no AVX-512 GEMM\n", sh_cpu_isa_name(sh_cpu_isa())); return; }
   /* m around the 12-row tile, n around the 16- and 32-column panels, k from 1 */
   static const int dims[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 1, 2}, {12, 32, 2}, {13, 33, 5}, {11, 16, 9},
                                 {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1}};
@@ -160,13 +160,14 @@ static void split_both_paths(gcase g) {
   operands o = make_operands(&g);
   float *c1 = NULL;
   int threads_before = sh_parallel_threads();
-  for (int own = 1; own >= 0; own--) {
-    sh_sgemm_allow_avx512(own);
-    const char *path = own && have_kernel() ? "kernel" : "OpenBLAS";
+  for (int s = 0; s < check_sets(); s++) {
+    check_use_set(s);
+    int own = have_kernel();
+    const char *path = own ? "kernel" : "OpenBLAS";
     for (int threads = 1; threads <= 2; threads++) {
       float *c = split_case(&g, &o, threads, path);
       if (threads == 1) { c1 = c; continue; }
-      if (own && have_kernel()) {
+      if (own) {
         int same = memcmp(c, c1, sizeof(float) * (size_t)g.m * o.ldc) == 0;
         CHECK(same, "kernel m=%d n=%d k=%d: 2 threads give the bits of 1", g.m, g.n, g.k);
       }
@@ -174,7 +175,7 @@ static void split_both_paths(gcase g) {
       free(c1);
     }
   }
-  sh_sgemm_allow_avx512(1);
+  check_use_set(0);
   sh_parallel_set_threads(threads_before);
   free_operands(&o);
 }
