@@ -13,6 +13,9 @@ CFLAGS  += $(OPT) -g -std=gnu11 -fPIC -fopenmp-simd -fno-trapping-math -Wall -We
 CFLAGS  += -Iruntime -Ikernels
 LDFLAGS += $(SAN)
 
+# What make deps installs (LuaJIT, Open MPI) is asked for when this Makefile is read: on a fresh
+# machine that is before deps ran. So run, test, test-asan, bench and bench-adamw run deps and
+# then build in a make of their own ($(MAKE) in the recipe), which reads this file after deps.
 LUAJIT_CFLAGS ?= $(shell pkg-config --cflags luajit 2>/dev/null)
 LUAJIT_LIBS   ?= $(shell pkg-config --libs luajit 2>/dev/null)
 MPI_CFLAGS    ?= $(shell mpicc --showme:compile 2>/dev/null)
@@ -33,6 +36,12 @@ ifneq ($(NVCC),)
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
 endif
 LIBS := $(MPI_LIBS) $(BLAS_LIBS) $(CUDA_LIBS) -lm -lpthread
+MAKEFLAGS += --no-print-directory
+
+# Expanded in a recipe: stops a build that lacks what make deps installs with one line naming
+# it, before a compiler fails on mpi.h or a link on dozens of undefined references.
+need_mpi    = $(if $(MPI_LIBS),,$(error mpicc --showme:link gives nothing: Open MPI is missing; run `make deps` (make run and make test run it)))
+need_luajit = $(if $(LUAJIT_LIBS),,$(error pkg-config --libs luajit gives nothing: LuaJIT is missing; run `make deps` (make run and make test run it)))
 
 .DEFAULT_GOAL := all
 
@@ -43,10 +52,11 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test c-tests test-asan test-gpu bench bench-adamw clean check-long fuzz
+.PHONY: all deps run test test-build c-tests test-asan test-gpu bench bench-adamw clean check-long check-fresh fuzz
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
+	$(need_mpi)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
@@ -70,6 +80,7 @@ lib/libshard.a: $(RUNTIME_OBJ) $(CUDA_OBJ)
 # FFI finds them in the executable itself. Only Lua calls readline, so it is kept linked
 # past the toolchain's default --as-needed.
 $(HOST): runtime/host.c $(RUNTIME_OBJ) $(CUDA_OBJ)
+	$(need_mpi)$(need_luajit)
 	@mkdir -p bin
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) -Wl,--push-state,--no-as-needed -lreadline -Wl,--pop-state $(LIBS) -ldl
 
@@ -101,13 +112,17 @@ $(PTY_DRIVER): tests/pty/ptyexpect.c
 deps:
 	@sh tests/deps.sh
 
-run: deps all
+run: deps
+	@$(MAKE) all
 	bin/shard run recipes/gpt_shakespeare_char.lua --max_iters=300 --eval_interval=100 --demo $(ARGS)
 
 # T=NAME[:CASE] runs only the matching tests (tests/run.sh says how).
 # The CUDA path runs too, on the emulated device (tests/cuda_emu/emu.mk: make test-cuda-emu alone).
-test: deps all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
+test: deps
+	@$(MAKE) test-build
 	@SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
+
+test-build: all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
 
 # Everything again under AddressSanitizer and UBSan, in its own build tree.
 test-asan: deps
@@ -125,13 +140,15 @@ test-gpu: all $(GPU_TESTS)
 # below) and the bf16 step. Knobs (whole numbers): ROUNDS=3 ITERS=50 RECIPE_ITERS=300 THREADS="1 2"
 # PEAK_N=2048 PEER_SPIN=1, and bench-adamw's; BENCH=train|f32|bf16 runs a part.
 ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
-bench: all $(ADAMW_BENCH)
+bench: deps
+	@$(MAKE) all $(ADAMW_BENCH)
 	@sh bench/run.sh
 
 # make bench-adamw: the CPU AdamW step alone (minutes, mostly PyTorch's; make bench runs it too): shard
 # vs PyTorch 1.13's torch.optim.AdamW on GPT-2 124M's parameters, beside the machine's memory
 # bandwidth, in alternating rounds. Knobs: ADAMW_ROUNDS=2 ADAMW_ITERS=3 THREADS="1 2" (bench/adamw.sh).
-bench-adamw: $(ADAMW_BENCH)
+bench-adamw: deps
+	@$(MAKE) $(ADAMW_BENCH)
 	@sh bench/adamw.sh $(BUILD)
 
 $(BUILD)/bench/adamw_bench: bench/adamw_bench.c $(RUNTIME_OBJ) $(CUDA_OBJ)

@@ -56,6 +56,7 @@ $(EMU)/emu/%.o: $(EMU_DIR)/%.cpp $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
 $(EMU)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
+	$(need_mpi)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
@@ -67,6 +68,7 @@ $(EMU)/kernels/%.o: $(EMU)/rw/kernels/%.cu $(EMU_KERNEL_HDR) $(wildcard kernels/
 	$(EMU_CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
 
 $(EMU_BIN): runtime/host.c $(EMU_RUNTIME_OBJ) $(EMU_KERNEL_OBJ) $(EMU_LIB_OBJ)
+	$(need_mpi)$(need_luajit)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) $(LUAJIT_CFLAGS) -o $@ $^ -Wl,-E $(LDFLAGS) $(LUAJIT_LIBS) \
 	  -Wl,--push-state,--no-as-needed -lreadline -Wl,--pop-state $(EMU_LIBS)
