@@ -174,5 +174,11 @@ fuzz: build-fuzz/fuzz_safetensors
 
 check-long: fuzz
 
+# make check-fresh: README's two commands (make run, then make test) in a fresh Debian 12 root,
+# debootstrap's minbase plus only what README says a fresh machine needs, on a clean clone of
+# HEAD (root, network; cached in .fresh/; about 20 minutes the first time): tests/fresh/check.sh.
+check-fresh:
+	@sh tests/fresh/check.sh
+
 clean:
 	rm -rf build build-asan build-emu build-cpu build-fuzz lib bin/shard bin/shard-asan bin/shard-emu bin/shard-cpu

@@ -24,6 +24,7 @@ fi
 say "PyTorch is missing from $PY: installing python3-torch"
 export DEBIAN_FRONTEND=noninteractive
 # The package lists may be stale or absent on a fresh machine: refresh only if needed.
+ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || $sudo apt-get update
 $sudo apt-get install -y --no-install-recommends python3-torch ||
   { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends python3-torch; } || {
   say "installing python3-torch failed; install it with:  sudo apt-get install --no-install-recommends python3-torch"

@@ -2,8 +2,9 @@
 # make deps: installs the Debian packages that building and testing shard need, only those
 # missing; silent when everything is there. pkg-config finds LuaJIT's flags for the Makefile;
 # g++ compiles kernels/*.cu against the CUDA emulator (tests/cuda_emu) for make test;
-# gnuplot (without X) draws shard sweep's PNG plots.
-PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox"
+# gnuplot (without X) draws shard sweep's PNG plots; iproute2's ip makes the network namespaces
+# of make test's multi-host tests (tests/netns; Debian's minimal installs lack it).
+PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox iproute2"
 
 missing=""
 for p in $PACKAGES; do
@@ -15,6 +16,8 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo=sudo
 echo "deps: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
-# The package lists may be stale or absent on a fresh machine: refresh only if needed.
+# The package lists may be stale or absent on a fresh machine: refresh only if needed (absent,
+# as in Debian's container images: at once, or apt-get's first try fails on every package).
+ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || $sudo apt-get update
 $sudo apt-get install -y --no-install-recommends $missing ||
   { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends $missing; }
