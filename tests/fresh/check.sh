@@ -39,11 +39,11 @@ case $FRESH in *[[:space:]]*) die "FRESH_DIR must not contain blanks: '$FRESH'" 
 case $FRESH in /|/bin|/boot|/dev|/etc|/home|/lib*|/proc|/root|/run|/sbin|/sys|/tmp|/usr|/var)
   die "FRESH_DIR=$FRESH: not a folder to remove and rebuild" ;; esac
 
-# The mount points under $1, deepest first (as /proc/self/mounts lists them).
+# The mount points at and under $1, deepest first (as /proc/self/mounts lists them).
 mounts_under() {
-  awk -v d="$1/" 'substr($2, 1, length(d)) == d { print $2 }' /proc/self/mounts | sort -r
+  awk -v d="$1" '$2 == d || substr($2, 1, length(d) + 1) == d "/" { print $2 }' /proc/self/mounts | sort -r
 }
-# Unmounts everything under $1 (make test's network namespaces leave /run/netns mounted too).
+# Unmounts everything at and under $1 (make test's network namespaces leave /run/netns mounted too).
 unmount_under() {
   for m in $(mounts_under "$1"); do
     umount "$m" 2>/dev/null || umount -l "$m" || echo "check-fresh: cannot unmount $m" >&2
@@ -57,6 +57,9 @@ remove_root() {
   rm -rf --one-file-system "$1"
 }
 bind_system() {   # ROOT: the host's /proc, /sys, /dev, /dev/pts and /dev/shm, bound in
+  # ROOT bound on itself first: its / is then a mount point, as a machine's is (ip netns exec,
+  # in make test's multi-host tests, makes / a slave mount and fails on a plain folder).
+  mount --bind "$1" "$1" && mount --make-private "$1" || die "cannot bind $1 on itself"
   for m in /proc /sys /dev /dev/pts /dev/shm; do
     mkdir -p "$1$m" && mount --bind "$m" "$1$m" || die "cannot bind $m into $1"
     mount --make-private "$1$m" 2>/dev/null   # what is mounted under it stays off the host's
