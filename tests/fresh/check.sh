@@ -11,8 +11,8 @@
 # copy, FRESH_DIR/run: removed after a pass, kept after a failure for a look (the next check
 # removes it). Everything mounted under it is unmounted on exit, also on failure or Ctrl-C.
 # Needs root (debootstrap, chroot, mount) and the Debian mirror; installs debootstrap with
-# apt-get when it is missing. First run about 20 minutes on 2 cores (the root's build, apt, a
-# full build and the test suite); later runs skip the root's build.
+# apt-get when it is missing. About 7 minutes on 2 cores (apt, a full build, the test suite);
+# building the root adds about a minute the first time.
 # Knobs: FRESH_DIR=.fresh  FRESH_MIRROR=http://deb.debian.org/debian  FRESH_KEEP=1 (keep the
 # run's root after a pass too).
 set -u
