@@ -28,8 +28,11 @@
 #               tokens/s is the median of the loop's 50-step windows after the first step (its
 #               metrics line), and its
 #               ratio of bests is taken against the same PyTorch best as cpu_train's.
+#               Its corpus is tinyshakespeare.txt where the recipe looks for it (SHARD_DATA, else
+#               ../shared/data), else make run's demo text (--demo), so the bench runs in any
+#               clone; the report names the one used.
 # Knobs (whole numbers):  ROUNDS=3  ITERS=50  THREADS="1 $(nproc)"  PEAK_N=2048  PEER_SPIN=1
-#                         RECIPE_ITERS=300
+#                         RECIPE_ITERS=300; and SHARD_DATA=DIR (DIR/tinyshakespeare.txt)
 cd "$(dirname "$0")/.." || exit 2
 
 die() { echo "bench: $*" >&2; exit 1; }
@@ -56,6 +59,21 @@ for t in $THREADS; do
 done
 [ -n "$threads" ] || die "THREADS names no thread count"
 unset OMP_WAIT_POLICY GOMP_SPINCOUNT   # shard picks its own; PyTorch's settings are named below
+
+# The recipe loop's corpus, found before anything is installed: the paths of
+# lua/shard/train.lua (SHAKESPEARE and --demo's DEMO_TEXT).
+shakespeare=${SHARD_DATA:-../shared/data}/tinyshakespeare.txt
+demo_text=/usr/share/common-licenses/GPL-3
+if [ "$BENCH" = bf16 ]; then
+  demo=""; corpus=""
+elif [ -r "$shakespeare" ]; then
+  demo=""; corpus=$shakespeare
+elif [ -r "$demo_text" ]; then
+  demo=--demo; corpus="$demo_text (make run's demo text: $shakespeare is missing)"
+else
+  die "no corpus for the recipe loop: neither $shakespeare (SHARD_DATA=DIR names its folder) nor $demo_text exists"
+fi
+[ -z "$corpus" ] || echo "bench: the recipe loop trains on $corpus"
 
 # The peer: PyTorch in /usr/bin/python3, installed (or named) by bench/deps.sh.
 PY=/usr/bin/python3
@@ -103,7 +121,7 @@ torch_spin() {
 }
 # THREADS: the recipe's loop, its metrics line's tokens/s as a "tokens_per_s N" line.
 recipe_loop() {
-  env OMP_NUM_THREADS="$1" bin/shard run recipes/gpt_shakespeare_char.lua --max_iters="$RECIPE_ITERS" \
+  env OMP_NUM_THREADS="$1" bin/shard run recipes/gpt_shakespeare_char.lua $demo --max_iters="$RECIPE_ITERS" \
     --eval_interval="$RECIPE_ITERS" --eval_iters=1 --sample_tokens=0 --out_dir="$tmp/recipe" >"$tmp/recipe.out" 2>&1
   rc=$?
   cat "$tmp/recipe.out"
@@ -200,7 +218,7 @@ done
 fpt=$(cat "$tmp/flops_per_token" 2>/dev/null)
 whole flops_per_token "$fpt"
 tv=$(cat "$tmp/torch_version" 2>/dev/null)
-awk -v fpt="$fpt" -v tv="${tv:-?}" -v riters="$RECIPE_ITERS" -v threads="$threads" -v psettings="$psettings" -v rounds="$ROUNDS" '
+awk -v fpt="$fpt" -v tv="${tv:-?}" -v riters="$RECIPE_ITERS" -v corpus="${demo:+--demo, }$(basename "${corpus%% *}")" -v threads="$threads" -v psettings="$psettings" -v rounds="$ROUNDS" '
   { v[$1, $2, $3] = $4 }
   function med(name, k,   n, a, i, j, x) {
     n = 0; for (i = 1; i <= rounds; i++) a[++n] = v[name, k, i]
@@ -226,8 +244,8 @@ awk -v fpt="$fpt" -v tv="${tv:-?}" -v riters="$RECIPE_ITERS" -v threads="$thread
     br = T[1]
     for (i = 2; i <= nt; i++) if (med("recipe", T[i]) > med("recipe", br)) br = T[i]
     rbest = med("recipe", br) / med("pytorch", bp)
-    printf "recipe loop (recipes/gpt_shakespeare_char.lua, %d steps), ratio of bests: shard at %s %s tokens/s / pytorch at %s = %.2fx [%.2f-%.2f]\n",
-      riters, label(br), tok("recipe", br), label(bp), rbest, rlo(br, bp, "recipe"), rhi(br, bp, "recipe")
+    printf "recipe loop (recipes/gpt_shakespeare_char.lua on %s, %d steps), ratio of bests: shard at %s %s tokens/s / pytorch at %s = %.2fx [%.2f-%.2f]\n",
+      corpus, riters, label(br), tok("recipe", br), label(bp), rbest, rlo(br, bp, "recipe"), rhi(br, bp, "recipe")
     printf "tokens/s: median [min-max] over %d round(s); ratios: of the medians [min-max of the per-round ratios]\n", rounds
     printf "  %-10s %-24s %-24s %s\n", "setting", "shard", "pytorch " tv, "shard/pytorch"
     for (i = 1; i <= np; i++) {
