@@ -21,7 +21,7 @@ export PATH
 cd "$(dirname "$0")/../.." || exit 2
 REPO=$PWD
 
-# README's "On a fresh Debian 12 machine" line names the same packages: keep the two together.
+# README's "A fresh Debian 12 machine needs make, gcc and git" (Two commands): keep the two the same.
 TOOLS="make gcc git"
 SUITE=bookworm
 MIRROR=${FRESH_MIRROR:-http://deb.debian.org/debian}
