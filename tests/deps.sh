@@ -4,7 +4,9 @@
 # g++ compiles kernels/*.cu against the CUDA emulator (tests/cuda_emu) for make test;
 # gnuplot (without X) draws shard sweep's PNG plots; iproute2's ip makes the network namespaces
 # of make test's multi-host tests (tests/netns; Debian's minimal installs lack it).
-PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox iproute2"
+# qemu-user runs bin/shard on emulated CPUs (tests/spec/cpu_spec.lua: the kernel set picked
+# from cpuid on an AVX2-only and a pre-AVX CPU, whatever CPU runs the tests).
+PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox iproute2 qemu-user"
 
 missing=""
 for p in $PACKAGES; do
