@@ -8,10 +8,12 @@ function M.main(args)
   local name = args[1]
   if not name then
     local p = io.popen("ls " .. require("shard.ffi").shell_quote(root() .. "/bench") .. " 2>/dev/null")
-    print("benchmarks (shard bench NAME [--key=value ...]):")
+    print("benchmarks (shard bench NAME [--key=value ...]; shard bench NAME --help):")
+    local config = require "shard.config"
     for f in p:lines() do
       local n = f:match("^(.-)%.lua$")
-      if n then print("  " .. n) end
+      local about = n and config.description(root() .. "/bench/" .. f)
+      if n then print(("  %-22s %s"):format(n, about and config.summary(about) or "")) end
     end
     p:close()
     return 0

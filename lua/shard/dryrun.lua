@@ -14,9 +14,8 @@
 --   --steps=S (3)  --verbose (the recipe's own output too)  --json (one line `dryrun {json}`)
 -- The recipe runs with its device set to meta and, where it has these settings, one
 -- evaluation batch, no sampling, no checkpoints and no progress lines (DRY_SETTINGS). A value
--- read from a meta tensor is 0, so a recipe must not branch on one. Files are real: what a
--- recipe's rank 0 prepares for the others (the Shakespeare recipe's token files) must exist
--- before a dry run as another rank reads them (a dry run as rank 0, or a real run, makes them).
+-- read from a meta tensor is 0, so a recipe must not branch on one. A dry run writes no file a
+-- real run reads: shard.train tokenizes the corpus in memory and writes no metrics file.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local C, check = rt.C, rt.check
@@ -172,8 +171,8 @@ function M.run_recipe(path, args, forced, verbose)
   local overrides, stray = config.parse_args(script_args)
   config.set_overrides(overrides, stray, path)
   local apply, print_ = config.apply, _G.print
-  config.apply = function(defaults)
-    local cfg = apply(defaults)
+  config.apply = function(defaults, spec)
+    local cfg = apply(defaults, spec)
     for k, v in pairs(forced) do if defaults[k] ~= nil then cfg[k] = v end end
     return cfg
   end
@@ -226,10 +225,25 @@ end
 ---------------------------------------------------------------------------------------------
 -- the command
 
+local HELP = [[shard estimate --dry-run: a recipe run as one rank of an N-rank job, in one process, on the meta
+device (shapes and memory accounting, no data, no file written): the rank's peak memory by tag and
+the unit at the peak, the collectives and their bytes, the FLOPs per step, and the step time that
+H100, H200 and this CPU's peak figures imply.
+
+usage: shard estimate --dry-run [options] RECIPE [--key=value ...]   (the recipe's own after it)
+
+  --world=N        ranks in the job (1)
+  --rank=R         the rank to run as (0)
+  --local_size=L   ranks per node (8; the recipe's hybrid_group = "node")
+  --steps=S        training steps, the last measured (3, at least 3)
+  --verbose        the recipe's own output too
+  --json           one line `dryrun {json}` instead of the report]]
+
 local function parse(args)
   local o = { world = 1, rank = 0, local_size = 8, steps = 3, verbose = false, json = false }
   local i = 1
   while args[i] and args[i]:match("^%-%-") do
+    if args[i] == "--help" or args[i] == "-h" then error({ help = HELP }, 0) end
     local key, value = args[i]:match("^%-%-([%w_]+)=(.*)$")
     if args[i] == "--verbose" or args[i] == "--json" then o[args[i]:sub(3)] = true
     elseif not key or type(o[key]) ~= "number" then

@@ -232,6 +232,20 @@ function M.estimate(o)
   return r
 end
 
+local USAGE = [[usage: shard estimate [--key=value ...]
+       shard estimate --dry-run [--world=N --rank=R --local_size=L --steps=S --verbose --json] RECIPE [--key=value ...]
+                      (the recipe itself as one rank of N, no data: shard estimate --dry-run --help)]]
+local ABOUT = "Per-rank memory of a GPT or Llama under an FSDP strategy, before running it: parameters, gradients and\n"
+  .. "AdamW state from the model's exact shapes, activations measured on --measure (cpu: one step run here;\n"
+  .. "meta: the same step's allocations counted, nothing computed)."
+local SPEC = {
+  model = { oneof = { "gpt", "llama" } }, param = { oneof = { "f32", "bf16", "f16" } }, measure = { oneof = { "cpu", "meta" } },
+  world = { min = 1 }, batch_size = { min = 1, help = "per rank" }, n_layer = { min = 1 }, n_head = { min = 1 },
+  n_embd = { min = 1, help = "Llama: dim" }, vocab_size = { min = 1 }, block_size = { min = 1, help = "Llama: max_seq_len" },
+  n_kv_head = { help = "0: n_head" }, ffn_dim = { help = "0: Meta's size from --multiple_of" },
+  hybrid_group = { help = "ranks per shard group of hybrid strategies; 0: all of --world" },
+}
+
 function M.main(args)
   for i, a in ipairs(args) do
     if a == "--dry-run" then   -- the recipe itself, run as one rank of --world (shard.dryrun)
@@ -241,10 +255,11 @@ function M.main(args)
     end
   end
   config.set_overrides(config.parse_args(args))
-  local o = config{ n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304, block_size = 1024, bias = true,
+  config.describe(USAGE, ABOUT)
+  local o = config({ n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304, block_size = 1024, bias = true,
                     world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32",
                     model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false,
-                    offload = false, measure = "cpu" }
+                    offload = false, measure = "cpu" }, SPEC)
   local r = M.estimate(o)
   print(("%s %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
     o.model == "llama" and "Llama" or "GPT", o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))

@@ -44,6 +44,14 @@ end
 -- transformers loads as GPT2LMHeadModel; under FSDP every rank calls it. See shard.io.hf.
 function shard.export_hf(model, dir) return require("shard.io.hf").export(model, dir) end
 
+-- SHARD_MEMORY_LIMIT (a recipe's --memory_limit, for every process) holds from the moment
+-- shard loads: for scripts that never call shard.init and for the REPL too.
+local function env_memory_limit()
+  local limit = os.getenv("SHARD_MEMORY_LIMIT")
+  if limit and limit ~= "" then require("shard.config").apply_memory_limit(limit, "SHARD_MEMORY_LIMIT") end
+end
+env_memory_limit()
+
 -- The process's place in the job, from mpirun / torchrun-style env / SLURM (else a world of
 -- one): rank, world, local_rank, the device, the world group, and helpers recipes need.
 -- opts.device: "auto" (default: cuda:<local rank> when a GPU is present, else the CPU),
@@ -71,11 +79,7 @@ function shard.init(opts)
     error("shard.init: device must be auto, cpu, cuda or meta, got " .. tostring(want), 2)
   end
   tensor.default_device = env.device
-  local limit = os.getenv("SHARD_MEMORY_LIMIT")
-  if limit and limit ~= "" then
-    local ok, err = pcall(require("shard.config").apply_memory_limit, limit, "SHARD_MEMORY_LIMIT")
-    if not ok then error(type(err) == "table" and err.usage or err, 2) end
-  end
+  env_memory_limit()   -- again, for the device just chosen
   function env.barrier() group:barrier() end
   function env.all_reduce_mean(v)
     local t = tensor.tensor({ v }, { dtype = "f64" })

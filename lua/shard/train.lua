@@ -3,6 +3,7 @@
 -- checkpoints, logging, sampling, the metrics line) is here:
 --   require("shard.train").run{
 --     defaults = { n_layer = 4, n_embd = 128 },           -- the model's settings (overridable)
+--     spec = { n_layer = { min = 1 } },                    -- their ranges (shard.config)
 --     build = function(cfg, vocab_size) return nn.GPT{ ... } end,
 --     block = nn.Block,                                    -- the wrap policy's unit
 --     flops_per_token = function(cfg, n_params) return 6 * n_params + ... end,
@@ -56,18 +57,43 @@ M.COMMON = {
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
 }
 
-local ACCUM_SYNC = { every = true, last = true, replica_last = true }
+-- Each common setting's range (shard.config checks it before any work and --help lists it);
+-- a recipe adds its own as recipe.spec.
+local STRATEGIES = { "none", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" }
+M.SPEC = {
+  data = { help = "a text file; unset: tinyshakespeare.txt in $SHARD_DATA, else in ../shared/data" },
+  demo = { help = "no corpus found: train on " .. DEMO_TEXT },
+  out_dir = { help = "token files (data/CORPUS/), checkpoints (ckpt/), train.jsonl" },
+  metrics_file = { help = 'one JSON object per progress line; "": OUT_DIR/train.jsonl' },
+  resume = { help = "from the newest checkpoint in OUT_DIR/ckpt, at any world size" },
+  offload = { help = "FSDP CPU offload of the sharded parameters, grads and AdamW state" },
+  trace = { help = "a Chrome/Perfetto trace file of --trace_steps" },
+  trace_steps = { help = "FIRST:LAST" }, memory_timeline = { help = "a PNG of each rank's allocations over --trace_steps" },
+  block_size = { min = 1 }, batch_size = { min = 1, help = "the global batch, split over the ranks" },
+  lr = { min = 0 }, min_lr = { min = 0 }, max_iters = { min = 1 }, warmup = { min = 0 },
+  beta1 = { min = 0, below = 1 }, beta2 = { min = 0, below = 1 }, weight_decay = { min = 0 },
+  grad_clip = { min = 0, help = "0: no clipping" }, eval_interval = { min = 1 }, eval_iters = { min = 1 },
+  log_interval = { min = 1 }, sample_tokens = { min = 0 }, strategy = { oneof = STRATEGIES },
+  device = { oneof = { "auto", "cpu", "cuda" } }, dtype = { oneof = { "f32", "bf16" }, help = "bf16: mixed precision, f32 master weights" },
+  save_interval = { min = 0, help = "0: no checkpoints" }, keep = { min = 0, help = "0: keep every checkpoint" },
+  grad_accum = { min = 1 }, straggler_margin = { above = 0, help = "0.25: 25% slower than the median" },
+  straggler_windows = { min = 1 }, accum_sync = { oneof = { "every", "last", "replica_last" } },
+  hybrid_group = { help = "ranks per shard group, or node" },
+}
 
-local function check_accum_sync(cfg)
+local function usage(fmt, ...) error({ usage = fmt:format(...) }, 0) end
+
+-- The settings that depend on each other (each alone is checked by its range in SPEC).
+local function check_combinations(cfg)
   local mode = cfg.accum_sync
-  if not ACCUM_SYNC[mode] then
-    error(("--accum_sync=%s: expected every, last or replica_last"):format(tostring(mode)), 0)
-  end
   if mode ~= "every" and cfg.strategy == "none" then
-    error(("--accum_sync=%s: only FSDP reduces gradients; pass --strategy too"):format(mode), 0)
+    usage("--accum_sync=%s: only FSDP reduces gradients; pass --strategy too", mode)
   end
   if mode == "replica_last" and not cfg.strategy:find("^hybrid_shard") then
-    error(("--accum_sync=replica_last: %s has no all-reduce across groups; use hybrid_shard or hybrid_shard_zero2"):format(cfg.strategy), 0)
+    usage("--accum_sync=replica_last: %s has no all-reduce across groups; use hybrid_shard or hybrid_shard_zero2", cfg.strategy)
+  end
+  if cfg.hybrid_group ~= "node" and not ((tonumber(cfg.hybrid_group) or 0) >= 1) then
+    usage("--hybrid_group=%s: expected a number of ranks (at least 1) or node", cfg.hybrid_group)
   end
 end
 
@@ -90,30 +116,44 @@ local function corpus(cfg, env)
   error(("no corpus: %s is missing; pass --data=PATH"):format(SHAKESPEARE), 0)
 end
 
+-- --data is read before any work: a path that cannot be read is a wrong command line.
+local function check_data(cfg)
+  if cfg.data == "" then return end
+  local f, err = io.open(cfg.data, "rb")
+  if not f then usage("--data=%s: cannot read it (%s)", cfg.data, err:match(": ([^:]*)$") or err) end
+  local ok = f:read(0)   -- nil for a directory or an empty file
+  f:close()
+  if not ok then usage("--data=%s: an empty file or a directory, not a text to train on", cfg.data) end
+end
+
 local function settings(recipe)
   local defaults = {}
   for k, v in pairs(M.COMMON) do defaults[k] = v end
   for k, v in pairs(recipe.defaults or {}) do defaults[k] = v end
-  local cfg = shard.config(defaults)
-  if cfg.grad_accum < 1 then error(("--grad_accum=%d: expected at least 1 micro-batch per step"):format(cfg.grad_accum), 0) end
-  if not (cfg.straggler_margin > 0) then error(("--straggler_margin=%g: expected a fraction above 0 (0.25: 25%% slower)"):format(cfg.straggler_margin), 0) end
-  if cfg.straggler_windows < 1 then error(("--straggler_windows=%d: expected at least 1"):format(cfg.straggler_windows), 0) end
-  check_accum_sync(cfg)
-  if cfg.dtype ~= "f32" and cfg.dtype ~= "bf16" then
-    error(("--dtype=%s: expected f32 or bf16 (bf16: mixed precision, f32 master weights)"):format(tostring(cfg.dtype)), 0)
-  end
+  local spec = {}
+  for k, v in pairs(M.SPEC) do spec[k] = v end
+  for k, v in pairs(recipe.spec or {}) do spec[k] = v end
+  local cfg = shard.config(defaults, spec)
+  check_combinations(cfg)
+  check_data(cfg)
   return cfg
 end
 
--- characters -> train.bin / val.bin / meta.lua (rank 0 prepares, the others wait)
+-- characters -> OUT_DIR/data/CORPUS/{train.bin, val.bin, meta.lua}: rank 0 prepares, the
+-- others wait. Returns the tokenizer and the train and val sources (paths, or in a dry run
+-- the token arrays themselves: a dry run writes no file that a run reads).
 local function prepare_data(cfg, env)
-  local dir = cfg.out_dir .. "/data"
+  if env.device == "meta" then
+    local c = shard.data.char_corpus(cfg.data)
+    return c.tok, c.train, c.val
+  end
+  local dir = shard.data.corpus_dir(cfg.out_dir .. "/data", cfg.data)
   if env.rank == 0 then
-    local _, ntrain, nval = shard.data.prepare_char(cfg.data, dir)
-    print(("data: %s -> %d train / %d val tokens"):format(cfg.data, ntrain, nval))
+    local _, ntrain, nval, current = shard.data.prepare_char(cfg.data, dir)
+    print(("data: %s -> %s: %d train / %d val tokens%s"):format(cfg.data, dir, ntrain, nval, current and " (up to date)" or ""))
   end
   env.barrier()
-  return dir, shard.data.load_meta(dir .. "/meta.lua")
+  return shard.data.load_meta(dir .. "/meta.lua"), dir .. "/train.bin", dir .. "/val.bin"
 end
 
 local function make_model(recipe, cfg, env, vocab_size)
@@ -142,14 +182,14 @@ local function make_model(recipe, cfg, env, vocab_size)
 end
 
 -- batch_size is the global batch; each rank takes its share of the same windows.
-local function loaders(cfg, env, dir)
+local function loaders(cfg, env, train_src, val_src)
   local function loader(src, seed)
     local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world, device = env.device }
     if type(src) == "string" then o.path = src else o.tokens = src end
     return shard.data.tokens(o)
   end
-  local train = loader(dir .. "/train.bin", cfg.seed)
-  return train, { train = loader(train.tokens, cfg.seed + 1), val = loader(dir .. "/val.bin", cfg.seed + 2) }
+  local train = loader(train_src, cfg.seed)
+  return train, { train = loader(train.tokens, cfg.seed + 1), val = loader(val_src, cfg.seed + 2) }
 end
 
 local function estimate_loss(model, splits, cfg, env)
@@ -242,7 +282,7 @@ end
 
 local function jsonl_writer(cfg, env)
   local path = cfg.metrics_file ~= "" and cfg.metrics_file or (cfg.out_dir .. "/train.jsonl")
-  if env.rank ~= 0 then return function() end end
+  if env.rank ~= 0 or env.device == "meta" then return function() end end   -- a dry run writes nothing
   local f, err = io.open(path, "w")
   if not f then error(("--metrics_file: cannot write %s: %s"):format(path, err), 0) end
   return function(fields)
@@ -284,14 +324,17 @@ function M.run(recipe)
   local cpu = env.device == "cpu" and require("shard.cpu").describe() or nil
   if cpu and env.rank == 0 then print("cpu: " .. cpu) end
   shard.manual_seed(cfg.seed)
+  if cfg.batch_size % env.world ~= 0 then
+    usage("--batch_size=%d: the global batch does not split over %d ranks", cfg.batch_size, env.world)
+  end
   cfg.data = corpus(cfg, env)
-  local dir, tok = prepare_data(cfg, env)
+  local tok, train_src, val_src = prepare_data(cfg, env)
   local model = make_model(recipe, cfg, env, tok.vocab_size)
 
   local optim = shard.optim
   local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay })
   local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
-  local train, splits = loaders(cfg, env, dir)
+  local train, splits = loaders(cfg, env, train_src, val_src)
   local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
   local start = cfg.resume and resume(cfg, env, { model = model, optim = opt, data = train }) or 0
 

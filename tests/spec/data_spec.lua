@@ -34,6 +34,49 @@ describe("char data", function()
     end)
   end
 
+  it("fingerprints a text with 64-bit FNV-1a (the published vectors)", function()
+    assert.equal("cbf29ce484222325", data.fingerprint(""))
+    assert.equal("af63dc4c8601ec8c", data.fingerprint("a"))
+    assert.equal("85944171f73967e8", data.fingerprint("foobar"))
+  end)
+
+  it("keeps each corpus's token files in a folder of its own, and rewrites them only when the text changed", function()
+    local root = dir .. "_root"
+    assert.equal(root .. "/tinyshakespeare", data.corpus_dir(root, "/x/y/tinyshakespeare.txt"))
+    assert.equal(root .. "/GPL-3", data.corpus_dir(root, "/usr/share/common-licenses/GPL-3"))
+    assert.equal(root .. "/a_b_", data.corpus_dir(root, "/tmp/a b$.txt"))
+    local a, b = dir .. "_a.txt", dir .. "_b.txt"
+    write(a, "abcabcabc\n"); write(b, "xyzxyz\n")
+    local da, db = data.corpus_dir(root, a), data.corpus_dir(root, b)
+    assert.are_not.equal(da, db)
+    local _, _, _, current = data.prepare_char(a, da)
+    assert.is_false(current)
+    data.prepare_char(b, db)
+    assert.equal(4, data.load_meta(da .. "/meta.lua").vocab_size)   -- b's preparation left a's files alone
+    local before = io.open(da .. "/train.bin", "rb"):read("*a")
+    _, _, _, current = data.prepare_char(a, da)
+    assert.is_true(current)                                           -- same text: nothing written
+    write(a, "abcdabcd\n")
+    local tok
+    tok, _, _, current = data.prepare_char(a, da)
+    assert.is_false(current)
+    assert.equal(5, tok.vocab_size)
+    assert.are_not.equal(before, io.open(da .. "/train.bin", "rb"):read("*a"))
+  end)
+
+  it("refuses to replace another corpus's token files, and refuses an empty corpus by name", function()
+    local other = dir .. "_other.txt"
+    write(other, "hello\n")
+    local ok, err = pcall(data.prepare_char, other, dir)   -- dir holds the first test's corpus
+    assert.is_false(ok)
+    assert.matches("holds the token files of " .. (dir .. ".txt"):gsub("%p", "%%%0") .. ", not of", err)
+    local empty = dir .. "_empty.txt"
+    write(empty, "")
+    ok, err = pcall(data.char_corpus, empty)
+    assert.is_false(ok)
+    assert.matches("is empty: no characters to train on", err)
+  end)
+
   it("samples the same windows for the same (seed, step) and splits them across ranks", function()
     local toks = data.load_tokens(dir .. "/train.bin")
     local one = data.tokens{ tokens = toks, block = 4, batch = 4, seed = 9 }

@@ -33,8 +33,8 @@ describe("gpt_shakespeare_char recipe", function()
 
   it("stops on a --data that does not exist, naming it (no silent substitute)", function()
     local out, code = run("run recipes/gpt_shakespeare_char.lua --out_dir=/tmp/shard_recipe_y --data=/nonexistent/corpus.txt --max_iters=1")
-    assert.are_not.equal(0, code)
-    assert.is_truthy(out:find("cannot open /nonexistent/corpus.txt", 1, true), out)
+    assert.equal(2, code, out)
+    assert.is_truthy(out:find("--data=/nonexistent/corpus.txt: cannot read it", 1, true), out)
   end)
 
   it("without the Shakespeare text stops unless it is make run's demo, which says so", function()
@@ -55,7 +55,7 @@ describe("gpt_shakespeare_char recipe", function()
     local out, code = run("run recipes/gpt_shakespeare_char.lua --out_dir=" .. support.quote(dir) .. ARGS .. " --max_iters=1")
     assert.equal(0, code, out)
     assert.is_nil(io.open("/tmp/shard_injected", "r"))
-    assert.is_truthy(io.open(dir .. "/data/meta.lua", "r"))
+    assert.is_truthy(io.open(dir .. "/data/GPL-3/meta.lua", "r"))
   end)
 
   -- CPU offload on the CPU backend: nothing to move, said once, the same training

@@ -30,8 +30,8 @@ describe("the training loop's throughput figures", function()
       local recs = records(dir .. "/train.jsonl")
       local start = recs[1]
       assert.equal("start", start.event, out)
-      -- the vocabulary is the corpus's characters: read it from the prepared data
-      local vocab = shard.data.load_meta(dir .. "/data/meta.lua").vocab_size
+      -- the vocabulary is the corpus's characters: read it from the prepared data (data/CORPUS)
+      local vocab = shard.data.load_meta(dir .. "/data/GPL-3/meta.lua").vocab_size
       local n = shard.nn.GPT{ n_layer = L, n_head = H, n_embd = C, block_size = T, vocab_size = vocab, bias = false }:num_params()
       assert.equal(n, start.n_params)
       assert.equal(6 * n + 12 * L * C * T, start.flops_per_token)

@@ -1,6 +1,7 @@
 -- shard.data: token files and batches.
 -- Token files are nanoGPT's format: raw little-endian uint16 token ids (train.bin, val.bin),
--- with meta.lua holding the vocabulary. Batches draw random windows whose offsets come from
+-- with meta.lua holding the vocabulary, its source and the text's fingerprint; a run keeps
+-- them in OUT_DIR/data/CORPUS (corpus_dir), one folder per corpus. Batches draw random windows whose offsets come from
 -- the counter-based generator keyed by (seed, rank, step), so a run is reproducible and
 -- every rank draws different windows.
 local ffi = require "ffi"
@@ -12,7 +13,7 @@ local D = {}
 
 local function read_file(path)
   local f, err = io.open(path, "rb")
-  if not f then error("data: cannot open " .. path .. ": " .. tostring(err), 3) end
+  if not f then error("data: cannot read " .. tostring(err), 0) end   -- err names the path
   local s = f:read("*a")
   f:close()
   return s
@@ -20,10 +21,12 @@ end
 
 local function write_file(path, s)
   local tmp = path .. ".tmp"
-  local f = assert(io.open(tmp, "wb"), "data: cannot write " .. tmp)
+  local f, err = io.open(tmp, "wb")
+  if not f then error("data: cannot write " .. tostring(err), 0) end
   f:write(s)
   f:close()
-  assert(os.rename(tmp, path))
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then error("data: cannot write " .. path .. ": " .. tostring(rerr), 0) end
 end
 
 -- Character-level tokenizer over the sorted unique bytes of a text (nanoGPT's shakespeare_char).
@@ -55,23 +58,66 @@ function D.char_tokenizer(text)
   }
 end
 
--- Writes train.bin, val.bin (first 90% / last 10%) and meta.lua for a text file into dir.
--- Returns the tokenizer and the token counts. Skips the work when the files are up to date.
-function D.prepare_char(text_path, dir)
-  rt.check(rt.C.sh_ckpt_mkdirs(dir), 2)   -- mkdir -p through mkdir(2): no shell sees the path
+-- A short fingerprint of a text (FNV-1a, 64-bit), hex: tells one corpus's token files from
+-- another's, and a corpus edited since its files were written.
+function D.fingerprint(text)
+  local h = 0xcbf29ce484222325ULL
+  for i = 1, #text do h = bit.bxor(h, text:byte(i)) * 0x100000001b3ULL end
+  return bit.tohex(h)
+end
+
+-- A corpus in memory: its tokenizer and its train / val token arrays (the first 90% / the
+-- last 10%, nanoGPT's split), as load_tokens gives them. Nothing is written: a dry run
+-- reads its corpus through this.
+function D.char_corpus(text_path)
   local text = read_file(text_path)
+  if #text == 0 then error(("data: %s is empty: no characters to train on"):format(text_path), 2) end
   local tok = D.char_tokenizer(text)
   local n = #text
   local split = math.floor(n * 0.9)
   local buf = ffi.new("uint16_t[?]", n)
   for i = 1, n do buf[i - 1] = tok.stoi[text:sub(i, i)] end
-  write_file(dir .. "/train.bin", ffi.string(buf, split * 2))
-  write_file(dir .. "/val.bin", ffi.string(buf + split, (n - split) * 2))
+  return { tok = tok, fingerprint = D.fingerprint(text), buf = buf,   -- buf owns both halves
+           train = { buf = buf, n = split, path = text_path .. " (train)" },
+           val = { buf = buf + split, n = n - split, path = text_path .. " (val)" } }
+end
+
+-- Where a corpus's token files go under root: one folder per corpus, named after its file,
+-- so that preparing one corpus never replaces another's files.
+function D.corpus_dir(root, text_path)
+  local name = text_path:match("([^/]+)$"):gsub("%.[^.]*$", ""):gsub("[^%w_.-]", "_")
+  return root .. "/" .. (name ~= "" and name or "corpus")
+end
+
+local function read_meta(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  f:close()
+  local ok, meta = pcall(dofile, path)
+  return ok and type(meta) == "table" and meta or nil
+end
+
+-- Writes train.bin, val.bin and meta.lua for a text file into dir (corpus_dir names it).
+-- Returns the tokenizer, the token counts and whether the files were already up to date
+-- (same source, same text: nothing is written). dir holding another corpus's files is an
+-- error naming both, never a silent replacement.
+function D.prepare_char(text_path, dir)
+  local corpus = D.char_corpus(text_path)
+  local ntrain, nval = corpus.train.n, corpus.val.n
+  local old = read_meta(dir .. "/meta.lua")
+  if old and old.source ~= text_path then
+    error(("data: %s holds the token files of %s, not of %s; pass another --out_dir"):format(dir, tostring(old.source), text_path), 2)
+  end
+  if old and old.fingerprint == corpus.fingerprint then return corpus.tok, ntrain, nval, true end
+  rt.check(rt.C.sh_ckpt_mkdirs(dir), 2)   -- mkdir -p through mkdir(2): no shell sees the path
+  write_file(dir .. "/train.bin", ffi.string(corpus.train.buf, ntrain * 2))
+  write_file(dir .. "/val.bin", ffi.string(corpus.val.buf, nval * 2))
   local q = {}
-  for i, c in ipairs(tok.itos) do q[i] = ("%q"):format(c) end
-  write_file(dir .. "/meta.lua", ("return { vocab_size = %d, source = %q, itos = { %s } }\n")
-    :format(tok.vocab_size, text_path, table.concat(q, ", ")))
-  return tok, split, n - split
+  for i, c in ipairs(corpus.tok.itos) do q[i] = ("%q"):format(c) end
+  -- meta.lua last: it marks the files complete
+  write_file(dir .. "/meta.lua", ("return { vocab_size = %d, source = %q, fingerprint = %q, itos = { %s } }\n")
+    :format(corpus.tok.vocab_size, text_path, corpus.fingerprint, table.concat(q, ", ")))
+  return corpus.tok, ntrain, nval, false
 end
 
 -- The tokenizer described by a meta.lua.

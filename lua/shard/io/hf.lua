@@ -195,10 +195,17 @@ end
 
 local function is_fsdp(model) return rawget(model, "all_units") ~= nil end
 
+-- What a value is, in a few words: a module's class name, not its printed tree.
+local function kind_of(v)
+  local mt = type(v) == "table" and getmetatable(v)
+  if mt and mt.__name then return "an nn." .. mt.__name end
+  return "a " .. type(v)
+end
+
 local function check_gpt(model, who)
   local ok = type(model) == "table" and type(model.config) == "table" and model.transformer ~= nil
              and model.transformer.wte ~= nil and model.transformer.h ~= nil and model.lm_head ~= nil
-  if not ok then error(who .. ": expected an nn.GPT (plain or FSDP-wrapped), got " .. tostring(model), 0) end
+  if not ok then error(who .. ": expected an nn.GPT (plain or FSDP-wrapped), got " .. kind_of(model), 0) end
 end
 
 -- The model's stored parameters: { name, tensor, shape, unit, index, slot } in order.
@@ -568,7 +575,7 @@ local LLAMA_KEYS = { "n_layer", "n_head", "n_kv_head", "dim", "ffn_dim", "vocab_
 function M.load_llama_into(model, path)
   local ok_model = type(model) == "table" and type(model.config) == "table" and model.model ~= nil
                    and model.config.n_kv_head ~= nil
-  if not ok_model then error("hf.load_llama_into: expected an nn.Llama (plain or FSDP-wrapped), got " .. tostring(model), 0) end
+  if not ok_model then error("hf.load_llama_into: expected an nn.Llama (plain or FSDP-wrapped), got " .. kind_of(model), 0) end
   if type(path) ~= "string" or path == "" then error("hf: expected a Llama checkpoint directory, got " .. tostring(path), 0) end
   local dir = path:gsub("/+$", "")
   local config_path = dir .. "/config.json"
