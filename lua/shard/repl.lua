@@ -72,17 +72,19 @@ end
 -- an unfinished chunk.
 function M.loop(term, on_chunk, on_error, prompts, on_command)
   prompts = prompts or { "> ", ">> " }
-  local buffer
+  local buffer, n, first = nil, 0, 1   -- lines read; the line the buffer starts on
   while true do
     local line = term.read(buffer and prompts[2] or prompts[1])
     if line == nil then break end
+    n = n + 1
+    if not buffer then first = n end
     if line == false then
       buffer = nil
     elseif on_command and not buffer and line:match("^:%a") then
       on_command(line)
     else
       buffer = buffer and buffer .. "\n" .. line or line
-      local fn, err = chunk.compile(buffer)
+      local fn, err = chunk.compile(buffer, first)
       if fn then
         local src = buffer
         buffer = nil

@@ -166,3 +166,13 @@ shard.export_hf(m, "/tmp/shard_new_user_hf")
     assert.equal("export_hf: expected an nn.GPT (plain or FSDP-wrapped), got an nn.Llama\n", out)
   end)
 end)
+
+describe("the REPL reading a script from a pipe", function()
+  it("names each error's own input line", function()
+    local code, out, err = support.sh(support.quote(support.BIN) .. " repl",
+      'x = 1\nprint(x)\nlocal t = {\n  a = 1,\n}\nerror("boom")\nprint(nil + 1)\n')
+    assert.equal(1, code, out .. err)
+    assert.equal("1\n", out)
+    assert.equal("stdin:6: boom\nstdin:7: attempt to perform arithmetic on a nil value\n", err)
+  end)
+end)

@@ -1,5 +1,5 @@
 -- shard.repl.chunk: a REPL chunk from source to the values it returns.
---   local fn, err = chunk.compile(src)   -- nil, "incomplete" while the text ends too early
+--   local fn, err = chunk.compile(src, line)   -- nil, "incomplete" while the text ends too early
 --   local ok, n, values = chunk.run(fn)  -- ok false: values is the error message
 -- A chunk that is an expression list returns its values (printed by the REPL); statements
 -- return nothing unless they `return` something. Ctrl-C interrupts a running chunk
@@ -14,15 +14,17 @@ local M = {}
 local PACK = "return (function(...) return select('#', ...), {...} end)("
 
 -- Returns fn and whether it is a packed expression list, or nil and "incomplete", or nil and
--- a syntax error.
-function M.compile(src)
-  local fn = loadstring(PACK .. src .. "\n)", "=stdin")
+-- a syntax error. line (default 1): the input line src starts on; blank lines ahead of the
+-- source make errors name that line ("stdin:12:"), as lua does for a script read from stdin.
+function M.compile(src, line)
+  local pad = ("\n"):rep((line or 1) - 1)
+  local fn = loadstring(pad .. PACK .. src .. "\n)", "=stdin")
   if fn then return fn, true end
   local err
-  fn, err = loadstring(src, "=stdin")
+  fn, err = loadstring(pad .. src, "=stdin")
   if fn then return fn, false end
   -- Unfinished when the text ends too early as statements or as an expression ("1 +").
-  local _, as_expr = loadstring("return " .. src, "=stdin")
+  local _, as_expr = loadstring(pad .. "return " .. src, "=stdin")
   if err:match("'<eof>'$") or as_expr:match("'<eof>'$") then return nil, "incomplete" end
   return nil, err
 end
