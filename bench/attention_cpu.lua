@@ -6,8 +6,8 @@
 local shard = require "shard"
 local F = require "shard.functional"
 local timer = require "shard.timer"
-local cfg = shard.config{ iters = 300, rounds = 7, warmup = 10, batch_size = 12, block_size = 64, n_embd = 128,
-                          n_head = 4, seed = 1337 }
+local cfg = shard.config({ iters = 300, rounds = 7, warmup = 10, batch_size = 12, block_size = 64, n_embd = 128,
+                          n_head = 4, seed = 1337 }, { warmup = { min = 0 } })
 shard.manual_seed(cfg.seed)
 local qkv = shard.randn({ cfg.batch_size, cfg.block_size, 3 * cfg.n_embd }):requires_grad_(true)
 local dy = shard.randn({ cfg.batch_size, cfg.block_size, cfg.n_embd })

@@ -9,8 +9,9 @@
 --   shard run bench/cpu_train.lua [--iters=50] [--dtype=bf16]
 local shard = require "shard"
 local timer = require "shard.timer"
-local cfg = shard.config{ iters = 50, warmup = 5, profile = false, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
-                          batch_size = 12, vocab_size = 65, seed = 1337, dtype = "f32" }
+local cfg = shard.config({ iters = 50, warmup = 5, profile = false, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
+                          batch_size = 12, vocab_size = 65, seed = 1337, dtype = "f32" },
+                        { warmup = { min = 0 }, dtype = { oneof = { "f32", "bf16" } } })
 shard.manual_seed(cfg.seed)
 local function build()
   return shard.nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, block_size = cfg.block_size,

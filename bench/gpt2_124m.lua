@@ -16,8 +16,8 @@ local rt = require "shard.ffi"
 local C, check = rt.C, rt.check
 local nn, fsdp, optim = shard.nn, shard.fsdp, shard.optim
 
-local cfg = shard.config{ iters = 20, warmup = 5, batch_size = 32, block_size = 1024, n_layer = 12, n_head = 12,
-                          n_embd = 768, vocab_size = 50304, seed = 1337, lr = 6e-4 }
+local cfg = shard.config({ iters = 20, warmup = 5, batch_size = 32, block_size = 1024, n_layer = 12, n_head = 12,
+                          n_embd = 768, vocab_size = 50304, seed = 1337, lr = 6e-4 }, { warmup = { min = 0 }, lr = { min = 0 } })
 local env = shard.init{ device = "cuda" }
 local device = env.device
 shard.manual_seed(cfg.seed)

@@ -9,8 +9,7 @@ local nn = shard.nn
 
 shard.train.run{
   defaults = { n_layer = 4, n_head = 4, n_embd = 128, dropout = 0.0, bias = false },
-  spec = { n_layer = { min = 1 }, n_head = { min = 1 }, n_embd = { min = 1, help = "a multiple of n_head" },
-           dropout = { min = 0, below = 1 } },
+  spec = { n_embd = { help = "a multiple of n_head" }, dropout = { min = 0, below = 1 } },
   build = function(cfg, vocab_size)
     return nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, block_size = cfg.block_size,
                    vocab_size = vocab_size, dropout = cfg.dropout, bias = cfg.bias }

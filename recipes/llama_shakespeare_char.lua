@@ -11,9 +11,8 @@ local nn = shard.nn
 
 shard.train.run{
   defaults = { n_layer = 4, n_head = 4, n_kv_head = 2, dim = 128, ffn_dim = 384, rope_theta = 10000, norm_eps = 1e-5 },
-  spec = { n_layer = { min = 1 }, n_head = { min = 1 }, n_kv_head = { min = 1, help = "divides n_head" },
-           dim = { min = 1, help = "a multiple of n_head" }, ffn_dim = { min = 1 }, rope_theta = { above = 0 },
-           norm_eps = { above = 0 } },
+  spec = { n_kv_head = { min = 1, help = "divides n_head" }, dim = { help = "a multiple of n_head" },
+           ffn_dim = { min = 1 }, rope_theta = { above = 0 }, norm_eps = { above = 0 } },
   build = function(cfg, vocab_size)
     return nn.Llama{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_kv_head = cfg.n_kv_head, dim = cfg.dim,
                      ffn_dim = cfg.ffn_dim, vocab_size = vocab_size, max_seq_len = cfg.block_size,

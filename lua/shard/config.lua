@@ -4,6 +4,8 @@
 -- An optional second table declares each key's range, checked before any work and listed by
 -- --help: { n_layer = { min = 1 }, dropout = { min = 0, below = 1 }, lr = { above = 0 },
 -- dtype = { oneof = { "f32", "bf16" } } } (min / max inclusive, above / below exclusive).
+-- Keys that count what a model or a run must have (n_layer, batch_size, iters, ...: POSITIVE)
+-- take at least 1 unless the spec says otherwise.
 -- Every override must name a key of the defaults and match its type: a typo such as --lr_=1
 -- is an error listing the known keys, never a silently ignored setting. A default decides
 -- the type: numbers take numbers, booleans take true/false (a bare --flag means true),
@@ -100,6 +102,20 @@ local function is_count(key)
   return false
 end
 
+-- Settings whose names say they count something there must be some of: at least 1 wherever a
+-- script's defaults have them, unless the script's spec gives the key a range of its own.
+local POSITIVE = { n_layer = true, n_head = true, n_embd = true, dim = true, block_size = true, batch_size = true,
+                   vocab_size = true, iters = true, rounds = true, max_iters = true, eval_iters = true, grad_accum = true }
+
+local function has_range(r) return r.min or r.max or r.above or r.below or r.oneof end
+
+-- spec[key] (help and range), with POSITIVE's range where it declares none.
+local function entry(spec, key)
+  local r = spec[key] or {}
+  if has_range(r) or not POSITIVE[key] then return r end
+  return { help = r.help, min = 1 }
+end
+
 -- "at least 1", "at least 0 and below 1", "one of f32, bf16": a key's declared range, for
 -- --help and for the error a value outside it gets.
 local function range_text(r)
@@ -134,9 +150,9 @@ local function help_text(defaults, spec)
   for k in pairs(defaults) do keys[#keys + 1] = tostring(k) end
   table.sort(keys)
   for _, k in ipairs(keys) do
-    local r, notes = spec[k] or {}, {}
+    local r, notes = entry(spec, k), {}
     if r.help then notes[#notes + 1] = r.help end
-    if r.min or r.max or r.above or r.below or r.oneof then notes[#notes + 1] = range_text(r) end
+    if has_range(r) then notes[#notes + 1] = range_text(r) end
     local line = ("  --%-20s %-8s default %s"):format(k, kind_of(k, defaults[k]), shown(defaults[k]))
     lines[#lines + 1] = #notes > 0 and ("%s  (%s)"):format(line, table.concat(notes, "; ")) or line
   end
@@ -178,11 +194,11 @@ local function in_range(v, r)
 end
 
 local function check_range(key, v, r)
-  if r and not in_range(v, r) then usage("config: --%s=%s: expected %s", key, tostring(v), range_text(r)) end
+  if not in_range(v, r) then usage("config: --%s=%s: expected %s", key, tostring(v), range_text(r)) end
 end
 
 -- shard.config(defaults[, spec]): a new table, the defaults with the command line's overrides
--- applied, each overridden value checked against spec[key] (its range).
+-- applied, each overridden value checked against spec[key] (its range; POSITIVE's by default).
 function M.apply(defaults, spec)
   if type(defaults) ~= "table" then error("shard.config expects a table of defaults, got " .. type(defaults), 0) end
   spec = spec or {}
@@ -200,7 +216,7 @@ function M.apply(defaults, spec)
       usage("config: unknown option --%s; known options: %s", key, table.concat(sorted_keys(defaults), ", "))
     else
       cfg[key] = convert(key, raw, defaults[key])
-      check_range(key, cfg[key], spec[key])
+      check_range(key, cfg[key], entry(spec, key))
     end
   end
   return cfg

@@ -240,8 +240,8 @@ local ABOUT = "Per-rank memory of a GPT or Llama under an FSDP strategy, before 
   .. "meta: the same step's allocations counted, nothing computed)."
 local SPEC = {
   model = { oneof = { "gpt", "llama" } }, param = { oneof = { "f32", "bf16", "f16" } }, measure = { oneof = { "cpu", "meta" } },
-  world = { min = 1 }, batch_size = { min = 1, help = "per rank" }, n_layer = { min = 1 }, n_head = { min = 1 },
-  n_embd = { min = 1, help = "Llama: dim" }, vocab_size = { min = 1 }, block_size = { min = 1, help = "Llama: max_seq_len" },
+  world = { min = 1 }, batch_size = { help = "per rank" }, n_embd = { help = "Llama: dim" },
+  block_size = { help = "Llama: max_seq_len" },
   n_kv_head = { help = "0: n_head" }, ffn_dim = { help = "0: Meta's size from --multiple_of" },
   hybrid_group = { help = "ranks per shard group of hybrid strategies; 0: all of --world" },
 }

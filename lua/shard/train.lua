@@ -57,8 +57,8 @@ M.COMMON = {
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
 }
 
--- Each common setting's range (shard.config checks it before any work and --help lists it);
--- a recipe adds its own as recipe.spec.
+-- Each common setting's range (shard.config checks it before any work and --help lists it;
+-- sizes such as batch_size take at least 1 there); a recipe adds its own as recipe.spec.
 local STRATEGIES = { "none", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" }
 M.SPEC = {
   data = { help = "a text file; unset: tinyshakespeare.txt in $SHARD_DATA, else in ../shared/data" },
@@ -69,14 +69,14 @@ M.SPEC = {
   offload = { help = "FSDP CPU offload of the sharded parameters, grads and AdamW state" },
   trace = { help = "a Chrome/Perfetto trace file of --trace_steps" },
   trace_steps = { help = "FIRST:LAST" }, memory_timeline = { help = "a PNG of each rank's allocations over --trace_steps" },
-  block_size = { min = 1 }, batch_size = { min = 1, help = "the global batch, split over the ranks" },
-  lr = { min = 0 }, min_lr = { min = 0 }, max_iters = { min = 1 }, warmup = { min = 0 },
+  batch_size = { help = "the global batch, split over the ranks" },
+  lr = { min = 0 }, min_lr = { min = 0 }, warmup = { min = 0 },
   beta1 = { min = 0, below = 1 }, beta2 = { min = 0, below = 1 }, weight_decay = { min = 0 },
-  grad_clip = { min = 0, help = "0: no clipping" }, eval_interval = { min = 1 }, eval_iters = { min = 1 },
+  grad_clip = { min = 0, help = "0: no clipping" }, eval_interval = { min = 1 },
   log_interval = { min = 1 }, sample_tokens = { min = 0 }, strategy = { oneof = STRATEGIES },
   device = { oneof = { "auto", "cpu", "cuda" } }, dtype = { oneof = { "f32", "bf16" }, help = "bf16: mixed precision, f32 master weights" },
   save_interval = { min = 0, help = "0: no checkpoints" }, keep = { min = 0, help = "0: keep every checkpoint" },
-  grad_accum = { min = 1 }, straggler_margin = { above = 0, help = "0.25: 25% slower than the median" },
+  straggler_margin = { above = 0, help = "0.25: 25% slower than the median" },
   straggler_windows = { min = 1 }, accum_sync = { oneof = { "every", "last", "replica_last" } },
   hybrid_group = { help = "ranks per shard group, or node" },
 }

@@ -79,6 +79,21 @@ describe("a wrong value of a known option", function()
     end)
   end
 
+  it("of a benchmark, of shard estimate or of the Llama recipe is exit 2 too", function()
+    for _, case in ipairs {
+      { "bench cpu_train --iters=0", "--iters=0: expected at least 1" },
+      { "bench ckpt_save --every=0", "--every=0: expected at least 1" },
+      { "estimate --n_layer=0", "--n_layer=0: expected at least 1" },
+      { "estimate --world=0", "--world=0: expected at least 1" },
+      { "estimate --model=bert", "--model=bert: expected one of gpt, llama" },
+      { "run recipes/llama_shakespeare_char.lua --n_kv_head=0", "--n_kv_head=0: expected at least 1" },
+    } do
+      local out, code = support.shard(case[1])
+      assert.equal(2, code, case[1] .. "\n" .. out)
+      assert.is_truthy(out:find(case[2], 1, true), out)
+    end
+  end)
+
   it("a global batch that does not split over the ranks is exit 2 on every rank, naming both", function()
     local out, code = support.shard(("launch --nproc 2 %s --out_dir=%s --data=%s%s --batch_size=3 --strategy=full_shard")
       :format(RECIPE, dir, TEXT, SMALL))
