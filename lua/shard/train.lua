@@ -37,6 +37,7 @@ local shard = require "shard"
 local cjson = require "cjson"
 local timer = require "shard.timer"
 local median = require("shard.stats").median
+local units = require "shard.units"
 
 local M = {}
 
@@ -275,9 +276,19 @@ function Meter:window()
                 tokens_per_s = tokens_per_s, tflops = flops / 1e12,
                 mfu = self.peak and flops / self.peak.flops or nil,
                 exposed_comm_ms = waited / steps * 1000,
-                peak_mib = shard.memory.stats(self.env.device).peak / 2 ^ 20 }
+                peak_bytes = shard.memory.stats(self.env.device).peak }
   self:restart()
   return out
+end
+
+-- The window's figures for a person, each kind in one format (shard.units); train.jsonl has
+-- the same figures as raw numbers (MFU there a fraction).
+local function progress_line(it, loss, lr, w)
+  shard.log(it, { loss = units.fixed(loss, 4), ms_per_iter = units.ms(w.seconds / w.steps),
+                  tokens_per_s = units.count(w.tokens_per_s), lr = units.lr(lr), tflops = units.fixed(w.tflops, 3),
+                  mfu = w.mfu and units.percent(w.mfu), peak_mib = units.mib(w.peak_bytes),
+                  exposed_comm_ms = units.ms(w.waited / w.steps) },
+            { "loss", "ms_per_iter", "tokens_per_s", "lr", "tflops", "mfu", "peak_mib", "exposed_comm_ms" })
 end
 
 local function jsonl_writer(cfg, env)
@@ -355,7 +366,7 @@ function M.run(recipe)
     end
     if it == cfg.max_iters then break end
     opt:set_lr(lr_at(it))
-    local logging = it % cfg.log_interval == 0
+    local logging = it % cfg.log_interval == 0 or it == cfg.max_iters - 1   -- the last step too
     shard.trace.begin_step(it)
     local loss = step(model, opt, train, cfg, logging)
     shard.trace.end_step(it)
@@ -363,11 +374,9 @@ function M.run(recipe)
     if logging then
       local w = meter:window()
       rates[#rates + 1], mfus[#mfus + 1] = w.tokens_per_s, w.mfu
-      shard.log(it, { loss = loss, ms_per_iter = w.ms_per_iter, tokens_per_s = w.tokens_per_s, lr = opt.lr,
-                      tflops = w.tflops, mfu = w.mfu, peak_mib = w.peak_mib, exposed_comm_ms = w.exposed_comm_ms },
-                { "loss", "ms_per_iter", "tokens_per_s", "lr", "tflops", "mfu", "peak_mib", "exposed_comm_ms" })
+      progress_line(it, loss, opt.lr, w)
       write{ iter = it, loss = loss, ms_per_iter = w.ms_per_iter, tokens_per_s = w.tokens_per_s, lr = opt.lr,
-             tflops = w.tflops, mfu = w.mfu, peak_bytes = w.peak_mib * 2 ^ 20, exposed_comm_ms = w.exposed_comm_ms,
+             tflops = w.tflops, mfu = w.mfu, peak_bytes = w.peak_bytes, exposed_comm_ms = w.exposed_comm_ms,
              world = env.world, strategy = cfg.strategy }
       for _, warning in ipairs(watch:observe(w.steps, w.seconds, w.waited)) do
         -- on stdout, whole lines between the progress lines (stderr would interleave with them)

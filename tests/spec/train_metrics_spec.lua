@@ -20,6 +20,26 @@ end
 
 local function close(a, b, rel) return math.abs(a - b) <= rel * math.max(math.abs(a), math.abs(b)) end
 
+-- A progress line's values, each checked against its kind's one format (shard.units):
+-- ms to 1 decimal, tokens/s whole and thousands-separated, the learning rate in 3 significant
+-- digits, TFLOP/s to 3 decimals, MFU a percentage to 1 decimal, MiB to 1 decimal.
+local FORMATS = { loss = "^%d+%.%d%d%d%d$", ms_per_iter = "^%d+%.%d$", tokens_per_s = "^%d%d?%d?[,%d]*$",
+                  lr = "^%d%.%d%de[-+]%d%d$", tflops = "^%d+%.%d%d%d$", mfu = "^%d+%.%d%%$",
+                  peak_mib = "^%d+%.%d$", exposed_comm_ms = "^%d+%.%d$" }
+local function progress_fields(line)
+  local t = {}
+  for field in (line .. " | "):gmatch("(.-) | ") do
+    local key, value = field:match("^([%w_]+) (.*)$")
+    if key ~= "iter" then
+      assert.is_truthy(FORMATS[key], line)
+      assert.is_truthy(value:match(FORMATS[key]), ("%s: %q in %s"):format(key, value, line))
+      t[key] = tonumber((value:gsub("[,%%]", "")))
+    end
+  end
+  for key in pairs(FORMATS) do assert.is_truthy(t[key], ("%s missing in %s"):format(key, line)) end
+  return t
+end
+
 describe("the training loop's throughput figures", function()
   for _, world in ipairs { 1, 2 } do
     it(("at world %d: progress line and JSONL agree with FLOPs counted here"):format(world), function()
@@ -47,13 +67,17 @@ describe("the training loop's throughput figures", function()
           assert.is_true(close(r.tokens_per_s, start.tokens_per_step / (r.ms_per_iter / 1000), 1e-9), cjson.encode(r))
           assert.is_true(r.peak_bytes > 0 and r.exposed_comm_ms >= 0, cjson.encode(r))
           if world == 1 then assert.equal(0, r.exposed_comm_ms) end
-          -- the progress line shows the same step's figures
+          -- the progress line shows the same step's figures, each kind in one format
           local line = out:match(("iter %d | loss [^\n]*"):format(r.iter))
           assert.is_truthy(line, out)
-          local shown = tonumber(line:match("| mfu ([%d%.e%-+]+)"))   -- printed to 4 decimals or 4 digits
-          assert.is_true(math.abs(shown - r.mfu) <= 5e-5 + 1e-3 * r.mfu, line)
-          assert.is_truthy(line:find("| exposed_comm_ms ", 1, true), line)
-          assert.is_truthy(line:find("| peak_mib ", 1, true), line)
+          local shown = progress_fields(line)
+          assert.is_true(math.abs(shown.ms_per_iter - r.ms_per_iter) <= 0.05 + 1e-9, line)
+          assert.is_true(math.abs(shown.tokens_per_s - r.tokens_per_s) <= 0.5 + 1e-9, line)
+          assert.is_true(close(shown.lr, r.lr, 5e-3), line)
+          assert.is_true(math.abs(shown.tflops - r.tflops) <= 5e-4 + 1e-12, line)
+          assert.is_true(math.abs(shown.mfu - 100 * r.mfu) <= 0.05 + 1e-9, line)   -- a percentage
+          assert.is_true(math.abs(shown.peak_mib - r.peak_bytes / 2 ^ 20) <= 0.05 + 1e-9, line)
+          assert.is_true(math.abs(shown.exposed_comm_ms - r.exposed_comm_ms) <= 0.05 + 1e-9, line)
         end
       end
       assert.equal(4, steps, out)
@@ -67,4 +91,22 @@ describe("the training loop's throughput figures", function()
                      ("metrics %s, windows after the first %s"):format(metrics.tokens_per_s, table.concat(rates, " ")))
     end)
   end
+
+  -- Fewer steps than --log_interval (50): the last step's line is printed (it covers the steps
+  -- after the first) and the metrics line's medians leave the first step out, as README says.
+  it("prints the last step's progress line and leaves the first step out of short runs' medians", function()
+    local dir = "/tmp/shard_train_metrics_short"
+    local args = ARGS:gsub("%-%-max_iters=4", "--max_iters=5"):gsub(" %-%-log_interval=1", "")
+    local out, code = support.shard(("run recipes/gpt_shakespeare_char.lua --out_dir=%s%s"):format(dir, args))
+    assert.equal(0, code, out)
+    local iters = {}
+    for it in out:gmatch("iter (%d+) | loss ") do iters[#iters + 1] = tonumber(it) end
+    assert.same({ 0, 4 }, iters)
+    local last
+    for _, r in ipairs(records(dir .. "/train.jsonl")) do if r.tokens_per_s then last = r end end
+    assert.equal(4, last.iter)
+    local metrics = cjson.decode((assert(out:match("metrics (%b{})"), out)))
+    assert.is_true(close(metrics.tokens_per_s, last.tokens_per_s, 1e-9),
+                   ("metrics %s, steps 1-4 %s"):format(metrics.tokens_per_s, last.tokens_per_s))
+  end)
 end)
