@@ -33,6 +33,7 @@
 -- (gnuplot; skipped with a note when it is not installed).
 local cjson = require "cjson"
 local rt = require "shard.ffi"
+local units = require "shard.units"
 
 local M = {}
 local quote = rt.shell_quote
@@ -244,7 +245,7 @@ function M.parse_metrics(spec, output, point)
       if ok and type(t) == "table" then json = t end
     elseif line:match("^iter %d+ |") then
       for name, value in line:gmatch("| ([%w_%.]+) ([^|]-)%s*%f[|%z]") do
-        local v = tonumber(value)
+        local v = units.parse(value)   -- the progress line's figures: "12,780", "42.3%"
         if v then log[name] = log[name] or {}; table.insert(log[name], v) end
       end
     end
@@ -388,10 +389,14 @@ function M.read_results(path)
   return out
 end
 
+-- One JSON line; paths keep their slashes (cjson writes "\/", which JSON allows but nobody
+-- reads well; an escaped backslash before a slash stays "\\" + "/").
+local function json_line(rec) return (cjson.encode(rec):gsub("\\/", "/")) end
+
 function M.append(path, rec)
   local f = io.open(path, "a")
   if not f then fail("cannot append to %s", path) end
-  f:write(cjson.encode(rec), "\n")
+  f:write(json_line(rec), "\n")
   f:close()
 end
 
@@ -403,18 +408,22 @@ local function latest(records)
 end
 
 local function is_bytes(name) return name:match("bytes") ~= nil end
+local function is_fraction(name) return name == "mfu" end
 
 local function label(name)
   if is_bytes(name) then return name .. " (MiB)" end
+  if is_fraction(name) then return name .. " (%)" end
   return name
 end
 
+-- A metric in the Markdown table (shard.units): bytes in MiB and MFU in percent (their
+-- columns name the unit), whole and large numbers as counts, others to 4 significant digits.
 local function format_value(name, v, fmt)
   if type(v) ~= "number" then return v == nil and "" or tostring(v) end
   if fmt then return fmt:format(v) end
-  if is_bytes(name) then return ("%.1f"):format(v / 2 ^ 20) end
-  if v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
-  if math.abs(v) >= 100 then return ("%.0f"):format(v) end
+  if is_bytes(name) then return units.mib(v) end
+  if is_fraction(name) then return units.fixed(100 * v, 1) end
+  if v == math.floor(v) or math.abs(v) >= 100 then return units.count(v) end
   return ("%.4g"):format(v)
 end
 
@@ -491,7 +500,7 @@ function M.tables(spec, points, columns, records)
       ccells[#ccells + 1] = csv_field(v == nil and "" or value_text(v))
     end
     if est then
-      cells[#cells + 1] = row.estimate and ("%.1f"):format(row.estimate / 2 ^ 20) or ""
+      cells[#cells + 1] = row.estimate and units.mib(row.estimate) or ""
       ccells[#ccells + 1] = row.estimate and ("%d"):format(row.estimate) or ""
     end
     ccells[#ccells + 1] = ("%.2f"):format(r.seconds or 0)
@@ -533,7 +542,7 @@ function M.plots(spec, points, records, dir)
       if r.status == "ok" and type(xv) == "number" and type(yv) == "number" then
         local name = by and value_text(row.point[by]) or y
         if not series[name] then series[name] = {}; names[#names + 1] = name end
-        local scale = is_bytes(y) and 2 ^ 20 or 1
+        local scale = is_bytes(y) and 2 ^ 20 or is_fraction(y) and 0.01 or 1   -- the axis's unit (label)
         table.insert(series[name], { xv, yv / scale, row.estimate and row.estimate / scale or nil })
       end
     end
@@ -591,15 +600,6 @@ end
 
 ---------------------------------------------------------------------------------------------
 -- the command
-
-local function clock(s)
-  s = math.floor(s + 0.5)
-  local h, m = math.floor(s / 3600), math.floor((s % 3600) / 60)
-  if h > 0 then return ("%dh%02dm"):format(h, m) end
-  if m > 0 then return ("%dm%02ds"):format(m, s % 60) end
-  return ("%ds"):format(s)
-end
-M.clock = clock
 
 local function describe_point(point, columns)
   local parts = {}
@@ -671,11 +671,11 @@ function M.main(args)
       spent = spent + rec.seconds
       if rec.status ~= "ok" then failed = failed + 1 end
       local left = #pending - n
-      local eta = left > 0 and (", ~" .. clock(spent / n * left) .. " left") or ""
+      local eta = left > 0 and (", ~" .. units.time(spent / n * left) .. " left") or ""
       local what = rec.status == "ok" and "ok" or (rec.status .. " (" .. (rec.error:gsub("\n.*", "")) .. ")")
-      print(("[%d/%d] %s: %s in %.1fs | %d/%d done, %d failed, elapsed %s%s"):format(
-        skipped + n, #points, describe_point(p, columns), what, rec.seconds, skipped + n, #points, failed,
-        clock(now() - t0), eta))
+      print(("[%d/%d] %s: %s in %s | %d/%d done, %d failed, elapsed %s%s"):format(
+        skipped + n, #points, describe_point(p, columns), what, units.time(rec.seconds), skipped + n, #points, failed,
+        units.time(now() - t0), eta))
       io.stdout:flush()
     end
   end

@@ -12,6 +12,7 @@
 --   units.fixed(2.50123, 4)     -> "2.5012"      a plain number to a fixed number of decimals
 --   units.plural(1, "rank")     -> "1 rank"
 --   units.columns(rows)         -> lines of a table, each column as wide as its widest cell
+--   units.parse("12,780")       -> 12780         the number a bare figure above stands for
 local M = {}
 
 -- Each format rounds the same way; a negative zero prints as zero.
@@ -95,6 +96,20 @@ function M.columns(rows, opts)
     lines[r] = ((opts.indent or "") .. table.concat(cells, "  ")):gsub("%s+$", "")
   end
   return table.concat(lines, "\n")
+end
+
+-- A figure printed by count, percent (a fraction again), fixed, mib, ms or lr, or any number
+-- Lua reads; nil for other text.
+function M.parse(text)
+  local number, percent = text:match("^(.-)(%%?)$")
+  local head, groups, tail = number:match("^(%-?%d%d?%d?)([,%d]*)(.*)$")
+  if groups and groups:find(",") then
+    if groups:gsub(",%d%d%d", "") ~= "" then return nil end   -- separators every 3 digits only
+    number = head .. groups:gsub(",", "") .. tail
+  end
+  local n = tonumber(number)
+  if n and percent == "%" then n = n / 100 end
+  return n
 end
 
 return M

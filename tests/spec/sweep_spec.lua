@@ -85,12 +85,18 @@ describe("shard sweep", function()
     assert.is_string(r.machine.host)
     assert.is_number(r.machine.cpus)
     assert.is_truthy(r.date:match("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ$"), r.date)
+    -- paths keep their slashes: no "\/" in the file, the same values read back
+    local text = read(OUT .. "/results.jsonl")
+    assert.is_nil(text:find("\\/"), text)
+    assert.is_truthy(text:find(DIR .. "/tiny.lua", 1, true), text)
+    assert.equal(DIR .. "/tiny.lua", r.key:match("^%S+"))
   end)
 
   it("prints a progress line with points done, elapsed time and what is left", function()
     assert.is_truthy(first:find("[1/4] ", 1, true), first)
-    assert.is_truthy(first:match("%[2/4%].-2/4 done, 0 failed, elapsed %d+s, ~%d+s left"), first)
-    assert.is_truthy(first:match("%[4/4%].-4/4 done, 2 failed, elapsed %d+s\n"), first)
+    -- times in shard.units' format: "1.23 s", "2.1 min"
+    assert.is_truthy(first:match("%[2/4%][^\n]-: ok in %d+%.%d+ %a+ | 2/4 done, 0 failed, elapsed %d+%.%d+ %a+, ~%d+%.%d+ %a+ left"), first)
+    assert.is_truthy(first:match("%[4/4%].-4/4 done, 2 failed, elapsed %d+%.%d+ %a+\n"), first)
   end)
 
   it("never hands a setting to a shell: $(...) reaches the recipe as text", function()
@@ -175,6 +181,16 @@ describe("shard.sweep", function()
     }, "\n")
     local m, missing = sweep.parse_metrics(spec, out, {})
     assert.equal(2e4, m.tokens_per_s)
+    -- the training loop's progress line (shard.units): thousands separators, MFU in percent
+    local s2 = { recipe = "r.lua", settings = {}, metrics = { { "tokens_per_s", reduce = "median" }, "mfu", "peak_mib" } }
+    local m2 = sweep.parse_metrics(s2, table.concat({
+      "iter 0 | loss 4.1000 | tokens_per_s 912 | lr 1.00e-03 | mfu 1.5% | peak_mib 39.5",
+      "iter 50 | loss 2.5012 | tokens_per_s 12,780 | lr 5.05e-04 | mfu 42.3% | peak_mib 41.5",
+      "iter 99 | loss 2.4012 | tokens_per_s 12,990 | lr 1.00e-04 | mfu 43.1% | peak_mib 41.5",
+    }, "\n"), {})
+    assert.equal(12885, m2.tokens_per_s)
+    assert.equal(0.431, m2.mfu)
+    assert.equal(41.5, m2.peak_mib)
     assert.equal(9, m.loss)
     assert.equal(3, m["a.b"])
     assert.same({ "nope" }, missing)
@@ -190,9 +206,4 @@ describe("shard.sweep", function()
     assert.equal("r.lua world=2 --max_iters=5 --s=a", sweep.key(s, points[2]))
   end)
 
-  it("formats elapsed times", function()
-    assert.equal("42s", sweep.clock(42))
-    assert.equal("2m05s", sweep.clock(125))
-    assert.equal("1h01m", sweep.clock(3661))
-  end)
 end)
