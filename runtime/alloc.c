@@ -153,18 +153,34 @@ static void release_cache(int device, device_pool *p) {
   p->cached = 0;
 }
 
+/* Bytes as shard.units.bytes prints them (lua/shard/units.lua), so that an out-of-memory error
+   reads like every other memory figure: whole bytes under 1 KiB, else one decimal in the
+   largest binary unit that leaves at least 1 (1023.95 KiB and up is "1.0 MiB"). */
+typedef struct { char s[24]; } bytes_text;
+static bytes_text human_bytes(int64_t n) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  bytes_text t;
+  if (n > -1024 && n < 1024) { snprintf(t.s, sizeof t.s, "%lld B", (long long)n); return t; }
+  double v = (double)n;
+  int u = 0;
+  while (u < 5 && (v >= 1023.95 || v <= -1023.95)) { v /= 1024; u++; }
+  snprintf(t.s, sizeof t.s, "%.1f %s", v, unit[u]);
+  return t;
+}
+
 static int oom(int device, device_pool *p, size_t bytes, int tag, const char *why) {
   const sh_mem_stats *s = &p->stats;
   char dev[16];
   sh_device_str(device, dev, sizeof dev);
   return sh_fail(SH_ERR_OOM,
-    "out of memory on %s: %s allocating %zu bytes (tag %s); allocated %lld, reserved %lld, "
-    "limit %lld; by tag: param %lld, grad %lld, optim %lld, activation %lld, comm %lld, other %lld",
-    dev, why, bytes, tag_names[tag],
-    (long long)s->allocated, (long long)s->reserved, (long long)s->limit,
-    (long long)s->by_tag[SH_TAG_PARAM], (long long)s->by_tag[SH_TAG_GRAD],
-    (long long)s->by_tag[SH_TAG_OPTIM], (long long)s->by_tag[SH_TAG_ACTIVATION],
-    (long long)s->by_tag[SH_TAG_COMM], (long long)s->by_tag[SH_TAG_OTHER]);
+    "out of memory on %s: %s allocating %s (tag %s); allocated %s, reserved %s, "
+    "limit %s; by tag: param %s, grad %s, optim %s, activation %s, comm %s, other %s",
+    dev, why, human_bytes((int64_t)bytes).s, tag_names[tag],
+    human_bytes(s->allocated).s, human_bytes(s->reserved).s,
+    s->limit ? human_bytes(s->limit).s : "none",
+    human_bytes(s->by_tag[SH_TAG_PARAM]).s, human_bytes(s->by_tag[SH_TAG_GRAD]).s,
+    human_bytes(s->by_tag[SH_TAG_OPTIM]).s, human_bytes(s->by_tag[SH_TAG_ACTIVATION]).s,
+    human_bytes(s->by_tag[SH_TAG_COMM]).s, human_bytes(s->by_tag[SH_TAG_OTHER]).s);
 }
 
 /* ---- pinned host memory (CPU offload) ------------------------------------------------- */

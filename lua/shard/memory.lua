@@ -75,12 +75,7 @@ function M.with_tag(name, fn, ...)
   return restore(C.sh_mem_set_tag(tag_id(name)), pcall(fn, ...))
 end
 
-local function bytes(n)
-  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
-  local u = 1
-  while math.abs(n) >= 1024 and u < #units do n = n / 1024; u = u + 1 end
-  return u == 1 and ("%d B"):format(n) or ("%.1f %s"):format(n, units[u])
-end
+local bytes = require("shard.units").bytes
 M.format_bytes = bytes
 
 -- One line: "allocated 1.5 MiB (param 1.0 MiB, grad 512.0 KiB), peak 2.0 MiB, reserved 4.0 MiB"

@@ -131,7 +131,14 @@ describe("shard.memory", function()
     assert.matches("out of memory", err)
     assert.matches("memory limit reached", err)
     assert.matches("f32%[1024%]", err)
-    assert.matches("param " .. memory.stats().by_tag.param, err, 1, true)
+    -- every figure as shard.units prints bytes, as the memory line and the estimate do
+    local units = require "shard.units"
+    local now = memory.stats()
+    for _, figure in ipairs { "allocating 4.0 KiB (tag other)", "allocated " .. units.bytes(now.allocated),
+                              "reserved " .. units.bytes(now.reserved), "limit " .. units.bytes(now.limit),
+                              "param " .. units.bytes(now.by_tag.param), "activation " .. units.bytes(now.by_tag.activation) } do
+      assert.is_truthy(err:find(figure, 1, true), ("%q in %s"):format(figure, err))
+    end
     assert.equal(s.allocated, memory.stats().allocated, "a refused allocation changes nothing")
     local small = shard.empty{ 16 }    -- what fits still works
     small:free()
@@ -149,5 +156,6 @@ describe("shard.memory", function()
     assert.is_nil(line:find("\n"))
     t:free()
     assert.equal("12.0 KiB", memory.format_bytes(12288))
+    assert.equal(memory.format_bytes, require("shard.units").bytes)
   end)
 end)
