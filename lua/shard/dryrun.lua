@@ -18,6 +18,7 @@
 -- real run reads: shard.train tokenizes the corpus in memory and writes no metrics file.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
+local units = require "shard.units"
 local C, check = rt.C, rt.check
 
 local M = {}
@@ -207,7 +208,7 @@ function M.cpu_row()
   end
   src:free(); dst:free()
   local flops = require("shard.peak").measure_cpu()
-  return { name = ("this CPU (%.0f GFLOP/s sgemm)"):format(flops / 1e9), bf16 = flops, hbm = 2 * 4 * m / copy }
+  return { name = ("this CPU (%s sgemm)"):format(units.si(flops, "FLOP/s")), bf16 = flops, hbm = 2 * 4 * m / copy }
 end
 
 -- Time bounds (seconds) of one step on a device (a shard.peak.DEVICES row: bf16 FLOP/s, hbm
@@ -289,57 +290,68 @@ function M.run(o)
   return probe:step()
 end
 
-local function fmt_bytes(n) return require("shard.memory").format_bytes(n) end
-local function si(x, unit)
-  local prefixes = { { 1e15, "P" }, { 1e12, "T" }, { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } }
-  for _, p in ipairs(prefixes) do if math.abs(x) >= p[1] then return ("%.3g %s%s"):format(x / p[1], p[2], unit) end end
-  return ("%d %s"):format(x, unit)
+-- The report: every figure through shard.units, each table's columns aligned.
+local function step_time(s) return s and units.time(s) or "n/a" end
+
+local function by_tag_rows(by_tag)
+  local rows = {}
+  for _, tag in ipairs(require("shard.memory").TAGS) do
+    if by_tag[tag] ~= 0 then rows[#rows + 1] = { tag, units.bytes(by_tag[tag]) } end
+  end
+  return units.columns(rows, { indent = "  " })
 end
-local function ms(s) return s and ("%9.3f ms"):format(s * 1e3) or "        n/a" end
+
+local function comm_rows(r)
+  local rows, total = {}, 0
+  for _, k in ipairs(KINDS) do
+    if r.count[k] > 0 then
+      rows[#rows + 1] = { k, units.count(r.count[k]) .. " x", units.bytes(r.bytes[k]), ("(%s B)"):format(units.count(r.bytes[k])) }
+    end
+    total = total + r.bytes[k]
+  end
+  rows[#rows + 1] = { "total", "", units.bytes(total), ("(%s B)"):format(units.count(total)) }
+  return units.columns(rows, { indent = "  " })
+end
+
+local function bound_rows(r, world, cpu)
+  local rows = { { "device", "compute", "memory", "comm", "overlapped", "serial" } }
+  local devices = {}
+  for _, d in ipairs(require("shard.peak").DEVICES) do
+    devices[#devices + 1] = { ("%s (%s bf16)"):format(d.name, units.si(d.bf16, "FLOP/s")), d }
+  end
+  if cpu then devices[#devices + 1] = { cpu.name, cpu } end
+  for _, d in ipairs(devices) do
+    local b = M.step_bounds(r, world, d[2])
+    rows[#rows + 1] = { d[1], step_time(b.compute), step_time(b.hbm), step_time(b.comm), step_time(b.overlapped),
+                        step_time(b.serial) }
+  end
+  return units.columns(rows, { indent = "  " })
+end
 
 function M.report(o, r, cpu)
-  local memory = require "shard.memory"
   local lines = {}
   local function say(fmt, ...) lines[#lines + 1] = fmt:format(...) end
   say("dry run of %s: rank %d of %d (%d per node), step %d of %d", o.recipe, o.rank, o.world,
       math.min(o.local_size, o.world), r.step, o.steps)
-  say("peak memory (rank %d): %s", o.rank, fmt_bytes(r.peak))
-  for _, tag in ipairs(memory.TAGS) do
-    if r.peak_by_tag[tag] ~= 0 then say("  %-11s %12s", tag, fmt_bytes(r.peak_by_tag[tag])) end
-  end
+  say("peak memory (rank %d): %s", o.rank, units.bytes(r.peak))
+  say("%s", by_tag_rows(r.peak_by_tag))
   say("  reached in: %s", r.at_peak or "?")
   if r.host_peak > 0 then
-    say("host memory (rank %d, CPU offload: pinned on a GPU): peak %s", o.rank, fmt_bytes(r.host_peak))
-    for _, tag in ipairs(memory.TAGS) do
-      if r.host_peak_by_tag[tag] ~= 0 then say("  %-11s %12s", tag, fmt_bytes(r.host_peak_by_tag[tag])) end
-    end
+    say("host memory (rank %d, CPU offload: pinned on a GPU): peak %s", o.rank, units.bytes(r.host_peak))
+    say("%s", by_tag_rows(r.host_peak_by_tag))
     say("  copied between host and device per step: %s; host kernels (the CPU optimizer) touch %s",
-        fmt_bytes(r.copy_bytes), fmt_bytes(r.host_kernel_bytes))
+        units.bytes(r.copy_bytes), units.bytes(r.host_kernel_bytes))
   end
   say("communication per step (rank %d sends its share of each):", o.rank)
-  local total = 0
-  for _, k in ipairs(KINDS) do
-    if r.count[k] > 0 then say("  %-15s %5d x, %12d bytes (%s)", k, r.count[k], r.bytes[k], fmt_bytes(r.bytes[k])) end
-    total = total + r.bytes[k]
-  end
-  say("  total           %12d bytes (%s)", total, fmt_bytes(total))
-  say("FLOPs per step (rank %d): %s (matmul %s, attention %s); kernels touch %s", o.rank, si(r.flops, "FLOP"),
-      si(r.flops_matmul, "FLOP"), si(r.flops_attention, "FLOP"), fmt_bytes(r.kernel_bytes))
+  say("%s", comm_rows(r))
+  say("FLOPs per step (rank %d): %s (matmul %s, attention %s); kernels touch %s", o.rank, units.si(r.flops, "FLOP"),
+      units.si(r.flops_matmul, "FLOP"), units.si(r.flops_attention, "FLOP"), units.bytes(r.kernel_bytes))
   say("step time ESTIMATE from peak figures (shard.peak; bounds, not a measurement): compute at peak, each kernel byte")
   say("through memory once, ring collectives over the link; overlapped = the largest, serial = the sum")
-  say("  %-30s %12s %12s %12s %12s %12s", "device", "compute", "memory", "comm", "overlapped", "serial")
-  local rows = {}
-  for _, d in ipairs(require("shard.peak").DEVICES) do
-    rows[#rows + 1] = { ("%s (%.0f TFLOP/s bf16)"):format(d.name, d.bf16 / 1e12), d }
-  end
-  if cpu then rows[#rows + 1] = { cpu.name, cpu } end
-  for _, row in ipairs(rows) do
-    local b = M.step_bounds(r, o.world, row[2])
-    say("  %-30s %s %s %s %s %s", row[1], ms(b.compute), ms(b.hbm), ms(b.comm), ms(b.overlapped), ms(b.serial))
-  end
+  say("%s", bound_rows(r, o.world, cpu))
   if o.world > 1 then
-    say("  (comm: rings over all %d ranks in one NVLink domain at %.0f GB/s each way, an upper bound for", o.world,
-        require("shard.peak").DEVICES[1].nvlink / 1e9)
+    say("  (comm: rings over all %d ranks in one NVLink domain at %s each way, an upper bound for", o.world,
+        units.si(require("shard.peak").DEVICES[1].nvlink, "B/s"))
     say("  hybrid's smaller groups; across nodes the network is slower)")
   end
   return table.concat(lines, "\n")
@@ -359,7 +371,7 @@ function M.main(args)
     return 0
   end
   print(M.report(o, r, M.cpu_row()))
-  print(("(dry run took %.1f s)"):format(took))
+  print(("(dry run took %s)"):format(units.time(took)))
   return 0
 end
 

@@ -193,7 +193,27 @@ describe("shard estimate --dry-run", function()
     assert.matches("ESTIMATE", out)
     assert.matches("H100 SXM", out)
     assert.matches("H200 SXM", out)
-    assert.matches("this CPU %([%d.]+ GFLOP/s sgemm%)", out)
+    assert.matches("this CPU %([%d.]+ [GT]FLOP/s sgemm%)", out)
+    -- the step-time table: its columns aligned (every row as long as the header), each bound
+    -- a time in shard.units' format ("645 us", "2.0 ms", "3.23 s", "21.8 min") or n/a
+    local header = assert(out:match("\n(  device [^\n]+)"), out)
+    local rows = 0
+    for row in out:gmatch("\n(  [Ht][^\n]+)") do
+      if row:find("SXM (", 1, true) or row:find("this CPU", 1, true) then
+        rows = rows + 1
+        assert.equal(#header, #row, row)
+        local bounds = row:match("%)%s+(.*)$"):gsub("%s%s+", "|")
+        local n = 0
+        for cell in (bounds .. "|"):gmatch("([^|]+)|") do
+          n = n + 1
+          assert.is_truthy(cell == "n/a" or cell:match("^%d+ us$") or cell:match("^%d+%.%d ms$")
+            or cell:match("^%d+%.%d%d s$") or cell:match("^%d+%.%d min$") or cell:match("^%d+%.%d h$"), row)
+        end
+        assert.equal(5, n, row)
+      end
+    end
+    assert.equal(3, rows, out)
+    assert.matches("\n  total +[%d.]+ [KMG]?i?B  +%([%d,]+ B%)", out)
   end)
 
   it("matches real runs under the strategies tests/mpi/dryrun_parity.lua does not give its world", function()
