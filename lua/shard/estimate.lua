@@ -20,8 +20,7 @@ local nn = shard.nn
 
 local M = {}
 
-local MiB = 1024 * 1024
-local function mib(b) return ("%10.1f MiB"):format(b / MiB) end
+local units = require "shard.units"
 
 -- The model kinds: the nn class, its config from the options, and the list of its blocks
 -- (one FSDP unit each under the transformer policy; the rest is the root unit).
@@ -216,14 +215,25 @@ function M.state(o)
   return r, kind, cfg
 end
 
-function M.estimate(o)
+-- progress (optional): called with each measured step's description before it runs, and
+-- again with its description and seconds after (shard estimate shows them on stderr: on the
+-- CPU a GPT-2-sized step takes seconds).
+function M.estimate(o, progress)
   local r, kind, cfg = M.state(o)
   local device = o.measure or "cpu"
   if device ~= "cpu" and device ~= "meta" then
     error(("estimate: --measure must be cpu (run a step here) or meta (count the same step's allocations without computing it), got %s"):format(tostring(device)), 0)
   end
-  local one = step_peak(kind, cfg, 1, o.batch_size, o.block_size, o.param, device)
-  local two = step_peak(kind, cfg, 2, o.batch_size, o.block_size, o.param, device)
+  local function measure(n_layer)
+    local what = ("one step of %s on %s (batch %d, T %d, %s)"):format(units.plural(n_layer, "block"), device,
+      o.batch_size, o.block_size, o.param)
+    if progress then progress(what) end
+    local t0 = require("shard.timer").now()
+    local peak = step_peak(kind, cfg, n_layer, o.batch_size, o.block_size, o.param, device)
+    if progress then progress(what, require("shard.timer").now() - t0) end
+    return peak
+  end
+  local one, two = measure(1), measure(2)
   r.act_per_block, r.act_fixed = two - one, one - (two - one)
   r.activations = r.act_fixed + r.act_per_block * o.n_layer
   r.total = r.master + r.grads + r.adamw + r.gathered + r.flat_grad + r.activations
@@ -246,6 +256,37 @@ local SPEC = {
   hybrid_group = { help = "ranks per shard group of hybrid strategies; 0: all of --world" },
 }
 
+-- A line on stderr per measured step, its time when done: the report waits for both.
+local function show_progress(what, seconds)
+  if seconds then io.stderr:write(("estimate: %s took %s\n"):format(what, units.time(seconds)))
+  else io.stderr:write(("estimate: measuring %s ...\n"):format(what)) end
+  io.stderr:flush()
+end
+
+-- The figures of M.estimate for a person (shard.units), in aligned columns.
+function M.report(o, r)
+  local host = o.offload and "in host memory" or ""
+  local rows = {
+    { "master parameters (f32)", units.bytes(r.master), host },
+    { "gradients (f32)", units.bytes(r.grads), host },
+    { "AdamW state (f32 m, v)", units.bytes(r.adamw), host },
+    { "gathered parameters", units.bytes(r.gathered) },
+    { "flat gradient buffers", units.bytes(r.flat_grad) },
+  }
+  if o.offload and r.host_cast > 0 then rows[#rows + 1] = { o.param .. " copy of the shards", units.bytes(r.host_cast), host } end
+  rows[#rows + 1] = { "activations", units.bytes(r.activations), ("measured on %s: %s per block + %s"):format(o.measure,
+    units.bytes(r.act_per_block), units.bytes(r.act_fixed)) }
+  rows[#rows + 1] = { o.offload and "estimated device peak" or "estimated peak", units.bytes(r.total) }
+  if o.offload then rows[#rows + 1] = { "host memory", units.bytes(r.host) } end
+  return table.concat({
+    ("%s %d layers, n_embd %d, vocab %s, T %d: %.1fM parameters in %s"):format(o.model == "llama" and "Llama" or "GPT",
+      o.n_layer, o.n_embd, units.count(o.vocab_size), o.block_size, r.params / 1e6, units.plural(r.units, "unit")),
+    ("per rank, %s over %s, batch %d per rank, %s compute parameters:"):format(o.strategy, units.plural(o.world, "rank"),
+      o.batch_size, o.param),
+    units.columns(rows, { indent = "  ", align = { "l", "r", "l" } }),
+  }, "\n")
+end
+
 function M.main(args)
   for i, a in ipairs(args) do
     if a == "--dry-run" then   -- the recipe itself, run as one rank of --world (shard.dryrun)
@@ -260,21 +301,8 @@ function M.main(args)
                     world = 1, strategy = "full_shard", hybrid_group = 0, batch_size = 1, param = "f32",
                     model = "gpt", n_kv_head = 0, ffn_dim = 0, multiple_of = 256, tie_embeddings = false,
                     offload = false, measure = "cpu" }, SPEC)
-  local r = M.estimate(o)
-  print(("%s %d layers, n_embd %d, vocab %d, T %d: %.1fM parameters in %d units"):format(
-    o.model == "llama" and "Llama" or "GPT", o.n_layer, o.n_embd, o.vocab_size, o.block_size, r.params / 1e6, r.units))
-  print(("per rank, %s over %d ranks, batch %d per rank, %s compute parameters:"):format(o.strategy, o.world, o.batch_size, o.param))
-  local where = o.offload and "  in host memory" or ""
-  print("  master parameters (f32)  " .. mib(r.master) .. where)
-  print("  gradients (f32)          " .. mib(r.grads) .. where)
-  print("  AdamW state (f32 m, v)   " .. mib(r.adamw) .. where)
-  print("  gathered parameters      " .. mib(r.gathered))
-  print("  flat gradient buffers    " .. mib(r.flat_grad))
-  if o.offload and r.host_cast > 0 then print(("  %-4s copy of the shards  %s  in host memory"):format(o.param, mib(r.host_cast))) end
-  print(("  activations              %s  (measured on %s: %.1f MiB per block + %.1f MiB)"):format(mib(r.activations), o.measure,
-    r.act_per_block / MiB, r.act_fixed / MiB))
-  print((o.offload and "  estimated device peak    " or "  estimated peak           ") .. mib(r.total))
-  if o.offload then print("  host memory              " .. mib(r.host)) end
+  local r = M.estimate(o, show_progress)
+  print(M.report(o, r))
   return 0
 end
 

@@ -36,12 +36,37 @@ describe("shard estimate", function()
     assert.is_true(math.abs(r.total - peak) <= 0.25 * peak, ("estimated %d, measured %d"):format(r.total, peak))
   end)
 
-  it("runs from the command line", function()
+  it("runs from the command line: each measured step on stderr as it goes, then the report", function()
     local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-    local out, code = support.shard("estimate --n_layer=1 --n_embd=32 --n_head=2 --vocab_size=11 --block_size=8 --world=4")
-    assert.equal(0, code, out)
-    assert.matches("estimated peak", out)
+    local args = " --n_layer=1 --n_embd=32 --n_head=2 --vocab_size=11 --block_size=8"
+    local code, out, err = support.sh(support.quote(support.BIN) .. " estimate" .. args .. " --world=4")
+    assert.equal(0, code, out .. err)
     assert.matches("full_shard over 4 ranks", out)
+    -- a line before and after each of the two measured steps (plain `shard estimate` runs
+    -- GPT-2-sized steps on the CPU for seconds)
+    assert.equal(table.concat({
+      "estimate: measuring one step of 1 block on cpu (batch 1, T 8, f32) ...",
+      "estimate: one step of 1 block on cpu (batch 1, T 8, f32) took X",
+      "estimate: measuring one step of 2 blocks on cpu (batch 1, T 8, f32) ...",
+      "estimate: one step of 2 blocks on cpu (batch 1, T 8, f32) took X", "" }, "\n"),
+      (err:gsub("took %d+%.?%d* %a+\n", "took X\n")))
+    -- every figure in shard.units' format, in aligned columns
+    local ends = {}
+    for line in out:gmatch("[^\n]+") do
+      if line:match("^  %S") then
+        local value = line:match("^  .-  +(%-?[%d.]+ %a+)")
+        assert.is_truthy(value and (value:match("^%d+ B$") or value:match("^%d+%.%d [KMGT]iB$")), line)
+        ends[#ends + 1] = select(2, line:find(value, 1, true))   -- right-aligned: one end column
+      end
+    end
+    assert.equal(7, #ends, out)
+    for _, e in ipairs(ends) do assert.equal(ends[1], e, out) end
+    assert.matches("estimated peak +[%d.]+ [KMG]?i?B\n", out)
+    -- one rank, and a size past 1024 MiB in GiB
+    code, out = support.sh(support.quote(support.BIN) .. " estimate --measure=meta --n_layer=12 --world=1 --batch_size=2")
+    assert.equal(0, code, out)
+    assert.matches("full_shard over 1 rank,", out)
+    assert.matches("estimated peak +%d+%.%d GiB\n", out)
   end)
 
   -- o with some fields changed
