@@ -169,13 +169,47 @@ end
 
 local function gp_string(x) return "'" .. tostring(x):gsub("'", "''") .. "'" end
 
--- Draws the timeline as a PNG through gnuplot: one band per tag (stacked), the peak marked,
--- each mark a dotted line labelled at the top (reshards red, gathers blue). Returns the series (as timeline_series).
-function M.timeline_png(tl, path, title)
+-- The tags that hold bytes at some point of the series: only they get a band and a key entry.
+local function tags_used(series)
+  local used = {}
+  for _, name in ipairs(M.TAGS) do
+    for _, p in ipairs(series.points) do
+      if p.by_tag[name] ~= 0 then used[#used + 1] = name; break end
+    end
+  end
+  if #used == 0 then used[1] = M.TAGS[1] end   -- an empty timeline still plots one (flat) band
+  return used
+end
+
+-- The marks that get a label: rotated labels stand about 11 pixels apart at the font used, so
+-- a mark closer than that to the last labelled one keeps its line but not its label.
+local PLOT_WIDTH_PX, LABEL_PX = 950, 11
+local function labelled_marks(marks, t0, span_ms)
+  local gap, last, out = span_ms * LABEL_PX / PLOT_WIDTH_PX, -math.huge, {}
+  for i, m in ipairs(marks) do
+    local x = (m.t - t0) * 1e3
+    if x - last >= gap then out[i] = true; last = x end
+  end
+  return out
+end
+
+-- What the PNG draws: { series (timeline_series), tags (those that hold bytes: one band
+-- each), labelled (mark index -> true), span (ms) }.
+function M.timeline_layout(tl)
   local series = M.timeline_series(tl)
+  local span = math.max((tl.t1 - tl.t0) * 1e3, 1e-3)
+  return { series = series, tags = tags_used(series), labelled = labelled_marks(tl.marks, tl.t0, span), span = span }
+end
+
+-- Draws the timeline as a PNG through gnuplot (as timeline_layout lays it out): the bands
+-- stacked, the peak marked, each mark a dotted line (reshards red, gathers blue) with its
+-- label at the top where it fits; the y range leaves the labels room above the bands.
+-- Returns the series (as timeline_series).
+function M.timeline_png(tl, path, title)
+  local layout = M.timeline_layout(tl)
+  local series, tags, shown, span = layout.series, layout.tags, layout.labelled, layout.span
   local data, script = path .. ".dat", path .. ".gp"
   local f = assert(io.open(data, "w"))
-  local tags = M.TAGS
   -- each point twice, at its time with the previous sizes and then its own: steps, not slopes
   local prev
   for _, p in ipairs(series.points) do
@@ -188,12 +222,19 @@ function M.timeline_png(tl, path, title)
   end
   f:close()
   local peak = series.peak
+  local n_shown = 0
+  for _ in pairs(shown) do n_shown = n_shown + 1 end
   local lines = {
     "set terminal pngcairo size 1200,600 noenhanced font ',10'",
     "set output " .. gp_string(path),
     "set title " .. gp_string(title or ("memory timeline: peak " .. bytes(peak.bytes) .. tag_list(peak.by_tag))),
-    "set xlabel 'ms'", "set ylabel 'MiB allocated'", "set grid", "set key outside right top",
-    "set yrange [0:*]", "set style fill solid 0.6 noborder",
+    "set xlabel " .. gp_string(("ms (dotted lines: gathers blue, frees red; %d of %d labelled, the rest too close to a neighbour)"):format(
+      n_shown, #tl.marks)),
+    "set ylabel 'MiB allocated'", "set grid", "set key outside right top",
+    ("set xrange [0:%.6f]"):format(span),
+    -- the labels take the top third of the plot, above the bands
+    ("set yrange [0:%.6f]"):format(math.max(peak.bytes / 1048576, 1e-3) * 1.5),
+    "set style fill solid 0.6 noborder",
     ("set label 1 %s at %.6f, %.6f point pt 7 ps 1.5 lc rgb 'red' offset 1,0.5 front"):format(
       gp_string("peak " .. bytes(peak.bytes)), (peak.t - tl.t0) * 1e3, peak.bytes / 1048576),
   }
@@ -201,13 +242,16 @@ function M.timeline_png(tl, path, title)
     local x = (m.t - tl.t0) * 1e3
     local color = m.label:match("^reshard") and "'#b03030'" or "'#3050b0'"   -- frees red, gathers blue
     lines[#lines + 1] = ("set arrow from %.6f, graph 0 to %.6f, graph 1 nohead dt 3 lc rgb %s"):format(x, x, color)
-    lines[#lines + 1] = ("set label %d %s at %.6f, graph 1 rotate by 90 right offset 0,-0.3 font ',7' front"):format(
-      i + 1, gp_string(m.label), x)
+    if shown[i] then
+      lines[#lines + 1] = ("set label %d %s at %.6f, graph 1 rotate by 90 right offset 0,-0.3 font ',7' front"):format(
+        i + 1, gp_string(m.label), x)
+    end
   end
   local plots = {}
   for i, name in ipairs(tags) do
     local lower = i == 1 and "(0)" or ("%d"):format(i)
-    plots[#plots + 1] = ("%s using 1:%s:%d with filledcurves title %s"):format(gp_string(data), lower, i + 1, gp_string(name))
+    plots[#plots + 1] = ("%s using 1:%s:%d with filledcurves lt %d title %s"):format(gp_string(data), lower, i + 1,
+      TAG_ID[name] + 1, gp_string(name))   -- a tag's colour is the same whichever tags are drawn
   end
   lines[#lines + 1] = "plot " .. table.concat(plots, ", \\\n     ")
   f = assert(io.open(script, "w"))

@@ -27,6 +27,7 @@ local memory = require "shard.memory"
 local A = require "shard.autograd"
 local tensor = require "shard.tensor"
 local trace_device = require "shard.trace_device"
+local units = require "shard.units"
 local C, check = rt.C, rt.check
 
 local M = {}
@@ -416,27 +417,28 @@ function M.summarize(events)
   return out
 end
 
+-- The summary for a person (shard.units: ms and percent), columns aligned.
 function M.format_summary(sum, steps)
-  local lines = { ("trace summary over %s (ms per rank, all traced steps together):"):format(steps),
-                  ("%4s %10s %10s %10s %10s %8s %10s %7s"):format("rank", "step", "compute", "comm", "exposed", "overlap", "other", "clock") }
-  local units, seen = {}, {}
+  local function ms(x) return units.ms(x / 1e3) end   -- the summary's figures are ms already
+  local rows = { { "rank", "step", "compute", "comm", "exposed", "overlap", "other", "clock" } }
+  local names, seen = {}, {}
   for _, r in ipairs(sum) do
-    lines[#lines + 1] = ("%4d %10.2f %10.2f %10.2f %10.2f %7.1f%% %10.2f %7s"):format(r.rank, r.step, r.compute, r.comm, r.exposed,
-      100 * r.overlap, r.other, r.clock)
-    for u in pairs(r.exposed_by_unit) do if not seen[u] then seen[u] = true; units[#units + 1] = u end end
+    rows[#rows + 1] = { tostring(r.rank), ms(r.step), ms(r.compute), ms(r.comm), ms(r.exposed), units.percent(r.overlap),
+                        ms(r.other), r.clock }
+    for u in pairs(r.exposed_by_unit) do if not seen[u] then seen[u] = true; names[#names + 1] = u end end
   end
-  table.sort(units)
-  if #units > 0 then
-    local head = { ("%-24s"):format("exposed comm by unit") }
-    for _, r in ipairs(sum) do head[#head + 1] = ("%9s"):format("rank " .. r.rank) end
-    lines[#lines + 1] = table.concat(head, " ")
-    for _, u in ipairs(units) do
-      local row = { ("%-24s"):format(u) }
-      for _, r in ipairs(sum) do row[#row + 1] = ("%9.2f"):format(r.exposed_by_unit[u] or 0) end
-      lines[#lines + 1] = table.concat(row, " ")
-    end
+  local text = ("trace summary over %s (ms per rank, all traced steps together):\n"):format(steps)
+    .. units.columns(rows, { align = { "r" } })
+  if #names == 0 then return text end
+  table.sort(names)
+  local by_unit = { { "exposed comm by unit" } }
+  for _, r in ipairs(sum) do by_unit[1][#by_unit[1] + 1] = "rank " .. r.rank end
+  for _, u in ipairs(names) do
+    local row = { u }
+    for _, r in ipairs(sum) do row[#row + 1] = ms(r.exposed_by_unit[u] or 0) end
+    by_unit[#by_unit + 1] = row
   end
-  return table.concat(lines, "\n")
+  return text .. "\n" .. units.columns(by_unit)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -492,6 +494,15 @@ local function timeline_path(path, rank)
   return base and (base .. ".rank" .. rank .. ext) or (path .. ".rank" .. rank)
 end
 
+-- What rank 0 adds to its timeline line: where the other ranks' PNGs go (a launch shows
+-- rank 0's output only).
+local function other_timelines(path, world_size)
+  if world_size == 1 then return "" end
+  local paths = {}
+  for rank = 1, world_size - 1 do paths[#paths + 1] = timeline_path(path, rank) end
+  return ("; %s %s"):format(world_size == 2 and "rank 1:" or ("ranks 1-%d:"):format(world_size - 1), table.concat(paths, ", "))
+end
+
 -- Stops recording and writes what setup asked for: the merged trace (rank 0 prints the
 -- summary) and each rank's memory timeline PNG. Every rank must call it (a barrier).
 -- Returns { steps, png, timeline_peak (bytes), summary (rank 0, when a trace was written) }.
@@ -506,7 +517,8 @@ function M.finish()
   if cfg.memory_timeline and r.timeline then
     result.png = timeline_path(cfg.memory_timeline, r.rank)
     memory.timeline_png(r.timeline, result.png, ("memory timeline, rank %d, %s"):format(r.rank, steps))
-    print(("memory timeline: rank %d, peak %s -> %s"):format(r.rank, memory.format_bytes(result.timeline_peak), result.png))
+    print(("memory timeline: rank %d, peak %s -> %s%s"):format(r.rank, units.bytes(result.timeline_peak), result.png,
+      r.rank == 0 and other_timelines(cfg.memory_timeline, r.world) or ""))
   end
   if not cfg.path then return result end
   write_part(part_path(cfg.path, r.rank), r, rank_events(r))

@@ -96,6 +96,18 @@ describe("--trace on the recipe", function()
       assert.is_true(#T.names(doc, pid, "comm") > 0)
     end
     assert.is_true(T.is_png(dir .. "/m.png") and T.is_png(dir .. "/m.rank1.png"))
+    -- rank 0's line (the one a launch shows) names rank 1's file too
+    assert.is_truthy(out:find(("memory timeline: rank 0, peak %%d+%%.%%d [KM]iB %%-> %s/m%%.png; rank 1: %s/m%%.rank1%%.png\n"):format(
+      dir:gsub("%p", "%%%0"), dir:gsub("%p", "%%%0"))), out)
+    -- the summary: ms to one decimal and the overlap in percent, in aligned columns
+    local head = assert(out:match("\n(rank +step +compute +comm +exposed +overlap +other +clock)\n"), out)
+    local rows = 0
+    for row in out:gmatch("\n( +%d [^\n]+)") do
+      rows = rows + 1
+      assert.equal(#head, #row, row)
+      assert.is_truthy(row:match("^ +%d( +%d+%.%d)( +%d+%.%d)( +%d+%.%d)( +%d+%.%d) +%d+%.%d%% +%-?%d+%.%d +%a+$"), row)
+    end
+    assert.equal(2, rows, out)
   end)
 end)
 
@@ -146,5 +158,39 @@ describe("shard.memory.timeline", function()
     assert.equal(1, #tl.marks)
     assert.equal(0, tl.dropped)
     kept:free()
+  end)
+
+  -- issue 31, item 12: the PNG's rotated labels piled on each other, and "comm" stood in the
+  -- key without a band
+  it("draws a band only for tags that hold bytes, and labels only marks that have room", function()
+    local memory = shard.memory
+    local tl = memory.timeline(function()
+      for i = 1, 60 do   -- 60 marks in a few ms: most too close together to label
+        local a = shard.zeros({ 1000 })
+        memory.mark("unshard unit " .. i)
+        a:free()
+      end
+      local deadline = require("shard.timer").now() + 0.005
+      while require("shard.timer").now() < deadline do end
+      memory.mark("last, alone")
+    end)
+    local layout = memory.timeline_layout(tl)
+    for _, tag in ipairs(layout.tags) do
+      local held = false
+      for _, p in ipairs(layout.series.points) do held = held or p.by_tag[tag] ~= 0 end
+      assert.is_true(held, tag .. " has a band but never holds a byte")
+    end
+    assert.is_falsy(table.concat(layout.tags, ","):find("comm"), "no collective ran: no comm band")
+    local xs = {}
+    for i in pairs(layout.labelled) do xs[#xs + 1] = (tl.marks[i].t - tl.t0) * 1e3 end
+    table.sort(xs)
+    assert.is_true(#xs >= 2 and #xs < 60, #xs .. " of 61 labelled")
+    assert.is_true(layout.labelled[1] and layout.labelled[61], "the first and the lone last mark are labelled")
+    -- 11 pixels of a 950-pixel plot between labels: rotated 7-point text does not overlap
+    for i = 2, #xs do assert.is_true(xs[i] - xs[i - 1] >= layout.span * 11 / 950, "labels closer than their width") end
+    local png = os.tmpname() .. ".png"
+    memory.timeline_png(tl, png)
+    assert.is_true(T.is_png(png))
+    os.remove(png)
   end)
 end)
