@@ -52,7 +52,7 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test test-build c-tests test-asan test-gpu bench bench-adamw clean check-long check-fresh fuzz
+.PHONY: all deps run test test-build c-tests test-asan test-gpu bench bench-adamw clean check-long check-fresh fuzz readme-figures
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
@@ -180,6 +180,13 @@ check-long: fuzz
 # HEAD (root, network; the root cached in .fresh/; about 7 minutes on 2 cores): tests/fresh/check.sh.
 check-fresh:
 	@sh tests/fresh/check.sh
+
+# make readme-figures: reruns the commands behind README's figures and rewrites them with their
+# command, CPU and date (tools/readme_figures.lua; about 2 minutes, the strategies sweep's
+# PNGs and table included); CHECK=1 rewrites nothing and names each figure that does not depend
+# on the machine's speed (bytes, peaks, FLOPs, losses) and is stale; FIG=name,... picks some.
+readme-figures: all
+	@luajit tools/readme_figures.lua $(if $(CHECK),--check) $(FIG)
 
 clean:
 	rm -rf build build-asan build-emu build-cpu build-fuzz lib bin/shard bin/shard-asan bin/shard-emu bin/shard-cpu
