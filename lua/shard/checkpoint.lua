@@ -3,8 +3,9 @@
 --   local info = checkpoint.load(dir, { model =, optim =, data = })   -- info.step, info.extra, ...
 -- Every rank calls both. A checkpoint is a directory DIR/step-N holding one safetensors file per
 -- rank (rank-RRRRR-of-WWWWW.safetensors) with just the slices that rank owns, and index.json:
---   params  name -> { shape, dtype, pieces = { { file, tensor, start, count }, ... } }: where
---           each element range [start, start + count) of the flattened f32 master lives
+--   params  name -> { shape, dtype, pieces = { { file, tensor, start, count, crc32c }, ... } }:
+--           where each element range [start, start + count) of the flattened f32 master lives,
+--           and the CRC32C of the piece's bytes (8 hex digits; checksum = "crc32c" says so)
 --   optim   { kind, step_count, hyper, state = { exp_avg = { name -> pieces }, ... } }
 --   ranks   per rank: { rng = shard.random state, data = loader position, extra = rank_extra }
 --   step, lr, world = { size, strategy, hybrid_group }, config, extra
@@ -21,6 +22,12 @@
 -- async = true: the slices are copied to host memory at the call (the step boundary) and a
 -- background thread (runtime/ckpt_io.h) writes them while training goes on; the next save,
 -- checkpoint.wait() or the process's end waits for it.
+-- Checksums: every piece's CRC32C is taken from the bytes handed to the writer (at memory
+-- speed, runtime/checksum.h) and a load checks every piece it reads from against it, the
+-- whole piece even when it needs a part (a rank of another layout), so a changed byte is
+-- refused naming the file and the tensor. A checkpoint without them (written before they were
+-- kept) loads unverified, with a note; load's verify = false or SHARD_VERIFY_CHECKSUMS=0
+-- skips the check.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -32,6 +39,8 @@ local random = require "shard.random"
 local C, check = rt.C, rt.check
 
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
+
+local CHECKSUM = "crc32c"   -- what index.json's pieces carry
 
 local function rank_file(r, world) return ("rank-%05d-of-%05d.safetensors"):format(r, world) end
 
@@ -207,7 +216,7 @@ function M.save(dir, s)
       view:free()
     end
     tensors[#tensors + 1] = t
-    desc.tensor, desc.dtype = key, t:dtype()
+    desc.tensor, desc.dtype, desc.crc32c = key, t:dtype(), safetensors.crc32c(t)
     entries[#entries + 1] = desc
   end
   local owned = {}
@@ -269,7 +278,7 @@ function M.save(dir, s)
   local job = ffi.gc(box[0], C.sh_ckpt_job_destroy)
   check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. rank_file(rank, world), nchunks, ptrs, sizes))
   if rank == 0 then
-    local index = { format = M.FORMAT, version = M.VERSION, step = step, files = {}, params = {}, ranks = {},
+    local index = { format = M.FORMAT, version = M.VERSION, step = step, checksum = CHECKSUM, files = {}, params = {}, ranks = {},
                     world = layout_of(s.model), config = s.config, extra = s.extra,
                     lr = s.optim and s.optim.lr or nil }
     index.world.size = world
@@ -279,7 +288,7 @@ function M.save(dir, s)
       index.files[r + 1] = rank_file(r, world)
       index.ranks[r + 1] = d.state
       for _, e in ipairs(d.pieces) do
-        local piece = { file = rank_file(r, world), tensor = e.tensor, start = e.start, count = e.count }
+        local piece = { file = rank_file(r, world), tensor = e.tensor, start = e.start, count = e.count, crc32c = e.crc32c }
         if e.kind == "param" then
           local p = index.params[e.name]
           if not p then p = { shape = e.shape, dtype = e.dtype, pieces = {} }; index.params[e.name] = p end
@@ -311,6 +320,21 @@ end
 ---------------------------------------------------------------------------------------------
 -- load
 
+-- Whether a load of this index checks checksums: unless verify is false (or
+-- SHARD_VERIFY_CHECKSUMS=0), when the index has them; an index written before they were kept
+-- loads unverified, with a note from rank 0.
+local function checks_checksums(index, index_path, verify, rank)
+  if not safetensors.verifying(verify) then return false end
+  if index.checksum == nil then
+    if rank == 0 then io.stderr:write(("checkpoint.load: %s carries no checksums (written before they were kept): loaded unverified\n"):format(index_path)) end
+    return false
+  end
+  if index.checksum ~= CHECKSUM then
+    error(("checkpoint.load: %s: checksum kind '%s' is not %s (rank %d)"):format(index_path, tostring(index.checksum), CHECKSUM, rank), 0)
+  end
+  return true
+end
+
 -- The checkpoint directory dir names: dir itself when it holds index.json, else the one
 -- dir/latest names; nil when there is none.
 function M.latest(dir)
@@ -324,7 +348,8 @@ function M.latest(dir)
 end
 
 -- s: model, optim, data (each optional; the model is needed for an optimizer), strict
--- (default true: every saved parameter must be in the model). Returns the index: step, lr,
+-- (default true: every saved parameter must be in the model), verify (default true unless
+-- SHARD_VERIFY_CHECKSUMS=0: check the checksums of what is read). Returns the index: step, lr,
 -- config, extra, world, and rank_extra (this rank's, or rank 0's when the saved world was
 -- smaller).
 function M.load(dir, s)
@@ -340,10 +365,23 @@ function M.load(dir, s)
   if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 2) end
   if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 2) end
 
+  local verify = checks_checksums(index, index_path, s.verify, rank)
+
   local files = {}   -- rank file -> an open, validated safetensors handle
   local function file(name)
     if not files[name] then files[name] = safetensors.open(path .. "/" .. name) end
     return files[name]
+  end
+  -- Reads elements [first, first + n) of piece p from its file h into dst, checking the
+  -- whole piece's checksum when verifying.
+  local function read(h, p, dst, first, n)
+    if not verify then return h:read(p.tensor, dst, first, n) end
+    local _, got = h:read_crc32c(p.tensor, dst, first, n)
+    if got ~= p.crc32c then
+      error(("checkpoint.load: %s/%s: tensor '%s' fails its checksum (its bytes give CRC32C %s, index.json says %s): the file "
+        .. "is corrupt; checkpoint.load(dir, { verify = false, ... }) or SHARD_VERIFY_CHECKSUMS=0 loads it anyway (rank %d)")
+        :format(path, p.file, p.tensor, got, tostring(p.crc32c), rank), 0)
+    end
   end
   -- Fills dst (a live 1-D slice of count elements, holding [start, start + count) of `what`)
   -- from the saved pieces that overlap it, reading just their byte ranges.
@@ -364,10 +402,10 @@ function M.load(dir, s)
         local n, first = b - a, a - p.start
         local sub = dst:narrow(1, a - start + 1, n)
         if direct and info.dtype == dst:dtype() then
-          h:read(p.tensor, sub, first, n)
+          read(h, p, sub, first, n)
         else
           local tmp = tensor.empty({ n }, { dtype = info.dtype, device = "cpu" })
-          h:read(p.tensor, tmp, first, n)
+          read(h, p, tmp, first, n)
           sub:copy_(tmp)
           tmp:free()
         end

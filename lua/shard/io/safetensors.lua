@@ -4,6 +4,8 @@
 --   local f = S.open(path)         f:names(), f:info(name), f:metadata(),
 --                                  f:read(name, dst, first, count), f:close()
 --   S.load(path) -> name -> CPU tensor, metadata      S.save(path, tensors, metadata)
+--   S.crc32c(t), f:read_crc32c(name, dst, first, count), S.verifying(opt): the checksums
+--                                  shard's checkpoints keep per tensor (runtime/checksum.h)
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -84,11 +86,42 @@ function File:read(name, dst, first, count)
   return dst
 end
 
+-- File:read, and the CRC32C of all of the tensor's bytes in the file (8 hex digits, as
+-- S.crc32c gives): a partial read still checksums the whole tensor (the rest passes through
+-- a small buffer), so a slice is checked against the checksum its writer kept.
+function File:read_crc32c(name, dst, first, count)
+  local h = handle(self, 2)
+  local i = C.sh_st_find(h, tostring(name))
+  if i < 0 then error(("safetensors: %s: no tensor '%s'"):format(self.path, tostring(name)), 2) end
+  if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 2) end
+  first = first or 0
+  count = count or dst:numel()
+  local crc = ffi.new("uint32_t[1]")
+  check(C.sh_crc32c_st_read(h, i, first, count, dst.p, crc), 2)
+  return dst, ("%08x"):format(crc[0])
+end
+
 function File:close()
   if self.h ~= nil then
     C.sh_st_close(ffi.gc(self.h, nil))
     self.h = nil
   end
+end
+
+-- The CRC32C of a CPU tensor's bytes (contiguous) as 8 hex digits.
+function S.crc32c(t)
+  if not tensor.is_tensor(t) or t:device() ~= "cpu" or not t:is_contiguous() then
+    error("safetensors.crc32c: needs a contiguous cpu tensor", 2)
+  end
+  local n = t:numel() * tonumber(C.sh_dtype_size(tensor.dtype_id(t:dtype())))
+  return ("%08x"):format(C.sh_crc32c(0, t:data_ptr(), n))
+end
+
+-- Whether a load checks checksums: opt (a load's `verify` option) unless it is nil, else
+-- not when the environment sets SHARD_VERIFY_CHECKSUMS=0.
+function S.verifying(opt)
+  if opt ~= nil then return opt ~= false end
+  return os.getenv("SHARD_VERIFY_CHECKSUMS") ~= "0"
 end
 
 -- Returns name -> CPU tensor and the __metadata__ table. All or nothing: on any error the

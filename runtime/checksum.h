@@ -1,0 +1,22 @@
+/* checksum.h: CRC32C (Castagnoli: polynomial 0x1EDC6F41, reflected, initial value and final
+ * xor 0xFFFFFFFF; the checksum of iSCSI, ext4 and SSE4.2's crc32 instruction), which shard's
+ * checkpoints keep for every tensor they write (shard.checkpoint's index.json, shard.save's
+ * safetensors __metadata__) and verify on load.
+ * Two builds, one result: the crc32 instruction over three interleaved streams (the avx2 kernel
+ * sets and above: every such CPU has SSE4.2) and a portable slicing-by-8 table loop (the generic
+ * set, the x86-64 baseline, and other CPUs); the kernel set in use (cpu.h) picks. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "safetensors.h"
+
+/* The CRC32C of n bytes, continuing from crc: sh_crc32c(0, ...) starts one, and
+ * sh_crc32c(sh_crc32c(0, a, na), b, nb) is the CRC32C of a followed by b. */
+uint32_t sh_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* Reads elements [first, first + count) of tensor i of f into dst, as sh_st_read does (same
+ * checks, same errors), and sets *crc to the CRC32C of all of the tensor's bytes in the file:
+ * the bytes outside the range are read through a small buffer and dropped, so that a slice
+ * is verified against its whole tensor's checksum. (struct: Lua reads this header before
+ * safetensors.h.) */
+int sh_crc32c_st_read(const struct sh_st_file *f, int i, int64_t first, int64_t count, sh_tensor *dst, uint32_t *crc);
