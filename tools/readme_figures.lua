@@ -6,8 +6,9 @@
 -- --check rewrites nothing: it reruns the figures that do not depend on the machine's speed
 -- (bytes, memory peaks, FLOPs, losses) and names each one that README shows differently
 -- (dates and wall seconds aside); exit 1 if any. Timed figures are only regenerated.
--- Runs from the project root with bin/shard built; the Shakespeare corpus where the recipes
--- find it (SHARD_DATA, else ../shared/data). The strategies sweep takes a few minutes.
+-- Runs from the project root with bin/shard built (or the binary $SHARD_BIN names); the
+-- Shakespeare corpus where the recipes find it (SHARD_DATA, else ../shared/data). The
+-- strategies sweep takes a minute or two.
 local cjson = require "cjson"
 
 local README = "README.md"
@@ -16,9 +17,14 @@ local TIMELINE_PNG = "docs/img/memory_timeline_np4.png"
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- Runs a command line; returns its stdout and stderr together, or stops naming it.
+-- The binary the commands run: $SHARD_BIN (as the tests take it), else bin/shard.
+local BIN = os.getenv("SHARD_BIN") or (os.getenv("PWD") .. "/bin/shard")
+
+-- Runs a command line (bin/shard in it: BIN); returns its stdout and stderr together, or
+-- stops naming it.
 local function run(cmd)
   io.stderr:write("  $ ", cmd, "\n")
+  cmd = cmd:gsub("^bin/shard ", function() return sh_quote(BIN) .. " " end)
   local p = assert(io.popen(cmd .. " 2>&1; echo \"exit $?\""))
   local out = p:read("*a")
   p:close()
@@ -188,7 +194,7 @@ local FIGURES = {
   { name = "trace_summary", make = function()
       local dir = run("mktemp -d"):match("%S+")
       run(("mkdir -p %s/out && ln -s %s/recipes %s/recipes"):format(dir, sh_quote(os.getenv("PWD")), dir))
-      local out = run(("cd %s && %s/bin/shard %s"):format(dir, sh_quote(os.getenv("PWD")), TRACE_CMD:gsub("^bin/shard ", ""):gsub("\\\n", "")))
+      local out = run(("cd %s && %s %s"):format(dir, sh_quote(BIN), TRACE_CMD:gsub("^bin/shard ", ""):gsub("\\\n", "")))
       run(("cp %s/out/mem.png %s && rm -rf %s"):format(dir, TIMELINE_PNG, dir))
       local summary = out:match("\n(trace summary over.-)\ntrace: ")
       assert(summary, "no trace summary in:\n" .. out)
