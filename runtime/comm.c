@@ -19,8 +19,10 @@
 extern const sh_comm_backend sh_comm_nccl_backend __attribute__((weak));
 #endif
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -119,7 +121,7 @@ static void flight_open(const sh_comm *world) {
   snprintf(g_flight->node_name, sizeof g_flight->node_name, "%s", world->node_name);
   g_flight->node = world->node;
   g_flight->local_rank = world->local_rank;
-  memcpy(g_flight->magic, "shflt02", 8);
+  memcpy(g_flight->magic, "shflt03", 8);
 }
 
 static void flight_issue(sh_comm *c, const sh_comm_work *w) {
@@ -134,6 +136,7 @@ static void flight_issue(sh_comm *c, const sh_comm_work *w) {
   g->last_kind = w->kind;
   g->last_bytes = w->bytes;
   g->issued = w->seq;
+  g_flight->active_at = w->issued;
 }
 
 static void flight_wait(const sh_comm_work *w, int state, double since, double waited) {
@@ -145,6 +148,46 @@ static void flight_wait(const sh_comm_work *w, int state, double since, double w
   g_flight->wait_since = since;
   g_flight->wait_for = waited;
   g_flight->wait_state = state;
+  g_flight->active_at = since + waited;
+}
+
+/* DIR/timeout.flight (comm.h): the first rank to time out writes it, the others find it. */
+static void flight_snapshot(const sh_comm *world) {
+  const char *dir = getenv("SHARD_FLIGHT_DIR");
+  if (!g_flight || !dir || !world) return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/timeout.flight", dir);
+  int out = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (out < 0) return;
+  for (int r = 0; r < world->size; r++) {
+    sh_flight_record rec;
+    snprintf(path, sizeof path, "%s/rank%d.flight", dir, r);
+    int in = open(path, O_RDONLY);
+    if (in < 0) continue;
+    ssize_t n = read(in, &rec, sizeof rec);
+    close(in);
+    if (n == (ssize_t)sizeof rec && pwrite(out, &rec, sizeof rec, (off_t)r * (off_t)sizeof rec) < 0) break;
+  }
+  close(out);
+}
+
+/* shard launch passes its pid (SHARD_LAUNCH_PID): a rank whose launcher is gone (SIGKILL)
+ * has no one to stop its job, so its next collective fails. Looked at once a second. */
+static int launcher_gone(double now) {
+  static double checked;
+  static int pid = -1;
+  if (pid < 0) {
+    const char *v = getenv("SHARD_LAUNCH_PID");
+    pid = v ? atoi(v) : 0;
+  }
+  if (pid <= 0 || now - checked < 1.0) return 0;
+  checked = now;
+  return kill(pid, 0) != 0 && errno == ESRCH ? pid : 0;
+}
+
+static int fail_launcher_gone(const sh_comm_work *w, int pid) {
+  return sh_fail(SH_ERR_COMM, "comm: %s #%lld on %s on rank %d of %d: shard launch (pid %d) that started this job "
+                 "is gone, so this rank ends", w->what, (long long)w->seq, w->comm->name, w->comm->rank, w->comm->size, pid);
 }
 
 /* ---- trace events (comm.h) --------------------------------------------------------------- */
@@ -582,6 +625,12 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
   w->issued = sh_comm_now();
   w->label = g_trace.label;
   flight_issue(c, w);
+  int gone = launcher_gone(w->issued);
+  if (gone) {
+    int rc = fail_launcher_gone(w, gone);
+    work_release(w);
+    return rc;
+  }
   if (b == c->gpu) device_events_before(w, any);
   int rc = b->start(w);
   if (!rc) device_events_after(w, any);
@@ -629,10 +678,14 @@ int sh_comm_wait(sh_comm_work *w) {
       return rc;
     }
     if (polls == 0) flight_wait(w, 1, t0, 0);
-    double waited = sh_comm_now() - t0;
+    double now = sh_comm_now(), waited = now - t0;
+    if (g_flight) g_flight->active_at = now;
+    int gone = launcher_gone(now);
+    if (gone) return fail_launcher_gone(w, gone);
     if (waited > w->comm->timeout) {
       g_timed_out = 1;
       flight_wait(w, 2, t0, waited);
+      flight_snapshot(g_world);
       /* Across nodes a lost link looks the same from here: every rank waits. */
       char where[160] = "";
       if (w->comm->n_nodes > 1)

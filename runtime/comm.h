@@ -142,7 +142,7 @@ typedef struct sh_flight_group {
   int32_t size;            /* ranks in the group */
 } sh_flight_group;
 typedef struct sh_flight_record {
-  char magic[8];           /* "shflt02" once written */
+  char magic[8];           /* "shflt03" once written */
   int32_t rank, size, pid, n_groups;
   sh_flight_group groups[16];
   char wait_group[64];     /* the group of the collective this rank waits in */
@@ -152,7 +152,12 @@ typedef struct sh_flight_record {
   double wait_for;         /* seconds waited, once timed out */
   char node_name[64];      /* the host this rank runs on */
   int32_t node, local_rank;   /* its node index and rank within the node */
+  double active_at;        /* monotonic seconds of its latest issue or wait poll: a rank
+                              stopped or busy outside collectives leaves it behind */
 } sh_flight_record;
+/* The rank whose wait times out first copies every rank's record it can read into
+ * DIR/timeout.flight (record r at offset r * sizeof(sh_flight_record)) before it fails, so
+ * the launcher sees them as they were before the job's teardown resumed or moved any rank. */
 
 /* Collectives issued since the last reset, per kind, and the bytes each rank contributed.
  * comm NULL: every group of this process together. */

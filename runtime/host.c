@@ -55,6 +55,34 @@ int shard_sigint_take(void) {
   return n;
 }
 
+/* Termination signals for shard launch (lua/shard/job.lua): trapped, a signal is only
+ * counted, so that the launcher can stop its job before it ends itself; without SA_RESTART,
+ * so that the launcher's poll() returns at once. */
+static volatile sig_atomic_t g_signal_count[NSIG];
+
+static void on_signal(int sig) { g_signal_count[sig]++; }
+
+/* Traps (on != 0) or restores signal sig; returns 0, or -1 with errno. A signal ignored
+ * when the process started (nohup) stays ignored. */
+int shard_signal_trap(int sig, int on) {
+  if (sig <= 0 || sig >= NSIG) return -1;
+  struct sigaction sa;
+  if (sigaction(sig, NULL, &sa) != 0) return -1;
+  if (sa.sa_handler == SIG_IGN) return 0;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on ? on_signal : SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  return sigaction(sig, &sa, NULL);
+}
+
+/* The number of signals sig since the last call. */
+int shard_signal_take(int sig) {
+  if (sig <= 0 || sig >= NSIG) return 0;
+  int n = g_signal_count[sig];
+  g_signal_count[sig] = 0;
+  return n;
+}
+
 static int find_root(char *root, size_t size) {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -33,8 +33,17 @@ end
 
 -- Message only by default: a recipe's author wants the line that failed, not the stack of
 -- shard's own frames; SHARD_TRACEBACK=1 asks for the whole story.
+local source   -- the file `shard run` runs, to name it with an error object that is not a string
+
+-- error{ code = 1 }: the table's contents (or its __tostring), after the file that raised it.
+local function describe(err)
+  if err == nil then return "(error object is nil)" end
+  if type(err) == "string" or type(err) == "number" then return tostring(err) end
+  return ("%s raised an error %s: %s"):format(source or "shard", type(err), require("shard.repl.show").value(err))
+end
+
 local function error_handler(err)
-  local msg = err == nil and "(error object is nil)" or tostring(err)
+  local msg = describe(err)
   if os.getenv("SHARD_TRACEBACK") == "1" then return debug.traceback(msg, 2) end
   return msg
 end
@@ -83,6 +92,7 @@ local function run(args)
   local config = require "shard.config"
   local overrides, stray = config.parse_args(script_args)
   config.set_overrides(overrides, stray, file)
+  source = file
   local ok, rc = protected(chunk, unpack(script_args))
   return ok and 0 or rc
 end

@@ -16,6 +16,9 @@
 --   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
 --   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
 --   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
+local job = require "shard.job"
+local timer = require "shard.timer"
+
 local M = {}
 
 local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] FILE [--key=value ...]"
@@ -241,59 +244,134 @@ local function failing(line)
   return false
 end
 
--- Stops pid (mpirun) GRACE seconds from now unless disarmed: TERM, and 3 s later KILL to it
--- and every process under it (its ranks, and the remote-shell agents that reach the other
--- hosts, which a stopped mpirun may leave behind). Returns the watchdog's pid.
-local function arm(pid)
-  local tree = "tree() { for c in $(cat /proc/$1/task/*/children 2>/dev/null); do tree $c; done; echo $1; }"
-  local p = io.popen(("(%s; sleep %g; t=$(tree %d); kill -TERM %d; sleep 3; kill -KILL $t) >/dev/null 2>&1 & echo $!")
-    :format(tree, GRACE, pid, pid))
-  local w = p and tonumber(p:read("*l"))
-  if p then p:close() end
-  return w
+-- mpirun --tag-output puts "[job,rank]<stream>:" before each write of a rank, not each line:
+-- a write without a newline runs on into the next write, of any rank, on the same line.
+local TAG = "%[%d+,(%d+)%]<(%a+)>:"
+local FRAME = ("-"):rep(74)   -- the frame of Open MPI's messages, glued to a rank's partial line
+
+-- A line of mpirun's output: the text before any tag (mpirun's own) and the tagged writes,
+-- { rank =, stream =, text = } each.
+function M.split(line)
+  local writes, pos = {}, 1
+  local s = line:find(TAG)
+  local head = line:sub(1, (s or #line + 1) - 1)
+  while s do
+    local _, e, r, name = line:find(TAG, s)
+    local nxt = line:find(TAG, e + 1)
+    writes[#writes + 1] = { rank = tonumber(r), stream = name, text = line:sub(e + 1, (nxt or #line + 1) - 1) }
+    s = nxt
+  end
+  return head, writes
 end
 
--- Runs cmd, routing tagged lines; returns the exit code and the ranks' kept lines.
-local function stream(cmd, o)
-  local p = assert(io.popen("(exec " .. cmd .. ") 2>&1 & echo \"__shard_launch_pid=$!\"; wait $!; echo \"__shard_launch_rc=$?\"", "r"))
-  local kept, untagged, rc = {}, {}, 1
-  local pid, watchdog
-  for line in p:lines() do
-    -- a rank's collective timeout counts too: after a cut link mpirun may say nothing at all
-    if pid and not watchdog and (failing(line) or line:find("timed out after", 1, true)) then
-      watchdog = arm(pid)
-      o.armed = true
-    end
-    local r, stream_name, text = line:match("^%[%d+,(%d+)%]<(%a+)>:(.*)$")
-    if r then
-      text = text:gsub("%[%d+,%d+%]<%a+>:", "")   -- mpirun tags each write, not each line
-      r = tonumber(r)
-      local k = kept[r] or {}
-      kept[r] = k
-      k[#k + 1] = text
-      if #k > TAIL then table.remove(k, 1) end
-      if o.all then
-        io.stdout:write("[rank ", r, "] ", text, "\n")
-        io.stdout:flush()
-      elseif r == 0 then
-        local out = stream_name == "stderr" and io.stderr or io.stdout
-        out:write(text, "\n")
-        out:flush()
-      end
+-- Open MPI's own words inside a rank's output that say nothing to the user: the shared-memory
+-- copy from a peer that just died ("Read -1, expected 393728, errno = 3").
+local function noise(text) return text:find("^%[[^%]]*%] Read %-?%d+, expected %d+, errno = %d+$") ~= nil end
+
+-- Routes mpirun's lines: each rank's writes joined into whole lines, kept (the last TAIL of
+-- each rank) and shown (rank 0's, or every rank's with --all); mpirun's own lines kept apart.
+local Router = {}
+Router.__index = Router
+
+function M.router(o, out, err)
+  return setmetatable({ o = o, out = out or io.stdout, err = err or io.stderr, kept = {}, partial = {},
+                        untagged = {}, signal = {} }, Router)
+end
+
+function Router:show(r, name, text)
+  if noise(text) then return end
+  local k = self.kept[r] or {}
+  self.kept[r] = k
+  k[#k + 1] = text
+  if #k > TAIL then table.remove(k, 1) end
+  -- Open MPI's handler names the signal a rank received; the abort that may follow in its
+  -- backtrace is what mpirun then reports
+  local sig, num = text:match("^%[[^%]]*%] Signal: (.-) %((%d+)%)$")
+  if sig and not self.signal[r] then self.signal[r] = ("signal %s (%s)"):format(num, sig) end
+  local f
+  if self.o.all then f = self.out; text = "[rank " .. r .. "] " .. text
+  elseif r == 0 then f = name == "stderr" and self.err or self.out end
+  if f then f:write(text, "\n"); f:flush() end
+end
+
+function Router:line(line)
+  local head, writes = M.split(line)
+  if head ~= "" then self.untagged[#self.untagged + 1] = head end
+  for i, w in ipairs(writes) do
+    local key = w.rank .. w.stream
+    local text = (self.partial[key] or "") .. w.text
+    self.partial[key] = nil
+    if i < #writes then
+      self.partial[key] = text
+    elseif #text > #FRAME and text:sub(-#FRAME) == FRAME then
+      self:show(w.rank, w.stream, text:sub(1, -#FRAME - 1))
+      self.untagged[#self.untagged + 1] = FRAME
     else
-      local code = line:match("^__shard_launch_rc=(%d+)$")
-      local started = line:match("^__shard_launch_pid=(%d+)$")
-      if code then
-        rc = tonumber(code)
-        break        -- mpirun has ended; an agent it left behind may still hold the pipe open
-      elseif started then pid = tonumber(started)
-      else untagged[#untagged + 1] = line end
+      self:show(w.rank, w.stream, text)
     end
   end
-  p:close()
-  if watchdog then os.execute(("kill %d 2>/dev/null"):format(watchdog)) end
-  o.stopped = o.armed and (rc == 143 or rc == 137)
-  return rc, kept, untagged
+end
+
+-- The writes still waiting for their newline when the job ended, as lines.
+function Router:finish()
+  local keys = {}
+  for key in pairs(self.partial) do keys[#keys + 1] = key end
+  table.sort(keys)
+  for _, key in ipairs(keys) do
+    local r, name = key:match("^(%d+)(%a+)$")
+    self:show(tonumber(r), name, self.partial[key])
+  end
+  self.partial = {}
+end
+
+-- Seconds the job gets to end after a signal forwarded to it, before it is killed.
+local SIGNAL_GRACE = tonumber(os.getenv("SHARD_LAUNCH_SIGNAL_GRACE") or "") or 5
+local SIGTERM, SIGKILL = 15, 9
+
+-- Sends sig to every process of the job, routes its output while it ends, and kills what is
+-- left after `grace` seconds.
+local function end_job(j, sig, grace, route)
+  j:signal(sig)
+  local deadline = timer.now() + grace
+  while not j:exited() and timer.now() < deadline do route(j:read(100)) end
+  j:signal(SIGKILL)
+  j:exited(true)
+  route(j:rest())
+  -- ranks that outlive mpirun (a stopped one, one that ignores sig) hold no pipe of ours
+  deadline = timer.now() + grace
+  while #j:processes() > 0 and timer.now() < deadline do j:signal(SIGKILL); job.sleep(100) end
+end
+
+-- Runs cmd, routing its lines; returns mpirun's exit code (128 + N when a signal ended it)
+-- and the router. A signal to the launcher (job.trap) is forwarded to the whole job: o.signal
+-- says which. When mpirun has not ended GRACE seconds after the first failure, launch stops it
+-- (o.stopped).
+local function stream(cmd, o)
+  local j = job.start(cmd, o.flight_dir)
+  local router = M.router(o)
+  local stop_at
+  local function route(lines)
+    for _, line in ipairs(lines or {}) do
+      -- a rank's collective timeout counts too: after a cut link mpirun may say nothing at all
+      if not stop_at and (failing(line) or line:find("timed out after", 1, true)) then stop_at = timer.now() + GRACE end
+      router:line(line)
+    end
+  end
+  while not j:exited() do
+    local lines = j:read(200)
+    route(lines)
+    if not lines then j:exited(true) end
+    o.signal = job.take()
+    if o.signal then end_job(j, o.signal, SIGNAL_GRACE, route) end
+    if stop_at and timer.now() > stop_at and not o.stopped then
+      o.stopped = true
+      end_job(j, SIGTERM, 3, route)
+    end
+  end
+  route(j:rest())
+  router:finish()
+  local st = j:exited()
+  return st.code or 128 + st.signal, router
 end
 
 -- The rank mpirun names as the first to fail, and the signal that ended it when one did
@@ -520,6 +598,45 @@ local function temp_dir()
   return dir
 end
 
+-- The command that starts the job: its main process (mpirun, or bash for --nnodes) exec'd,
+-- every process of it marked with the launch's directory (job.lua) and told the launcher's pid
+-- (a rank whose launcher is gone ends itself, comm.c).
+local function job_command(o)
+  local cmd = o.nnodes > 1 and env_command(o) or mpirun_command(o)
+  local env = { "exec env", "SHARD_LAUNCH_JOB=" .. quote(o.flight_dir), "SHARD_LAUNCH_PID=" .. job.pid() }
+  if o.real_agent then env[#env + 1] = "SHARD_LAUNCH_AGENT=" .. quote(o.real_agent) end
+  return table.concat(env, " ") .. " " .. cmd
+end
+
+local function remove_dir(o, world)
+  for rank = 0, world - 1 do os.remove(("%s/rank%d.flight"):format(o.flight_dir, rank)) end
+  os.remove(o.flight_dir .. "/timeout.flight")
+  if o.agent then os.remove(o.agent) end
+  os.remove(o.flight_dir)
+end
+
+-- What the launcher says about a job that failed.
+local function report(rc, router, o, world)
+  local untagged, kept = router.untagged, router.kept
+  local r, signal = failed_rank(untagged)
+  if r and router.signal[r] then signal = router.signal[r] end
+  io.stderr:write(verdict(r, signal, rc, o, untagged), "\n")
+  if o.stopped then
+    io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
+  end
+  local diagnosis = M.diagnose(o.flight_dir, world, M.layout(o))
+  if diagnosis then io.stderr:write("shard launch: ", diagnosis, "\n") end
+  if r and kept[r] and (o.all == false and r ~= 0) then
+    for _, line in ipairs(kept[r]) do io.stderr:write("[rank ", r, "] ", line, "\n") end
+  elseif not r and #untagged > 0 then
+    for _, line in ipairs(untagged) do
+      if not line:find("^__shard_launch") then io.stderr:write(line, "\n") end
+    end
+  end
+end
+
+local SIGNAL_NAME = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+
 function M.main(args)
   local ok, o = pcall(M.parse, args)
   if not ok then
@@ -533,28 +650,18 @@ function M.main(args)
   o.flight_dir = temp_dir()
   if not o.flight_dir then io.stderr:write("shard launch: mktemp -d failed\n"); return 1 end
   if o.hosts then write_agent(o) end
-  local cmd = o.nnodes > 1 and env_command(o) or mpirun_command(o)
-  if o.real_agent then cmd = "env SHARD_LAUNCH_AGENT=" .. quote(o.real_agent) .. " " .. cmd end
-  local rc, kept, untagged = stream(cmd, o)
-  local diagnosis = rc ~= 0 and M.diagnose(o.flight_dir, world, M.layout(o))
-  for rank = 0, world - 1 do os.remove(("%s/rank%d.flight"):format(o.flight_dir, rank)) end
-  if o.agent then os.remove(o.agent) end
-  os.remove(o.flight_dir)
-  if rc == 0 then return 0 end
-  local r, signal = failed_rank(untagged)
-  io.stderr:write(verdict(r, signal, rc, o, untagged), "\n")
-  if o.stopped then
-    io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
+  job.trap(true)
+  local rc, router = stream(job_command(o), o)
+  job.trap(false)
+  if o.signal then
+    io.stderr:write(("shard launch: %s: stopped the job\n"):format(SIGNAL_NAME[o.signal]))
+    remove_dir(o, world)
+    job.reraise(o.signal)
+    return 128 + o.signal
   end
-  if diagnosis then io.stderr:write("shard launch: ", diagnosis, "\n") end
-  if r and kept[r] and (o.all == false and r ~= 0) then
-    for _, line in ipairs(kept[r]) do io.stderr:write("[rank ", r, "] ", line, "\n") end
-  elseif not r and #untagged > 0 then
-    for _, line in ipairs(untagged) do
-      if not line:find("^__shard_launch") then io.stderr:write(line, "\n") end
-    end
-  end
-  return rc ~= 0 and rc or 1
+  if rc ~= 0 then report(rc, router, o, world) end
+  remove_dir(o, world)
+  return rc
 end
 
 return M
