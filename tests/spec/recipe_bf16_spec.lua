@@ -23,7 +23,7 @@ end
 local function close(f32_out, out)
   local a = losses(f32_out)
   local b, first, last = losses(out)
-  assert.equal(6 + 3 * 2, #a, f32_out)   -- 6 logged steps, 3 evaluations of train and val
+  assert.equal(7 + 3 * 2, #a, f32_out)   -- 7 logged steps (0, 10, ..., 50 and the last, 59), 3 evaluations of train and val
   assert.equal(#a, #b, out)
   for i = 1, #a do
     assert.is_true(math.abs(a[i] - b[i]) <= TOL, ("value %d: bf16 %.4f vs f32 %.4f\n%s"):format(i, b[i], a[i], out))
