@@ -50,9 +50,8 @@ static void init(void) {
 
 /* 8 bytes as a little-endian word on any CPU (one load on x86-64). */
 static inline uint64_t load_le64(const unsigned char *p) {
-  uint64_t w = 0;
-  for (int k = 7; k >= 0; k--) w = (w << 8) | p[k];
-  return w;
+  return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 |
+         (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
 }
 
 static uint32_t crc_portable(uint32_t crc, const unsigned char *p, size_t n) {
@@ -98,32 +97,34 @@ uint32_t sh_crc32c(uint32_t crc, const void *data, size_t n) {
 
 /* ---------------------------------------------------------------- files */
 
-#define CHUNK (1 << 20)   /* the buffer the bytes outside a read's range pass through */
+#define CHUNK (256 << 10)   /* bytes per pread: checksummed while they are still in L2 */
 
-/* Folds elements [from, to) of tensor i of f into *crc, read CHUNK bytes at a time. */
-static int crc_elements(const sh_st_file *f, int i, int64_t from, int64_t to, uint32_t *crc) {
+/* Reads elements [from, to) of tensor i into dst (or, when dst is NULL, through a buffer that
+ * is dropped) a chunk at a time, folding each chunk into *crc. */
+static int crc_elements(const sh_st_file *f, int i, int64_t from, int64_t to, unsigned char *dst, uint32_t *crc) {
   if (from >= to) return SH_OK;
-  int64_t esize = sh_st_at(f, i)->elem_size;
-  int64_t per = CHUNK / esize;
-  void *buf = malloc((size_t)(per * esize));
-  if (!buf) return sh_fail(SH_ERR_OOM, "checksum: cannot allocate a %d-byte read buffer", CHUNK);
+  int64_t esize = sh_st_at(f, i)->elem_size, per = CHUNK / esize;
+  unsigned char *buf = dst ? NULL : malloc((size_t)(per * esize));
+  if (!dst && !buf) return sh_fail(SH_ERR_OOM, "checksum: cannot allocate a %d-byte read buffer", CHUNK);
   int rc = SH_OK;
   for (int64_t e = from; e < to && rc == SH_OK; e += per) {
     int64_t n = to - e < per ? to - e : per;
-    rc = sh_st_read_bytes(f, i, e, n, buf);
-    if (rc == SH_OK) *crc = sh_crc32c(*crc, buf, (size_t)(n * esize));
+    unsigned char *into = dst ? dst + (e - from) * esize : buf;
+    rc = sh_st_read_bytes(f, i, e, n, into);
+    if (rc == SH_OK) *crc = sh_crc32c(*crc, into, (size_t)(n * esize));
   }
   free(buf);
   return rc;
 }
 
-int sh_crc32c_st_read(const struct sh_st_file *f, int i, int64_t first, int64_t count, sh_tensor *dst, uint32_t *crc) {
-  SH_TRY(sh_st_read(f, i, first, count, dst));
-  const sh_st_tensor *t = sh_st_at(f, i);
+int sh_crc32c_st_read(const struct sh_st_file *f, int i, int64_t first, int64_t count, void *dst, uint32_t *crc) {
+  const sh_st_tensor *t = f && i >= 0 && i < sh_st_count(f) ? sh_st_at(f, i) : NULL;
+  if (!t || first < 0 || count < 0 || first > t->numel || count > t->numel - first || (count > 0 && !dst))
+    return sh_st_read_bytes(f, i, first, count, dst);   /* its message for a bad file, tensor or range */
   uint32_t c = 0;
-  SH_TRY(crc_elements(f, i, 0, first, &c));
-  c = sh_crc32c(c, sh_tensor_data(dst), (size_t)(count * t->elem_size));
-  SH_TRY(crc_elements(f, i, first + count, t->numel, &c));
+  SH_TRY(crc_elements(f, i, 0, first, NULL, &c));
+  SH_TRY(crc_elements(f, i, first, first + count, dst, &c));
+  SH_TRY(crc_elements(f, i, first + count, t->numel, NULL, &c));
   *crc = c;
   return SH_OK;
 }

@@ -14,9 +14,9 @@
  * sh_crc32c(sh_crc32c(0, a, na), b, nb) is the CRC32C of a followed by b. */
 uint32_t sh_crc32c(uint32_t crc, const void *data, size_t n);
 
-/* Reads elements [first, first + count) of tensor i of f into dst, as sh_st_read does (same
- * checks, same errors), and sets *crc to the CRC32C of all of the tensor's bytes in the file:
- * the bytes outside the range are read through a small buffer and dropped, so that a slice
- * is verified against its whole tensor's checksum. (struct: Lua reads this header before
- * safetensors.h.) */
-int sh_crc32c_st_read(const struct sh_st_file *f, int i, int64_t first, int64_t count, sh_tensor *dst, uint32_t *crc);
+/* Copies elements [first, first + count) of tensor i of f into dst (count * elem_size bytes),
+ * as sh_st_read_bytes does (same errors), and sets *crc to the CRC32C of all of the tensor's
+ * bytes in the file: the bytes outside the range pass through a small buffer and are
+ * dropped, so that a slice is checked against its whole tensor's checksum. Each chunk read is
+ * checksummed while it is in cache. (struct: Lua reads this header before safetensors.h.) */
+int sh_crc32c_st_read(const struct sh_st_file *f, int i, int64_t first, int64_t count, void *dst, uint32_t *crc);

@@ -96,8 +96,13 @@ function File:read_crc32c(name, dst, first, count)
   if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 2) end
   first = first or 0
   count = count or dst:numel()
+  local dtype = info_of(C.sh_st_at(h, i)).dtype
+  if dst:device() ~= "cpu" or not dst:is_contiguous() or dst:dtype() ~= dtype or dst:numel() ~= count then
+    error(("safetensors: %s: tensor '%s': reading %d elements needs a contiguous cpu %s tensor of as many, got %s %s[%d]")
+      :format(self.path, name, count, dtype, dst:device(), dst:dtype(), dst:numel()), 2)
+  end
   local crc = ffi.new("uint32_t[1]")
-  check(C.sh_crc32c_st_read(h, i, first, count, dst.p, crc), 2)
+  check(C.sh_crc32c_st_read(h, i, first, count, dst:data_ptr(), crc), 2)
   return dst, ("%08x"):format(crc[0])
 end
 
