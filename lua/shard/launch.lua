@@ -430,29 +430,44 @@ end
 
 local KIND = { [0] = "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
 
-local function read_records(dir, world, layout)
+local MAGIC = "shflt03"
+
+-- The record in bytes at offset, or nil.
+local function parse_record(bytes, offset)
+  local ffi = require "ffi"
+  local size = ffi.sizeof("sh_flight_record")
+  if not bytes or #bytes < offset + size then return nil end
+  local buf = ffi.new("uint8_t[?]", size)
+  ffi.copy(buf, bytes:sub(offset + 1, offset + size), size)
+  local rec = ffi.cast("sh_flight_record *", buf)
+  if ffi.string(rec.magic, 7) ~= MAGIC then return nil end
+  local groups = {}
+  for i = 0, rec.n_groups - 1 do
+    local g = rec.groups[i]
+    groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = KIND[g.last_kind], size = g.size }
+  end
+  return { groups = groups, wait_state = rec.wait_state, wait_group = ffi.string(rec.wait_group),
+           wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for,
+           wait_since = rec.wait_since, active_at = rec.active_at, node = ffi.string(rec.node_name) }
+end
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  local bytes = f and f:read("*a")
+  if f then f:close() end
+  return bytes
+end
+
+-- Every rank's record: as the first rank to time out copied them (timeout.flight, before the
+-- job's teardown resumed a stopped rank or moved any other), else as the rank left it.
+local function read_records(dir, world)
   local ffi = require "ffi"
   require "shard.ffi"                        -- declares sh_flight_record
+  local size = ffi.sizeof("sh_flight_record")
+  local snapshot = slurp(dir .. "/timeout.flight")
   local recs = {}
   for r = 0, world - 1 do
-    local f = io.open(("%s/rank%d.flight"):format(dir, r), "rb")
-    local bytes = f and f:read("*a")
-    if f then f:close() end
-    if bytes and #bytes >= ffi.sizeof("sh_flight_record") then
-      local buf = ffi.new("uint8_t[?]", #bytes)
-      ffi.copy(buf, bytes, #bytes)
-      local rec = ffi.cast("sh_flight_record *", buf)
-      if ffi.string(rec.magic, 7) == "shflt02" then
-        local groups = {}
-        for i = 0, rec.n_groups - 1 do
-          local g = rec.groups[i]
-          groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = KIND[g.last_kind], size = g.size }
-        end
-        recs[r] = { groups = groups, wait_state = rec.wait_state, wait_group = ffi.string(rec.wait_group),
-                    wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for,
-                    node = ffi.string(rec.node_name) }
-      end
-    end
+    recs[r] = parse_record(snapshot, r * size) or parse_record(slurp(("%s/rank%d.flight"):format(dir, r)), 0)
   end
   return recs
 end
@@ -509,16 +524,29 @@ function M.diagnose(dir, world, layout)
   local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
   local waited, behind, other, unknown, ahead = {}, {}, {}, {}, {}
   local longest = 0
+  -- Seconds since a rank's record last moved, when on the stuck rank's host (the clock is the
+  -- host's): a rank that waits polls its record every millisecond, so one still for a second
+  -- or more is stopped, or busy outside any collective.
+  local now = stuck.wait_since + stuck.wait_for
+  local function still(rec)
+    local idle = rec.node == stuck.node and rec.active_at > 0 and now - rec.active_at
+    return idle and idle >= 1 and idle or nil
+  end
   for r = 0, world - 1 do
     local rec = recs[r]
     local mine = rec and rec.groups[g]
+    local idle = rec and still(rec)
+    local in_it = rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind
     if not rec and node_of and not recorded[node_of[r]] then
       unknown[#unknown + 1] = r
-    elseif rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind then
+    elseif in_it and not idle then
       waited[#waited + 1] = r
       longest = math.max(longest, rec.wait_for)
     elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
       behind[#behind + 1] = r
+    elseif idle then
+      other[#other + 1] = ("rank %d %s %s #%d on group %s but its record has not moved for %.3g s: it is stopped, or busy outside collectives"):format(
+        r, in_it and "waits in" or "issued", kind, n, g, idle)
     elseif mine and mine.issued > n and rec.wait_seq ~= n then
       ahead[#ahead + 1] = r       -- finished it and went on
     elseif mine and mine.issued == n and rec.wait_seq ~= n then

@@ -14,7 +14,7 @@ assert(os.execute("mkdir -p " .. require("shard.ffi").shell_quote(dir)))
 -- rank r issued `issued` collectives on world and waits (state 1) or timed out (2) in #wait_seq
 local function record(r, node, issued, wait_seq, state, waited)
   local rec = ffi.new("sh_flight_record")
-  ffi.copy(rec.magic, "shflt02", 7)
+  ffi.copy(rec.magic, "shflt03", 7)
   rec.rank, rec.size, rec.n_groups = r, 4, 1
   ffi.copy(rec.groups[0].name, "world")
   rec.groups[0].issued, rec.groups[0].last_kind, rec.groups[0].size = issued, ALL_REDUCE, 4
@@ -46,5 +46,49 @@ describe("shard launch's diagnosis of a stopped job", function()
     for r = 0, 3 do record(r, r < 2 and "a" or "b", 12, 12, 2, 4) end
     local line = launch.diagnose(dir, 4, { [0] = "a", "a", "b", "b" })
     assert.is_truthy(line:find("check the network between nodes a and b", 1, true), line)
+  end)
+
+  -- a real job: rank 1 stops itself (SIGSTOP) at a point of its own; rank 0 times out
+  local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
+  local function stopped_job(body)
+    local path = support.script([[
+local shard = require "shard"
+local ffi = require "ffi"
+pcall(ffi.cdef, "int getpid(void); int kill(int pid, int sig);")
+local info = shard.comm.info()
+local world = info.group
+local function stop() ffi.C.kill(ffi.C.getpid(), 19) end
+]] .. body)
+    local code, _, err = support.sh(support.quote(support.BIN) .. " launch --nproc 2 --timeout=3 " .. support.quote(path))
+    assert.are_not.equal(0, code)
+    return err
+  end
+
+  it("names a rank stopped before a barrier as never reaching it", function()
+    local err = stopped_job [[
+if info.rank == 1 then stop() end
+world:barrier()
+]]
+    assert.is_truthy(err:find("shard launch: rank 1 never reached barrier #1 on group world; rank 0 waited", 1, true), err)
+  end)
+
+  it("names a rank stopped after it issued the collective: its record did not move", function()
+    local err = stopped_job [[
+local t = shard.ones{ 4 }
+local w = world:all_reduce(t, "sum", { async = true })
+if info.rank == 1 then stop() end
+w:wait()
+]]
+    assert.is_truthy(err:find("shard launch: rank 1 issued all_reduce #1 on group world but its record has not moved for", 1, true), err)
+  end)
+
+  it("names a rank stopped from outside while the ranks exchange data", function()
+    local err = stopped_job [[
+if info.rank == 1 then os.execute(("(sleep 1; kill -STOP %d) &"):format(ffi.C.getpid())) end
+local t = shard.ones{ 100000 }
+for _ = 1, 1000000 do world:all_reduce(t, "sum") end
+]]
+    local line = err:match("shard launch: ([^\n]*waited[^\n]*)")
+    assert.is_truthy(line and line:find("^rank 1 "), err)
   end)
 end)
