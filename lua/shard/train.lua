@@ -71,7 +71,7 @@ M.SPEC = {
   trace = { help = "a Chrome/Perfetto trace file of --trace_steps" },
   trace_steps = { help = "FIRST:LAST" }, memory_timeline = { help = "a PNG of each rank's allocations over --trace_steps" },
   batch_size = { help = "the global batch, split over the ranks" },
-  lr = { min = 0 }, min_lr = { min = 0 }, warmup = { min = 0 },
+  lr = { min = 0 }, min_lr = { min = 0 }, warmup = { min = 0 }, max_iters = { min = 0, help = "0: evaluate only" },
   beta1 = { min = 0, below = 1 }, beta2 = { min = 0, below = 1 }, weight_decay = { min = 0 },
   grad_clip = { min = 0, help = "0: no clipping" }, eval_interval = { min = 1 },
   log_interval = { min = 1 }, sample_tokens = { min = 0 }, strategy = { oneof = STRATEGIES },

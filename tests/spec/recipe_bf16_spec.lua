@@ -53,7 +53,7 @@ describe("gpt_shakespeare_char recipe --dtype=bf16", function()
   it("refuses another dtype, naming the choices", function()
     local out, code = support.shard("run recipes/gpt_shakespeare_char.lua --dtype=f16 --out_dir=/tmp/shard_bf16_c" .. ARGS)
     assert.are_not.equal(0, code)
-    assert.is_truthy(out:find("--dtype=f16: expected f32 or bf16", 1, true), out)
+    assert.is_truthy(out:find("--dtype=f16: expected one of f32, bf16", 1, true), out)
   end)
 
   -- no_shard's bf16 copy of the parameters is re-cast after each optimizer step (it was built
