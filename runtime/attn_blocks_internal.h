@@ -1,7 +1,7 @@
 /* attn_blocks_internal.h: the block products of CPU attention (nn_attention.c) as AVX-512F
  * register-tiled kernels, for head dims D that are a multiple of 16 up to 64 (GPT-2's 64, the
  * benchmark's 32). A block is at most 64 keys by a few dozen queries: a general GEMM (OpenBLAS's
- * small-matrix path, or sgemm_avx512.c's) spends as long on packing and dispatch as on the
+ * small-matrix path, or sgemm.c's) spends as long on packing and dispatch as on the
  * 32 x 64 x 32 multiply-adds, where these keep the whole block of results in registers and
  * read both operands where they lie. Q K^T (and dO V^T) reads K transposed, once per key
  * block, so that a row of scores is a few zmm of one FMA chain each.

@@ -1,4 +1,4 @@
-/* gemm_pack_internal.h: what the CPU GEMMs (sgemm_avx512.c in f32, gemm_bf16.c in bf16) share
+/* gemm_pack_internal.h: what the CPU GEMMs (sgemm.c in f32, gemm_bf16.c in bf16) share
  * for packing their operands with AVX-512F: the per-thread packing scratch, lane masks for
  * tails, and a 16 x 16 transpose of 32-bit words. */
 #pragma once
