@@ -94,6 +94,9 @@ describe("shard.save files carry checksums", function()
       assert.equal(S.crc32c(t), sums[name])
       t:free()
     end
+    local ok, err = pcall(shard.save, a, path, { crc32c = "mine" })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("metadata key 'crc32c' is shard's", 1, true), err)
     -- an older file: the same tensors, no checksums
     dict = require("shard.io.checkpoint").state_dict(a)
     S.save(path, dict)
