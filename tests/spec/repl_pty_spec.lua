@@ -142,4 +142,30 @@ wait 0
 ]], "SHARD_REPL_GRACE=1")
     assert.equal(0, code, out)
   end)
+
+  it("says when a second Ctrl-C ended the wait, and takes back a rank that finished after it", function()
+    local code, out = drive("--nproc 2 --timeout 3", [[
+timeout 30
+expect Ctrl-D exits
+send x = rank + 10\n
+expect > 
+send if rank == 0 then for i = 1, 1e12 do end end; world:barrier()\n
+sleep 1
+send \x03
+sleep 1
+send \x03
+expect [0] error: interrupted
+expect rank 1 still running at the second Ctrl-C
+expect > 
+sleep 4
+send x\n
+expect [1] error:
+expect [1] 11
+expect > 
+send \x04
+wait 0
+]], "SHARD_REPL_GRACE=20")
+    assert.equal(0, code, out)
+    assert.is_nil(out:find("out of step (", 1, true), out)
+  end)
 end)

@@ -8,8 +8,8 @@
 -- "interrupted"; a rank waiting inside a collective whose peers were interrupted cannot stop
 -- (it waits in C until they come or the collective's timeout). After GRACE seconds (or a
 -- second Ctrl-C) the prompt comes back and says which ranks are still busy: the ranks are
--- out of step, and chunks are refused until :wait sees them finish or :restart starts every
--- rank again. A rank that dies is reported with the launcher's last lines; :restart again.
+-- out of step, and chunks are refused until they finish (:wait, or a reply seen at the next
+-- chunk or command) or :restart starts every rank again. A rank that dies is reported with the launcher's last lines; :restart again.
 local ffi = require "ffi"
 local wire = require "shard.repl.wire"
 local merge = require "shard.repl.merge"
@@ -115,37 +115,27 @@ local function sorted(set)
   return list
 end
 
--- Waits for the busy ranks' replies and prints them. Ctrl-C is passed on to the busy ranks;
--- GRACE seconds later (or at a second Ctrl-C) the wait ends with the ranks still busy.
--- Returns whether every reply was a success.
-function Session:collect()
-  local replies, since = {}, nil
-  while next(self.busy) do
-    local fds, rank_of = {}, {}
-    for r in pairs(self.busy) do fds[#fds + 1] = self.conns[r].fd; rank_of[self.conns[r].fd] = r end
-    -- at most a quarter second at a time: a Ctrl-C just before poll() would not wake it
-    local ms = since and math.max(0, math.floor((since + M.GRACE - timer.now()) * 1000)) or 250
-    local ready = wire.poll(fds, math.min(ms, 250))
-    local interrupts = interrupt.take()
-    if interrupts > 0 and since then break end
-    if interrupts > 0 then
-      since = timer.now()
-      for r in pairs(self.busy) do C.kill(self.pids[r], SIGINT) end
+-- Takes the replies that came from busy ranks within ms into replies (rank -> reply); a rank
+-- whose connection ended is marked dead.
+function Session:receive(replies, ms)
+  local fds, rank_of = {}, {}
+  for r in pairs(self.busy) do fds[#fds + 1] = self.conns[r].fd; rank_of[self.conns[r].fd] = r end
+  for fd in pairs(wire.poll(fds, ms)) do
+    local r = rank_of[fd]
+    local conn = self.conns[r]
+    if not conn:fill() then
+      self.dead[r], self.busy[r] = true, nil
     end
-    for fd in pairs(ready) do
-      local r = rank_of[fd]
-      local conn = self.conns[r]
-      if not conn:fill() then
-        self.dead[r], self.busy[r] = true, nil
-      end
-      local m = conn:take()
-      if m then
-        replies[r] = { output = m[2] or "", error = m[1] == "error" and (m[3] or "?") or nil }
-        self.busy[r] = nil
-      end
+    local m = conn:take()
+    if m then
+      replies[r] = { output = m[2] or "", error = m[1] == "error" and (m[3] or "?") or nil }
+      self.busy[r] = nil
     end
-    if since and timer.now() >= since + M.GRACE then break end
   end
+end
+
+-- Prints the replies, identical ones once; returns whether every one was a success.
+function Session:show(replies)
   local ok = true
   for _, piece in ipairs(merge.merge(replies, self.world)) do
     if piece.error then ok = false end
@@ -154,6 +144,29 @@ function Session:collect()
     out:write(piece.text)
     out:flush()
   end
+  return ok
+end
+
+-- Waits for the busy ranks' replies and prints them. Ctrl-C is passed on to the busy ranks;
+-- GRACE seconds later (or at a second Ctrl-C) the wait ends with the ranks still busy.
+-- Returns whether every reply was a success.
+function Session:collect()
+  local replies, since, second = {}, nil, false
+  while next(self.busy) do
+    -- at most a quarter second at a time: a Ctrl-C just before poll() would not wake it
+    local ms = since and math.max(0, math.floor((since + M.GRACE - timer.now()) * 1000)) or 250
+    -- replies first: a poll that a Ctrl-C cut short may have left some unread
+    self:receive(replies, math.min(ms, 250))
+    self:receive(replies, 0)
+    local interrupts = interrupt.take()
+    if interrupts > 0 and since then second = true; break end
+    if interrupts > 0 then
+      since = timer.now()
+      for r in pairs(self.busy) do C.kill(self.pids[r], SIGINT) end
+    end
+    if since and timer.now() >= since + M.GRACE then break end
+  end
+  local ok = self:show(replies)
   if next(self.dead) then
     ok = false
     local dead = sorted(self.dead)
@@ -162,10 +175,21 @@ function Session:collect()
   elseif next(self.busy) then
     ok = false
     local busy = sorted(self.busy)
-    say(("rank%s %s still running %g s after Ctrl-C: waiting inside a collective that the interrupted ranks left? The ranks are out of step; :wait waits for %s, :restart starts every rank again (values are lost)."):format(
-      #busy > 1 and "s" or "", merge.label(busy), M.GRACE, #busy > 1 and "them" or "it"))
+    local when = second and ("at the second Ctrl-C (%.1f s after the first)"):format(timer.now() - since)
+                 or ("%g s after Ctrl-C"):format(M.GRACE)
+    say(("rank%s %s still running %s: waiting inside a collective that the interrupted ranks left? The ranks are out of step; :wait waits for %s, :restart starts every rank again (values are lost)."):format(
+      #busy > 1 and "s" or "", merge.label(busy), when, #busy > 1 and "them" or "it"))
   end
   return ok
+end
+
+-- Shows the replies of busy ranks that finished since the prompt came back: they are in step
+-- again.
+function Session:reap()
+  if not next(self.busy) then return end
+  local replies = {}
+  self:receive(replies, 0)
+  if next(replies) then self:show(replies) end
 end
 
 -- Why a chunk cannot run now, or nil.
@@ -175,6 +199,7 @@ function Session:blocked()
 end
 
 function Session:run(src)
+  self:reap()
   local why = self:blocked()
   if why then say(why); return false end
   for r = 0, self.world - 1 do
@@ -195,6 +220,7 @@ function Session:complete(text)
 end
 
 function Session:command(line)
+  self:reap()
   local cmd = line:match("^:(%a+)%s*$")
   if cmd == "help" then print(COMMANDS)
   elseif cmd == "ranks" then
