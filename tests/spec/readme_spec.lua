@@ -112,12 +112,15 @@ local function command(dir, cmd, args)
   return ("cd %s && export SHARD_DATA=%s && %s"):format(quote(dir), quote(CORPUS_DIR), with_bin)
 end
 
--- Splits a line into its text, numbers masked as #, and its numbers (strings).
+-- Splits a line into its text, numbers masked as #, and its numbers (strings; a number may
+-- have thousands separated by commas, a fraction and an exponent: 14,313 0.5187 5.05e-04).
 local function split_numbers(line)
   local parts, nums, i = {}, {}, 1
   while true do
-    local s, e = line:find("%d+%.?%d*", i)
+    local s, e = line:find("%d+", i)
     if not s then break end
+    while line:find("^,%d%d%d", e + 1) do e = e + 4 end
+    e = select(2, line:find("^%.%d*", e + 1)) or e
     e = select(2, line:find("^[eE][-+]?%d+", e + 1)) or e
     parts[#parts + 1] = line:sub(i, s - 1)
     nums[#nums + 1] = line:sub(s, e)
