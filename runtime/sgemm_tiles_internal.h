@@ -23,7 +23,10 @@ TARGET static void NAME(pack_b)(float *dst, const float *b, int ldb, int trans, 
     if (!trans) {
       const float *src = b + (size_t)k0 * ldb + j0 + jp * NR;
       for (int q = 0; q < kc; q++)
-        for (int h = 0; h < w; h += VW) V_STOREU(panel + q * w + h, V_LOADN(src + (size_t)q * ldb + h, cols - h));
+        for (int h = 0; h < w; h += VW) {
+          const float *row = src + (size_t)q * ldb + h;
+          V_STOREU(panel + q * w + h, cols - h >= VW ? V_LOADU(row) : V_LOADN(row, cols - h));
+        }
       continue;
     }
     /* VW columns x VW rows of k at a time: rows of the stored b, transposed */
@@ -71,9 +74,12 @@ TARGET static inline __attribute__((always_inline)) void NAME(tile)(
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < V; v++) {
       float *p = c + (size_t)r * ldc + VW * v;
+      int n = nr - VW * v;
       VF x = V_MUL(acc[r][v], va);
-      if (beta != 0.0f) x = V_FMA(vb, V_LOADN(p, nr - VW * v), x);
-      V_STOREN(p, x, nr - VW * v);
+      /* masked only at a tail: AVX2's masked store costs many times a plain one */
+      if (beta != 0.0f) x = V_FMA(vb, n >= VW ? V_LOADU(p) : V_LOADN(p, n), x);
+      if (n >= VW) V_STOREU(p, x);
+      else V_STOREN(p, x, n);
     }
 }
 
