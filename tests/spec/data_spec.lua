@@ -56,6 +56,9 @@ describe("char data", function()
     local before = io.open(da .. "/train.bin", "rb"):read("*a")
     _, _, _, current = data.prepare_char(a, da)
     assert.is_true(current)                                           -- same text: nothing written
+    local other_path = (a:gsub("^/tmp/", "/tmp/../tmp/"))
+    _, _, _, current = data.prepare_char(other_path, da)
+    assert.is_true(current)                                           -- the same file by another path
     write(a, "abcdabcd\n")
     local tok
     tok, _, _, current = data.prepare_char(a, da)

@@ -99,16 +99,17 @@ end
 
 -- Writes train.bin, val.bin and meta.lua for a text file into dir (corpus_dir names it).
 -- Returns the tokenizer, the token counts and whether the files were already up to date
--- (same source, same text: nothing is written). dir holding another corpus's files is an
--- error naming both, never a silent replacement.
+-- (the same text, by its fingerprint, whatever path reached it: nothing is written). A text
+-- changed since is written again; dir holding another file's different text is an error
+-- naming both, never a silent replacement.
 function D.prepare_char(text_path, dir)
   local corpus = D.char_corpus(text_path)
   local ntrain, nval = corpus.train.n, corpus.val.n
   local old = read_meta(dir .. "/meta.lua")
+  if old and old.fingerprint == corpus.fingerprint then return corpus.tok, ntrain, nval, true end
   if old and old.source ~= text_path then
     error(("data: %s holds the token files of %s, not of %s; pass another --out_dir"):format(dir, tostring(old.source), text_path), 2)
   end
-  if old and old.fingerprint == corpus.fingerprint then return corpus.tok, ntrain, nval, true end
   rt.check(rt.C.sh_ckpt_mkdirs(dir), 2)   -- mkdir -p through mkdir(2): no shell sees the path
   write_file(dir .. "/train.bin", ffi.string(corpus.train.buf, ntrain * 2))
   write_file(dir .. "/val.bin", ffi.string(corpus.val.buf, nval * 2))
