@@ -512,22 +512,34 @@ function M.diagnose(dir, world, layout)
       votes[key] = (votes[key] or 0) + 1
     end
   end
+  -- The records were read at about the newest moment one of them moved, by each host's clock.
+  local latest, timed_out = {}, false
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec then latest[rec.node] = math.max(latest[rec.node] or 0, rec.active_at) end
+    timed_out = timed_out or (rec ~= nil and rec.wait_state == 2)
+  end
+  if not timed_out then return nil end
+  -- How long a rank had waited in its collective then: its whole wait if it timed out, else
+  -- up to that moment (the first rank to time out copies the records while the others wait).
+  local function seconds_waited(rec)
+    return rec.wait_state == 2 and rec.wait_for or math.max(0, (latest[rec.node] or 0) - rec.wait_since)
+  end
   local stuck, best
   for r = 0, world - 1 do
     local rec = recs[r]
-    if rec and rec.wait_state == 2 then
+    if rec and rec.wait_state >= 1 then
       local v = votes[("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind))]
-      if not stuck or v > best or (v == best and rec.wait_for > stuck.wait_for) then stuck, best = rec, v end
+      if not stuck or v > best or (v == best and seconds_waited(rec) > seconds_waited(stuck)) then stuck, best = rec, v end
     end
   end
-  if not stuck then return nil end
   local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
   local waited, behind, other, unknown, ahead = {}, {}, {}, {}, {}
   local longest = 0
   -- Seconds since a rank's record last moved, when on the stuck rank's host (the clock is the
   -- host's): a rank that waits polls its record every millisecond, so one still for a second
   -- or more is stopped, or busy outside any collective.
-  local now = stuck.wait_since + stuck.wait_for
+  local now = latest[stuck.node]
   local function still(rec)
     local idle = rec.node == stuck.node and rec.active_at > 0 and now - rec.active_at
     return idle and idle >= 1 and idle or nil
@@ -541,7 +553,7 @@ function M.diagnose(dir, world, layout)
       unknown[#unknown + 1] = r
     elseif in_it and not idle then
       waited[#waited + 1] = r
-      longest = math.max(longest, rec.wait_for)
+      longest = math.max(longest, seconds_waited(rec))
     elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
       behind[#behind + 1] = r
     elseif idle then

@@ -34,6 +34,15 @@ describe("shard launch's diagnosis of a stopped job", function()
     assert.is_truthy(line:find("rank 3 never reached all_reduce #12 on group world", 1, true), line)
   end)
 
+  -- the records as the first rank to time out copied them: it is the odd one out, and the
+  -- others still wait (state 1) in the collective it went past
+  it("takes the collective most ranks wait in as the reference, timed out or still waiting", function()
+    for _, r in ipairs { 0, 1, 3 } do record(r, "", 12, 12, 1, 0) end
+    record(2, "", 13, 13, 2, 2)
+    local line = launch.diagnose(dir, 4)
+    assert.is_truthy(line:find("rank 2 finished all_reduce #12 on group world and went on; ranks 0,1,3 waited", 1, true), line)
+  end)
+
   it("names the network when one node's ranks finished what the other node's still wait in", function()
     record(0, "a", 13, 13, 2, 4); record(1, "a", 13, 13, 2, 4)
     record(2, "b", 12, 12, 2, 4.5); record(3, "b", 12, 12, 1, 0)
