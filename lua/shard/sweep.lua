@@ -635,6 +635,9 @@ end
 
 function M.main(args)
   local o = M.parse_args(args)
+  local f, err = io.open(o.file, "r")
+  if not f then error({ usage = "sweep: cannot open " .. tostring(err) }, 0) end   -- a wrong command line: exit 2
+  f:close()
   local spec = M.load(o.file)
   if o.out then spec.out = o.out end
   local points, columns = M.points(spec)

@@ -88,6 +88,7 @@ describe("a wrong value of a known option", function()
       { "estimate --world=0", "--world=0: expected at least 1" },
       { "estimate --model=bert", "--model=bert: expected one of gpt, llama" },
       { "run recipes/llama_shakespeare_char.lua --n_kv_head=0", "--n_kv_head=0: expected at least 1" },
+      { "sweep /nonexistent/sweep.lua", "sweep: cannot open /nonexistent/sweep.lua: No such file or directory" },
     } do
       local out, code = support.shard(case[1])
       assert.equal(2, code, case[1] .. "\n" .. out)
