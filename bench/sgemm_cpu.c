@@ -1,5 +1,5 @@
 /* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/sgemm.c's
- * kernel, AVX-512 or AVX2 as the kernel set in use has it: SHARD_CPU_ISA) beside the same split of OpenBLAS (the generic CPU kernel set, cpu.h), on the products of a
+ * kernel) beside the same split of OpenBLAS (the generic CPU kernel set, cpu.h), on the products of a
  * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
  * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a
  * few others. Prints GFLOP/s of each path, the best of 7 rounds of >= 30 ms (the paths
@@ -75,8 +75,8 @@ int main(int argc, char **argv) {
     flush_buf = malloc(FLUSH_BYTES);
     memset(flush_buf, 1, FLUSH_BYTES);
   }
-  if (!sh_sgemm_own_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
-    printf("kernel set %s has no GEMM of shard's own: both columns are OpenBLAS\n", sh_cpu_isa_name(sh_cpu_isa()));
+  if (!sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
+    printf("kernel set %s has no AVX-512 GEMM: both columns are OpenBLAS\n", sh_cpu_isa_name(sh_cpu_isa()));
   printf("threads %d%s\n", sh_parallel_threads(), flush_buf ? ", cold operands" : "");
   enum { ROWS = 12 * 64 };
   static const struct { const char *name; int in, out; } layers[] = {

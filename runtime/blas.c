@@ -6,17 +6,9 @@ static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) { openblas_set_num_threads(1); }
 
 /* The rows and columns a block of a split holds whole: the kernel's row tile and panel
- * (sgemm.c: 12 x 32 with AVX-512, 6 x 16 with AVX2), or OpenBLAS's 16. */
-static int row_unit(int own) {
-  int rows, cols;
-  sh_sgemm_own_tile(&rows, &cols);
-  return own ? rows : 16;
-}
-static int col_unit(int own) {
-  int rows, cols;
-  sh_sgemm_own_tile(&rows, &cols);
-  return own ? cols : 16;
-}
+ * (sgemm.c: 12 rows, 32 columns), or OpenBLAS's 16. */
+static int row_unit(int own) { return own ? 12 : 16; }
+static int col_unit(int own) { return own ? 32 : 16; }
 
 /* Whether to split c by rows (else by columns): rows always when each block is finished by
  * `rows`, and always for OpenBLAS, whose bits depend on where an element falls in its blocking
@@ -38,7 +30,7 @@ static void finish_rows(const sh_sgemm_rows *rows, int r0, int r1) {
 /* One thread's product: sgemm.c's when `own` (and its scratch could grow), else OpenBLAS's. */
 static void block_product(int own, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                           const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  if (own && sh_sgemm_own(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0) return;
+  if (own && sh_sgemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0) return;
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -76,7 +68,7 @@ void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, 
   pthread_once(&blas_once, blas_single_threaded);
   int threads = sh_parallel_inside() ? 1 : sh_parallel_threads();
   int small = threads < 2 || (double)m * n * k < SH_SGEMM_SPLIT_MIN_WORK;
-  int own = sh_sgemm_own_wanted(m, n, k, alpha);
+  int own = sh_sgemm_avx512_wanted(m, n, k, alpha);
   int split_rows = split_by_rows(m, n, threads, own, rows != NULL);
   int len = split_rows ? m : n, unit = split_rows ? row_unit(own) : col_unit(own);
   int chunk = ((len + threads - 1) / threads + unit - 1) / unit * unit;

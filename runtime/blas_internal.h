@@ -1,6 +1,6 @@
 /* blas_internal.h: the one way shard calls an f32 GEMM on the CPU.
  * sh_sgemm splits a large product across the thread team (parallel.h), each thread computing
- * its block of C: through sgemm.c's kernels in the avx2 and avx512 kernel sets (below), else
+ * its block of C: through sgemm.c's kernel where the CPU has AVX-512F (below), else
  * through OpenBLAS, which runs single-threaded (its worker threads spin in sched_yield between
  * calls, taking the cores the kernels need). Inside a parallel call it is one block. */
 #pragma once
@@ -21,15 +21,12 @@ typedef struct sh_sgemm_rows { void (*fn)(const void *ctx, int r0, int r1); cons
 void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc, const struct sh_sgemm_rows *rows);
 
-/* sgemm.c: whether a product goes through shard's own kernel (the avx2 and avx512 kernel sets,
- * cpu.h; alpha not 0, not tiny); the rows and columns of c one of its tiles holds in the set in
- * use (12 x 32 with AVX-512, 6 x 16 with AVX2; 0 x 0 in generic); and the kernel on the calling
- * thread: 0, or -1 when its packing scratch cannot grow or the set has no kernel (the caller
- * then uses OpenBLAS). */
-int sh_sgemm_own_wanted(int m, int n, int k, float alpha);
-void sh_sgemm_own_tile(int *rows, int *cols);
-int sh_sgemm_own(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc);
+/* sgemm.c: whether a product goes through its kernel (an avx512 kernel set, cpu.h;
+ * alpha not 0, not tiny); and the kernel on the calling
+ * thread: 0, or -1 when its packing scratch cannot grow (the caller then uses OpenBLAS). */
+int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha);
+int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 /* c = alpha op(a) op(b) + beta c with a and b bf16 (uint16_t bit patterns) and c f32, row
  * major (gemm_bf16.c): AVX-512 BF16 with f32 sums in the avx512bf16 kernel set (cpu.h), else

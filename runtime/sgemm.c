@@ -1,185 +1,161 @@
-/* sgemm.c: c = alpha op(a) op(b) + beta c in f32 on the calling thread, with shard's own
- * kernels: AVX-512F in the avx512 kernel sets (cpu.h; 12 x 32 blocks of c in 24 zmm
- * registers) and AVX2 + FMA in the avx2 set (6 x 16 blocks in 12 ymm): the product blas.c
- * gives each thread of a split, and the whole product of a small one. The two sets share this
- * driver; their packing and micro-kernels are sgemm_tiles_internal.h, included once per set.
+/* sgemm.c: c = alpha op(a) op(b) + beta c in f32 on the calling thread, with AVX-512F
+ * (the avx512 kernel sets, cpu.h): the product blas.c gives each thread of a split, and the whole
+ * product of a small one.
  *
  * Why not OpenBLAS for these: on the transformer's shapes (k and n from 65 to a few thousand)
  * OpenBLAS packs both operands on every call and zero-fills c before a beta-0 product. Here
- * only op(b) is packed, into panels of NR columns (a row of a panel is two vectors); op(a)
+ * only op(b) is packed, into panels of NR columns (a row of a panel is two zmm loads); op(a)
  * is read where it lies: a micro-kernel broadcasts the elements of its MR rows of op(a), from
  * MR stored rows of a, or from MR adjacent elements of one stored row when a is transposed.
- * It keeps an MR x NR block of c in 2 MR vector accumulators and writes c once (beta 0 never
+ * It keeps an MR x NR block of c in 24 zmm accumulators and writes c once (beta 0 never
  * reads it). Row tiles run outer and panels inner, so a tile of a stays in L1 while the
  * packed block of b (at most PACK_FLOATS) stays in L2; k runs in chunks of at most KC.
  * A tail tile of fewer than MR rows is copied into a zero-padded tile first, so the kernel
- * never reads past a; a tail panel of at most NR / 2 columns runs on one vector per row. When
- * c has few rows (DIRECT_B_MAX_ROWS: dW = dy^T x, whose b is a long x) and b is not
- * transposed, the whole panels are read straight from b's rows instead: packing would cost
- * more than it saves. Both of those reads stride a page or more from one row of k to the
- * next, where the hardware's prefetchers stop, so the tile that first brings such rows in
- * from memory (a transposed a: a tile's first panel; b read in place: a panel's first tile)
- * prefetches PF_DIST rows ahead (cold operands: dW 5-20% faster than without,
- * `bench/sgemm_cpu.c cold`).
+ * never reads past a; a tail panel of at most 16 columns runs on one zmm per row. When c has
+ * few rows (DIRECT_B_MAX_ROWS: dW = dy^T x, whose b is a long x) and b is not transposed, the
+ * whole panels are read straight from b's rows instead: packing would cost more than it saves.
+ * Both of those reads stride a page or more from one row of k to the next, where the
+ * hardware's prefetchers stop, so the tile that first brings such rows in from memory (a
+ * transposed a: a tile's first panel; b read in place: a panel's first tile) prefetches
+ * PF_DIST rows ahead (cold operands: dW 5-20% faster than without, `bench/sgemm_cpu.c cold`).
  *
  * Sums: every element of c is its k products summed in order, one FMA after another (chunk
- * by chunk, c carrying the partial sum between chunks), then times alpha, then plus beta c
- * in one FMA: the same operations in both sets, so the bits depend neither on the split, nor
- * on the number of threads, nor on the kernel set. They differ from OpenBLAS's in the last
- * places where OpenBLAS blocks k differently.
+ * by chunk, c carrying the partial sum between chunks), so the bits do not depend on the
+ * split or on the number of threads. They differ from OpenBLAS's in the last places where
+ * OpenBLAS blocks k differently.
  *
- * sh_sgemm_own_wanted says when to use it: an avx2 or avx512 kernel set in use (cpu.h), alpha
- * not 0 (BLAS then never reads a or b), and a product of at least MIN_WORK multiply-adds:
- * below that (attention's 64 x 64 blocks) OpenBLAS's small-matrix kernels are faster. */
+ * sh_sgemm_avx512_wanted says when to use it: an avx512 kernel set in use (cpu.h), alpha not 0 (BLAS then never reads a or b),
+ * and a product of at least MIN_WORK multiply-adds: below that (attention's 64 x 64 blocks)
+ * OpenBLAS's small-matrix kernels are faster. */
 #include "blas_internal.h"
 #include "gemm_pack_internal.h"
 #include "cpu_internal.h"
-#include <immintrin.h>
-#include <stdint.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
+  MR = 12, NR = 32,
   KC = 1024,                  /* k per chunk: a tile of a (MR x KC) stays within L1 and L2 */
   PACK_FLOATS = 128 * 1024,   /* packed block of b: 512 KiB, half an L2 */
   MIN_WORK = 1 << 18,
-  DIRECT_B_MAX_ROWS = 256,    /* up to this many rows of c, op(b) not transposed is read in place */
+  DIRECT_B_MAX_ROWS = 256,
   PF_DIST = 16,               /* rows of k a prefetching tile runs ahead (about a memory latency) */
-  PREFETCH_A = 1, PREFETCH_B = 2,
+  PREFETCH_A = 1, PREFETCH_B = 2,    /* up to this many rows of c, op(b) not transposed is read in place */
 };
-
-typedef void tile_fn(int kc, const float *a, size_t ld, const float *panel, size_t ps, float *c, int ldc, int mr,
-                     int nr, float alpha, float beta);
-typedef void pack_fn(float *dst, const float *b, int ldb, int trans, int k0, int kc, int j0, int n);
-
-/* One kernel set's half of the product (sgemm_tiles_internal.h): the rows and columns of c a tile
- * holds, its packing of op(b), and its tile kernels by [a as stored rows][whole panel]
- * [what it prefetches]. */
-typedef struct sgemm_set {
-  int mr, nr;
-  pack_fn *pack_b;
-  tile_fn *tile[2][2][4];
-} sgemm_set;
-
-/* ---- AVX-512F: 12 x 32 tiles, 16 lanes -------------------------------------------------- */
-
-SH_GEMM_AVX512 static inline void transpose_avx512(const __m512 in[16], __m512 out[16]) {
-  __m512i i[16], o[16];
-  for (int r = 0; r < 16; r++) i[r] = _mm512_castps_si512(in[r]);
-  sh_transpose16(i, o);
-  for (int r = 0; r < 16; r++) out[r] = _mm512_castsi512_ps(o[r]);
-}
-
-#define SET avx512
-#define TARGET SH_GEMM_AVX512
-#define MR 12
-#define VW 16
-#define VF __m512
-#define V_ZERO() _mm512_setzero_ps()
-#define V_SET1(x) _mm512_set1_ps(x)
-#define V_LOADU(p) _mm512_loadu_ps(p)
-#define V_STOREU(p, v) _mm512_storeu_ps(p, v)
-#define V_LOADN(p, n) _mm512_maskz_loadu_ps(sh_lanes_mask(n), p)
-#define V_STOREN(p, v, n) _mm512_mask_storeu_ps(p, sh_lanes_mask(n), v)
-#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define V_MUL(a, b) _mm512_mul_ps(a, b)
-#define V_TRANSPOSE(in, out) transpose_avx512(in, out)
-#include "sgemm_tiles_internal.h"
-#undef SET
-#undef TARGET
-#undef MR
-#undef VW
-#undef VF
-#undef V_ZERO
-#undef V_SET1
-#undef V_LOADU
-#undef V_STOREU
-#undef V_LOADN
-#undef V_STOREN
-#undef V_FMA
-#undef V_MUL
-#undef V_TRANSPOSE
-
-/* ---- AVX2 + FMA: 6 x 16 tiles, 8 lanes --------------------------------------------------- */
-
-/* The first min(max(n, 0), 8) of 8 lanes, as maskload / maskstore take them. */
-static const int32_t lanes8[16] = { -1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0 };
-SH_TARGET_AVX2 static inline __m256i mask8(int n) {
-  n = n < 0 ? 0 : n > 8 ? 8 : n;
-  return _mm256_loadu_si256((const __m256i *)(lanes8 + 8 - n));
-}
-
-/* out[c] = column c of the 8 x 8 matrix whose rows are in[0 .. 7]: pairs within each 128-bit
- * lane, then quads, then the two lanes. */
-SH_TARGET_AVX2 static inline void transpose_avx2(const __m256 in[8], __m256 out[8]) {
-  __m256 t[8], s[8];
-  for (int i = 0; i < 4; i++) {
-    t[2 * i] = _mm256_unpacklo_ps(in[2 * i], in[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(in[2 * i], in[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; h++) {   /* s[4h + e]: rows 4h .. 4h+3 of columns e and 4 + e */
-    s[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-    s[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
-    s[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-    s[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
-  }
-  for (int e = 0; e < 4; e++) {
-    out[e] = _mm256_permute2f128_ps(s[e], s[4 + e], 0x20);
-    out[4 + e] = _mm256_permute2f128_ps(s[e], s[4 + e], 0x31);
-  }
-}
-
-#define SET avx2
-#define TARGET SH_TARGET_AVX2
-#define MR 6
-#define VW 8
-#define VF __m256
-#define V_ZERO() _mm256_setzero_ps()
-#define V_SET1(x) _mm256_set1_ps(x)
-#define V_LOADU(p) _mm256_loadu_ps(p)
-#define V_STOREU(p, v) _mm256_storeu_ps(p, v)
-#define V_LOADN(p, n) _mm256_maskload_ps(p, mask8(n))
-#define V_STOREN(p, v, n) _mm256_maskstore_ps(p, mask8(n), v)
-#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define V_MUL(a, b) _mm256_mul_ps(a, b)
-#define V_TRANSPOSE(in, out) transpose_avx2(in, out)
-#include "sgemm_tiles_internal.h"
-#undef SET
-#undef TARGET
-#undef MR
-#undef VW
-#undef VF
-#undef V_ZERO
-#undef V_SET1
-#undef V_LOADU
-#undef V_STOREU
-#undef V_LOADN
-#undef V_STOREN
-#undef V_FMA
-#undef V_MUL
-#undef V_TRANSPOSE
 
 /* ---- choosing the path ------------------------------------------------------------------- */
 
-/* The set in use's kernels, or NULL (generic: OpenBLAS). */
-static const sgemm_set *own_set(void) {
-  int isa = sh_cpu_isa_fast();
-  return isa >= SH_CPU_AVX512 ? &sgemm_avx512 : isa >= SH_CPU_AVX2 ? &sgemm_avx2 : NULL;
+int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha) {
+  return sh_cpu_isa_fast() >= SH_CPU_AVX512 && alpha != 0.0f && (double)m * n * k >= MIN_WORK;
 }
 
-int sh_sgemm_own_wanted(int m, int n, int k, float alpha) {
-  return own_set() != NULL && alpha != 0.0f && (double)m * n * k >= MIN_WORK;
+/* ---- packing op(b) ----------------------------------------------------------------------- */
+
+/* Width of panel jp of a block of n columns: NR, or 16 for a tail of at most 16. */
+static int panel_width(int n, int jp) { return n - jp * NR > 16 ? NR : 16; }
+
+/* op(b)[k0 .. k0+kc, j0 .. j0+n] into panels: panel jp at dst + jp NR kc, row q of it at
+ * + q width; columns past n are zero. b as stored: k x n (tb none) or n x k (transposed). */
+SH_GEMM_AVX512 static void pack_b(float *dst, const float *b, int ldb, int trans, int k0, int kc, int j0, int n) {
+  for (int jp = 0; jp * NR < n; jp++) {
+    float *panel = dst + (size_t)jp * NR * kc;
+    int w = panel_width(n, jp), cols = n - jp * NR;
+    if (!trans) {
+      const float *src = b + (size_t)k0 * ldb + j0 + jp * NR;
+      for (int q = 0; q < kc; q++)
+        for (int h = 0; h < w; h += 16)
+          _mm512_storeu_ps(panel + q * w + h, _mm512_maskz_loadu_ps(sh_lanes_mask(cols - h), src + (size_t)q * ldb + h));
+      continue;
+    }
+    /* 16 columns x 16 k at a time: rows of the stored b, transposed */
+    for (int h = 0; h < w; h += 16)
+      for (int q0 = 0; q0 < kc; q0 += 16) {
+        __mmask16 mk = sh_lanes_mask(kc - q0);
+        __m512i in[16], out[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++)
+          in[r] = h + r < cols ? _mm512_castps_si512(_mm512_maskz_loadu_ps(
+                                     mk, b + (size_t)(j0 + jp * NR + h + r) * ldb + k0 + q0))
+                               : _mm512_setzero_si512();
+        sh_transpose16(in, out);
+        for (int q = 0; q < 16 && q0 + q < kc; q++) _mm512_storeu_si512(panel + (q0 + q) * w + h, out[q]);
+      }
+  }
 }
 
-void sh_sgemm_own_tile(int *rows, int *cols) {
-  const sgemm_set *s = own_set();
-  *rows = s ? s->mr : 0;
-  *cols = s ? s->nr : 0;
+/* ---- the micro-kernel -------------------------------------------------------------------- */
+
+/* c[0:mr, 0:nr] = alpha (a tile . panel) + beta c over kc, the tile's element (r, q) at
+ * a[r rs + q cs]; a panel row is V zmm (NR or 16 columns), rows ps floats apart. Inlined into
+ * one function per tile layout and width, so rs, cs and V are constants where it matters. */
+SH_GEMM_AVX512 static inline __attribute__((always_inline)) void tile(
+    int kc, const float *a, size_t rs, size_t cs, const float *panel, size_t ps, int V, int PF, float *c, int ldc,
+    int mr, int nr, float alpha, float beta) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int q = 0; q < kc; q++) {
+    if (PF & PREFETCH_A) {   /* both lines the tile's row q + PF_DIST may touch */
+      _mm_prefetch((const char *)(a + (q + PF_DIST) * cs), _MM_HINT_T0);
+      _mm_prefetch((const char *)(a + (q + PF_DIST) * cs + (MR - 1) * rs), _MM_HINT_T0);
+    }
+    if (PF & PREFETCH_B) {   /* the panel's row q + PF_DIST */
+      _mm_prefetch((const char *)(panel + (q + PF_DIST) * ps), _MM_HINT_T0);
+      _mm_prefetch((const char *)(panel + (q + PF_DIST) * ps + 16), _MM_HINT_T0);
+    }
+    __m512 b0 = _mm512_loadu_ps(panel + q * ps);
+    __m512 b1 = V == 2 ? _mm512_loadu_ps(panel + q * ps + 16) : b0;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+      __m512 av = _mm512_set1_ps(a[r * rs + q * cs]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      if (V == 2) acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < mr; r++)
+    for (int v = 0; v < V; v++) {
+      float *p = c + (size_t)r * ldc + 16 * v;
+      __mmask16 mk = sh_lanes_mask(nr - 16 * v);
+      __m512 x = _mm512_mul_ps(acc[r][v], va);
+      if (beta != 0.0f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, p), x);
+      _mm512_mask_storeu_ps(p, mk, x);
+    }
+}
+
+typedef void tile_fn(int kc, const float *a, size_t ld, const float *panel, size_t ps, float *c, int ldc, int mr,
+                     int nr, float alpha, float beta);
+
+/* a's tile as MR stored rows (ld apart), or as MR adjacent elements of stored rows ld apart */
+#define TILE_FN(name, RS, CS, V, PF)                                                                     \
+  SH_GEMM_AVX512 static void name(int kc, const float *a, size_t ld, const float *panel, size_t ps, float *c, \
+                                  int ldc, int mr, int nr, float alpha, float beta) {                  \
+    tile(kc, a, RS, CS, panel, ps, V, PF, c, ldc, mr, nr, alpha, beta);                              \
+  }
+TILE_FN(tile_rows2, ld, 1, 2, 0)
+TILE_FN(tile_rows2_b, ld, 1, 2, PREFETCH_B)
+TILE_FN(tile_rows1, ld, 1, 1, 0)
+TILE_FN(tile_cols2, 1, ld, 2, 0)
+TILE_FN(tile_cols2_a, 1, ld, 2, PREFETCH_A)
+TILE_FN(tile_cols2_b, 1, ld, 2, PREFETCH_B)
+TILE_FN(tile_cols2_ab, 1, ld, 2, PREFETCH_A | PREFETCH_B)
+TILE_FN(tile_cols1, 1, ld, 1, 0)
+TILE_FN(tile_cols1_a, 1, ld, 1, PREFETCH_A)
+
+/* The kernel for a tile: a's layout (rows, or transposed), the panel's width, and what it
+ * prefetches (only a panel read in place, which is never a tail, prefetches b). */
+static tile_fn *tile_kernel(int rows, int wide, int prefetch) {
+  if (rows) return !wide ? tile_rows1 : prefetch & PREFETCH_B ? tile_rows2_b : tile_rows2;
+  if (!wide) return prefetch & PREFETCH_A ? tile_cols1_a : tile_cols1;
+  static tile_fn *const cols2[4] = { tile_cols2, tile_cols2_a, tile_cols2_b, tile_cols2_ab };
+  return cols2[prefetch];
 }
 
 /* ---- the blocked product ------------------------------------------------------------------ */
 
 /* op(a)'s rows i0 .. i0+mr over k0 .. k0+kc into a dense MR x kc tile, rows past mr zero. */
-static void copy_tail_tile(float *dst, int MR, const float *a, int lda, int trans, int i0, int mr, int k0, int kc) {
+static void copy_tail_tile(float *dst, const float *a, int lda, int trans, int i0, int mr, int k0, int kc) {
   memset(dst, 0, sizeof(float) * MR * kc);
   for (int r = 0; r < mr; r++)
     for (int q = 0; q < kc; q++)
@@ -189,21 +165,20 @@ static void copy_tail_tile(float *dst, int MR, const float *a, int lda, int tran
 /* Columns j0 .. j0+n of c over k0 .. k0+kc (beta: what c's value counts for). Panels come
  * from `packed`, or, when `direct` (op(b) as stored, at row k0 and column j0), the whole ones
  * straight from b's rows, ldb apart, and only the tail panel from `packed`. */
-static void block(const sgemm_set *set, CBLAS_TRANSPOSE ta, int m, int n, int kc, float alpha, const float *a, int lda,
-                  int k0, int j0, const float *direct, int ldb, const float *packed, float *tail, float beta, float *c,
-                  int ldc) {
-  int ta_t = ta != CblasNoTrans, MR = set->mr, NR = set->nr;
+static void block(CBLAS_TRANSPOSE ta, int m, int n, int kc, float alpha, const float *a, int lda, int k0, int j0,
+                  const float *direct, int ldb, const float *packed, float *tail, float beta, float *c, int ldc) {
+  int ta_t = ta != CblasNoTrans;
   for (int i0 = 0; i0 < m; i0 += MR) {
     int mr = m - i0 < MR ? m - i0 : MR;
     const float *at = ta_t ? a + (size_t)k0 * lda + i0 : a + (size_t)i0 * lda + k0;
     size_t ld = lda;
     int rows = !ta_t;
     if (mr < MR) {
-      copy_tail_tile(tail, MR, a, lda, ta_t, i0, mr, k0, kc);
+      copy_tail_tile(tail, a, lda, ta_t, i0, mr, k0, kc);
       at = tail, ld = kc, rows = 1;
     }
     for (int jp = 0; jp * NR < n; jp++) {
-      int nr = n - jp * NR < NR ? n - jp * NR : NR, w = nr > NR / 2 ? NR : NR / 2;
+      int nr = n - jp * NR < NR ? n - jp * NR : NR, w = panel_width(n, jp);
       const float *panel = direct ? packed : packed + (size_t)jp * NR * kc;
       size_t ps = w;
       if (direct && nr == NR) panel = direct + jp * NR, ps = ldb;
@@ -211,16 +186,15 @@ static void block(const sgemm_set *set, CBLAS_TRANSPOSE ta, int m, int n, int kc
        * read in place: from memory, rows a page or more apart, where the hardware's
        * prefetchers stop */
       int prefetch = (!rows && jp == 0 ? PREFETCH_A : 0) | (ps != (size_t)w && i0 == 0 ? PREFETCH_B : 0);
-      set->tile[rows][w == NR][prefetch](kc, at, ld, panel, ps, c + (size_t)i0 * ldc + j0 + jp * NR, ldc, mr, nr, alpha, beta);
+      tile_fn *fn = tile_kernel(rows, w == NR, prefetch);
+      fn(kc, at, ld, panel, ps, c + (size_t)i0 * ldc + j0 + jp * NR, ldc, mr, nr, alpha, beta);
     }
   }
 }
 
-int sh_sgemm_own(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc) {
-  const sgemm_set *set = own_set();
-  if (!set) return -1;
-  int MR = set->mr, NR = set->nr, kc_max = k < KC ? k : KC;
+int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  int kc_max = k < KC ? k : KC;
   int nc = PACK_FLOATS / kc_max / NR * NR;
   if (nc < NR) nc = NR;
   float *packed = sh_gemm_scratch(sizeof(float) * ((size_t)nc * kc_max + (size_t)MR * kc_max));
@@ -232,8 +206,8 @@ int sh_sgemm_own(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, fl
     int nb = n - j0 < nc ? n - j0 : nc, whole = direct ? nb / NR * NR : 0;
     for (int k0 = 0; k0 < k; k0 += KC) {
       int kc = k - k0 < KC ? k - k0 : KC;
-      if (whole < nb) set->pack_b(packed, b, ldb, tb != CblasNoTrans, k0, kc, j0 + whole, nb - whole);
-      block(set, ta, m, nb, kc, alpha, a, lda, k0, j0, direct ? b + (size_t)k0 * ldb + j0 : NULL, ldb, packed, tail,
+      if (whole < nb) pack_b(packed, b, ldb, tb != CblasNoTrans, k0, kc, j0 + whole, nb - whole);
+      block(ta, m, nb, kc, alpha, a, lda, k0, j0, direct ? b + (size_t)k0 * ldb + j0 : NULL, ldb, packed, tail,
             k0 == 0 ? beta : 1.0f, c, ldc);
     }
   }

@@ -1,17 +1,15 @@
 /* test_sgemm.c: the CPU's f32 GEMM (runtime/blas.c, runtime/sgemm.c) against a float64
  * product, under the CPU kernel set in use and under generic in one process (check.h): the
- * avx512 sets run sgemm.c's AVX-512 kernel, avx2 its AVX2 kernel, generic OpenBLAS.
- * - The kernel itself (sh_sgemm_own on one thread), which sh_sgemm uses only for products
- *   past its size threshold: sizes 1, the tails of every block (rows of 12 and of 6, panels of
- *   32, 16 and 8, k chunks of 1024, column blocks of the 512 KiB pack), all four transposes, leading
+ * avx512 sets run sgemm.c's kernel, the others OpenBLAS.
+ * - The kernel itself (sh_sgemm_avx512 on one thread), which sh_sgemm uses only for products
+ *   past its size threshold: sizes 1, the tails of every block (rows of 12, panels of 32 and
+ *   of 16, k chunks of 1024, column blocks of the 512 KiB pack), all four transposes, leading
  *   dimensions wider than the matrix (their padding is NaN in a and b, and must stay as it
  *   was in c), alpha and beta (beta 0 must not read c: it starts as NaN).
  * - sh_sgemm on 1 and 2 threads with both paths on the model's shapes and on ones whose
  *   split leaves tails; the kernel's bits must not depend on the thread count (each element
  *   is its k products summed in order), and the gelu epilogue (sh_sgemm_then) sees each row
  *   once, after its product.
- * - Where the CPU runs both, the AVX2 kernel gives the AVX-512 kernel's bits (both sum each
- *   element's products in order, one FMA after another).
  * Tolerance: f32 sums of f32 products, each element within (k + 2) 2^-24 sum_p |a_ip b_pj|
  * (times |alpha|, plus beta c's rounding) of the exact value; the check allows 4 times that. */
 #include "check_cpu.h"
@@ -87,66 +85,25 @@ static float *copy_c(const gcase *g, const operands *o) {
 
 /* ---- the kernel on one thread -------------------------------------------------------------- */
 
-static int have_kernel(void) { return sh_sgemm_own_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f); }
-
-/* The kernel's c for g, from o's starting c (the caller frees it). */
-static float *kernel_product(const gcase *g, const operands *o) {
-  float *c = copy_c(g, o);
-  CHECK(sh_sgemm_own(tr(g->ta), tr(g->tb), g->m, g->n, g->k, g->alpha, o->a, o->lda, o->b, o->ldb, g->beta, c,
-                     o->ldc) == 0,
-        "sh_sgemm_own [%s] m=%d n=%d k=%d runs", sh_cpu_isa_name(sh_cpu_isa()), g->m, g->n, g->k);
-  return c;
-}
+static int have_kernel(void) { return sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f); }
 
 static void kernel_case(gcase g) {
   operands o = make_operands(&g);
-  float *c = kernel_product(&g, &o);
+  float *c = copy_c(&g, &o);
+  CHECK(sh_sgemm_avx512(tr(g.ta), tr(g.tb), g.m, g.n, g.k, g.alpha, o.a, o.lda, o.b, o.ldb, g.beta, c, o.ldc) == 0,
+        "sh_sgemm_avx512 m=%d n=%d k=%d runs", g.m, g.n, g.k);
   check_result(&g, &o, c, "kernel");
   free(c);
   free_operands(&o);
 }
 
-/* m around the 6- and 12-row tiles, n around the 8-, 16- and 32-column panels, k from 1 */
-static const int kernel_dims[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 1, 2}, {12, 32, 2}, {13, 33, 5}, {11, 16, 9},
-                                     {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1},
-                                     {6, 16, 4}, {5, 8, 3}, {7, 9, 11}, {6, 24, 17}, {18, 40, 33}};
-enum { KERNEL_DIMS = sizeof kernel_dims / sizeof kernel_dims[0] };
-
-static gcase kernel_dims_case(int d, int t) {
-  return (gcase){t & 1, t >> 1, kernel_dims[d][0], kernel_dims[d][1], kernel_dims[d][2], d % 3 * 3, 1, 0};
-}
-
 static void test_kernel_shapes(void) {
-  if (!have_kernel()) { printf("# kernel tests skipped: kernel set %s has no GEMM of shard's own\n", sh_cpu_isa_name(sh_cpu_isa())); return; }
-  for (int d = 0; d < KERNEL_DIMS; d++)
-    for (int t = 0; t < 4; t++) kernel_case(kernel_dims_case(d, t));
-}
-
-/* Each product under avx2 and under avx512, where the CPU runs both: the same bits. */
-static void same_bits_across_sets(gcase g) {
-  operands o = make_operands(&g);
-  sh_cpu_set_isa(SH_CPU_AVX512);
-  float *wide = kernel_product(&g, &o);
-  sh_cpu_set_isa(SH_CPU_AVX2);
-  float *narrow = kernel_product(&g, &o);
-  int same = memcmp(wide, narrow, sizeof(float) * (size_t)g.m * o.ldc) == 0;
-  CHECK(same, "ta=%d tb=%d m=%d n=%d k=%d alpha=%g beta=%g: avx2's kernel gives avx512's bits", g.ta, g.tb, g.m, g.n,
-        g.k, g.alpha, g.beta);
-  free(wide);
-  free(narrow);
-  free_operands(&o);
-}
-
-static void test_kernel_sets_agree(void) {
-  int in_use = sh_cpu_isa();
-  if (in_use < SH_CPU_AVX512) { printf("# avx2 against avx512 skipped: kernel set %s\n", sh_cpu_isa_name(sh_cpu_isa())); return; }
-  for (int d = 0; d < KERNEL_DIMS; d++)
-    for (int t = 0; t < 4; t++) same_bits_across_sets(kernel_dims_case(d, t));
-  same_bits_across_sets((gcase){1, 0, 30, 20, 33, 0, -2.0f, 0.25f});
-  same_bits_across_sets((gcase){0, 0, 14, 40, 2100, 1, 1.0f, 0.0f});
-  same_bits_across_sets((gcase){1, 1, 13, 300, 1100, 0, 0.75f, 0.5f});
-  same_bits_across_sets((gcase){0, 0, 300, 200, 100, 2, 1.0f, 0.0f});
-  sh_cpu_set_isa(in_use);
+  if (!have_kernel()) { printf("# kernel tests skipped: kernel set %s has no AVX-512 GEMM\n", sh_cpu_isa_name(sh_cpu_isa())); return; }
+  /* m around the 12-row tile, n around the 16- and 32-column panels, k from 1 */
+  static const int dims[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 1, 2}, {12, 32, 2}, {13, 33, 5}, {11, 16, 9},
+                                {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1}};
+  for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+    for (int t = 0; t < 4; t++) kernel_case((gcase){t & 1, t >> 1, dims[d][0], dims[d][1], dims[d][2], (int)(d % 3) * 3, 1, 0});
 }
 
 static void test_kernel_alpha_beta(void) {
@@ -244,7 +201,6 @@ int main(int argc, char **argv) {
   RUN(test_kernel_shapes);
   RUN(test_kernel_alpha_beta);
   RUN(test_kernel_blocks);
-  RUN(test_kernel_sets_agree);
   RUN(test_split_model_shapes);
   RUN(test_split_tails);
   return check_summary("test_sgemm");
