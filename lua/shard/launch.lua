@@ -655,11 +655,14 @@ local function remove_dir(o, world)
   os.remove(o.flight_dir)
 end
 
--- What the launcher says about a job that failed.
+-- What the launcher says about a job that failed; returns the launcher's exit status: 128 + the
+-- signal the failed rank received where its output names one (mpirun's own status is then the
+-- abort of Open MPI's handler that followed it), else mpirun's.
 local function report(rc, router, o, world)
   local untagged, kept = router.untagged, router.kept
   local r, signal = failed_rank(untagged)
-  if r and router.signal[r] then signal = router.signal[r] end
+  local received = r and router.signal[r]
+  if received then signal = received end
   io.stderr:write(verdict(r, signal, rc, o, untagged), "\n")
   if o.stopped then
     io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
@@ -673,6 +676,7 @@ local function report(rc, router, o, world)
       if not line:find("^__shard_launch") then io.stderr:write(line, "\n") end
     end
   end
+  return received and 128 + tonumber(received:match("^signal (%d+)")) or rc
 end
 
 local SIGNAL_NAME = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
@@ -699,7 +703,7 @@ function M.main(args)
     job.reraise(o.signal)
     return 128 + o.signal
   end
-  if rc ~= 0 then report(rc, router, o, world) end
+  if rc ~= 0 then rc = report(rc, router, o, world) end
   remove_dir(o, world)
   return rc
 end
