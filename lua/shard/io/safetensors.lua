@@ -72,16 +72,22 @@ function File:metadata()
   return out
 end
 
+-- A read's handle, the index of `name`, and first and count with their defaults; its errors
+-- name the read's caller (File:read and File:read_crc32c call it).
+local function read_target(self, name, dst, first, count)
+  local h = handle(self, 3)
+  local i = C.sh_st_find(h, tostring(name))
+  if i < 0 then error(("safetensors: %s: no tensor '%s'"):format(self.path, tostring(name)), 3) end
+  if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 3) end
+  return h, i, first or 0, count or dst:numel()
+end
+
 -- Copies elements [first, first + count) (0-based, row-major) of `name` into dst: a CPU
 -- tensor, contiguous, of the file's dtype, with numel == count. first defaults to 0 and
 -- count to dst's numel. Returns dst.
 function File:read(name, dst, first, count)
-  local h = handle(self, 2)
-  local i = C.sh_st_find(h, tostring(name))
-  if i < 0 then error(("safetensors: %s: no tensor '%s'"):format(self.path, tostring(name)), 2) end
-  if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 2) end
-  first = first or 0
-  count = count or dst:numel()
+  local h, i
+  h, i, first, count = read_target(self, name, dst, first, count)
   check(C.sh_st_read(h, i, first, count, dst.p), 2)
   return dst
 end
@@ -90,12 +96,8 @@ end
 -- S.crc32c gives): a partial read still checksums the whole tensor (the rest passes through
 -- a small buffer), so a slice is checked against the checksum its writer kept.
 function File:read_crc32c(name, dst, first, count)
-  local h = handle(self, 2)
-  local i = C.sh_st_find(h, tostring(name))
-  if i < 0 then error(("safetensors: %s: no tensor '%s'"):format(self.path, tostring(name)), 2) end
-  if not tensor.is_tensor(dst) then error(("safetensors: %s: tensor '%s': read needs a destination tensor"):format(self.path, name), 2) end
-  first = first or 0
-  count = count or dst:numel()
+  local h, i
+  h, i, first, count = read_target(self, name, dst, first, count)
   local dtype = info_of(C.sh_st_at(h, i)).dtype
   if dst:device() ~= "cpu" or not dst:is_contiguous() or dst:dtype() ~= dtype or dst:numel() ~= count then
     error(("safetensors: %s: tensor '%s': reading %d elements needs a contiguous cpu %s tensor of as many, got %s %s[%d]")
