@@ -549,11 +549,14 @@ function M.diagnose(dir, world, layout)
     local mine = rec and rec.groups[g]
     local idle = rec and still(rec)
     local in_it = rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind
+    -- issued the same collective without waiting in it yet (an async one) when the records
+    -- were copied: it reached it
+    local issued_it = not in_it and mine and mine.issued == n and mine.kind == kind
     if not rec and node_of and not recorded[node_of[r]] then
       unknown[#unknown + 1] = r
-    elseif in_it and not idle then
+    elseif (in_it or issued_it) and not idle then
       waited[#waited + 1] = r
-      longest = math.max(longest, seconds_waited(rec))
+      if in_it then longest = math.max(longest, seconds_waited(rec)) end
     elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
       behind[#behind + 1] = r
     elseif idle then

@@ -43,6 +43,15 @@ describe("shard launch's diagnosis of a stopped job", function()
     assert.is_truthy(line:find("rank 2 finished all_reduce #12 on group world and went on; ranks 0,1,3 waited", 1, true), line)
   end)
 
+  it("counts a rank that issued the collective but was not waiting in it yet among those that reached it", function()
+    for _, r in ipairs { 0, 2 } do record(r, "", 12, 12, 2, 2) end
+    record(1, "", 12, 11, 0, 0)   -- issued #12 (async), its last wait was #11
+    record(3, "", 11, 11, 0, 0)
+    local line = launch.diagnose(dir, 4)
+    assert.is_truthy(line:find("rank 3 never reached all_reduce #12 on group world; ranks 0-2 waited", 1, true)
+      or line:find("rank 3 never reached all_reduce #12 on group world; ranks 0,1,2 waited", 1, true), line)
+  end)
+
   it("names the network when one node's ranks finished what the other node's still wait in", function()
     record(0, "a", 13, 13, 2, 4); record(1, "a", 13, 13, 2, 4)
     record(2, "b", 12, 12, 2, 4.5); record(3, "b", 12, 12, 1, 0)
