@@ -4,7 +4,8 @@
 -- random tokens (the figure is the step, not the data pipeline). Prints, after `warmup`
 -- untimed steps, the same lines as bench/peers/gpt2_124m_torch.py:
 --   tokens_per_s N, ms_per_iter N, mfu N (6N + 6 L C T flops per token against the bf16
---   matmul peak measured here, in this run), matmul_tflops N, peak_bytes N.
+--   matmul peak measured here, in this run), matmul_tflops N, peak_bytes N; and
+--   cuda_mallocs_timed N (blocks taken from cudaMalloc during the timed steps).
 --   shard run bench/gpt2_124m.lua [--batch_size=32] [--iters=20]
 -- It assumes the front-end of DESIGN.md's recipe: shard.init{device = "cuda"} makes cuda:0
 -- the default device (sh_cuda_init), nn.GPT(cfg) builds its parameters there, fsdp.wrap
@@ -17,46 +18,25 @@ local C, check = rt.C, rt.check
 local nn, fsdp, optim = shard.nn, shard.fsdp, shard.optim
 
 local cfg = shard.config({ iters = 20, warmup = 5, batch_size = 32, block_size = 1024, n_layer = 12, n_head = 12,
-                          n_embd = 768, vocab_size = 50304, seed = 1337, lr = 6e-4 }, { warmup = { min = 0 }, lr = { min = 0 } })
+                          n_embd = 768, vocab_size = 50304, seed = 1337, lr = 6e-4,
+                          peak_n = 8192 }, { warmup = { min = 0 }, lr = { min = 0 } })
 local env = shard.init{ device = "cuda" }
 local device = env.device
 shard.manual_seed(cfg.seed)
 
--- Device-side timing: events around the region, then one sync.
-local function event(timing)
-  local e = ffi.new("sh_cuda_event *[1]")
-  check(C.sh_cuda_event_create(e, 0, timing and 1 or 0))
-  return ffi.gc(e[0], C.sh_cuda_event_destroy)
-end
-local function compute_stream()
-  local s = ffi.new("sh_cuda_stream *[1]")
-  check(C.sh_cuda_current_stream(s, 0))
-  return s[0]
-end
-local function elapsed_ms(fn)
-  local s, t0, t1 = compute_stream(), event(true), event(true)
-  check(C.sh_cuda_event_record(t0, s))
-  fn()
-  check(C.sh_cuda_event_record(t1, s))
-  check(C.sh_cuda_event_synchronize(t1))
-  local ms = ffi.new("double[1]")
-  check(C.sh_cuda_event_elapsed(t0, t1, ms))
-  return ms[0]
-end
+local timing = dofile("bench/gpu_timing.lua")
+local elapsed_ms = timing.elapsed_ms
 
--- The bf16 matmul ceiling of this GPU, measured now: 8192^3 products, median of 10.
+-- The bf16 matmul ceiling of this GPU, measured now: peak_n^3 products (8192), median of 10.
 local function matmul_peak()
-  local n = 8192
+  local n = cfg.peak_n
   local a = shard.randn({ n, n }):to{ dtype = "bf16", device = device }
   local b = shard.randn({ n, n }):to{ dtype = "bf16", device = device }
   local c = shard.empty({ n, n }, { dtype = "bf16", device = device })
   local function gemm() check(C.sh_gemm_(c.p, a.p, b.p, 0, 1, 1.0, 0.0)) end
-  for _ = 1, 3 do gemm() end
-  local times = {}
-  for i = 1, 10 do times[i] = elapsed_ms(gemm) end
-  table.sort(times)
+  local ms = timing.median_ms(gemm, 10, 3)
   a:free(); b:free(); c:free()
-  return 2 * n ^ 3 / (times[6] / 1e3)
+  return 2 * n ^ 3 / (ms / 1e3)
 end
 
 local model = fsdp.wrap(nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
@@ -95,6 +75,9 @@ end
 
 for _ = 1, cfg.warmup do step(); last_loss:item(); last_loss:free() end
 check(C.sh_mem_reset_peak(0))
+local stats = ffi.new("sh_mem_stats")
+check(C.sh_mem_stats_get(0, stats))
+local system_allocs = stats.n_system_alloc
 local ms = elapsed_ms(function()
   for i = 1, cfg.iters do
     step()
@@ -103,7 +86,6 @@ local ms = elapsed_ms(function()
 end) / cfg.iters
 local loss_value = last_loss:item()
 last_loss:free()
-local stats = ffi.new("sh_mem_stats")
 check(C.sh_mem_stats_get(0, stats))
 local peak_flops = matmul_peak()
 local tps = cfg.batch_size * cfg.block_size / (ms / 1e3)
@@ -113,3 +95,6 @@ print(("ms_per_iter %.3f"):format(ms))
 print(("matmul_tflops %.1f"):format(peak_flops / 1e12))
 print(("mfu %.4f"):format(tps * flops_per_token / peak_flops))
 print(("peak_bytes %d"):format(tonumber(stats.peak)))
+-- Blocks the caching allocator had to take from cudaMalloc during the timed steps: 0 once the
+-- warm-up steps have filled its cache.
+print(("cuda_mallocs_timed %d"):format(tonumber(stats.n_system_alloc - system_allocs)))

@@ -8,6 +8,10 @@
 # from cpuid on an AVX2-only and a pre-AVX CPU, whatever CPU runs the tests).
 PACKAGES="g++ luajit libluajit-5.1-dev lua-busted lua-cjson libopenblas-dev openmpi-bin libopenmpi-dev libreadline-dev pkg-config gnuplot-nox iproute2 qemu-user"
 
+# On the offline GPU node the packages are unpacked, not installed, by .device/env.sh
+# (../shared/device/prep.sh gathers them), which names their root in SHARD_DEPS.
+[ -n "$SHARD_DEPS" ] && exit 0
+
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$missing $p"

@@ -1,0 +1,54 @@
+#!/bin/bash
+# bench/gpu.sh: the checks of a lent GPU in one call (issue 34), each writing its whole log:
+#   test    make test-gpu (builds bin/shard and tests/gpu for sm_90a with the node's nvcc)
+#   attn    causal attention alone at GPT-2's shapes, shard against PyTorch's SDPA
+#   train   GPT-2 124M's bf16 FSDP step at the largest batch of BATCHES that fits, then
+#           PyTorch 2.x at that batch, eager (SDPA) and torch.compile'd
+# On the device machine: . .device/env.sh && bash bench/gpu.sh [parts]   (default: all three)
+# Logs and summary.txt go to $OUT (gpu-out/ when unset); the summary is printed last.
+set -u
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+parts=${*:-test attn train}
+batches=${BATCHES:-32 16 8}
+sum="$out/summary.txt"
+: >"$sum"
+
+# Runs "$@" with its output in $out/$1.log, under a limit of $2 seconds; records rc and time.
+step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $(( $(date +%s) - t0 )) s" >>"$sum"
+  grep -hE '^(loss|tokens_per_s|ms_per_iter|matmul_tflops|mfu|peak_bytes|cuda_mallocs_timed|attention_[a-z_]+) ' \
+    "$out/$name.log" | sed 's/^/    /' >>"$sum"
+  return $rc
+}
+
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+head -12 "$out/nvidia-smi.txt" | grep -E 'NVIDIA|Driver' | sed 's/^/# /' >>"$sum"
+
+for part in $parts; do
+  case $part in
+    test)
+      SHARD_GPU_TEST_TIMEOUT=120 step test-gpu 420 make -j"$(nproc)" test-gpu
+      grep -E '^[0-9]+ passed, [0-9]+ failed$|not ok' "$out/test-gpu.log" | tail -20 | sed 's/^/    /' >>"$sum" ;;
+    attn)
+      [ -x bin/shard ] || make -j"$(nproc)" all >"$out/build.log" 2>&1
+      step attn-shard 120 bin/shard run bench/attention_gpu.lua
+      step attn-torch 120 python3 bench/peers/attention_torch.py ;;
+    train)
+      [ -x bin/shard ] || make -j"$(nproc)" all >"$out/build.log" 2>&1
+      fit=""
+      for b in $batches; do
+        if step "train-shard-b$b" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b"; then fit=$b; break; fi
+      done
+      b=${fit:-8}
+      step "train-torch-eager-b$b" 180 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b" --no_compile
+      step "train-torch-compile-b$b" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b" ;;
+    *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train)" >&2; exit 2 ;;
+  esac
+done
+cat "$sum"
