@@ -27,8 +27,13 @@ step() {
   return $rc
 }
 
+# Debian's PMIx (.device's Open MPI) warns on every mpirun that the node has no compression
+# plug-in for it; nothing shard does needs one.
+export PMIX_MCA_pcompress_base_silence_warning=1
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 head -12 "$out/nvidia-smi.txt" | grep -E 'NVIDIA|Driver' | sed 's/^/# /' >>"$sum"
+{ echo "# $(nvcc --version | tail -1)"; echo "# torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)"
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null)"; } >>"$sum"
 
 for part in $parts; do
   case $part in

@@ -495,6 +495,7 @@ int sh_comm_split_node(sh_comm **out, sh_comm *c) {
 const char *sh_comm_name(const sh_comm *c) { return c ? c->name : "nil"; }
 const char *sh_comm_backend_name(const sh_comm *c) { return c && c->cpu ? c->cpu->name : "none"; }
 
+
 int sh_comm_set_name(sh_comm *c, const char *name) {
   if (!c || !name) return sh_fail(SH_ERR_ARG, "comm set_name: expected a group and a name");
   snprintf(c->name, sizeof c->name, "%s", name);
@@ -586,6 +587,11 @@ static void work_release(sh_comm_work *w) {
 static const sh_comm_backend *device_backend(const sh_comm *c) {
   if (c->gpu) return c->gpu;
   return c->size == 1 ? &sh_comm_local_backend : NULL;
+}
+
+const char *sh_comm_device_backend_name(const sh_comm *c) {
+  const sh_comm_backend *b = c ? device_backend(c) : NULL;
+  return b ? b->name : "none";
 }
 
 static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const sh_tensor *src,

@@ -95,6 +95,9 @@ int sh_comm_set_name(sh_comm *comm, const char *name);  /* used in error message
 int sh_comm_set_counted(sh_comm *comm, int counted);
 const char *sh_comm_name(const sh_comm *comm);
 const char *sh_comm_backend_name(const sh_comm *comm);  /* CPU backend: "mpi", "local" or "none" */
+/* The backend CUDA tensors' collectives take: "nccl" when linked, "local" for a group of one
+ * without it, else "none". */
+const char *sh_comm_device_backend_name(const sh_comm *comm);
 int sh_comm_set_timeout(sh_comm *comm, double seconds);
 double sh_comm_timeout(const sh_comm *comm);
 

@@ -88,6 +88,8 @@ function Group:node_name() return ffi.string(C.sh_comm_node_name(self.p)) end
 function Group:nodes_uniform() return C.sh_comm_nodes_uniform(self.p) ~= 0 end
 function Group:name() return ffi.string(C.sh_comm_name(self.p)) end
 function Group:backend() return ffi.string(C.sh_comm_backend_name(self.p)) end
+-- The backend of collectives on CUDA tensors ("nccl" when built with it).
+function Group:device_backend() return ffi.string(C.sh_comm_device_backend_name(self.p)) end
 function Group:set_name(name) check(C.sh_comm_set_name(self.p, name), 2); return self end
 function Group:set_timeout(seconds) check(C.sh_comm_set_timeout(self.p, seconds), 2); return self end
 -- false: this group's collectives stay out of shard.comm.count/bytes (its own counters still count)

@@ -35,6 +35,22 @@ end
 -- A path as one shell word ('...' with every ' escaped): no path reaches a shell unquoted.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- Runs cmd through the shell: its output (stdout and stderr) and its exit status. LuaJIT's
+-- popen close reports no status (true even when the command was not found), so it is echoed.
+function M.shell(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"$?\"")
+  local out = p and p:read("*a") or ""
+  if p then p:close() end
+  local body, status = out:match("^(.-)\n?(%d+)%s*$")
+  return body or out, tonumber(status) or -1
+end
+
+-- Whether the shell finds a program called name.
+function M.have_command(name)
+  local _, status = M.shell("command -v " .. M.shell_quote(name) .. " >/dev/null")
+  return status == 0
+end
+
 local function header_list()
   local seen, list = {}, {}
   for _, h in ipairs(CORE) do seen[h] = true; list[#list + 1] = h end

@@ -257,10 +257,8 @@ function M.timeline_png(tl, path, title)
   f = assert(io.open(script, "w"))
   f:write(table.concat(lines, "\n"), "\n")
   f:close()
-  local p = io.popen("gnuplot " .. rt.shell_quote(script) .. " 2>&1")
-  local out = p:read("*a")
-  local ok = p:close()
-  if not ok then error(("memory.timeline_png: gnuplot failed on %s (is gnuplot installed? make deps): %s"):format(script, out), 2) end
+  local out, status = rt.shell("gnuplot " .. rt.shell_quote(script))
+  if status ~= 0 then error(("memory.timeline_png: gnuplot failed on %s (is gnuplot installed? make deps): %s"):format(script, out), 2) end
   os.remove(data); os.remove(script)
   return series
 end

@@ -351,9 +351,8 @@ end
 function M.run_point(spec, point, log)
   local cmd = M.command(spec, point, log)
   local t0 = now()
-  local status_text = sh(cmd .. "; echo $?") or ""
+  local _, rc = rt.shell(cmd)
   local seconds = now() - t0
-  local rc = tonumber(status_text:match("(%d+)%s*$")) or -1
   local output = read_file(log)
   local rec = { sweep = spec.name, key = M.key(spec, point), point = point, seconds = seconds, exit = rc,
                 command = M.command(spec, point), log = log, git = M.git(), machine = M.machine(),
@@ -514,10 +513,7 @@ end
 ---------------------------------------------------------------------------------------------
 -- plots
 
-function M.have_gnuplot()
-  local s = sh("command -v gnuplot 2>/dev/null") or ""
-  return s:match("%S") ~= nil
-end
+function M.have_gnuplot() return rt.have_command("gnuplot") end
 
 local function gp_string(s) return "'" .. tostring(s):gsub("'", "''") .. "'" end
 
@@ -587,8 +583,8 @@ function M.plots(spec, points, records, dir)
       f = assert(io.open(script, "w"))
       f:write(table.concat(lines, "\n"), "\n")
       f:close()
-      local err = sh("gnuplot " .. quote(script) .. " 2>&1; echo $?") or ""
-      if tonumber(err:match("(%d+)%s*$")) == 0 then
+      local err, status = rt.shell("gnuplot " .. quote(script))
+      if status == 0 then
         written[#written + 1] = png
       else
         print(("sweep: gnuplot failed on %s: %s"):format(script, last_lines(err, 4)))

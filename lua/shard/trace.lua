@@ -71,7 +71,13 @@ function M.setup(opts)
   finished = false
   -- a path that cannot be written fails now, not after the steps
   if cfg.path then create(cfg.path, "trace"):close(); os.remove(cfg.path) end
-  if cfg.memory_timeline then create(cfg.memory_timeline, "memory timeline"):close(); os.remove(cfg.memory_timeline) end
+  if cfg.memory_timeline then
+    if not rt.have_command("gnuplot") then
+      error(("trace: the memory timeline %s is drawn by gnuplot, which is not installed (make deps installs "
+             .. "gnuplot-nox)"):format(cfg.memory_timeline), 2)
+    end
+    create(cfg.memory_timeline, "memory timeline"):close(); os.remove(cfg.memory_timeline)
+  end
 end
 
 function M.enabled() return (cfg.path or cfg.memory_timeline) ~= nil end

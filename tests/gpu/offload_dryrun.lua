@@ -24,7 +24,9 @@ assert(gpus > 0, "offload_dryrun: no CUDA device")
 local device = "cuda:" .. (comm.world():local_rank() % gpus)
 require("shard.ffi").check(require("shard.ffi").C.sh_cuda_init(comm.world():local_rank() % gpus))   -- the probe reads its stats first
 local home = os.getenv("SHARD_HOME") or "."
-local bin = os.getenv("SHARD_BIN") or (home .. "/bin/shard-emu")
+-- The dry runs take the binary running this script (bin/shard on a GPU, bin/shard-emu on the
+-- emulator) unless SHARD_BIN names another.
+local bin = os.getenv("SHARD_BIN") or require("shard.launch").shard_exe()
 if not bin:match("^/") then bin = home .. "/" .. bin end
 local q = require("shard.ffi").shell_quote
 

@@ -1,6 +1,6 @@
--- A FlatParameter with CPU offload (runtime/flatparam.h's sh_flatparam_set_offload) on the
--- emulated GPU, one process, no group (so no gather stands between the shard's copy to the
--- device and its use): against values written down here, exact (multiples of 1/4, exact in
+-- A FlatParameter with CPU offload (runtime/flatparam.h's sh_flatparam_set_offload) on a CUDA
+-- device (the emulated one under make test), one process, no group (so no gather stands
+-- between the shard's copy to the device and its use): against values written down here, exact (multiples of 1/4, exact in
 -- bf16 too).
 --   * the shard moves to the host (counted in its memory stats until freed) and comes back to
 --     the device when unsharded, with what the host wrote into it since (f32, and cast to bf16
@@ -201,4 +201,4 @@ do
   fp:free()
 end
 
-support.finish("offload_flatparam (emulated cuda:0)")
+support.finish("offload_flatparam (cuda:0)")

@@ -193,4 +193,35 @@ describe("shard.memory.timeline", function()
     assert.is_true(T.is_png(png))
     os.remove(png)
   end)
+
+  -- issue 34: on the first GPU node (no gnuplot) the PNG was silently not drawn, though the
+  -- line "memory timeline: ... -> mem.png" said it was: LuaJIT's popen close reports no status
+  it("without gnuplot: setup refuses the timeline before any step, and drawing fails by name", function()
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int);")
+    local path = os.getenv("PATH")
+    local tl = shard.memory.timeline(function() shard.zeros({ 10 }):free() end)
+    local png = os.tmpname() .. ".png"
+    ffi.C.setenv("PATH", "/nonexistent", 1)
+    local ok_setup, setup_err = pcall(shard.trace.setup, { memory_timeline = png })
+    local ok_draw, draw_err = pcall(shard.memory.timeline_png, tl, png)
+    ffi.C.setenv("PATH", path, 1)
+    shard.trace.setup{}
+    assert.is_false(ok_setup)
+    assert.equal("trace: the memory timeline " .. png .. " is drawn by gnuplot, which is not installed "
+                 .. "(make deps installs gnuplot-nox)", tostring(setup_err):gsub("^.-:%d+: ", ""))
+    assert.is_false(ok_draw)
+    assert.truthy(tostring(draw_err):find("gnuplot failed on", 1, true), draw_err)
+    assert.is_nil(io.open(png, "r"))
+  end)
+
+  it("reads a command's exit status, which LuaJIT's popen close does not give", function()
+    local rt = require "shard.ffi"
+    assert.same({ "out", 0 }, { rt.shell("echo out") })
+    assert.same({ "", 3 }, { rt.shell("exit 3") })
+    local _, status = rt.shell("no_such_command_for_shard_spec")
+    assert.equal(127, status)
+    assert.is_true(rt.have_command("sh"))
+    assert.is_false(rt.have_command("no_such_command_for_shard_spec"))
+  end)
 end)
