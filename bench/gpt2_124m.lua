@@ -6,7 +6,7 @@
 --   tokens_per_s N, ms_per_iter N, mfu N (6N + 6 L C T flops per token against the bf16
 --   matmul peak measured here, in this run), matmul_tflops N, peak_bytes N; and
 --   cuda_mallocs_timed N (blocks taken from cudaMalloc during the timed steps).
---   shard run bench/gpt2_124m.lua [--batch_size=32] [--iters=20]
+--   shard run bench/gpt2_124m.lua [--batch_size=32] [--iters=20] [--trace=PATH]
 -- It assumes the front-end of DESIGN.md's recipe: shard.init{device = "cuda"} makes cuda:0
 -- the default device (sh_cuda_init), nn.GPT(cfg) builds its parameters there, fsdp.wrap
 -- takes mixed_precision = {param = "bf16", reduce = "f32"}, and sh_gemm_ dispatches CUDA
@@ -19,7 +19,7 @@ local nn, fsdp, optim = shard.nn, shard.fsdp, shard.optim
 
 local cfg = shard.config({ iters = 20, warmup = 5, batch_size = 32, block_size = 1024, n_layer = 12, n_head = 12,
                           n_embd = 768, vocab_size = 50304, seed = 1337, lr = 6e-4,
-                          peak_n = 8192 }, { warmup = { min = 0 }, lr = { min = 0 } })
+                          peak_n = 8192, trace = "" }, { warmup = { min = 0 }, lr = { min = 0 } })
 local env = shard.init{ device = "cuda" }
 local device = env.device
 shard.manual_seed(cfg.seed)
@@ -73,7 +73,14 @@ local function step()
   x:free(); y:free()
 end
 
-for _ = 1, cfg.warmup do step(); last_loss:item(); last_loss:free() end
+-- --trace=PATH: shard.trace of the last two warm-up steps (device spans per op and stream), so
+-- the timed steps carry no tracing.
+shard.trace.setup{ path = cfg.trace, steps = ("%d:%d"):format(math.max(1, cfg.warmup - 1), cfg.warmup), device = device }
+for i = 1, cfg.warmup do
+  shard.trace.begin_step(i)
+  step(); last_loss:item(); last_loss:free()
+  shard.trace.end_step(i)
+end
 check(C.sh_mem_reset_peak(0))
 local stats = ffi.new("sh_mem_stats")
 check(C.sh_mem_stats_get(0, stats))

@@ -5,13 +5,15 @@
 #   train   GPT-2 124M's bf16 FSDP step at the largest batch of BATCHES that fits, then
 #           PyTorch 2.x at that batch, eager (SDPA) and torch.compile'd
 # On the device machine: . .device/env.sh && bash bench/gpu.sh [parts]   (default: all three)
-# Logs and summary.txt go to $OUT (gpu-out/ when unset); the summary is printed last.
+# summary.txt and logs.tgz (every log and the GPT-2 step's shard.trace) go to $OUT (gpu-out/
+# when unset; the device tool brings back 8 files at most); the summary is printed last.
 set -u
-out=${OUT:-gpu-out}
+top=${OUT:-gpu-out}
+out="$top/logs"
 mkdir -p "$out"
 parts=${*:-test attn train}
-batches=${BATCHES:-32 16 8}
-sum="$out/summary.txt"
+batches=${BATCHES:-64 32 16}
+sum="$top/summary.txt"
 : >"$sum"
 
 # Runs "$@" with its output in $out/$1.log, under a limit of $2 seconds; records rc and time.
@@ -48,7 +50,8 @@ for part in $parts; do
       [ -x bin/shard ] || make -j"$(nproc)" all >"$out/build.log" 2>&1
       fit=""
       for b in $batches; do
-        if step "train-shard-b$b" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b"; then fit=$b; break; fi
+        if step "train-shard-b$b" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b" --trace="$out/trace-b$b.json"
+        then fit=$b; break; fi
       done
       b=${fit:-8}
       step "train-torch-eager-b$b" 180 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b" --no_compile
@@ -56,4 +59,5 @@ for part in $parts; do
     *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train)" >&2; exit 2 ;;
   esac
 done
+tar czf "$top/logs.tgz" -C "$top" logs && rm -r "$out"
 cat "$sum"
