@@ -63,6 +63,9 @@ struct config {
   /* A test knob: cudaStreamWaitEvent becomes a no-op (SHARD_EMU_DROP_EVENT_WAITS=1), so that a
    * test can show it notices every missing cross-stream order. */
   bool drop_event_waits = false;
+  /* The order a host wait drains streams in (SHARD_EMU_DRAIN_SEED): 0 newest first, N > 0 the
+   * orders drain_order picks from N. */
+  unsigned long long drain_seed = 0;
 };
 config cfg;
 
@@ -88,6 +91,7 @@ void read_config() {
   if ((v = getenv("SHARD_EMU_SMS"))) cfg.sms = std::max(1, std::min(132, atoi(v)));
   if ((v = getenv("SHARD_EMU_MAX_GRID_Y"))) cfg.max_grid_y = std::max(1, std::min(65535, atoi(v)));
   if ((v = getenv("SHARD_EMU_DROP_EVENT_WAITS"))) cfg.drop_event_waits = atoi(v) != 0;
+  if ((v = getenv("SHARD_EMU_DRAIN_SEED"))) cfg.drain_seed = strtoull(v, nullptr, 0);
 }
 
 /* ===================================================================================== */
@@ -400,17 +404,54 @@ void complete(stream_rec *s, uint64_t seq) {
 
 void complete_all(stream_rec *s) { complete(s, s->enq); }
 
-/* Drains every stream of `device` (or all devices when -1), newest work first: the stream
- * whose last work was queued most recently runs before the others, as far as the order each
- * stream and cudaStreamWaitEvent impose allows. */
-void drain(int device) {
-  for (;;) {
-    stream_rec *pick = nullptr;
-    for (stream_rec *s : g_streams)
-      if ((device < 0 || s->device == device) && s->done < s->enq && (!pick || s->last_issue > pick->last_issue)) pick = s;
-    if (!pick) return;
-    complete_all(pick);
+uint64_t splitmix(uint64_t &x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t g_drain_waits;      /* host waits that chose among several streams: the order's index */
+
+/* The streams of `device` (every device when -1) with work pending, in the order a host wait
+ * drains them. Seed 0: newest first, the stream whose last work was queued most recently
+ * before the others. Seed N > 0: with k <= 3 streams, the ((N + w) mod k!)-th permutation of
+ * newest-first (w counts the waits), so seeds 1..k! give every wait every order; with more,
+ * a shuffle seeded by N and w. A GPU may have run any of them first: each order is legal. */
+std::vector<stream_rec *> drain_order(int device) {
+  std::vector<stream_rec *> v;
+  for (stream_rec *s : g_streams)
+    if ((device < 0 || s->device == device) && s->done < s->enq) v.push_back(s);
+  auto newer = [](const stream_rec *a, const stream_rec *b) { return a->last_issue > b->last_issue; };
+  std::sort(v.begin(), v.end(), newer);
+  if (cfg.drain_seed == 0 || v.size() < 2) return v;
+  uint64_t w = ++g_drain_waits;
+  if (v.size() <= 3) {
+    for (uint64_t i = (cfg.drain_seed + w) % (v.size() == 2 ? 2 : 6); i > 0; i--) std::next_permutation(v.begin(), v.end(), newer);
+  } else {
+    uint64_t st = cfg.drain_seed * 0x100000001b3ull + w;
+    for (size_t i = v.size() - 1; i > 0; i--) std::swap(v[i], v[splitmix(st) % (i + 1)]);
   }
+  return v;
+}
+
+/* Drains every stream of `device` (or all devices when -1) in drain_order, each as far as
+ * its own order and cudaStreamWaitEvent allow. */
+void drain(int device) {
+  for (std::vector<stream_rec *> v; !(v = drain_order(device)).empty();)
+    for (stream_rec *s : v) complete_all(s);
+}
+
+/* A host wait for s up to seq. With a drain seed, the streams that the order puts before s
+ * run first (a GPU may have run them meanwhile), so a race shows whichever stream was issued
+ * last; seed 0 runs only what the wait needs (a host read before its sync shows). */
+void host_complete(stream_rec *s, uint64_t seq) {
+  if (cfg.drain_seed)
+    for (stream_rec *o : drain_order(s->device)) {
+      if (o == s) break;
+      complete_all(o);
+    }
+  complete(s, seq);
 }
 
 void enqueue_op(stream_rec *s, op *o) {
@@ -1031,13 +1072,6 @@ bool run_block(unsigned bx, unsigned by, unsigned bz) {
   return !g_abort;
 }
 
-uint64_t splitmix(uint64_t &x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 uint64_t g_launch_index;
 
 void run_kernel(kernel_run *k) {
@@ -1468,6 +1502,13 @@ void set_drop_event_waits(bool drop) {
   cfg.drop_event_waits = drop;
 }
 
+void set_drain_seed(unsigned long long seed) {
+  guard g_(g_lock);
+  read_config();
+  cfg.drain_seed = seed;
+  g_drain_waits = 0;
+}
+
 void graph_begin() {
   guard g_(g_lock);
   init_devices();
@@ -1824,7 +1865,7 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyK
   }
   if (sync || d.w == W_PAGEABLE) {
     host_wait(true, "memcpy", "stream %d %s", s->id, what);
-    complete(s, s->enq);
+    host_complete(s, s->enq);
     return ret(sticky_now());
   }
   return cudaSuccess;
@@ -1916,7 +1957,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   stream_rec *s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
   host_wait(true, "stream_sync", "stream %d", s->id);
-  complete_all(s);
+  host_complete(s, s->enq);
   return ret(sticky_now());
 }
 
@@ -1927,7 +1968,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!s) return ret(cudaErrorInvalidResourceHandle);
   if (s->done >= s->enq) return cudaSuccess;
   host_wait(false, "stream_query", "stream %d not ready", s->id);
-  complete_all(s);
+  host_complete(s, s->enq);
   return cudaErrorNotReady;
 }
 
@@ -2005,7 +2046,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (event_done(e)) return cudaSuccess;
   host_wait(false, "event_query", "event %p stream %d not ready", (void *)e, e->s->id);
-  complete(e->s, e->seq);   /* not ready now; done by the next query */
+  host_complete(e->s, e->seq);   /* not ready now; done by the next query */
   return cudaErrorNotReady;
 }
 
@@ -2015,7 +2056,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (e->s) host_wait(true, "event_sync", "event %p stream %d", (void *)e, e->s->id);
   else host_wait(true, "event_sync", "event %p never recorded", (void *)e);
-  if (e->s) complete(e->s, e->seq);
+  if (e->s) host_complete(e->s, e->seq);
   return ret(sticky_now());
 }
 

@@ -29,6 +29,11 @@ void set_eager(bool eager);
  * missing, so a test can show that it notices. */
 void set_drop_event_waits(bool drop);
 
+/* The order host waits drain streams in (SHARD_EMU_DRAIN_SEED): 0 newest first; N > 0 a
+ * seeded order per wait, seeds 1..6 giving every wait every order of up to 3 streams. Restarts
+ * the count of waits, so a seed picks the same orders again. */
+void set_drain_seed(unsigned long long seed);
+
 /* The dependency graph of the device work queued between graph_begin and graph_end (which
  * stops recording and returns it as text; format: README "Instrumentation", or
  * emu_counters_lua.cpp's shard_emu_graph_dump). */

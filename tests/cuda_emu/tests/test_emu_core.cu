@@ -524,6 +524,57 @@ static void test_streams() {
   cudaFree(b);
 }
 
+/* The issue's write-after-read: s2 copies a into b, s1 then zeroes a without waiting for s2,
+ * and s2 queues one more, unrelated, op. b[0] is 1 when the copy ran first, 0 when the
+ * memset did (the race). `device_sync`: the host waits for the device, else for s2. */
+static float war_after_later_work(bool with_wait, bool device_sync) {
+  float *a, *b, *c;
+  cudaMalloc((void **)&a, 256 * sizeof(float));
+  cudaMalloc((void **)&b, 256 * sizeof(float));
+  cudaMalloc((void **)&c, 256 * sizeof(float));
+  fill_kernel<<<1, 256>>>(a, 1, 1.0f);
+  cudaDeviceSynchronize();
+  cudaStream_t s1, s2;
+  cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  cudaEvent_t ev;
+  cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  cudaMemcpyAsync(b, a, sizeof(float), cudaMemcpyDeviceToDevice, s2);
+  if (with_wait) {
+    cudaEventRecord(ev, s2);
+    cudaStreamWaitEvent(s1, ev, 0);
+  }
+  cudaMemsetAsync(a, 0, sizeof(float), s1);
+  cudaMemsetAsync(c, 0, sizeof(float), s2);   /* unrelated: makes s2 the newest stream */
+  if (device_sync) cudaDeviceSynchronize();
+  else cudaStreamSynchronize(s2);
+  float r = to_host(b, 1)[0];
+  cudaDeviceSynchronize();
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return r;
+}
+
+static void test_drain_orders() {
+  emu::set_drain_seed(0);
+  CHECK(war_after_later_work(false, true) == 1.0f, "newest first alone misses the race (the blind spot the seeds close)");
+  bool device_shown = false, stream_shown = false, fixed = true;
+  for (unsigned long long seed = 1; seed <= 6; seed++) {
+    emu::set_drain_seed(seed);
+    device_shown |= war_after_later_work(false, true) == 0.0f;
+    stream_shown |= war_after_later_work(false, false) == 0.0f;
+    fixed &= war_after_later_work(true, true) == 1.0f && war_after_later_work(true, false) == 1.0f;
+  }
+  emu::set_drain_seed(0);
+  CHECK(device_shown, "a drain seed shows the write-after-read at a device sync");
+  CHECK(stream_shown, "a drain seed shows it at a sync of the reader's stream");
+  CHECK(fixed, "with the event wait every order gives the copy the old value");
+}
+
 static void test_legacy_stream() {
   int n = 1024;
   float *a, *b;
@@ -715,6 +766,7 @@ int main() {
   test_dynamic_smem();
   test_launch_limits();
   test_streams();
+  test_drain_orders();
   test_legacy_stream();
   test_memory_bugs();
   test_block_order();
