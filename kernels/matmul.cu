@@ -11,14 +11,18 @@
  * BGRADB (db = column sums of dy from the dw product). When the heuristic offers no kernel
  * for an epilogue, or cublasLtMatmul refuses the one it offered, the product runs plain and a
  * separate kernel does the rest, so results never depend on what the library supports.
- * SHARD_NO_LT_EPILOGUE=1 forces that path (the GPU tests run both). The chosen algorithm is
- * cached per shape, dtype, epilogue and alignment (key_of); each (device, stream) has one
- * 32 MiB workspace, allocated once. */
+ * SHARD_NO_LT_EPILOGUE=1 forces that path (the GPU tests run both). A product's descriptor,
+ * layouts and algorithm (its plan) are made once per device, shape, layout, dtype, epilogue,
+ * beta == 0 and alignment (key_of) and kept in a bounded cache, so a steady-state call
+ * creates nothing and queries no heuristic; each (device, stream) has one 32 MiB workspace,
+ * allocated once. */
 #include "common.cuh"
 #include "backend_internal.h"
 #include <cublasLt.h>
 #include <array>
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdlib.h>
 #include <string.h>
@@ -104,31 +108,154 @@ static int align_of(const void *p) {
   return r;
 }
 
-/* Everything cublasLtMatmulAlgoGetHeuristic sees that differs between our calls: shapes,
- * leading dims, batch and its strides, types, epilogue, beta == 0, and the alignment of every
- * pointer, bias and epilogue aux included (the library reads those pointers' values to know
- * their alignment; an FSDP FlatParameter holds a bias at any element offset). */
-typedef std::array<int64_t, 22> lt_key;
+/* Everything a plan depends on: the device (its handle and its algorithms), shapes, leading
+ * dims, batch and its strides, types, transposes, compute type, epilogue, beta == 0, and the
+ * alignment of every pointer, bias and epilogue aux included (the heuristic reads those
+ * pointers' values to know their alignment; an FSDP FlatParameter holds a bias at any element
+ * offset). */
+typedef std::array<int64_t, 23> lt_key;
 
-static lt_key key_of(const lt_gemm &g, cublasComputeType_t ct) {
-  return lt_key{g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.batch, g.sA, g.sB, g.sD, g.ta, g.tb, g.in_dt, g.out_dt, (int64_t)ct,
-                g.epi, g.beta != 0, align_of(g.A), align_of(g.B), align_of(g.D), align_of(g.bias), align_of(g.aux)};
+static lt_key key_of(int device, const lt_gemm &g, cublasComputeType_t ct) {
+  return lt_key{device, g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.batch, g.sA, g.sB, g.sD, g.ta, g.tb, g.in_dt, g.out_dt,
+                (int64_t)ct, g.epi, g.beta != 0, align_of(g.A), align_of(g.B), align_of(g.D), align_of(g.bias),
+                align_of(g.aux)};
 }
 
-struct lt_choice { bool ok; cublasLtMatmulAlgo_t algo; };
-static std::map<lt_key, lt_choice> algo_cache;
+/* One kind of product, made once: its descriptor, the layouts of A', B' and D', and the
+ * algorithm the heuristic chose (ok false: none, or the library refused it at run time, so
+ * calls go straight to the fallback). The bias and aux pointers differ per call, so a call
+ * sets them on the descriptor and queues the product holding `use`. */
+struct lt_plan {
+  std::mutex use;
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  bool ok = false;
+  cublasLtMatmulAlgo_t algo;
+  ~lt_plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+  }
+};
+typedef std::shared_ptr<lt_plan> lt_plan_ref;
 
-static bool cache_get(const lt_key &key, lt_choice *choice) {
+/* The plans, most recently used first; past PLAN_CAP the least recently used goes (a plan a
+ * call still holds lives until that call ends). A training step uses a few dozen kinds of
+ * product, so the bound only matters for a sweep of shapes. The cache, and with it every
+ * descriptor, is destroyed with the process's static objects, as the devices go. */
+enum { PLAN_CAP = 128 };
+struct lt_plan_cache {
+  std::list<std::pair<lt_key, lt_plan_ref>> lru;
+  std::map<lt_key, std::list<std::pair<lt_key, lt_plan_ref>>::iterator> index;
+};
+static lt_plan_cache plans;
+
+static lt_plan_ref plan_find(const lt_key &key) {
   std::lock_guard<std::mutex> lk(lt_lock);
-  auto it = algo_cache.find(key);
-  if (it == algo_cache.end()) return false;
-  *choice = it->second;
-  return true;
+  auto it = plans.index.find(key);
+  if (it == plans.index.end()) return nullptr;
+  plans.lru.splice(plans.lru.begin(), plans.lru, it->second);
+  return it->second->second;
 }
 
-static void cache_put(const lt_key &key, const lt_choice &choice) {
+/* Adds p under key unless another thread got there first; returns the plan in the cache. */
+static lt_plan_ref plan_insert(const lt_key &key, lt_plan_ref p) {
   std::lock_guard<std::mutex> lk(lt_lock);
-  algo_cache[key] = choice;
+  auto it = plans.index.find(key);
+  if (it != plans.index.end()) return it->second->second;
+  plans.lru.emplace_front(key, p);
+  plans.index[key] = plans.lru.begin();
+  while (plans.lru.size() > PLAN_CAP) {
+    plans.index.erase(plans.lru.back().first);
+    plans.lru.pop_back();
+  }
+  return p;
+}
+
+static cublasLtEpilogue_t lt_epilogue(int epi) {
+  switch (epi) {
+    case EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case EPI_GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case EPI_DGELU: return CUBLASLT_EPILOGUE_DGELU;
+    case EPI_BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+/* The per-call pointers of g's epilogue on desc. */
+static int lt_set_pointers(const char *op, cublasLtMatmulDesc_t desc, const lt_gemm &g) {
+  if (g.epi == EPI_BIAS || g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_BGRADB)
+    LT_TRY(op, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_DGELU)
+    LT_TRY(op, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
+  return SH_OK;
+}
+
+/* A layout of rows x cols at leading dim ld, over g's batch at batch stride `stride`. */
+static int lt_layout(const char *op, cublasLtMatrixLayout_t *l, int dt, uint64_t rows, uint64_t cols, int64_t ld,
+                     const lt_gemm &g, int64_t stride) {
+  LT_TRY(op, cublasLtMatrixLayoutCreate(l, lt_type(dt), rows, cols, ld));
+  if (g.batch > 1) {
+    int32_t bc = (int32_t)g.batch;
+    LT_TRY(op, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    LT_TRY(op, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return SH_OK;
+}
+
+/* The heuristic's algorithm for p's descriptors under g's alignments; p->ok false when it has none. */
+static int lt_choose(const char *op, cublasLtHandle_t h, const lt_gemm &g, lt_plan *p) {
+  cublasLtMatmulPreference_t pref = NULL;
+  LT_TRY(op, cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t wsb = LT_WORKSPACE;
+  /* A' is our B, B' is our A. */
+  uint32_t aa = (uint32_t)align_of(g.B), ab = (uint32_t)align_of(g.A), ad = (uint32_t)align_of(g.D);
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
+  cublasLtMatmulHeuristicResult_t res;
+  int found = 0;
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  /* A refusal here means no algorithm for this configuration, as found == 0 does. */
+  p->ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p->ok) p->algo = res.algo;
+  return SH_OK;
+}
+
+/* Makes the plan of g: descriptor, layouts (column-major: A' = B (N x K), B' = A (K x M),
+ * D' = D (N x M)) and algorithm. */
+static int lt_plan_make(const char *op, cublasLtHandle_t h, const lt_gemm &g, cublasComputeType_t ct, lt_plan *p) {
+  cudaDataType_t scale_t = g.in_dt == SH_F64 ? CUDA_R_64F : CUDA_R_32F;
+  cublasOperation_t opa = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = lt_epilogue(g.epi);
+  LT_TRY(op, cublasLtMatmulDescCreate(&p->desc, ct, scale_t));
+  LT_TRY(op, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  LT_TRY(op, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  LT_TRY(op, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_DGELU) {
+    int64_t aux_ld = g.N;
+    LT_TRY(op, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  SH_TRY(lt_set_pointers(op, p->desc, g));
+  SH_TRY(lt_layout(op, &p->la, g.in_dt, g.tb ? g.K : g.N, g.tb ? g.N : g.K, g.ldb, g, g.sB));
+  SH_TRY(lt_layout(op, &p->lb, g.in_dt, g.ta ? g.M : g.K, g.ta ? g.K : g.M, g.lda, g, g.sA));
+  SH_TRY(lt_layout(op, &p->ld, g.out_dt, (uint64_t)g.N, (uint64_t)g.M, g.ldd, g, g.sD));
+  return lt_choose(op, h, g, p);
+}
+
+/* The cached plan of g, made on first use. */
+static int lt_plan_of(const char *op, int device, cublasLtHandle_t h, const lt_gemm &g, cublasComputeType_t ct,
+                      lt_plan_ref *out) {
+  lt_key key = key_of(device, g, ct);
+  if ((*out = plan_find(key))) return SH_OK;
+  lt_plan_ref p = std::make_shared<lt_plan>();
+  SH_TRY(lt_plan_make(op, h, g, ct, p.get()));
+  *out = plan_insert(key, p);
+  return SH_OK;
 }
 
 /* Runs g; returns SH_ERR_ARG (without a message) when no algorithm supports it or the library
@@ -142,90 +269,24 @@ static int lt_run(const char *op, int device, cudaStream_t st, const lt_gemm &g)
   cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F
                          : (g.in_dt == SH_F32 ? (env_flag("SHARD_TF32") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
                                               : CUBLAS_COMPUTE_32F);
-  cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-  int rc = SH_OK;
-  cublasStatus_t s;
-  /* Column-major: A' = B (N x K), B' = A (K x M), D' = D (N x M). */
-  cublasOperation_t opa = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  uint64_t a_rows = g.tb ? g.K : g.N, a_cols = g.tb ? g.N : g.K;
-  uint64_t b_rows = g.ta ? g.M : g.K, b_cols = g.ta ? g.K : g.M;
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  switch (g.epi) {
-    case EPI_BIAS: epi = CUBLASLT_EPILOGUE_BIAS; break;
-    case EPI_GELU_AUX_BIAS: epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-    case EPI_DGELU: epi = CUBLASLT_EPILOGUE_DGELU; break;
-    case EPI_BGRADB: epi = CUBLASLT_EPILOGUE_BGRADB; break;
-    default: break;
+  lt_plan_ref p;
+  SH_TRY(lt_plan_of(op, device, h, g, ct, &p));
+  std::lock_guard<std::mutex> use(p->use);
+  if (!p->ok) return SH_ERR_ARG;
+  SH_TRY(lt_set_pointers(op, p->desc, g));
+  float af = (float)g.alpha, bf = (float)g.beta;
+  const void *alpha = f64 ? (const void *)&g.alpha : (const void *)&af;
+  const void *beta = f64 ? (const void *)&g.beta : (const void *)&bf;
+  cublasStatus_t s = cublasLtMatmul(h, p->desc, alpha, g.B, p->la, g.A, p->lb, beta, g.D, p->ld, g.D, p->ld, &p->algo, ws,
+                                    LT_WORKSPACE, st);
+  if (s != CUBLAS_STATUS_SUCCESS && g.epi != EPI_NONE) {
+    /* The library may refuse at run time an epilogue its heuristic offered ("not supported"
+     * on this device): fall back, and have later calls of this plan go straight there. */
+    p->ok = false;
+    return SH_ERR_ARG;
   }
-  lt_key key = key_of(g, ct);
-#define LT_CHECK(call) do { s = (call); if (s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail(op, s, __LINE__); goto done; } } while (0)
-  LT_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_t));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-  if (g.epi == EPI_BIAS || g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_BGRADB)
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
-  if (g.epi == EPI_GELU_AUX_BIAS || g.epi == EPI_DGELU) {
-    int64_t aux_ld = g.N;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-  }
-  LT_CHECK(cublasLtMatrixLayoutCreate(&la, lt_type(g.in_dt), a_rows, a_cols, g.ldb));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&lb, lt_type(g.in_dt), b_rows, b_cols, g.lda));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&ld, lt_type(g.out_dt), (uint64_t)g.N, (uint64_t)g.M, g.ldd));
-  if (g.batch > 1) {
-    int32_t bc = (int32_t)g.batch;
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sB, sizeof g.sB));
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sA, sizeof g.sA));
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(ld, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-    LT_CHECK(cublasLtMatrixLayoutSetAttribute(ld, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g.sD, sizeof g.sD));
-  }
-  {
-    lt_choice choice;
-    if (!cache_get(key, &choice)) {
-      cublasLtMatmulPreference_t pref = NULL;
-      cublasLtMatmulHeuristicResult_t res;
-      int found = 0;
-      uint64_t wsb = LT_WORKSPACE;
-      uint32_t aa = (uint32_t)align_of(g.A), ab = (uint32_t)align_of(g.B), ad = (uint32_t)align_of(g.D);
-      LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-      /* A' is our B, B' is our A. */
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ab, sizeof ab);
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aa, sizeof aa);
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &res, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      choice.ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
-      if (choice.ok) choice.algo = res.algo;
-      cache_put(key, choice);
-    }
-    if (!choice.ok) { rc = SH_ERR_ARG; goto done; }
-    float af = (float)g.alpha, bf = (float)g.beta;
-    const void *alpha = f64 ? (const void *)&g.alpha : (const void *)&af;
-    const void *beta = f64 ? (const void *)&g.beta : (const void *)&bf;
-    s = cublasLtMatmul(h, desc, alpha, g.B, la, g.A, lb, beta, g.D, ld, g.D, ld, &choice.algo, ws, LT_WORKSPACE, st);
-    if (s != CUBLAS_STATUS_SUCCESS && g.epi != EPI_NONE) {
-      /* The library may refuse at run time an epilogue its heuristic offered ("not supported"
-       * on this device): fall back, and have later calls with this key go straight there. */
-      cache_put(key, lt_choice{false, {}});
-      rc = SH_ERR_ARG;
-      goto done;
-    }
-    LT_CHECK(s);
-  }
-#undef LT_CHECK
-done:
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (ld) cublasLtMatrixLayoutDestroy(ld);
-  return rc;
+  LT_TRY(op, s);
+  return SH_OK;
 }
 
 /* Runs g with its epilogue when the library has a kernel for it; returns 1 in *fused when it

@@ -27,6 +27,7 @@
 #include <cublasLt.h>
 #include <cblas.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -73,6 +74,12 @@ struct cublasLtMatmulPreferenceOpaque_t {
 };
 
 namespace {
+
+/* What a caller made: descriptors, layouts and preferences created and destroyed, heuristic
+ * queries and cublasLtMatmul calls (sh_emu_lt_counts below). */
+enum { LT_DESCS, LT_LAYOUTS, LT_PREFS, LT_HEURISTICS, LT_DESTROYED, LT_MATMULS, LT_NCOUNTS };
+std::atomic<long> g_counts[LT_NCOUNTS];
+void count(int what) { g_counts[what].fetch_add(1, std::memory_order_relaxed); }
 
 const uint64_t HANDLE_MAGIC = 0x48544c5553414c42ull, ALGO_MAGIC = 0x4f474c41544c554dull;
 std::mutex g_lock;
@@ -793,9 +800,14 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComput
   d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   d->aux_type = d->bias_type = -1;
   *desc = d;
+  count(LT_DESCS);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  if (d) count(LT_DESTROYED);
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *buf, size_t size) {
   return set_attr("cublasLtMatmulDescSetAttribute", d, attr, buf, size, desc_field);
 }
@@ -816,9 +828,14 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDa
   l->ld = ld;
   l->batch = 1;
   *layout = l;
+  count(LT_LAYOUTS);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  if (l) count(LT_DESTROYED);
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const void *buf, size_t size) {
   return set_attr("cublasLtMatrixLayoutSetAttribute", l, attr, buf, size, layout_field);
 }
@@ -838,9 +855,14 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) 
   q->epilogue_mask = 0xffffffffu;
   q->impl_mask = ~0ull;
   *pref = q;
+  count(LT_PREFS);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t q) { delete q; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t q) {
+  if (q) count(LT_DESTROYED);
+  delete q;
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t q, cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                     size_t size) {
   return set_attr("cublasLtMatmulPreferenceSetAttribute", q, attr, buf, size, pref_field);
@@ -854,6 +876,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref,
                                               int requested, cublasLtMatmulHeuristicResult_t results[], int *returned) {
   const char *fn = "cublasLtMatmulAlgoGetHeuristic";
+  count(LT_HEURISTICS);
   if (returned) *returned = 0;
   if (!handle_ok(h)) return refuse(fn, CUBLAS_STATUS_NOT_INITIALIZED, "not a live cublasLt handle");
   /* [Lt 3.4.22]: INVALID_VALUE "If requestedAlgoCount is less or equal to zero". */
@@ -913,6 +936,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                               void *D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspaceSize,
                               cudaStream_t stream) {
   const char *fn = "cublasLtMatmul";
+  count(LT_MATMULS);
   /* [Lt 3.4.17] Returns: NOT_INITIALIZED "If cuBLASLt handle has not been initialized". */
   if (!handle_ok(h)) return refuse(fn, CUBLAS_STATUS_NOT_INITIALIZED, "not a live cublasLt handle");
   if (!Cdesc) Cdesc = Ddesc;          /* [Lt 3.4.17] "If Cdesc is omitted ... equal to Ddesc" */
@@ -1004,6 +1028,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
   if (e != cudaSuccess)
     return refuse(fn, CUBLAS_STATUS_EXECUTION_FAILED, "the stream did not take the work: %s", cudaGetErrorName(e));
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Test infrastructure, not the library's: what callers made since the last reset, for the
+ * tests of a caller's plan cache (tests/gpu/test_matmul_plans.c declares these weakly, so it
+ * links on a real GPU too, where they are absent):
+ *   out[0] descriptors created, out[1] layouts created, out[2] preferences created,
+ *   out[3] heuristic queries, out[4] descriptors, layouts and preferences destroyed,
+ *   out[5] cublasLtMatmul calls (refused ones included). */
+void sh_emu_lt_counts(long out[6]) {
+  for (int i = 0; i < LT_NCOUNTS; i++) out[i] = g_counts[i].load();
+}
+void sh_emu_lt_counts_reset(void) {
+  for (int i = 0; i < LT_NCOUNTS; i++) g_counts[i].store(0);
 }
 
 }  // extern "C"
