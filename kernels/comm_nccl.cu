@@ -29,7 +29,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "comm_internal.h"
-
+#include <mutex>
+#include <vector>
 
 /* gather: all-gathers and broadcasts; reduce: reductions and barriers. */
 struct nccl_group {
@@ -46,6 +47,31 @@ struct nccl_work {
   size_t in_bytes, out_bytes;
   int device;
 };
+
+/* Events for ordering collectives, reused: a collective takes one for its inputs and one for
+ * its completion, so creating and destroying them would be two driver calls per collective.
+ * An event goes back once no one will wait on it again (re-recording it later is legal even
+ * while earlier waits are pending: a wait binds to the record before it). Per device, since
+ * an event belongs to the device current when it was made; they live as long as the process. */
+enum { MAX_DEVICES = 16 };
+static std::mutex event_lock;
+static std::vector<cudaEvent_t> free_events[MAX_DEVICES];
+
+/* An event of `device`, which is current. */
+static int event_take(int device, cudaEvent_t *e) {
+  {
+    std::lock_guard<std::mutex> g(event_lock);
+    std::vector<cudaEvent_t> &pool = free_events[device];
+    if (!pool.empty()) { *e = pool.back(); pool.pop_back(); return SH_OK; }
+  }
+  CU_TRY("nccl", cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  return SH_OK;
+}
+
+static void event_give(int device, cudaEvent_t e) {
+  std::lock_guard<std::mutex> g(event_lock);
+  free_events[device].push_back(e);
+}
 
 static void abort_group(nccl_group *g) {
   if (g->aborted) return;
@@ -325,10 +351,11 @@ static int post(sh_comm_work *w, nccl_work *m) {
   /* The collective must see everything the caller's stream wrote into its inputs. */
   if (caller != s) {
     cudaEvent_t ready;
-    CU_TRY("nccl", cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CU_TRY("nccl", cudaEventRecord(ready, caller));
-    CU_TRY("nccl", cudaStreamWaitEvent(s, ready, 0));
-    CU_TRY("nccl", cudaEventDestroy(ready));
+    SH_TRY(event_take(m->device, &ready));
+    cudaError_t e = cudaEventRecord(ready, caller);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ready, 0);
+    event_give(m->device, ready);   /* s's wait is bound to this record */
+    CU_TRY("nccl", e);
   }
   /* Staging memory is allocated and freed in the collective stream's order, so reusing it
    * never makes the caller's stream wait for a collective. */
@@ -353,7 +380,7 @@ static int post(sh_comm_work *w, nccl_work *m) {
     default:
       SH_TRY(post_reduction(w, m, comm, s));
   }
-  CU_TRY("nccl", cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming));
+  SH_TRY(event_take(m->device, &m->done));
   CU_TRY("nccl", cudaEventRecord(m->done, s));
   free_staging(m);
   return SH_OK;
@@ -361,7 +388,7 @@ static int post(sh_comm_work *w, nccl_work *m) {
 
 static void work_free(nccl_work *m) {
   free_staging(m);
-  if (m->done) cudaEventDestroy(m->done);   /* legal while pending: released once it completes */
+  if (m->done) event_give(m->device, m->done);   /* its waits are queued, its test answered */
   free(m);
 }
 
