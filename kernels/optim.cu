@@ -7,7 +7,8 @@
  *          momentum buf + (1 - dampening) g;  g = nesterov ? g + momentum buf : buf;  p -= lr g
  * AdamW is multi-tensor: one launch walks a table of up to MT_MAX buffers (a FlatParameter
  * shard each) cut into chunks, one chunk per block, reading grad (f32 or bf16), p, m, v once
- * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once. The
+ * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once, with
+ * 16-byte accesses where every buffer of a parameter is 16-byte aligned (8 elements a step). The
  * gradient-norm part walks the same kind of table into one f64 on the device. */
 #include <memory>
 #include "common.cuh"
@@ -51,21 +52,101 @@ struct adamw_table {
   void *shadow[MT_MAX];
   float decay[MT_MAX];               /* 1 - lr wd: the weight decay is the parameter's own */
   int g_bf16[MT_MAX], shadow_dt[MT_MAX];
+  int wide[MT_MAX];                  /* every buffer 16-byte aligned: the 16-byte path */
 };
 
+/* One element's update, returning the new p: the one formula of both paths, so they give the
+ * same bits. */
+__device__ __forceinline__ float adamw_elem(float g, float p, float *m, float *v, float decay, const sh_adamw_hyper &h) {
+  float pi = p * decay;
+  float mi = *m * h.b1 + g * h.omb1;
+  float vi = *v * h.b2 + g * g * h.omb2;
+  pi -= h.step_size * (mi / (sqrtf(vi) / h.bc2_sqrt + h.eps));
+  *m = mi;
+  *v = vi;
+  return pi;
+}
+
+/* AW consecutive elements go through 16-byte accesses: two of f32 (p, m, v, an f32 grad or
+ * shadow), one of bf16/f16 (the grad, the shadow). */
+enum { AW = 8 };
+struct f32x8 { float4 lo, hi; };
+
+__device__ __forceinline__ void load_f32x8(const float *p, float *x) {
+  f32x8 r = *reinterpret_cast<const f32x8 *>(p);
+  const float *f = reinterpret_cast<const float *>(&r);
+#pragma unroll
+  for (int k = 0; k < AW; k++) x[k] = f[k];
+}
+
+__device__ __forceinline__ void store_f32x8(float *p, const float *x) {
+  f32x8 r;
+  float *f = reinterpret_cast<float *>(&r);
+#pragma unroll
+  for (int k = 0; k < AW; k++) f[k] = x[k];
+  *reinterpret_cast<f32x8 *>(p) = r;
+}
+
+__device__ __forceinline__ void load_grad8(const adamw_table &t, int b, int64_t i, float *g) {
+  if (!t.g_bf16[b]) { load_f32x8((const float *)t.g[b] + i, g); return; }
+  int4 r = *reinterpret_cast<const int4 *>((const __nv_bfloat16 *)t.g[b] + i);
+  const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&r);
+#pragma unroll
+  for (int k = 0; k < AW; k++) g[k] = __bfloat162float(h[k]);
+}
+
+template <typename T> __device__ __forceinline__ void store_half8(void *dst, const float *x) {
+  int4 r;
+  T *h = reinterpret_cast<T *>(&r);
+#pragma unroll
+  for (int k = 0; k < AW; k++) h[k] = from_f<T>(x[k]);
+  *reinterpret_cast<int4 *>(dst) = r;
+}
+
+__device__ __forceinline__ void store_shadow8(const adamw_table &t, int b, int64_t i, const float *x) {
+  switch (t.shadow_dt[b]) {
+    case SH_F32: store_f32x8((float *)t.shadow[b] + i, x); break;
+    case SH_BF16: store_half8<__nv_bfloat16>((__nv_bfloat16 *)t.shadow[b] + i, x); break;
+    default: store_half8<__half>((__half *)t.shadow[b] + i, x); break;
+  }
+}
+
+/* Elements [i, i + AW) of buffer b, all 16-byte aligned. */
+__device__ __forceinline__ void adamw_wide(const adamw_table &t, int b, int64_t i, float scale, const sh_adamw_hyper &h) {
+  float g[AW], p[AW], m[AW], v[AW];
+  load_grad8(t, b, i, g);
+  load_f32x8(t.p[b] + i, p);
+  load_f32x8(t.m[b] + i, m);
+  load_f32x8(t.v[b] + i, v);
+#pragma unroll
+  for (int k = 0; k < AW; k++) p[k] = adamw_elem(g[k] * scale, p[k], &m[k], &v[k], t.decay[b], h);
+  store_f32x8(t.p[b] + i, p);
+  store_f32x8(t.m[b] + i, m);
+  store_f32x8(t.v[b] + i, v);
+  if (t.shadow[b]) store_shadow8(t, b, i, p);
+}
+
+/* Element i of buffer b, one access each. */
+__device__ __forceinline__ void adamw_one(const adamw_table &t, int b, int64_t i, float scale, const sh_adamw_hyper &h) {
+  float g = t.g_bf16[b] ? __bfloat162float(((const __nv_bfloat16 *)t.g[b])[i]) : ((const float *)t.g[b])[i];
+  float pi = adamw_elem(g * scale, t.p[b][i], &t.m[b][i], &t.v[b][i], t.decay[b], h);
+  t.p[b][i] = pi;
+  if (t.shadow[b]) ew_store<float>((char *)t.shadow[b], t.shadow_dt[b], i, pi);
+}
+
+/* A chunk starts at a multiple of MT_CHUNK (a multiple of AW) elements, so on an aligned buffer
+ * its whole groups of AW are aligned; the rest of the chunk (a buffer's last AW - 1 elements at
+ * most) and unaligned buffers go one element at a time. */
 __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
   int64_t i0, i1;
   int b = mt_locate(t.c, &i0, &i1);
-  float *p = t.p[b], *m = t.m[b], *v = t.v[b];
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-    float g = (t.g_bf16[b] ? __bfloat162float(((const __nv_bfloat16 *)t.g[b])[i]) : ((const float *)t.g[b])[i]) * h.scale;
-    float pi = p[i] * t.decay[b];
-    float mi = m[i] * h.b1 + g * h.omb1;
-    float vi = v[i] * h.b2 + g * g * h.omb2;
-    pi -= h.step_size * (mi / (sqrtf(vi) / h.bc2_sqrt + h.eps));
-    p[i] = pi; m[i] = mi; v[i] = vi;
-    if (t.shadow[b]) ew_store<float>((char *)t.shadow[b], t.shadow_dt[b], i, pi);
+  float scale = h.scale;
+  int64_t tail = i0;
+  if (t.wide[b]) {
+    tail = i0 + (i1 - i0) / AW * AW;
+    for (int64_t i = i0 + (int64_t)threadIdx.x * AW; i < tail; i += (int64_t)blockDim.x * AW) adamw_wide(t, b, i, scale, h);
   }
+  for (int64_t i = tail + threadIdx.x; i < i1; i += blockDim.x) adamw_one(t, b, i, scale, h);
 }
 
 static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, cudaStream_t st) {
@@ -96,6 +177,8 @@ static int cuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, do
     t.g_bf16[k] = e->grad->dtype == SH_BF16;
     t.shadow[k] = e->shadow ? sh_tensor_data(e->shadow) : NULL;
     t.shadow_dt[k] = e->shadow ? e->shadow->dtype : SH_F32;
+    t.wide[k] = sh_aligned16(t.p[k]) && sh_aligned16(t.m[k]) && sh_aligned16(t.v[k]) && sh_aligned16(t.g[k]) &&
+                (!t.shadow[k] || sh_aligned16(t.shadow[k]));
     t.decay[k] = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale).decay;
     mt_add(&t.c, numel);
     if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, h, st));

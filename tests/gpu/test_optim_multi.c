@@ -143,6 +143,89 @@ static void test_adamw_multi(void) {
   free_params(cuda);
 }
 
+/* t's elements as f64 (exact for f32, bf16 and f16), read from any device; NULL on failure. */
+static double *values_of(const sh_tensor *t) {
+  int64_t n = sh_tensor_numel(t);
+  sh_tensor *h = NULL;
+  double *a = malloc(sizeof(double) * (size_t)(n + 1));
+  if (!a || sh_tensor_to(&h, t, SH_F64, -1) || sh_tensor_read_f64(h, a)) { free(a); a = NULL; }
+  sh_tensor_destroy(h);
+  return a;
+}
+
+/* The number of elements where a and b differ in value (NaN equals NaN); n + 1 when unreadable. */
+static int64_t count_unequal(const sh_tensor *a, const sh_tensor *b) {
+  int64_t n = sh_tensor_numel(a), bad = 0;
+  double *x = values_of(a), *y = values_of(b);
+  if (!x || !y || sh_tensor_numel(b) != n) bad = n + 1;
+  else
+    for (int64_t i = 0; i < n; i++) bad += !(x[i] == y[i] || (isnan(x[i]) && isnan(y[i])));
+  free(x);
+  free(y);
+  return bad;
+}
+
+/* A copy of t on `device` viewed at element `offset` of a larger buffer (offset 1: not 16-byte
+ * aligned, so the kernel takes its one-element path). */
+static sh_tensor *placed(const sh_tensor *t, int device, int64_t offset) {
+  int64_t n = sh_tensor_numel(t);
+  sh_tensor *buf = NULL, *view = NULL;
+  if (sh_tensor_empty(&buf, 1, S(n + offset), t->dtype, device) || sh_tensor_fill_(buf, 0.0) ||
+      sh_view_narrow(&view, buf, 0, offset, n) || sh_tensor_copy_(view, t)) {
+    printf("placing a tensor: %s\n", sh_last_error());
+    exit(2);
+  }
+  sh_tensor_destroy(buf);   /* the view holds the storage */
+  return view;
+}
+
+/* The 16-byte path against the one-element path and the CPU: a parameter of 2 chunks and 13
+ * elements (not a multiple of 8), each grad dtype and shadow, stepped twice on aligned buffers
+ * and on views one element in (unaligned). Both device runs give the same bits (one formula);
+ * on the emulator, which compiles the kernel without FMA contraction like the CPU loops, they
+ * also equal the CPU's bits (on a GPU, the CPU's to rounding). */
+static void test_adamw_wide(void) {
+  const int64_t n = 2 * 8192 + 13;
+  const int gdts[2] = {SH_F32, SH_BF16}, sdts[4] = {-1, SH_BF16, SH_F16, SH_F32};
+  for (int gi = 0; gi < 2; gi++) {
+    for (int si = 0; si < 4; si++) {
+      sh_tensor *cpu[5], *dev[2][5];
+      cpu[0] = random_tensor(n, SH_F32, 700, 0, 1);
+      cpu[1] = random_tensor(n, gdts[gi], 701, 0, 0.1);
+      cpu[2] = random_tensor(n, SH_F32, 702, 0, 0.01);
+      cpu[3] = random_tensor(n, SH_F32, 703, 0.01, 0.001);
+      cpu[4] = NULL;
+      if (sdts[si] >= 0 && sh_tensor_empty(&cpu[4], 1, S(n), sdts[si], -1)) exit(2);
+      if (cpu[4]) CHECK_OK(sh_tensor_fill_(cpu[4], 0.0));
+      for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 5; k++) dev[r][k] = cpu[k] ? placed(cpu[k], DEV, r) : NULL;
+      for (int step = 1; step <= 2; step++) {
+        CHECK_OK(sh_adamw_step_(cpu[0], cpu[1], cpu[2], cpu[3], cpu[4], 1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.5));
+        for (int r = 0; r < 2; r++)
+          CHECK_OK(sh_adamw_step_(dev[r][0], dev[r][1], dev[r][2], dev[r][3], dev[r][4], 1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.5));
+      }
+      const char *names[5] = {"p", "grad", "m", "v", "shadow"};
+      for (int k = 0; k < 5; k++) {
+        if (k == 1 || !cpu[k]) continue;
+        int64_t paths = count_unequal(dev[0][k], dev[1][k]);
+        CHECK(paths == 0, "adamw [%lld] grad %s shadow %s: %s differs between the aligned and unaligned runs in %lld elements",
+              (long long)n, sh_dtype_name(gdts[gi]), sdts[si] >= 0 ? sh_dtype_name(sdts[si]) : "none", names[k], (long long)paths);
+        if (counting()) {
+          int64_t vs_cpu = count_unequal(dev[0][k], cpu[k]);
+          CHECK(vs_cpu == 0, "adamw [%lld] grad %s shadow %s: %s differs from the CPU's bits in %lld elements", (long long)n,
+                sh_dtype_name(gdts[gi]), sdts[si] >= 0 ? sh_dtype_name(sdts[si]) : "none", names[k], (long long)vs_cpu);
+        } else {
+          CHECK(max_rel_diff(dev[0][k], cpu[k]) <= (k == 4 ? 1e-2 : 1e-5), "adamw: %s differs from the CPU's", names[k]);
+        }
+      }
+      for (int k = 0; k < 5; k++) {
+        sh_tensor_destroy(cpu[k]);
+        for (int r = 0; r < 2; r++) sh_tensor_destroy(dev[r][k]);
+      }
+    }
+  }
+}
+
 static void test_adamw_multi_errors(void) {
   sh_tensor *p = NULL, *g = NULL, *m = NULL, *v = NULL, *pc = NULL;
   CHECK_OK(sh_tensor_empty(&p, 1, S(4), SH_F32, DEV));
@@ -226,6 +309,7 @@ int main(int argc, char **argv) {
   if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
   if (!counting()) printf("# not on the emulator: launches and host waits are not counted\n");
   RUN(test_adamw_multi);
+  RUN(test_adamw_wide);
   RUN(test_adamw_multi_errors);
   RUN(test_grad_norm_part);
   CHECK_OK(sh_cuda_synchronize(DEV));
