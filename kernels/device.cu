@@ -3,11 +3,12 @@
  * The caching allocator itself (size classes, free lists, stats, tags, the OOM report) is
  * runtime/alloc.c, shared with the CPU; this file gives it raw device memory (cudaMalloc,
  * called only on a cache miss, so a steady-state step never allocates or frees) and makes
- * reuse stream-aware: when a block enters the cache an event is recorded on the stream that
- * is current for the freeing thread, and when the cache hands the block out to a thread whose
- * current stream is another one, that stream first waits for the event. The wait is queued
- * on the device, so the host never blocks, and the order is fixed by the program, not by
- * timing (no recordStream). Nothing reachable from a free or a finalizer synchronises.
+ * reuse stream-aware: a block remembers every stream that used it since it was handed out
+ * (the one current when it was, those sh_cuda_record_stream named, the one current at the
+ * free); the free records an event on each, and when the cache hands the block out to a
+ * thread whose current stream is another one, that stream first waits for those events. The
+ * wait is queued on the device, so the host never blocks, and the order is fixed by the
+ * program, not by timing. Nothing reachable from a free or a finalizer synchronises.
  * SHARD_CUDA_POISON=1 (a debug option) fills every block the cache hands out, new or reused,
  * with 0xFF bytes (NaN in every float dtype) on the stream that gets it, so an output a kernel
  * leaves partly unwritten shows even in reused memory.
@@ -18,6 +19,7 @@
  * offload hooks below, used by runtime/flatparam.c). */
 #include "common.cuh"
 #include "backend_internal.h"
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -57,9 +59,6 @@ extern "C" int sh_cuda_device_count(void) {
 
 /* ---- the memory backend ------------------------------------------------------------ */
 
-/* The event of each cached block, the stream that was current when it was freed, and its size. */
-struct block_rec { cudaEvent_t freed; sh_cuda_stream *stream; bool pending; size_t bytes; };
-static std::unordered_map<void *, block_rec> blocks;
 static std::mutex blocks_lock;
 
 /* Runs with `device` current, then restores the thread's previous device. */
@@ -71,6 +70,58 @@ struct device_scope {
   }
   ~device_scope() { int now; if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev); }
 };
+
+/* The streams that used a block since it was last handed out, each with the event its free
+ * records there. Reuse waits for all of them, not only for the stream current at the free: a
+ * block freed on compute after the all-gather stream read it must wait for that read too. */
+struct stream_uses {
+  struct use { sh_cuda_stream *s; cudaEvent_t freed; bool used, pending; };
+  std::vector<use> v;
+
+  /* False when no event could be made for a new stream. */
+  bool add(sh_cuda_stream *s) {
+    for (use &u : v)
+      if (u.s == s) { u.used = true; return true; }
+    device_scope scope(s->device);
+    cudaEvent_t e = NULL;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) { cudaGetLastError(); return false; }
+    v.push_back({s, e, true, false});
+    return true;
+  }
+  /* At the free: an event on every stream that used it. */
+  void record() {
+    for (use &u : v) {
+      if (!u.used) continue;
+      u.used = false;
+      u.pending = cudaEventRecord(u.freed, u.s->s) == cudaSuccess;
+      if (!u.pending) cudaGetLastError();   /* the context is being torn down */
+    }
+  }
+  /* At the reuse on s: s waits on the device for every other stream's use. */
+  void wait_on(sh_cuda_stream *s) {
+    for (use &u : v) {
+      if (u.pending && u.s != s && cudaStreamWaitEvent(s->s, u.freed, 0) != cudaSuccess) cudaGetLastError();
+      u.pending = false;
+    }
+  }
+  /* True when every use has finished (a host query, never a wait). */
+  bool done() {
+    for (use &u : v) {
+      if (u.pending && cudaEventQuery(u.freed) != cudaSuccess) { cudaGetLastError(); return false; }
+      u.pending = false;
+    }
+    return true;
+  }
+  void destroy() {
+    for (use &u : v)
+      if (u.freed) cudaEventDestroy(u.freed);
+    v.clear();
+  }
+};
+
+/* Each cached block (keyed by its start, ordered to find the block holding a pointer). */
+struct block_rec { size_t bytes; stream_uses uses; };
+static std::map<void *, block_rec> blocks;
 
 /* The CUDA kernel table, filled once from every op family (backend_internal.h). */
 static void register_kernels(void) {
@@ -115,10 +166,11 @@ static void *raw_alloc(int device, size_t nbytes) {
   device_scope scope(device);
   void *p = NULL;
   if (cudaMalloc(&p, nbytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
-  poison(device, p, nbytes, current_stream(device));
-  block_rec rec = {NULL, NULL, false, nbytes};
-  if (cudaEventCreateWithFlags(&rec.freed, cudaEventDisableTiming) != cudaSuccess) {
-    cudaGetLastError();
+  sh_cuda_stream *s = current_stream(device);
+  poison(device, p, nbytes, s);
+  block_rec rec;
+  rec.bytes = nbytes;
+  if (!rec.uses.add(s)) {
     cudaFree(p);
     return NULL;
   }
@@ -134,25 +186,18 @@ static void raw_free(int device, void *ptr) {
   {
     std::lock_guard<std::mutex> g(blocks_lock);
     auto it = blocks.find(ptr);
-    if (it != blocks.end()) { cudaEventDestroy(it->second.freed); blocks.erase(it); }
+    if (it != blocks.end()) { it->second.uses.destroy(); blocks.erase(it); }
   }
   cudaFree(ptr);
 }
 
+/* A stream that cannot get an event (the context is being torn down) goes unrecorded. */
 static void on_free(int device, void *ptr) {
   std::lock_guard<std::mutex> g(blocks_lock);
   auto it = blocks.find(ptr);
   if (it == blocks.end()) return;
-  sh_cuda_stream *s = current_stream(device);
-  if (cudaEventRecord(it->second.freed, s->s) == cudaSuccess) {
-    it->second.stream = s;
-    it->second.pending = true;
-  } else {
-    /* Cannot record (the context is being torn down): treat the block as used on the
-     * compute stream, which is where nearly all frees happen. */
-    cudaGetLastError();
-    it->second.pending = false;
-  }
+  it->second.uses.add(current_stream(device));
+  it->second.uses.record();
 }
 
 static void on_reuse(int device, void *ptr) {
@@ -161,9 +206,17 @@ static void on_reuse(int device, void *ptr) {
   if (it == blocks.end()) return;
   block_rec &r = it->second;
   sh_cuda_stream *s = current_stream(device);
-  if (r.pending && s != r.stream && cudaStreamWaitEvent(s->s, r.freed, 0) != cudaSuccess) cudaGetLastError();
-  r.pending = false;
+  r.uses.wait_on(s);
+  r.uses.add(s);
   poison(device, ptr, r.bytes, s);
+}
+
+/* The cached device block holding ptr, or NULL (blocks_lock held). */
+static block_rec *block_of(const void *ptr) {
+  auto it = blocks.upper_bound((void *)ptr);
+  if (it == blocks.begin()) return NULL;
+  --it;
+  return (const char *)ptr < (const char *)it->first + it->second.bytes ? &it->second : NULL;
 }
 
 static bool is_pinned(const void *p) {
@@ -444,18 +497,12 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
  * may still read or write a buffer after its free, so the free records an event on the
  * current stream, and a cached buffer is handed out again only once that event completed
  * (queried, never waited for: when none is ready, a new buffer is pinned). */
-struct pinned_block { void *ptr; size_t bytes; cudaEvent_t used; };
+struct pinned_block { void *ptr; size_t bytes; stream_uses uses; };
 static std::vector<pinned_block> pinned_free;
 static std::unordered_map<void *, pinned_block> pinned_live;
 static std::mutex pinned_lock;
 
-static bool pinned_ready(const pinned_block &b) {
-  if (!b.used) return true;
-  cudaError_t err = cudaEventQuery(b.used);
-  if (err == cudaSuccess) return true;
-  cudaGetLastError();
-  return false;
-}
+static bool pinned_ready(pinned_block &b) { return b.uses.done(); }
 
 /* The best fit among the cached buffers whose work is done; -1 if none. */
 static int pinned_fit(size_t bytes) {
@@ -475,7 +522,7 @@ extern "C" int sh_cuda_host_alloc(void **out, size_t nbytes) {
   if (bytes == 0) bytes = 4096;
   std::lock_guard<std::mutex> g(pinned_lock);
   int best = pinned_fit(bytes);
-  pinned_block blk = {NULL, bytes, NULL};
+  pinned_block blk = {NULL, bytes, {}};
   if (best >= 0) {
     blk = pinned_free[best];
     pinned_free.erase(pinned_free.begin() + best);
@@ -491,16 +538,13 @@ extern "C" int sh_cuda_host_alloc(void **out, size_t nbytes) {
   return SH_OK;
 }
 
-/* Records b's event on the calling thread's current stream (when a device is in use). */
+/* At the free: b's events on every stream that used it, the calling thread's current one
+ * included (when a device is in use). */
 static void pinned_record(pinned_block *b) {
   int dev = -1;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES || !devices[dev].ready) {
-    cudaGetLastError();
-    return;
-  }
-  if ((!b->used && cudaEventCreateWithFlags(&b->used, cudaEventDisableTiming) != cudaSuccess) ||
-      cudaEventRecord(b->used, current_stream(dev)->s) != cudaSuccess)
-    cudaGetLastError();   /* the context is being torn down */
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES || !devices[dev].ready) cudaGetLastError();
+  else b->uses.add(current_stream(dev));
+  b->uses.record();
 }
 
 extern "C" void sh_cuda_host_free(void *ptr) {
@@ -514,11 +558,40 @@ extern "C" void sh_cuda_host_free(void *ptr) {
   pinned_free.push_back(b);
 }
 
+/* The pinned buffer holding ptr, or NULL (pinned_lock held). */
+static pinned_block *pinned_of(const void *ptr) {
+  for (auto &kv : pinned_live)
+    if ((const char *)ptr >= (const char *)kv.first && (const char *)ptr < (const char *)kv.first + kv.second.bytes)
+      return &kv.second;
+  return NULL;
+}
+
+extern "C" int sh_cuda_record_stream(const sh_tensor *t, sh_cuda_stream *s) {
+  const char *op = "record_stream";
+  SH_TRY(sh_tensor_check(t, op));
+  if (!s) return sh_fail(SH_ERR_ARG, "%s: stream is NULL", op);
+  const void *p = sh_tensor_data(t);
+  stream_uses *u = NULL;
+  if (t->device >= 0) {
+    std::lock_guard<std::mutex> g(blocks_lock);
+    block_rec *b = block_of(p);
+    if (b && b->uses.add(s)) return SH_OK;
+    u = b ? &b->uses : NULL;
+  } else {
+    std::lock_guard<std::mutex> g(pinned_lock);
+    pinned_block *b = pinned_of(p);
+    if (b && b->uses.add(s)) return SH_OK;
+    u = b ? &b->uses : NULL;
+  }
+  if (!u) return sh_fail(SH_ERR_ARG, "%s: %s is not memory of the CUDA allocator (a cached device block or a pinned buffer)", op, sh_desc(t));
+  return sh_fail(SH_ERR_DEVICE, "%s: cannot create an event for %s", op, sh_desc(t));
+}
+
 extern "C" int sh_cuda_host_empty_cache(void) {
   std::lock_guard<std::mutex> g(pinned_lock);
-  for (const pinned_block &b : pinned_free) {
-    CU_TRY("host_empty_cache", cudaFreeHost(b.ptr));   /* waits for the device: b.used is done */
-    if (b.used) cudaEventDestroy(b.used);
+  for (pinned_block &b : pinned_free) {
+    CU_TRY("host_empty_cache", cudaFreeHost(b.ptr));   /* waits for the device: b's uses are done */
+    b.uses.destroy();
   }
   pinned_free.clear();
   return SH_OK;

@@ -4,7 +4,9 @@
  * and reduce-scatter (collectives). Work on different streams is ordered only by events,
  * never by device-wide synchronisation, so FSDP overlaps communication with compute.
  * Memory freed while the current stream is S is reused on another stream only after that
- * stream waits for an event recorded on S at the free: reuse is safe and deterministic.
+ * stream waits for events recorded at the free on S and on every other stream that used it
+ * (the one current when it was handed out, those sh_cuda_record_stream named): reuse is safe
+ * and deterministic.
  * Nothing that may run in a finalizer (frees, event destroy, pinned free) synchronises.
  * With no GPU, sh_cuda_device_count() is 0 and the rest fail with SH_ERR_DEVICE. A build
  * without nvcc has none of these symbols (Lua asks shard.ffi.cuda_device_count(), which
@@ -43,6 +45,10 @@ int sh_cuda_set_stream(sh_cuda_stream *s);  /* this thread's current stream on s
 int sh_cuda_current_stream(sh_cuda_stream **out, int device);
 int sh_cuda_stream_synchronize(sh_cuda_stream *s);
 int sh_cuda_stream_wait_event(sh_cuda_stream *s, sh_cuda_event *e);
+/* t's memory (a cached device block or a pinned buffer) is used by work queued on s, a stream
+ * other than the one current when it was handed out: when it is freed, its reuse waits for
+ * that work too (PyTorch's record_stream). */
+int sh_cuda_record_stream(const sh_tensor *t, sh_cuda_stream *s);
 
 /* events; timing = 1 makes one usable with sh_cuda_event_elapsed */
 int sh_cuda_event_create(sh_cuda_event **out, int device, int timing);

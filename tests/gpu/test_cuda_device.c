@@ -134,6 +134,55 @@ static void test_cross_stream_reuse_waits(void) {
   sh_tensor_destroy(c);
 }
 
+/* The emulator's counters: present only under the emulator (tests/cuda_emu), NULL on a GPU. */
+long sh_emu_host_waits(void) __attribute__((weak));
+
+/* a, allocated on compute, is read on the all-gather stream (c = a * 1), then freed on compute
+ * and its block handed to b on compute, which writes 3. Returns c's value after the device
+ * sync: 2 when the read ran first. `record` names the all-gather stream's use of a
+ * (sh_cuda_record_stream), so the reuse waits for it. */
+static double read_on_other_stream_then_reuse(int record) {
+  const int64_t n = 1 << 12;
+  sh_cuda_stream *ag = NULL, *comp = NULL;
+  sh_cuda_event *e = NULL;
+  CHECK_OK(sh_cuda_stream_get(&ag, DEV, SH_STREAM_ALL_GATHER));
+  CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
+  CHECK_OK(sh_cuda_event_create(&e, DEV, 0));
+  sh_tensor *a = filled(n, DEV, 2.0), *b = NULL, *c = NULL;
+  void *block = sh_tensor_data(a);
+  CHECK_OK(sh_cuda_event_record(e, comp));
+  CHECK_OK(sh_cuda_stream_wait_event(ag, e));
+  CHECK_OK(sh_cuda_set_stream(ag));
+  CHECK_OK(sh_binary_scalar(&c, SH_OP_MUL, a, 1.0, 0));
+  if (record) CHECK_OK(sh_cuda_record_stream(a, ag));
+  CHECK_OK(sh_cuda_set_stream(comp));
+  sh_tensor_destroy(a);
+  CHECK_OK(sh_tensor_empty(&b, 1, S(n), SH_F32, DEV));
+  CHECK(sh_tensor_data(b) == block, "a's block is reused for b on compute");
+  CHECK_OK(sh_tensor_fill_(b, 3.0));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  double v = all_equal(c, 2.0) ? 2.0 : all_equal(c, 3.0) ? 3.0 : NAN;
+  sh_cuda_event_destroy(e);
+  sh_tensor_destroy(b);
+  sh_tensor_destroy(c);
+  return v;
+}
+
+/* A block used on a stream other than the one it was handed out on: its reuse must wait for
+ * that stream too, not only for the stream current at the free. */
+static void test_record_stream(void) {
+  CHECK(read_on_other_stream_then_reuse(1) == 2.0, "with sh_cuda_record_stream the reuse waited for the other stream's read");
+  /* The emulator's newest-first order always loses this race; a GPU or another order may not. */
+  const char *seed = getenv("SHARD_EMU_DRAIN_SEED");
+  if (sh_emu_host_waits && (!seed || atoi(seed) == 0))
+    CHECK(read_on_other_stream_then_reuse(0) == 3.0, "without it the emulator shows the reuse overwriting a block still read");
+  sh_tensor *h = filled(4, -1, 1.0);
+  sh_cuda_stream *comp = NULL;
+  CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
+  CHECK_FAILS(sh_cuda_record_stream(h, comp), SH_ERR_ARG, "not memory of the CUDA allocator");
+  sh_tensor_destroy(h);
+}
+
 /* SHARD_CUDA_POISON=1 (set by main): a reused block comes back as 0xFF bytes, not as the
  * values its last tensor left. */
 static void test_poison(void) {
@@ -265,6 +314,7 @@ int main(void) {
   test_info();
   test_streams_and_events();
   test_cross_stream_reuse_waits();
+  test_record_stream();
   test_poison();
   test_pinned_and_async_copies();
   test_pinned_reuse_waits_for_copies();
