@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 extern "C" {
 #include "tensor_internal.h"
 #include "cuda.h"
@@ -76,6 +77,42 @@ template <typename T> __device__ __forceinline__ void store_pack(T *p, const sh_
 }
 
 static inline bool sh_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* W consecutive elements of T: moved by 16-byte accesses when W * sizeof(T) is a multiple
+ * of 16 (the address must then be 16-byte aligned), else element by element. Plain loads,
+ * not __ldg: a kernel may read what it wrote (a row it stored, logits overwritten in place). */
+template <typename T, int W> struct alignas((W * sizeof(T)) % 16 == 0 ? 16 : alignof(T)) sh_vec {
+  static constexpr bool WIDE = (W * sizeof(T)) % 16 == 0;
+  T v[W];
+};
+
+template <typename T, int W> __device__ __forceinline__ sh_vec<T, W> load_vec(const T *p) {
+  sh_vec<T, W> r;
+  if constexpr (sh_vec<T, W>::WIDE) {
+#pragma unroll
+    for (int i = 0; i < (int)(W * sizeof(T) / 16); i++) reinterpret_cast<int4 *>(&r)[i] = reinterpret_cast<const int4 *>(p)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; i++) r.v[i] = p[i];
+  }
+  return r;
+}
+template <typename T, int W> __device__ __forceinline__ void store_vec(T *p, const sh_vec<T, W> &r) {
+  if constexpr (sh_vec<T, W>::WIDE) {
+#pragma unroll
+    for (int i = 0; i < (int)(W * sizeof(T) / 16); i++) reinterpret_cast<int4 *>(p)[i] = reinterpret_cast<const int4 *>(&r)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; i++) p[i] = r.v[i];
+  }
+}
+
+/* f(std::integral_constant<int, W>()): W = 16 bytes of T (the sh_vec width of one 16-byte
+ * access) when `wide`, else 1 (the element-by-element path). */
+template <typename T, typename F> static inline void with_width(bool wide, F f) {
+  if (wide) f(std::integral_constant<int, 16 / sizeof(T)>());
+  else f(std::integral_constant<int, 1>());
+}
 
 /* Runs `body` with T bound to the C++ type of a float dtype (f32, bf16, f16). */
 #define SH_DISPATCH_FLOAT(dtype, T, op, ...) \

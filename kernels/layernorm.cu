@@ -4,46 +4,110 @@
  * rstd = 1/sqrt(mean(x^2) + eps)), saved as f32 [rows] for backward; w and b may be NULL.
  *
  * One warp per row: rows are a few hundred to a few thousand wide, so a warp streams a row
- * twice from L1 with no block-wide barrier. Backward's parameter gradients are summed
+ * with no block-wide barrier. A lane owns the chunks lane, lane + 32, ... of W elements
+ * (W = 16 bytes of T when the row length and the pointers allow, so each access is one
+ * 16-byte load; else W = 1). The forward holds up to LN_SLOTS chunks in registers: a row of
+ * up to 32 LN_SLOTS W elements (2048 in bf16, 1024 in f32) is read from memory once, a
+ * longer one in segments of that size, once per pass. Backward's parameter gradients are summed
  * deterministically: each warp keeps its own f32 row of dw/db partials in shared memory
- * over a fixed set of rows, a block adds its warps' rows in order into one partial row per
- * block, and a second kernel adds the blocks' rows in order into dw/db (dw += ...). */
+ * (only its lanes touch it, each its own chunks) over a fixed set of rows, a block adds its
+ * warps' rows in order into one partial row per block, and a second kernel adds the
+ * blocks' rows in order into dw/db (dw += ...). */
+#include <initializer_list>
 #include "common.cuh"
 #include "backend_internal.h"
 
-enum { LN_WARPS = 8 };
+enum { LN_WARPS = 8, LN_SLOTS = 8 };
 
-/* Forward. res != NULL: r = x + res is formed (rounded to T, as a separate add would be),
- * stored in r_out, and normalised. rms: no centring and no bias. */
-template <typename T>
-__global__ void norm_fwd_kernel(const T *x, const T *res, T *r_out, const float *w, const float *b, T *y, float *mean_out,
+/* One lane's part of a forward row segment: slot k holds chunk (seg LN_SLOTS + k) 32 + lane. */
+template <typename T, int W> struct ln_seg {
+  sh_vec<T, W> v[LN_SLOTS];
+};
+
+__device__ __forceinline__ int ln_chunk(int seg, int k, int lane) { return (seg * LN_SLOTS + k) * 32 + lane; }
+
+/* f(k, c) for each slot k of segment `seg` whose chunk c lies in the row (k a constant once
+ * unrolled, so the slots stay in registers). */
+template <typename F> __device__ __forceinline__ void seg_each(int seg, int lane, int chunks, F f) {
+#pragma unroll
+  for (int k = 0; k < LN_SLOTS; k++) {
+    int c = ln_chunk(seg, k, lane);
+    if (c < chunks) f(k, c);
+  }
+}
+
+template <typename T, int W> __device__ __forceinline__ void seg_load(ln_seg<T, W> &s, const T *row, int seg, int lane, int chunks) {
+  seg_each(seg, lane, chunks, [&](int k, int c) { s.v[k] = load_vec<T, W>(row + (int64_t)c * W); });
+}
+
+/* seg_load of r = x + res, each element rounded to T (as a separate add would), stored in r. */
+template <typename T, int W>
+__device__ __forceinline__ void seg_load_sum(ln_seg<T, W> &s, const T *x, const T *res, T *r, int seg, int lane, int chunks) {
+  seg_each(seg, lane, chunks, [&](int k, int c) {
+    sh_vec<T, W> a = load_vec<T, W>(x + (int64_t)c * W), b = load_vec<T, W>(res + (int64_t)c * W);
+#pragma unroll
+    for (int i = 0; i < W; i++) s.v[k].v[i] = from_f<T>(to_f(a.v[i]) + to_f(b.v[i]));
+    store_vec(r + (int64_t)c * W, s.v[k]);
+  });
+}
+
+/* This lane's sum of f(element) over the segment. */
+template <typename T, int W, typename F>
+__device__ __forceinline__ float seg_sum(const ln_seg<T, W> &s, int seg, int lane, int chunks, F f) {
+  float acc = 0;
+  seg_each(seg, lane, chunks, [&](int k, int) {
+#pragma unroll
+    for (int i = 0; i < W; i++) acc += f(to_f(s.v[k].v[i]));
+  });
+  return acc;
+}
+
+template <int W> __device__ __forceinline__ sh_vec<float, W> vec_fill(float v) {
+  sh_vec<float, W> r;
+#pragma unroll
+  for (int i = 0; i < W; i++) r.v[i] = v;
+  return r;
+}
+
+/* W f32 parameters at chunk c, or `dflt` where p is NULL. */
+template <int W> __device__ __forceinline__ sh_vec<float, W> param_at(const float *p, int c, float dflt) {
+  return p ? load_vec<float, W>(p + (int64_t)c * W) : vec_fill<W>(dflt);
+}
+
+/* Forward. res != NULL: r = x + res is formed (rounded to T), stored in r_out, and
+ * normalised. rms: no centring and no bias. W divides C. The launch bound asks for 3 blocks
+ * of 8 warps per SM: at most 85 registers, the row cache (32 in bf16) among them. */
+template <typename T, int W>
+__global__ void __launch_bounds__(LN_WARPS * 32, 3) norm_fwd_kernel(const T *x, const T *res, T *r_out, const float *w, const float *b, T *y, float *mean_out,
                                 float *rstd_out, int64_t rows, int C, float eps, int rms) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  const T *xr = x + row * C;
-  if (res) {
-    const T *rr = res + row * C;
-    T *ro = r_out + row * C;
-    for (int i = lane; i < C; i += 32) ro[i] = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-    __syncwarp();
-    xr = ro;
+  int chunks = C / W, nseg = (chunks + 32 * LN_SLOTS - 1) / (32 * LN_SLOTS);
+  const T *xr = x + row * C, *src = res ? r_out + row * C : xr;   /* where later passes re-read the row */
+  ln_seg<T, W> s;
+  float sum = 0;
+  for (int g = 0; g < nseg; g++) {
+    if (res) seg_load_sum(s, xr, res + row * C, r_out + row * C, g, lane, chunks);
+    else seg_load(s, xr, g, lane, chunks);
+    sum += seg_sum(s, g, lane, chunks, [](float e) { return e; });
   }
-  float m = 0;
-  if (!rms) {
-    float s = 0;
-    for (int i = lane; i < C; i += 32) s += to_f(xr[i]);
-    m = warp_sum(s) / (float)C;
+  float m = rms ? 0.0f : warp_sum(sum) / (float)C, ss = 0;
+  for (int g = 0; g < nseg; g++) {
+    if (nseg > 1) seg_load(s, src, g, lane, chunks);
+    ss += seg_sum(s, g, lane, chunks, [m](float e) { return (e - m) * (e - m); });
   }
-  float ss = 0;
-  for (int i = lane; i < C; i += 32) { float d = to_f(xr[i]) - m; ss += d * d; }
   float rstd = rsqrtf(warp_sum(ss) / (float)C + eps);
   T *yr = y + row * C;
-  for (int i = lane; i < C; i += 32) {
-    float v = (to_f(xr[i]) - m) * rstd;
-    if (w) v *= w[i];
-    if (b) v += b[i];
-    yr[i] = from_f<T>(v);
+  for (int g = 0; g < nseg; g++) {
+    if (nseg > 1) seg_load(s, src, g, lane, chunks);
+    seg_each(g, lane, chunks, [&](int k, int c) {
+      sh_vec<float, W> pw = param_at<W>(w, c, 1.0f), pb = param_at<W>(b, c, 0.0f);
+      sh_vec<T, W> o;
+#pragma unroll
+      for (int i = 0; i < W; i++) o.v[i] = from_f<T>((to_f(s.v[k].v[i]) - m) * rstd * pw.v[i] + pb.v[i]);
+      store_vec(yr + (int64_t)c * W, o);
+    });
   }
   if (lane == 0) {
     if (mean_out) mean_out[row] = m;
@@ -55,32 +119,46 @@ __global__ void norm_fwd_kernel(const T *x, const T *res, T *r_out, const float 
  * xhat = (x - mean) rstd, g = dy w:
  *   dx = rstd (g - mean(g) - xhat mean(g xhat))    (layernorm)
  *   dx = rstd (g - xhat mean(g xhat))              (rmsnorm)
- *   dw += dy xhat, db += dy. */
-template <typename T>
+ *   dw += dy xhat, db += dy. W divides C. Two passes over dy and x, the second mostly from
+ * L1: holding both rows in registers as the forward holds x took 200 registers in bf16. */
+template <typename T, int W>
 __global__ void norm_bwd_kernel(const T *dy, const T *x, const float *w, const float *mean, const float *rstd, T *dx,
                                 float *part_w, float *part_b, int64_t rows, int64_t rows_per_block, int C, int rms) {
   extern __shared__ float acc[];   /* [warps][2][C] */
-  int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = C / W;
   float *aw = acc + (size_t)warp * 2 * C, *ab = aw + C;
-  for (int i = lane; i < C; i += 32) { aw[i] = 0; ab[i] = 0; }
+  sh_vec<float, W> zero = vec_fill<W>(0.0f);
+  for (int c = lane; c < chunks; c += 32) { store_vec(aw + c * W, zero); store_vec(ab + c * W, zero); }
   int64_t r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
   for (int64_t row = r0 + warp; row < r1; row += nw) {
     const T *dyr = dy + row * C, *xr = x + row * C;
-    float m = rms ? 0.0f : mean[row], rs = rstd[row];
-    float sg = 0, sgx = 0;
-    for (int i = lane; i < C; i += 32) {
-      float xh = (to_f(xr[i]) - m) * rs, g = to_f(dyr[i]) * (w ? w[i] : 1.0f);
-      sg += g;
-      sgx += g * xh;
+    float m = rms ? 0.0f : mean[row], rs = rstd[row], sg = 0, sgx = 0;
+    for (int c = lane; c < chunks; c += 32) {
+      sh_vec<T, W> d = load_vec<T, W>(dyr + (int64_t)c * W), xv = load_vec<T, W>(xr + (int64_t)c * W);
+      sh_vec<float, W> pw = param_at<W>(w, c, 1.0f);
+#pragma unroll
+      for (int i = 0; i < W; i++) {
+        float e = to_f(d.v[i]) * pw.v[i];
+        sg += e;
+        sgx += e * (to_f(xv.v[i]) - m) * rs;
+      }
     }
-    sg = warp_sum(sg) / (float)C;
+    sg = rms ? 0.0f : warp_sum(sg) / (float)C;
     sgx = warp_sum(sgx) / (float)C;
     T *dxr = dx ? dx + row * C : nullptr;
-    for (int i = lane; i < C; i += 32) {
-      float d = to_f(dyr[i]), xh = (to_f(xr[i]) - m) * rs, g = d * (w ? w[i] : 1.0f);
-      if (dxr) dxr[i] = from_f<T>(rs * (g - (rms ? 0.0f : sg) - xh * sgx));
-      aw[i] += d * xh;
-      ab[i] += d;
+    for (int c = lane; c < chunks; c += 32) {
+      sh_vec<T, W> d = load_vec<T, W>(dyr + (int64_t)c * W), xv = load_vec<T, W>(xr + (int64_t)c * W), o;
+      sh_vec<float, W> pw = param_at<W>(w, c, 1.0f), a = load_vec<float, W>(aw + c * W), bsum = load_vec<float, W>(ab + c * W);
+#pragma unroll
+      for (int i = 0; i < W; i++) {
+        float e = to_f(d.v[i]), xh = (to_f(xv.v[i]) - m) * rs;
+        o.v[i] = from_f<T>(rs * (e * pw.v[i] - sg - xh * sgx));
+        a.v[i] += e * xh;
+        bsum.v[i] += e;
+      }
+      store_vec(aw + c * W, a);
+      store_vec(ab + c * W, bsum);
+      if (dxr) store_vec(dxr + (int64_t)c * W, o);
     }
   }
   __syncthreads();
@@ -104,6 +182,17 @@ __global__ void norm_param_finish_kernel(const float *part, int nblocks, int C, 
 /* ---- host side: the table's kernels (runtime/nn_norm.c checked the arguments and
  * allocated the outputs: y and r of x's dtype, mean and rstd f32, all contiguous) -------- */
 
+/* Rows of C elements of `size` bytes go by 16-byte chunks when each row starts 16-byte
+ * aligned in every tensor (NULLs aside). */
+static bool rows_wide(int64_t C, size_t size, std::initializer_list<const void *> ptrs) {
+  if ((C * (int64_t)size) % 16 != 0) return false;
+  for (const void *p : ptrs)
+    if (p && !sh_aligned16(p)) return false;
+  return true;
+}
+
+static const void *data_or_null(const sh_tensor *t) { return t ? sh_tensor_data(t) : nullptr; }
+
 /* res != NULL: the fused residual add; mean == NULL: not kept; rms: no centring, no b. */
 static int norm_forward(const char *op, sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
                         const sh_tensor *x, const sh_tensor *res, const sh_tensor *w, const sh_tensor *b, double eps, int rms) {
@@ -118,13 +207,15 @@ static int norm_forward(const char *op, sh_tensor *y, sh_tensor *r, sh_tensor *m
   if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, SH_F32));
   if (rows > 0 && C > 0) {
     unsigned blocks = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
-    const float *pw = wc.t ? (const float *)sh_tensor_data(wc.t) : nullptr, *pb = bc.t ? (const float *)sh_tensor_data(bc.t) : nullptr;
-    float *pm = mean ? (float *)sh_tensor_data(mean) : nullptr;
+    const float *pw = (const float *)data_or_null(wc.t), *pb = (const float *)data_or_null(bc.t);
+    bool wide = rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(xc.t), data_or_null(rc_.t), data_or_null(r), pw, pb, sh_tensor_data(y)});
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
-      norm_fwd_kernel<T><<<blocks, LN_WARPS * 32, 0, st>>>(
-          (const T *)sh_tensor_data(xc.t), rc_.t ? (const T *)sh_tensor_data(rc_.t) : nullptr,
-          r ? (T *)sh_tensor_data(r) : nullptr, pw, pb, (T *)sh_tensor_data(y), pm,
-          (float *)sh_tensor_data(rstd), rows, (int)C, (float)eps, rms);
+      with_width<T>(wide, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        norm_fwd_kernel<T, W><<<blocks, LN_WARPS * 32, 0, st>>>(
+            (const T *)sh_tensor_data(xc.t), (const T *)data_or_null(rc_.t), (T *)data_or_null(r), pw, pb,
+            (T *)sh_tensor_data(y), (float *)data_or_null(mean), (float *)sh_tensor_data(rstd), rows, (int)C, (float)eps, rms);
+      });
     });
     CU_LAUNCHED(op);
   }
@@ -158,14 +249,20 @@ static int norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor
     int64_t pshape[2] = {nblocks, C};
     SH_TRY(sh_tensor_empty(pw.out(), 2, pshape, SH_F32, x->device));
     SH_TRY(sh_tensor_empty(pb.out(), 2, pshape, SH_F32, x->device));
+    bool wide = rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(dyc.t), sh_tensor_data(xc.t), data_or_null(wc.t), data_or_null(dx)});
+    cudaError_t attr = cudaSuccess;
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
-      CU_TRY(op, cudaFuncSetAttribute(norm_bwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      norm_bwd_kernel<T><<<(unsigned)nblocks, warps * 32, smem, st>>>(
-          (const T *)sh_tensor_data(dyc.t), (const T *)sh_tensor_data(xc.t), wc.t ? (const float *)sh_tensor_data(wc.t) : nullptr,
-          mc.t ? (const float *)sh_tensor_data(mc.t) : nullptr, (const float *)sh_tensor_data(sc.t),
-          dx ? (T *)sh_tensor_data(dx) : nullptr, (float *)sh_tensor_data(pw.t), (float *)sh_tensor_data(pb.t),
-          rows, per, (int)C, rms);
+      with_width<T>(wide, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        attr = cudaFuncSetAttribute(norm_bwd_kernel<T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (attr == cudaSuccess)
+          norm_bwd_kernel<T, W><<<(unsigned)nblocks, warps * 32, smem, st>>>(
+              (const T *)sh_tensor_data(dyc.t), (const T *)sh_tensor_data(xc.t), (const float *)data_or_null(wc.t),
+              (const float *)data_or_null(mc.t), (const float *)sh_tensor_data(sc.t), (T *)data_or_null(dx),
+              (float *)sh_tensor_data(pw.t), (float *)sh_tensor_data(pb.t), rows, per, (int)C, rms);
+      });
     });
+    CU_TRY(op, attr);
     CU_LAUNCHED(op);
     sh_tensor *grads[2] = {dw, db};
     const sh_tensor *parts[2] = {pw.t, pb.t};

@@ -1045,14 +1045,15 @@ static void run_linear_backward_dgelu(ot_run *r) {
   ot_out_mult(r, "dpre, pre at +1", dpre2, 2);
 }
 
-/* layernorm (k[3] = 0) or rmsnorm (k[3] = 1) forward: x sh[0]; k[0]: affine (w, and b for
- * layernorm, in f32 like a model's params, or in the case's dtype when k[1]); eps a[0] */
+/* layernorm (k[3] = 0) or rmsnorm (k[3] = 1) forward: x sh[0] (k[2]: one element into a
+ * buffer, so no row is 16-byte aligned); k[0]: affine (w, and b for layernorm, in f32 like a
+ * model's params, or in the case's dtype when k[1]); eps a[0] */
 static void run_norm_forward(ot_run *r) {
   const ot_row *w_ = r->row;
   int nd = w_->nd[0], rms = w_->k[3];
   int64_t C = w_->sh[0][nd - 1], rows = ot_rows(nd, w_->sh[0]);
   int pdt = w_->k[1] ? OT_ROW : SH_F32;
-  sh_tensor *x = ot_in(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0.5, 2);
+  sh_tensor *x = (w_->k[2] ? ot_in_offset : ot_in)(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0.5, 2);
   sh_tensor *w = w_->k[0] ? ot_in(r, 1, OT_S(C), pdt, OT_NORMAL, 1, 0.5) : NULL;
   sh_tensor *b = w_->k[0] && !rms ? ot_in(r, 1, OT_S(C), pdt, OT_NORMAL, 0, 1) : NULL;
   OT_OK(r);
@@ -1080,7 +1081,7 @@ static void run_norm_backward(ot_run *r) {
   int nd = w_->nd[0], rms = w_->k[3];
   int64_t C = w_->sh[0][nd - 1], rows = ot_rows(nd, w_->sh[0]);
   int pdt = w_->k[1] ? OT_ROW : SH_F32;
-  sh_tensor *x = ot_in(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0.5, 2);
+  sh_tensor *x = (w_->k[2] ? ot_in_offset : ot_in)(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0.5, 2);
   sh_tensor *w = w_->k[0] ? ot_in(r, 1, OT_S(C), pdt, OT_NORMAL, 1, 0.5) : NULL;
   sh_tensor *b = w_->k[0] && !rms ? ot_in(r, 1, OT_S(C), pdt, OT_NORMAL, 0, 1) : NULL;
   sh_tensor *dy = ot_in(r, nd, w_->sh[0], OT_ROW, OT_NORMAL, 0, 1);
@@ -1862,6 +1863,22 @@ static const ot_row ot_table[] = {
   {"sgd_step_", "[333] 2 steps momentum 0.5 dampening 0.1 scale 0.25", OT_F32, OT_REF_HOST, run_sgd, .s = {333, 2},
    .a = {0.5, 0.1, 0, 0.25}},
   {"sgd_step_", "[333] 2 steps no momentum", OT_F32 | OT_BF16, OT_REF_HOST, run_sgd, .s = {333, 2}, .a = {0, 0, 0.01}},
+
+  /* Rows added last keep the others' seeds (a case's seed follows its index). The cuda norms
+   * hold up to 2048 bf16 (1024 f32, 256 unaligned) elements of a row in registers: longer
+   * rows go in segments, misaligned or odd ones element by element. */
+  {"layernorm_forward", "[4,9000] f32 w b (segments)", OT_FLOATS, OT_REF_HOST, run_norm_forward, {2}, {{4, 9000}}, .k = {1}, .a = {1e-5}},
+  {"layernorm_forward", "[5,1001] f32 w b (odd C, segments)", OT_FLOATS, OT_REF_HOST, run_norm_forward, {2}, {{5, 1001}}, .k = {1}, .a = {1e-5}},
+  {"layernorm_forward", "[6,200] f32 w b, x one element into a buffer", OT_FLOATS, OT_REF_HOST, run_norm_forward, {2}, {{6, 200}},
+   .k = {1, 0, 1}, .a = {1e-5}},
+  {"layernorm_backward", "[5,1001] f32 w b (odd C, segments)", OT_FLOATS, OT_REF_HOST, run_norm_backward, {2}, {{5, 1001}},
+   .k = {1}, .a = {1e-5}},
+  {"layernorm_backward", "[6,200] f32 w b, x one element into a buffer", OT_FLOATS, OT_REF_HOST, run_norm_backward, {2},
+   {{6, 200}}, .k = {1, 0, 1}, .a = {1e-5}},
+  {"rmsnorm_forward", "[3,3000] f32 w (segments)", OT_FLOATS, OT_REF_HOST, run_norm_forward, {2}, {{3, 3000}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
+  {"rmsnorm_backward", "[3,3000] f32 w (segments)", OT_FLOATS, OT_REF_HOST, run_norm_backward, {2}, {{3, 3000}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
+  {"layernorm_residual_forward", "[3,2600] (segments: the sum re-read)", OT_FLOATS, OT_REF_HOST, run_layernorm_residual, {2},
+   {{3, 2600}}, .a = {1e-5}, .tol = {[SH_BF16] = 2e-2, [SH_F16] = 1e-2}},
 };
 
 enum { OT_ROWS = (int)(sizeof ot_table / sizeof ot_table[0]) };
