@@ -2,302 +2,380 @@
  * q, k, v [B, H, T, D] -> out [B, H, T, D] and lse [B, H, T] (f32, the row log-sum-exp of the
  * scaled scores), as runtime/nn_attention.c. No T x T matrix ever reaches global memory.
  *
- * bf16 with D a multiple of 16 up to 128 runs on the tensor cores (WMMA 16x16x16, f32
- * accumulation) over 64 x 64 tiles in shared memory, four warps per block, each warp owning
- * 16 rows of every tile so most steps need only warp-level synchronisation:
- *   forward, one block per (b, h, query tile): S = Q K^T, online softmax (running max m and
- *     sum l per row, O rescaled when m grows), O += P V, out = O / l, lse = m + log l;
+ * bf16 with D a multiple of 16 up to 128 runs FlashAttention-2's way on the tensor cores
+ * (mma.sync m16n8k16, f32 accumulation; kernels/mma_sm80.cuh): 64 x 64 tiles, four warps per
+ * block, each warp owning 16 rows of its block's tile, the tiles it iterates against streamed
+ * through shared memory by cp.async, two deep. Scores, probabilities and accumulators stay in
+ * registers: a C fragment of S, rounded to bf16, is the A fragment of P V.
+ *   forward, one block per (query tile, b, h): S = Q K^T, online softmax in the exp2 domain
+ *     (running max m and sum l per row, O rescaled when m grows), O += P V, out = O / l,
+ *     lse = m + log l;
  *   backward, after Dq = rowsum(dout * out): one kernel per key tile accumulates
- *     dV += P^T dO and dK += dS^T Q over the query tiles that see it, and one kernel per
- *     query tile accumulates dQ += dS K over the key tiles it sees, where P = exp(S - lse)
- *     and dS = P (dO V^T - Dq). Splitting dQ from dK/dV recomputes S and dP once more but needs
- *     no atomics, so gradients are identical from run to run.
- * q, k, v, out and dout may be strided views (heads split from a fused qkv projection) as
- * long as the last dim is unit-stride and rows are 16-byte aligned.
+ *     dV += P^T dO and dK += dS^T Q over the query tiles that see it (S^T = K Q^T, so P^T and
+ *     dS^T are in the A layout), and one kernel per query tile accumulates dQ += dS K over
+ *     the key tiles it sees, where P = exp(S - lse) and dS = P (dO V^T - Dq). Splitting dQ
+ *     from dK/dV recomputes S and dP once more (7 products per tile pair instead of 5) but
+ *     needs no atomics, so gradients are identical from run to run.
+ * Blocks of the longest causal rows are scheduled first. q, k, v, out, dout and the
+ * gradients may be strided views (heads of a fused qkv projection and of its gradient) with
+ * a unit-stride last dim; inputs are read in place when rows are 16-byte aligned, outputs
+ * written in place when element pairs are 4-byte aligned, else through a contiguous copy.
  * Other dtypes and head sizes take a simple path (one warp per row, f32 math, D <= 256).
  *
  * Grouped-query attention: k and v have Hkv heads, G = H / Hkv query heads per k/v head.
- * Query head h reads k/v head h / G in place; the dK/dV kernels run one block per (key tile,
- * k/v head) and walk the G query heads of the group, so each dk/dv row still has one writer.
+ * Query head h reads k/v head h / G in place; the dK/dV kernel runs one block per (key tile,
+ * k/v head) and walks the G query heads of the group, so each dk/dv row still has one writer.
  * Rotary embeddings (rope_kernel): the rotation of runtime/nn_attention.c, one thread per
  * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
 #include "backend_internal.h"
-#include <mma.h>
+#include <atomic>
+#include <mma_sm80.cuh>
 
-using namespace nvcuda;
-
-/* Tile rows are padded by 8 elements past their 64 or D (consecutive rows then start in
- * different shared-memory banks). The PTX ISA requires every row a wmma load or store touches
- * to start aligned to the fragment size: 32 bytes for the f32 accumulators (so their rows grow
- * by multiples of 8 floats), 16 bytes for the bf16 operands. */
-enum { AT = 64, AT_WARPS = 4, AT_THREADS = AT_WARPS * 32, SLD = AT + 8, PLD = AT + 8, SIMPLE_MAX_D = 256 };
+/* The flash kernels: 64 x 64 tiles, four warps per block, warp w owning 16 rows of the tile
+ * its block iterates against. A head of D columns is padded to DP = 32, 64 or 128 with zeros
+ * in shared memory (zeros add nothing to Q K^T, and the padded output columns are not
+ * written). Tile rows are padded by 8 elements (16 bytes), so the 8 row addresses of an
+ * ldmatrix fall in distinct banks. */
+enum { FT = 64, F_THREADS = 128, SIMPLE_MAX_D = 256 };
+#define SH_LOG2E 1.4426950408889634f
 
 /* Element strides of a [B, H, T, D] view (d is unit-stride). */
 struct at_view { int64_t sb, sh, st; };
 
 static at_view view_of(const sh_tensor *t) { return at_view{t->stride[0], t->stride[1], t->stride[2]}; }
 
-/* Offsets (in bytes) of the shared-memory regions for head size D; every region starts on a
- * 128-byte boundary and every row length keeps WMMA's 32-byte pointer alignment. */
-struct at_smem {
-  int ld;                       /* bf16 tile row length: D + 8 */
-  int ldo;                      /* f32 accumulator row length: D + 8 */
-  size_t q, k, v, d, s, dp, p, ds, acc0, acc1, stats, total;
-};
+template <int DP> struct ftile { static constexpr int LD = DP + 8, ELEMS = FT * LD; };
 
-__host__ __device__ static inline size_t up128(size_t x) { return (x + 127) / 128 * 128; }
-
-__host__ __device__ static inline at_smem at_layout(int D) {
-  at_smem L;
-  L.ld = D + 8;
-  L.ldo = D + 8;
-  size_t tile = (size_t)AT * L.ld * 2, f32t = (size_t)AT * SLD * 4, b16t = (size_t)AT * PLD * 2, acc = (size_t)AT * L.ldo * 4;
-  size_t o = 0;
-  L.q = o; o += up128(tile);
-  L.k = o; o += up128(tile);
-  L.v = o; o += up128(tile);
-  L.d = o; o += up128(tile);
-  L.s = o; o += up128(f32t);
-  L.dp = o; o += up128(f32t);
-  L.p = o; o += up128(b16t);
-  L.ds = o; o += up128(b16t);
-  L.acc0 = o; o += up128(acc);
-  L.acc1 = o; o += up128(acc);
-  L.stats = o; o += 4 * AT * sizeof(float);
-  L.total = o;
-  return L;
-}
-
-/* Copies rows [t0, t0 + 64) of one head into a tile (zeros past T), 16 bytes at a time. */
-__device__ __forceinline__ void load_tile(__nv_bfloat16 *tile, int ld, const __nv_bfloat16 *src, int64_t st, int64_t t0,
-                                          int64_t T, int D) {
-  int per_row = D / 8;
-  for (int c = threadIdx.x; c < AT * per_row; c += blockDim.x) {
-    int r = c / per_row, col = (c % per_row) * 8;
-    int4 val = make_int4(0, 0, 0, 0);
-    if (t0 + r < T) val = *reinterpret_cast<const int4 *>(src + (t0 + r) * st + col);
-    *reinterpret_cast<int4 *>(tile + r * ld + col) = val;
+/* Queues the copies of rows [t0, t0 + 64) of one head into a tile, 16 bytes each: zeros for
+ * rows at or past T and for the padding columns at or past D. */
+template <int DP>
+__device__ __forceinline__ void tile_async(__nv_bfloat16 *tile, const __nv_bfloat16 *src, int64_t st, int64_t t0, int64_t T,
+                                           int D) {
+  constexpr int CH = DP / 8;
+  for (int c = threadIdx.x; c < FT * CH; c += blockDim.x) {
+    int r = c / CH, col = c % CH * 8;
+    bool valid = t0 + r < T && col < D;
+    cp_async16(tile + r * ftile<DP>::LD + col, valid ? src + (t0 + r) * st + col : src, valid);
   }
 }
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_a;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> frag_at;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_b;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> frag_bt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+/* Warp-level fragment loads from a row-major shared tile (ld elements per row). */
+/* A: rows [r0, r0 + 16) x columns [c0, c0 + 16). */
+__device__ __forceinline__ void frag_a(uint32_t a[4], const __nv_bfloat16 *tile, int ld, int r0, int c0) {
+  int l = threadIdx.x & 31;
+  ldsm_x4(a, tile + (r0 + (l & 7) + 8 * ((l >> 3) & 1)) * ld + c0 + 8 * (l >> 4));
+}
 
-/* Warp w: out[16w.., 0..64) = X[16w.., :D] Y[0..64, :D]^T (f32, ld SLD). */
-__device__ __forceinline__ void mm_xyT(float *out, const __nv_bfloat16 *X, const __nv_bfloat16 *Y, int ld, int D, int w) {
-  for (int n = 0; n < AT / 16; n++) {
-    frag_c c;
-    wmma::fill_fragment(c, 0.0f);
-    for (int k = 0; k < D / 16; k++) {
-      frag_a a;
-      frag_bt b;
-      wmma::load_matrix_sync(a, X + 16 * w * ld + 16 * k, ld);
-      wmma::load_matrix_sync(b, Y + 16 * n * ld + 16 * k, ld);
-      wmma::mma_sync(c, a, b, c);
+/* B of the n-tiles [n0, n0 + 8) and [n0 + 8, n0 + 16) over k in [k0, k0 + 16), where
+ * B[k][n] = M[n][k] (the K of Q K^T: its rows are the product's columns). */
+__device__ __forceinline__ void frag_b_nk(uint32_t b[2][2], const __nv_bfloat16 *tile, int ld, int n0, int k0) {
+  int l = threadIdx.x & 31;
+  uint32_t r[4];
+  ldsm_x4(r, tile + (n0 + (l & 7) + 8 * (l >> 4)) * ld + k0 + 8 * ((l >> 3) & 1));
+  b[0][0] = r[0]; b[0][1] = r[1]; b[1][0] = r[2]; b[1][1] = r[3];
+}
+
+/* The same where B[k][n] = M[k][n] (the V of P V), through the transposing load. */
+__device__ __forceinline__ void frag_b_kn(uint32_t b[2][2], const __nv_bfloat16 *tile, int ld, int k0, int n0) {
+  int l = threadIdx.x & 31;
+  uint32_t r[4];
+  ldsm_x4_trans(r, tile + (k0 + (l & 7) + 8 * ((l >> 3) & 1)) * ld + n0 + 8 * (l >> 4));
+  b[0][0] = r[0]; b[0][1] = r[1]; b[1][0] = r[2]; b[1][1] = r[3];
+}
+
+/* acc[16 x 64] (8 n-tiles) = X[r0.., :DP] Y[0..64, :DP]^T, both from shared tiles. */
+template <int DP>
+__device__ __forceinline__ void mm_rows_t(float acc[FT / 8][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y) {
+  constexpr int LD = ftile<DP>::LD;
+#pragma unroll
+  for (int n = 0; n < FT / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; kk++) {
+    uint32_t a[4];
+    frag_a(a, X, LD, r0, 16 * kk);
+#pragma unroll
+    for (int np = 0; np < FT / 16; np++) {
+      uint32_t b[2][2];
+      frag_b_nk(b, Y, LD, 16 * np, 16 * kk);
+      mma_bf16_16816(acc[2 * np], a, b[0]);
+      mma_bf16_16816(acc[2 * np + 1], a, b[1]);
     }
-    wmma::store_matrix_sync(out + 16 * w * SLD + 16 * n, c, SLD, wmma::mem_row_major);
   }
 }
 
-/* Warp w: acc[16w.., :D] += A[16w.., 0..64) Y[0..64, :D], A row-major bf16 (ld PLD), or with
- * transA the transpose of A (A^T[16w.., q] = A[q, 16w..]). */
-__device__ __forceinline__ void mm_acc(float *acc, int ldo, const __nv_bfloat16 *A, int transA, const __nv_bfloat16 *Y,
-                                       int ld, int D, int w) {
-  for (int n = 0; n < D / 16; n++) {
-    frag_c c;
-    wmma::load_matrix_sync(c, acc + 16 * w * ldo + 16 * n, ldo, wmma::mem_row_major);
-    for (int k = 0; k < AT / 16; k++) {
-      frag_b b;
-      wmma::load_matrix_sync(b, Y + 16 * k * ld + 16 * n, ld);
-      if (transA) {
-        frag_at a;
-        wmma::load_matrix_sync(a, A + 16 * k * PLD + 16 * w, PLD);
-        wmma::mma_sync(c, a, b, c);
-      } else {
-        frag_a a;
-        wmma::load_matrix_sync(a, A + 16 * w * PLD + 16 * k, PLD);
-        wmma::mma_sync(c, a, b, c);
-      }
+/* acc[16 x DP] += P[16 x 64] Y[0..64, :DP]: P a C tile in registers (rounded to bf16 as the
+ * A operand; its n-tiles 2kk and 2kk + 1 are the A fragment of k-step kk), Y a shared tile. */
+template <int DP>
+__device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[FT / 8][4], const __nv_bfloat16 *Y) {
+  constexpr int LD = ftile<DP>::LD;
+#pragma unroll
+  for (int kk = 0; kk < FT / 16; kk++) {
+    const float *c0 = p[2 * kk], *c1 = p[2 * kk + 1];
+    uint32_t a[4] = {pack_bf16(c0[0], c0[1]), pack_bf16(c0[2], c0[3]), pack_bf16(c1[0], c1[1]), pack_bf16(c1[2], c1[3])};
+#pragma unroll
+    for (int dp = 0; dp < DP / 16; dp++) {
+      uint32_t b[2][2];
+      frag_b_kn(b, Y, LD, 16 * kk, 16 * dp);
+      mma_bf16_16816(acc[2 * dp], a, b[0]);
+      mma_bf16_16816(acc[2 * dp + 1], a, b[1]);
     }
-    wmma::store_matrix_sync(acc + 16 * w * ldo + 16 * n, c, ldo, wmma::mem_row_major);
   }
 }
 
-__global__ void __launch_bounds__(AT_THREADS) attn_fwd_tc_kernel(
+/* Writes a lane's part of rows [r0, r0 + 16) of a 16 x DP f32 C tile, times mul, as bf16 pairs
+ * into a [B, H, T, D] view (unit-stride d, even strides), skipping rows at or past T and the
+ * padding columns. */
+template <int DP>
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64_t r0, int64_t T, int D, const float acc[DP / 8][4],
+                                           float mul) {
+  int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int64_t row = r0 + g + 8 * r;
+    if (row >= T) continue;
+#pragma unroll
+    for (int n = 0; n < DP / 8; n++) {
+      int col = 8 * n + 2 * t;
+      if (col < D)
+        *reinterpret_cast<__nv_bfloat162 *>(dst + row * st + col) =
+            __floats2bfloat162_rn(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
+    }
+  }
+}
+
+/* The key tile index blockIdx.x stands for, heaviest first: query tile n - 1 sees the most
+ * key tiles, so the grid's tail is short. */
+__device__ __forceinline__ int64_t heavy_first(int64_t n_tiles) { return n_tiles - 1 - blockIdx.x; }
+
+/* Forward, one block per (query tile, b, h): S = Q K^T over the key tiles at or before the
+ * diagonal (K/V double-buffered through cp.async), online softmax in the exp2 domain on the
+ * registers of S, O += P V, out = O / l, lse = (m + log2 l) ln 2. */
+template <int DP>
+__global__ void __launch_bounds__(F_THREADS) attn_fwd_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, at_view qv, at_view kv, at_view vv,
-    __nv_bfloat16 *out, float *lse, int H, int G, int64_t T, int D, float scale) {
+    __nv_bfloat16 *out, at_view ov, float *lse, int H, int G, int64_t T, int D, float scale_log2) {
+  constexpr int TILE = ftile<DP>::ELEMS;
   extern __shared__ __align__(128) char smem[];
-  at_smem L = at_layout(D);
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
-  float *S = (float *)(smem + L.s), *O = (float *)(smem + L.acc0), *mrow = (float *)(smem + L.stats), *lrow = mrow + AT;
-  __nv_bfloat16 *P = (__nv_bfloat16 *)(smem + L.p);
-  int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t i0 = (int64_t)blockIdx.x * AT;
-  const __nv_bfloat16 *qh = q + b * qv.sb + h * qv.sh, *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
-  load_tile(Qs, L.ld, qh, qv.st, i0, T, D);
-  for (int c = threadIdx.x; c < AT * L.ldo; c += blockDim.x) O[c] = 0.0f;
-  if (threadIdx.x < AT) { mrow[threadIdx.x] = -INFINITY; lrow[threadIdx.x] = 0.0f; }
-  for (int64_t j0 = 0; j0 <= i0; j0 += AT) {
-    __syncthreads();   /* the previous tile's K/V are no longer read */
-    load_tile(Ks, L.ld, kh, kv.st, j0, T, D);
-    load_tile(Vs, L.ld, vh, vv.st, j0, T, D);
-    __syncthreads();
-    mm_xyT(S, Qs, Ks, L.ld, D, w);
-    __syncwarp();
-    for (int rr = 0; rr < 16; rr++) {
-      int r = 16 * w + rr;
-      int64_t qi = i0 + r;
-      float s[2], mx = -INFINITY;
-      for (int h2 = 0; h2 < 2; h2++) {
-        int c = lane + 32 * h2;
-        int64_t kj = j0 + c;
-        s[h2] = (kj <= qi && kj < T) ? S[r * SLD + c] * scale : -INFINITY;
-        mx = fmaxf(mx, s[h2]);
-      }
-      mx = warp_max(mx);
-      float mold = mrow[r], mnew = fmaxf(mold, mx);
-      float alpha = mnew == -INFINITY ? 1.0f : __expf(mold - mnew);
-      float sum = 0;
-      for (int h2 = 0; h2 < 2; h2++) {
-        float p = s[h2] == -INFINITY ? 0.0f : __expf(s[h2] - mnew);
-        P[r * PLD + lane + 32 * h2] = __float2bfloat16_rn(p);
-        sum += p;
-      }
-      sum = warp_sum(sum);
-      for (int d = lane; d < D; d += 32) O[r * L.ldo + d] *= alpha;
-      __syncwarp();
-      if (lane == 0) { mrow[r] = mnew; lrow[r] = lrow[r] * alpha + sum; }
-      __syncwarp();
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *Ks = Qs + TILE, *Vs = Ks + 2 * TILE;
+  int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  int64_t it = heavy_first((T + FT - 1) / FT), i0 = it * FT;
+  const __nv_bfloat16 *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
+  tile_async<DP>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+  tile_async<DP>(Ks, kh, kv.st, 0, T, D);
+  tile_async<DP>(Vs, vh, vv.st, 0, T, D);
+  cp_async_commit();
+  float o[DP / 8][4], m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int64_t jt = 0; jt <= it; jt++) {
+    int buf = (int)(jt & 1);
+    if (jt < it) {   /* the next K/V tile streams in while this one is used */
+      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
+      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    mm_acc(O, L.ldo, P, 0, Vs, L.ld, D, w);
-    __syncwarp();
+    __syncthreads();
+    float s[FT / 8][4];
+    mm_rows_t<DP>(s, Qs, 16 * w, Ks + buf * TILE);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      int64_t row = i0 + 16 * w + g + 8 * r;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < FT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int64_t col = jt * FT + 8 * n + 2 * t + e;
+          float x = (jt == it && col > row) ? -INFINITY : s[n][2 * r + e] * scale_log2;
+          s[n][2 * r + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mnew = fmaxf(m[r], mx), alpha = exp2f(m[r] - mnew);   /* mx is finite: column 0 of a tile is <= every row */
+      m[r] = mnew;
+      lsum[r] *= alpha;
+#pragma unroll
+      for (int n = 0; n < FT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float p = exp2f(s[n][2 * r + e] - mnew);
+          s[n][2 * r + e] = p;
+          lsum[r] += p;
+        }
+#pragma unroll
+      for (int n = 0; n < DP / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
+    }
+    mm_acc_p<DP>(o, s, Vs + buf * TILE);
+    __syncthreads();   /* every warp is done with this buffer before the next copies refill it */
   }
-  for (int rr = 0; rr < 16; rr++) {
-    int r = 16 * w + rr;
-    int64_t qi = i0 + r;
-    if (qi >= T) break;
-    float l = lrow[r], inv = 1.0f / l;
-    __nv_bfloat16 *orow = out + ((int64_t)bh * T + qi) * D;
-    for (int d = lane; d < D; d += 32) orow[d] = __float2bfloat16_rn(O[r * L.ldo + d] * inv);
-    if (lane == 0) lse[(int64_t)bh * T + qi] = mrow[r] + logf(l);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 1);
+    lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 2);
+    inv[r] = 1.0f / lsum[r];
+    int64_t row = i0 + 16 * w + g + 8 * r;
+    if (t == 0 && row < T) lse[(int64_t)bh * T + row] = m[r] / SH_LOG2E + logf(lsum[r]);
   }
+  /* rows g and g + 8 have their own 1/l: scale the two halves of each register quad */
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++) { o[n][0] *= inv[0]; o[n][1] *= inv[0]; o[n][2] *= inv[1]; o[n][3] *= inv[1]; }
+  store_rows<DP>(out + b * ov.sb + h * ov.sh, ov.st, i0 + 16 * w, T, D, o, 1.0f);
 }
 
 /* Dq[bh, t] = sum_d dout * out (f32), the softmax backward's row term. */
 template <typename T>
-__global__ void attn_dq_rowdot_kernel(const T *dout, at_view dv, const T *out, int64_t rows, int H, int64_t Tn, int D, float *Dq) {
+__global__ void attn_dq_rowdot_kernel(const T *dout, at_view dv, const T *out, at_view ov, int64_t rows, int H, int64_t Tn, int D,
+                                      float *Dq) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
   int64_t bh = row / Tn, t = row % Tn;
   int64_t b = bh / H, h = bh % H;
-  const T *dr = dout + b * dv.sb + h * dv.sh + t * dv.st, *orow = out + row * D;
+  const T *dr = dout + b * dv.sb + h * dv.sh + t * dv.st, *orow = out + b * ov.sb + h * ov.sh + t * ov.st;
   float s = 0;
   for (int d = lane; d < D; d += 32) s += to_f(dr[d]) * to_f(orow[d]);
   s = warp_sum(s);
   if (lane == 0) Dq[row] = s;
 }
 
-/* Backward tile step shared by both kernels: with Q_i, dO_i, K_j, V_j in shared memory, warp
- * w fills its 16 rows of P = exp(scale S - lse) and dS = P (dP - Dq) as bf16 tiles. */
-__device__ __forceinline__ void bwd_tile(const at_smem &L, char *smem, const float *lse_h, const float *dq_h, int64_t i0,
-                                         int64_t j0, int64_t T, int D, float scale, int w, int lane) {
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
-  __nv_bfloat16 *dOs = (__nv_bfloat16 *)(smem + L.d), *P = (__nv_bfloat16 *)(smem + L.p), *dS = (__nv_bfloat16 *)(smem + L.ds);
-  float *S = (float *)(smem + L.s), *dP = (float *)(smem + L.dp);
-  mm_xyT(S, Qs, Ks, L.ld, D, w);
-  mm_xyT(dP, dOs, Vs, L.ld, D, w);
-  __syncwarp();
-  for (int rr = 0; rr < 16; rr++) {
-    int r = 16 * w + rr;
-    int64_t qi = i0 + r;
-    float l = qi < T ? lse_h[qi] : 0.0f, dd = qi < T ? dq_h[qi] : 0.0f;
-    for (int h2 = 0; h2 < 2; h2++) {
-      int c = lane + 32 * h2;
-      int64_t kj = j0 + c;
-      float p = (qi < T && kj <= qi) ? __expf(S[r * SLD + c] * scale - l) : 0.0f;
-      P[r * PLD + c] = __float2bfloat16_rn(p);
-      dS[r * PLD + c] = __float2bfloat16_rn(p * (dP[r * SLD + c] - dd));
+/* P = exp2(S scale_log2 - lse2) and dS = P (dP - Dq) of a lane's elements, in place in s and
+ * dp; rows (queries) and columns (keys) of the C tiles as given by row_of / col_of, masked
+ * where the key is past the query or the query past T. */
+template <typename RowFn, typename ColFn, typename LseFn, typename DqFn>
+__device__ __forceinline__ void probs_and_grads(float s[FT / 8][4], float dp[FT / 8][4], float scale_log2, int64_t T, RowFn query_of,
+                                                ColFn key_of, LseFn lse2_of, DqFn dq_of) {
+  int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+#pragma unroll
+  for (int n = 0; n < FT / 8; n++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int rr = g + 8 * (i >> 1), cc = 8 * n + 2 * t + (i & 1);
+      int64_t qi = query_of(rr, cc), kj = key_of(rr, cc);
+      float p = (kj <= qi && qi < T) ? exp2f(s[n][i] * scale_log2 - lse2_of(rr, cc)) : 0.0f;
+      s[n][i] = p;
+      dp[n][i] = p * (dp[n][i] - dq_of(rr, cc));
     }
-  }
-  __syncwarp();
 }
 
-__global__ void __launch_bounds__(AT_THREADS) attn_bwd_kv_tc_kernel(
+/* Backward for dK and dV, one block per (key tile, b, k/v head), heaviest first: warp w owns
+ * 16 keys and, over the G query heads of the group and the query tiles at or after the key
+ * tile (Q, dO and their lse, Dq double-buffered), computes S^T = K Q^T and dP^T = V dO^T,
+ * P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Each dK/dV row has one writer. */
+template <int DP>
+__global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
-    at_view kv, at_view vv, at_view dv, const float *lse, const float *Dq, __nv_bfloat16 *dk, __nv_bfloat16 *dvout, int H,
-    int G, int64_t T, int D, float scale) {
+    at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
+    __nv_bfloat16 *dvout, at_view dvv, int H, int G, int64_t T, int D, float scale_log2, float scale) {
+  constexpr int TILE = ftile<DP>::ELEMS;
   extern __shared__ __align__(128) char smem[];
-  at_smem L = at_layout(D);
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
-  __nv_bfloat16 *dOs = (__nv_bfloat16 *)(smem + L.d), *P = (__nv_bfloat16 *)(smem + L.p), *dS = (__nv_bfloat16 *)(smem + L.ds);
-  float *dK = (float *)(smem + L.acc0), *dV = (float *)(smem + L.acc1);
-  int Hkv = H / G, bkv = blockIdx.y, b = bkv / Hkv, hk = bkv % Hkv, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t j0 = (int64_t)blockIdx.x * AT;
-  load_tile(Ks, L.ld, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
-  load_tile(Vs, L.ld, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
-  for (int c = threadIdx.x; c < AT * L.ldo; c += blockDim.x) { dK[c] = 0.0f; dV[c] = 0.0f; }
-  int64_t ntiles = (T - j0 + AT - 1) / AT;   /* the query tiles that see this key tile */
-  for (int64_t it = 0; it < G * ntiles; it++) {   /* (query head of the group, query tile) */
-    int64_t h = hk * G + it / ntiles, i0 = j0 + it % ntiles * AT, bh = b * H + h;
-    const float *lse_h = lse + bh * T, *dq_h = Dq + bh * T;
-    __syncthreads();   /* the previous Q/dO tiles and P/dS are no longer read */
-    load_tile(Qs, L.ld, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
-    load_tile(dOs, L.ld, dout + b * dv.sb + h * dv.sh, dv.st, i0, T, D);
-    __syncthreads();
-    bwd_tile(L, smem, lse_h, dq_h, i0, j0, T, D, scale, w, lane);
-    __syncthreads();   /* P^T and dS^T mix every warp's rows */
-    mm_acc(dV, L.ldo, P, 1, dOs, L.ld, D, w);
-    mm_acc(dK, L.ldo, dS, 1, Qs, L.ld, D, w);
-  }
-  __syncwarp();
-  for (int rr = 0; rr < 16; rr++) {
-    int r = 16 * w + rr;
-    int64_t kj = j0 + r;
-    if (kj >= T) break;
-    __nv_bfloat16 *dkr = dk + ((int64_t)bkv * T + kj) * D, *dvr = dvout + ((int64_t)bkv * T + kj) * D;
-    for (int d = lane; d < D; d += 32) {
-      dkr[d] = __float2bfloat16_rn(dK[r * L.ldo + d] * scale);
-      dvr[d] = __float2bfloat16_rn(dV[r * L.ldo + d]);
+  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * TILE;
+  float *stats = (float *)(dOs + 2 * TILE);   /* [buf][lse2 | Dq][64] */
+  int Hkv = H / G, bkv = blockIdx.y, b = bkv / Hkv, hk = bkv % Hkv, w = threadIdx.x >> 5;
+  int64_t n_tiles = (T + FT - 1) / FT, jt = blockIdx.x, j0 = jt * FT, per_head = n_tiles - jt;
+  tile_async<DP>(Ks, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
+  tile_async<DP>(Vs, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
+  /* step s of the walk: query head hk G + s / per_head, query tile jt + s % per_head */
+  auto issue = [&](int64_t s, int buf) {
+    int64_t h = hk * G + s / per_head, i0 = (jt + s % per_head) * FT, bh = (int64_t)b * H + h;
+    tile_async<DP>(Qs + buf * TILE, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+    tile_async<DP>(dOs + buf * TILE, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
+    for (int c = threadIdx.x; c < FT; c += blockDim.x) {
+      bool in = i0 + c < T;
+      stats[buf * 2 * FT + c] = in ? lse[bh * T + i0 + c] * SH_LOG2E : 0.0f;
+      stats[buf * 2 * FT + FT + c] = in ? Dq[bh * T + i0 + c] : 0.0f;
     }
+  };
+  issue(0, 0);
+  cp_async_commit();
+  float dK[DP / 8][4], dV[DP / 8][4];
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) dK[n][i] = dV[n][i] = 0.0f;
+  int64_t steps = G * per_head;
+  for (int64_t s = 0; s < steps; s++) {
+    int buf = (int)(s & 1);
+    if (s + 1 < steps) {
+      issue(s + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    int64_t i0 = (jt + s % per_head) * FT, kr0 = j0 + 16 * w;
+    const __nv_bfloat16 *Q = Qs + buf * TILE, *dO = dOs + buf * TILE;
+    const float *lse2 = stats + buf * 2 * FT, *dq = lse2 + FT;
+    float st[FT / 8][4], dpt[FT / 8][4];
+    mm_rows_t<DP>(st, Ks, 16 * w, Q);    /* S^T: rows keys, columns queries */
+    mm_rows_t<DP>(dpt, Vs, 16 * w, dO);
+    probs_and_grads(st, dpt, scale_log2, T, [&](int, int c) { return i0 + c; }, [&](int r, int) { return kr0 + r; },
+                    [&](int, int c) { return lse2[c]; }, [&](int, int c) { return dq[c]; });
+    mm_acc_p<DP>(dV, st, dO);
+    mm_acc_p<DP>(dK, dpt, Q);
+    __syncthreads();
   }
+  store_rows<DP>(dk + b * dkv.sb + hk * dkv.sh, dkv.st, j0 + 16 * w, T, D, dK, scale);
+  store_rows<DP>(dvout + b * dvv.sb + hk * dvv.sh, dvv.st, j0 + 16 * w, T, D, dV, 1.0f);
 }
 
-__global__ void __launch_bounds__(AT_THREADS) attn_bwd_q_tc_kernel(
+/* Backward for dQ, one block per (query tile, b, h), heaviest first: warp w owns 16 queries
+ * and, over the key tiles at or before the diagonal (K/V double-buffered), recomputes S and
+ * dP = dO V^T, P and dS in registers, and dQ += dS K. */
+template <int DP>
+__global__ void __launch_bounds__(F_THREADS) attn_bwd_q_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
-    at_view kv, at_view vv, at_view dv, const float *lse, const float *Dq, __nv_bfloat16 *dq, int H, int G, int64_t T, int D,
-    float scale) {
+    at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dq, at_view dqv, int H, int G,
+    int64_t T, int D, float scale_log2, float scale) {
+  constexpr int TILE = ftile<DP>::ELEMS;
   extern __shared__ __align__(128) char smem[];
-  at_smem L = at_layout(D);
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + L.q), *Ks = (__nv_bfloat16 *)(smem + L.k), *Vs = (__nv_bfloat16 *)(smem + L.v);
-  __nv_bfloat16 *dOs = (__nv_bfloat16 *)(smem + L.d), *dS = (__nv_bfloat16 *)(smem + L.ds);
-  float *dQ = (float *)(smem + L.acc0);
-  int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t i0 = (int64_t)blockIdx.x * AT;
-  load_tile(Qs, L.ld, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
-  load_tile(dOs, L.ld, dout + b * dv.sb + h * dv.sh, dv.st, i0, T, D);
-  for (int c = threadIdx.x; c < AT * L.ldo; c += blockDim.x) dQ[c] = 0.0f;
-  const float *lse_h = lse + (int64_t)bh * T, *dq_h = Dq + (int64_t)bh * T;
-  for (int64_t j0 = 0; j0 <= i0; j0 += AT) {
-    __syncthreads();
-    load_tile(Ks, L.ld, k + b * kv.sb + (h / G) * kv.sh, kv.st, j0, T, D);
-    load_tile(Vs, L.ld, v + b * vv.sb + (h / G) * vv.sh, vv.st, j0, T, D);
-    __syncthreads();
-    bwd_tile(L, smem, lse_h, dq_h, i0, j0, T, D, scale, w, lane);
-    mm_acc(dQ, L.ldo, dS, 0, Ks, L.ld, D, w);   /* warp w reads only its own dS rows */
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *dOs = Qs + TILE, *Ks = dOs + TILE, *Vs = Ks + 2 * TILE;
+  int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2;
+  int64_t it = heavy_first((T + FT - 1) / FT), i0 = it * FT, qr0 = i0 + 16 * w;
+  const __nv_bfloat16 *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
+  tile_async<DP>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+  tile_async<DP>(dOs, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
+  tile_async<DP>(Ks, kh, kv.st, 0, T, D);
+  tile_async<DP>(Vs, vh, vv.st, 0, T, D);
+  cp_async_commit();
+  float lse2[2], dqt[2];   /* this lane's rows qr0 + g and qr0 + g + 8 */
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int64_t row = qr0 + g + 8 * r;
+    lse2[r] = row < T ? lse[(int64_t)bh * T + row] * SH_LOG2E : 0.0f;
+    dqt[r] = row < T ? Dq[(int64_t)bh * T + row] : 0.0f;
   }
-  __syncwarp();
-  for (int rr = 0; rr < 16; rr++) {
-    int r = 16 * w + rr;
-    int64_t qi = i0 + r;
-    if (qi >= T) break;
-    __nv_bfloat16 *dqr = dq + ((int64_t)bh * T + qi) * D;
-    for (int d = lane; d < D; d += 32) dqr[d] = __float2bfloat16_rn(dQ[r * L.ldo + d] * scale);
+  float dQ[DP / 8][4];
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++) dQ[n][0] = dQ[n][1] = dQ[n][2] = dQ[n][3] = 0.0f;
+  for (int64_t jt = 0; jt <= it; jt++) {
+    int buf = (int)(jt & 1);
+    if (jt < it) {
+      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
+      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const __nv_bfloat16 *K = Ks + buf * TILE;
+    float s[FT / 8][4], dp[FT / 8][4];
+    mm_rows_t<DP>(s, Qs, 16 * w, K);
+    mm_rows_t<DP>(dp, dOs, 16 * w, Vs + buf * TILE);
+    int64_t k0 = jt * FT;
+    probs_and_grads(s, dp, scale_log2, T, [&](int r, int) { return qr0 + r; }, [&](int, int c) { return k0 + c; },
+                    [&](int r, int) { return lse2[r >= 8]; }, [&](int r, int) { return dqt[r >= 8]; });
+    mm_acc_p<DP>(dQ, dp, K);
+    __syncthreads();
   }
+  store_rows<DP>(dq + b * dqv.sb + h * dqv.sh, dqv.st, qr0, T, D, dQ, scale);
 }
 
 /* ---- the simple path: any float dtype, D <= 256, one warp per row, f32 math ------------------ */
@@ -419,10 +497,16 @@ __global__ void attn_bwd_kv_simple_kernel(const T *q, const T *k, const T *v, co
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-/* The tensor-core path reads a view in place when its rows are 16-byte aligned. */
+/* The flash kernels read a view in place when its rows are 16-byte aligned. */
 static bool tc_readable(const sh_tensor *t) {
   return t->dtype == SH_BF16 && t->stride[3] == 1 && sh_aligned16(sh_tensor_data(t)) && t->stride[0] % 8 == 0 &&
          t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
+}
+
+/* ... and write one in place when its element pairs are 4-byte aligned. */
+static bool tc_writable(const sh_tensor *t) {
+  return t->dtype == SH_BF16 && t->stride[3] == 1 && ((uintptr_t)sh_tensor_data(t) & 3) == 0 && t->stride[0] % 2 == 0 &&
+         t->stride[1] % 2 == 0 && t->stride[2] % 2 == 0;
 }
 
 static bool use_tc(const sh_tensor *q) {
@@ -430,7 +514,7 @@ static bool use_tc(const sh_tensor *q) {
   return q->dtype == SH_BF16 && D % 16 == 0 && D >= 16 && D <= 128;
 }
 
-/* *out = t itself when the tensor-core kernels can read it, else a contiguous bf16 copy. */
+/* *out = t itself when the flash kernels can read it, else a contiguous bf16 copy. */
 static int tc_input(sh_tguard &g, const sh_tensor *t, const sh_tensor **out) {
   if (tc_readable(t)) { *out = t; return SH_OK; }
   SH_TRY(sh_cuda_contiguous_as(g.out(), t, SH_BF16));
@@ -438,16 +522,20 @@ static int tc_input(sh_tguard &g, const sh_tensor *t, const sh_tensor **out) {
   return SH_OK;
 }
 
-static int tc_smem(const char *op, int device, int D, size_t *bytes) {
-  *bytes = at_layout(D).total;
-  if (*bytes > (size_t)sh_cuda_props(device)->sharedMemPerBlockOptin)
-    return sh_fail(SH_ERR_DEVICE, "%s: head size %d needs %zu bytes of shared memory; the device allows %zu", op, D, *bytes,
-                   (size_t)sh_cuda_props(device)->sharedMemPerBlockOptin);
+/* The tensor a kernel writes output dst into: dst itself when it can, else contiguous scratch
+ * of q's dtype and src's shape copied into dst after (dst NULL: not wanted, scratch all the
+ * same). tc: the flash kernels, which write strided views (e.g. the heads of a fused [B, T, 3C]
+ * gradient); the simple path writes contiguous tensors only. */
+static int output_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *src, const sh_tensor *q, bool tc, sh_tensor **out) {
+  *out = dst;
+  if (dst && dst->dtype == q->dtype && (tc ? tc_writable(dst) : sh_tensor_is_contiguous(dst))) return SH_OK;
+  SH_TRY(sh_tensor_empty(g.out(), 4, src->shape, q->dtype, q->device));
+  *out = g.t;
   return SH_OK;
 }
 
-/* The tensor-core kernels put (b, h) on grid.y, which the device caps (65535): they are
- * launched on *per_launch whole batches at a time, with every pointer moved to the first one. */
+/* The flash kernels put (b, h) on grid.y, which the device caps (65535): they are launched on
+ * *per_launch whole batches at a time, with every pointer moved to the first one. */
 static int tc_batches(const char *op, const sh_tensor *q, int64_t *per_launch) {
   int64_t grid_y = sh_cuda_props(q->device)->maxGridSize[1];
   *per_launch = grid_y / q->shape[1];
@@ -462,19 +550,74 @@ static int simple_fits(const char *op, int64_t D) {
 }
 
 /* A bf16 tensor's data moved to batch b0 of its [B, H, T, D] view. */
-static const __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) {
-  return (const __nv_bfloat16 *)sh_tensor_data(t) + b0 * t->stride[0];
+static __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) { return (__nv_bfloat16 *)sh_tensor_data(t) + b0 * t->stride[0]; }
+
+/* The head size the flash kernels pad D (16..128, a multiple of 16) to. */
+static int padded_d(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
+
+/* Shared memory per block, in 64-row bf16 tiles of DP + 8 columns: forward Q, 2 K, 2 V;
+ * backward dK/dV: K, V, 2 Q, 2 dO and two buffers of (lse, Dq) rows; backward dQ: Q, dO, 2 K, 2 V. */
+enum { FLASH_FWD, FLASH_BWD_KV, FLASH_BWD_Q };
+static size_t flash_smem(int DP, int kernel) {
+  size_t tile = (size_t)FT * (DP + 8) * sizeof(__nv_bfloat16);
+  return kernel == FLASH_FWD ? 5 * tile : kernel == FLASH_BWD_KV ? 6 * tile + 4 * FT * sizeof(float) : 6 * tile;
 }
 
-/* The contiguous tensor of q's dtype and src's shape a kernel writes output dst into: dst
- * itself when it is contiguous with that dtype, else scratch copied into dst after (a strided
- * view of the caller's, e.g. heads of a fused [B, T, 3C] gradient; a gradient of another
- * dtype; dst may be NULL, not asked for). */
-static int dense_target(sh_tguard &g, sh_tensor *dst, const sh_tensor *src, const sh_tensor *q, sh_tensor **out) {
-  *out = dst;
-  if (dst && dst->dtype == q->dtype && sh_tensor_is_contiguous(dst)) return SH_OK;
-  SH_TRY(sh_tensor_empty(g.out(), 4, src->shape, q->dtype, q->device));
-  *out = g.t;
+/* Raises a kernel's dynamic shared-memory limit past the default 48 KiB, once per kernel
+ * (raised remembers the largest set), after checking the device allows it. */
+template <typename Kernel>
+static int allow_smem(const char *op, int device, int D, Kernel *kernel, size_t bytes, std::atomic<size_t> &raised) {
+  size_t optin = (size_t)sh_cuda_props(device)->sharedMemPerBlockOptin;
+  if (bytes > optin)
+    return sh_fail(SH_ERR_DEVICE, "%s: head size %d needs %zu bytes of shared memory; the device allows %zu", op, D, bytes, optin);
+  if (bytes <= 48 * 1024 || raised.load() >= bytes) return SH_OK;
+  CU_TRY(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  raised.store(bytes);
+  return SH_OK;
+}
+
+template <int DP>
+static int flash_forward(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K, const sh_tensor *V,
+                         sh_tensor *out, float *lse, int G, float scale) {
+  static std::atomic<size_t> raised{0};
+  int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], nb;
+  size_t smem = flash_smem(DP, FLASH_FWD);
+  SH_TRY(allow_smem(op, Q->device, (int)D, attn_fwd_kernel<DP>, smem, raised));
+  SH_TRY(tc_batches(op, Q, &nb));
+  for (int64_t b0 = 0; b0 < B; b0 += nb) {
+    dim3 grid((unsigned)((T + FT - 1) / FT), (unsigned)(sh_min64(nb, B - b0) * H));
+    attn_fwd_kernel<DP><<<grid, F_THREADS, smem, st>>>(bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), view_of(Q), view_of(K),
+                                                       view_of(V), bf16_at(out, b0), view_of(out), lse + b0 * H * T, (int)H, G,
+                                                       T, (int)D, scale * SH_LOG2E);
+    CU_LAUNCHED(op);
+  }
+  return SH_OK;
+}
+
+/* The two backward kernels; dst[3] = dq, dk, dv targets, Dq and lse contiguous [B, H, T]. */
+template <int DP>
+static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K, const sh_tensor *V,
+                          const sh_tensor *dO, const float *lse, const float *Dq, sh_tensor *const dst[3], int G, float scale) {
+  static std::atomic<size_t> raised_kv{0}, raised_q{0};
+  int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], Hkv = K->shape[1], nb;
+  size_t smem_kv = flash_smem(DP, FLASH_BWD_KV), smem_q = flash_smem(DP, FLASH_BWD_Q);
+  SH_TRY(allow_smem(op, Q->device, (int)D, attn_bwd_kv_kernel<DP>, smem_kv, raised_kv));
+  SH_TRY(allow_smem(op, Q->device, (int)D, attn_bwd_q_kernel<DP>, smem_q, raised_q));
+  SH_TRY(tc_batches(op, Q, &nb));
+  unsigned tiles = (unsigned)((T + FT - 1) / FT);
+  float sl2 = scale * SH_LOG2E;
+  for (int64_t b0 = 0; b0 < B; b0 += nb) {
+    int64_t n = sh_min64(nb, B - b0), row0 = b0 * H * T;
+    attn_bwd_kv_kernel<DP><<<dim3(tiles, (unsigned)(n * Hkv)), F_THREADS, smem_kv, st>>>(
+        bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), bf16_at(dO, b0), view_of(Q), view_of(K), view_of(V), view_of(dO),
+        lse + row0, Dq + row0, bf16_at(dst[1], b0), view_of(dst[1]), bf16_at(dst[2], b0), view_of(dst[2]), (int)H, G, T,
+        (int)D, sl2, scale);
+    CU_LAUNCHED(op);
+    attn_bwd_q_kernel<DP><<<dim3(tiles, (unsigned)(n * H)), F_THREADS, smem_q, st>>>(
+        bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), bf16_at(dO, b0), view_of(Q), view_of(K), view_of(V), view_of(dO),
+        lse + row0, Dq + row0, bf16_at(dst[0], b0), view_of(dst[0]), (int)H, G, T, (int)D, sl2, scale);
+    CU_LAUNCHED(op);
+  }
   return SH_OK;
 }
 
@@ -488,25 +631,20 @@ static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tenso
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, q->device, &st));
   if (rows == 0) return SH_OK;
+  bool tc = use_tc(q);
   sh_tguard qc, kc, vc, oc;
   sh_tensor *out;
-  SH_TRY(dense_target(oc, dst, q, q, &out));
-  if (use_tc(q)) {
+  SH_TRY(output_target(oc, dst, q, q, tc, &out));
+  float *L = (float *)sh_tensor_data(lse);
+  if (tc) {
     const sh_tensor *Q, *K, *V;
     SH_TRY(tc_input(qc, q, &Q));
     SH_TRY(tc_input(kc, k, &K));
     SH_TRY(tc_input(vc, v, &V));
-    size_t smem;
-    int64_t nb;
-    SH_TRY(tc_smem(op, q->device, (int)D, &smem));
-    SH_TRY(tc_batches(op, q, &nb));
-    CU_TRY(op, cudaFuncSetAttribute(attn_fwd_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    for (int64_t b0 = 0; b0 < B; b0 += nb) {
-      dim3 grid((unsigned)((T + AT - 1) / AT), (unsigned)(sh_min64(nb, B - b0) * H));
-      attn_fwd_tc_kernel<<<grid, AT_THREADS, smem, st>>>(
-          bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), view_of(Q), view_of(K), view_of(V),
-          (__nv_bfloat16 *)sh_tensor_data(out) + b0 * H * T * D, (float *)sh_tensor_data(lse) + b0 * H * T, (int)H, G, T, (int)D, sc);
-      CU_LAUNCHED(op);
+    switch (padded_d(D)) {
+      case 32: SH_TRY(flash_forward<32>(op, st, Q, K, V, out, L, G, sc)); break;
+      case 64: SH_TRY(flash_forward<64>(op, st, Q, K, V, out, L, G, sc)); break;
+      default: SH_TRY(flash_forward<128>(op, st, Q, K, V, out, L, G, sc)); break;
     }
   } else {
     SH_TRY(simple_fits(op, D));
@@ -516,8 +654,8 @@ static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tenso
     unsigned blocks = (unsigned)((rows + 7) / 8);
     SH_DISPATCH_FLOAT(q->dtype, Tt, op, {
       attn_fwd_simple_kernel<Tt><<<blocks, 256, 0, st>>>((const Tt *)sh_tensor_data(qc.t), (const Tt *)sh_tensor_data(kc.t),
-                                                         (const Tt *)sh_tensor_data(vc.t), (Tt *)sh_tensor_data(out),
-                                                         (float *)sh_tensor_data(lse), rows, (int)H, G, T, (int)D, sc);
+                                                         (const Tt *)sh_tensor_data(vc.t), (Tt *)sh_tensor_data(out), L, rows,
+                                                         (int)H, G, T, (int)D, sc);
     });
     CU_LAUNCHED(op);
   }
@@ -541,51 +679,35 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
   sh_tensor *dst[3] = {dq, dk, dv}, *Gr[3];
   const sh_tensor *src[3] = {q, k, v};
   sh_tguard gs[3], lc, oc, dqrow, qc, kc, vc, doc;
-  for (int i = 0; i < 3; i++) SH_TRY(dense_target(gs[i], dst[i], src[i], q, &Gr[i]));
-  const sh_tensor *Q, *K, *V, *dO;
+  for (int i = 0; i < 3; i++) SH_TRY(output_target(gs[i], dst[i], src[i], q, tc, &Gr[i]));
+  const sh_tensor *Q, *K, *V, *dO, *O;
   if (tc) {
     SH_TRY(tc_input(qc, q, &Q));
     SH_TRY(tc_input(kc, k, &K));
     SH_TRY(tc_input(vc, v, &V));
     SH_TRY(tc_input(doc, dout, &dO));
+    SH_TRY(tc_input(oc, out, &O));
   } else {
     SH_TRY(sh_cuda_contiguous_as(qc.out(), q, dt)); Q = qc.t;
     SH_TRY(sh_cuda_contiguous_as(kc.out(), k, dt)); K = kc.t;
     SH_TRY(sh_cuda_contiguous_as(vc.out(), v, dt)); V = vc.t;
     SH_TRY(sh_cuda_contiguous_as(doc.out(), dout, dt)); dO = doc.t;
+    SH_TRY(sh_cuda_contiguous_as(oc.out(), out, dt)); O = oc.t;
   }
   SH_TRY(sh_cuda_contiguous_as(lc.out(), lse, SH_F32));
-  SH_TRY(sh_cuda_contiguous_as(oc.out(), out, dt));
   SH_TRY(sh_tensor_empty(dqrow.out(), 1, &rows, SH_F32, q->device));
   float *Dq = (float *)sh_tensor_data(dqrow.t);
   const float *L = (const float *)sh_tensor_data(lc.t);
   SH_DISPATCH_FLOAT(dt, Tt, op, {
     attn_dq_rowdot_kernel<Tt><<<dim3((unsigned)((rows + 7) / 8), 1), 256, 0, st>>>(
-        (const Tt *)sh_tensor_data(dO), view_of(dO), (const Tt *)sh_tensor_data(oc.t), rows, (int)H, T, (int)D, Dq);
+        (const Tt *)sh_tensor_data(dO), view_of(dO), (const Tt *)sh_tensor_data(O), view_of(O), rows, (int)H, T, (int)D, Dq);
   });
   CU_LAUNCHED(op);
   if (tc) {
-    size_t smem;
-    int64_t nb;
-    SH_TRY(tc_smem(op, q->device, (int)D, &smem));
-    SH_TRY(tc_batches(op, q, &nb));
-    CU_TRY(op, cudaFuncSetAttribute(attn_bwd_kv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CU_TRY(op, cudaFuncSetAttribute(attn_bwd_q_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    for (int64_t b0 = 0; b0 < B; b0 += nb) {
-      unsigned tiles = (unsigned)((T + AT - 1) / AT);
-      dim3 grid(tiles, (unsigned)(sh_min64(nb, B - b0) * H)), kv_grid(tiles, (unsigned)(sh_min64(nb, B - b0) * Hkv));
-      const __nv_bfloat16 *qp = bf16_at(Q, b0), *kp = bf16_at(K, b0), *vp = bf16_at(V, b0), *dop = bf16_at(dO, b0);
-      int64_t row0 = b0 * H * T, kv_row0 = b0 * Hkv * T;   /* lse, Dq and the (contiguous) gradients */
-      __nv_bfloat16 *dqp = (__nv_bfloat16 *)sh_tensor_data(Gr[0]) + row0 * D;
-      __nv_bfloat16 *dkp = (__nv_bfloat16 *)sh_tensor_data(Gr[1]) + kv_row0 * D;
-      __nv_bfloat16 *dvp = (__nv_bfloat16 *)sh_tensor_data(Gr[2]) + kv_row0 * D;
-      attn_bwd_kv_tc_kernel<<<kv_grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V),
-                                                               view_of(dO), L + row0, Dq + row0, dkp, dvp, (int)H, G, T,
-                                                               (int)D, sc);
-      CU_LAUNCHED(op);
-      attn_bwd_q_tc_kernel<<<grid, AT_THREADS, smem, st>>>(qp, kp, vp, dop, view_of(Q), view_of(K), view_of(V), view_of(dO),
-                                                           L + row0, Dq + row0, dqp, (int)H, G, T, (int)D, sc);
-      CU_LAUNCHED(op);
+    switch (padded_d(D)) {
+      case 32: SH_TRY(flash_backward<32>(op, st, Q, K, V, dO, L, Dq, Gr, G, sc)); break;
+      case 64: SH_TRY(flash_backward<64>(op, st, Q, K, V, dO, L, Dq, Gr, G, sc)); break;
+      default: SH_TRY(flash_backward<128>(op, st, Q, K, V, dO, L, Dq, Gr, G, sc)); break;
     }
   } else {
     unsigned blocks = (unsigned)((rows + 7) / 8);

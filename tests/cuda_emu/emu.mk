@@ -21,7 +21,7 @@ EMU_CXXFLAGS := $(EMU_OPT) -g -std=c++17 -fPIC -Wall -Wno-unused-parameter -Wno-
                 -Wno-comment -fno-strict-aliasing -I$(EMU_DIR)/include -I$(EMU_DIR) -Iruntime -Ikernels -DSHARD_CUDA
 EMU_LIBS     := $(MPI_LIBS) $(BLAS_LIBS) -lstdc++ -lm -lpthread -ldl
 
-EMU_HEADERS  := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h $(EMU_DIR)/include/*/*.cuh)
+EMU_HEADERS  := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h $(EMU_DIR)/include/*.cuh $(EMU_DIR)/include/*/*.cuh)
 
 # The emulated device: the core and the library stand-ins (every tests/cuda_emu/*.cpp).
 EMU_LIB_SRC  := $(wildcard $(EMU_DIR)/*.cpp)

@@ -1358,6 +1358,31 @@ static void run_rope(ot_run *r) {
   ot_out(r, w_->k[0] ? "dx" : "y", y);
 }
 
+/* Attention as F.causal_attention calls it: out into the heads of a [B, T, H, D] buffer and
+ * dq, dk, dv into the heads of one fused [B, T, 3, H, D] gradient (strided views, NaN-filled
+ * first, so a kernel that writes elsewhere or leaves one unwritten fails). */
+static void run_attention_into(ot_run *r, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v, const sh_tensor *dout,
+                               double lse_tol) {
+  const ot_row *w_ = r->row;
+  int64_t B = w_->s[0], H = w_->s[1], T = w_->s[2], D = w_->s[3];
+  sh_tensor *o = ot_transpose(r, ot_empty(r, 4, OT_S(B, T, H, D), OT_ROW), 1, 2);
+  sh_tensor *l = ot_empty(r, 3, OT_S(B, H, T), SH_F32);
+  OT_OK(r);
+  OT_CALL(r, sh_attention_forward_into(o, l, q, k, v, w_->a[0]));
+  if (!w_->k[0]) {
+    ot_out_inplace(r, "out", o, 1, -1);
+    ot_out_inplace(r, "lse", l, 1, lse_tol);
+    return;
+  }
+  sh_tensor *grad = ot_empty(r, 5, OT_S(B, T, 3, H, D), OT_ROW), *g[3];
+  for (int j = 0; j < 3; j++) g[j] = ot_transpose(r, ot_select(r, grad, 2, j), 1, 2);
+  OT_OK(r);
+  OT_CALL(r, sh_attention_backward_into(g[0], g[1], g[2], dout, q, k, v, o, l, w_->a[0]));
+  ot_out_inplace(r, "dq", g[0], 2, -1);
+  ot_out_inplace(r, "dk", g[1], 2, -1);
+  ot_out_inplace(r, "dv", g[2], 2, -1);
+}
+
 /* attention forward (k[0] = 0) or backward (1): s = B, H, T, D; k[1]: q, k, v are views of
  * one fused [B, T, 3, H, D] buffer (a qkv projection's layout); scale a[0] (0: 1/sqrt(D)).
  * The backward uses the run's own forward out and lse, as training does. */
@@ -1399,6 +1424,7 @@ static void run_attention(ot_run *r) {
     }
     return;
   }
+  if (w_->k[1]) { run_attention_into(r, q, k, v, dout, lse_tol); return; }
   sh_tensor *o = NULL, *l = NULL;
   OT_CALL(r, sh_attention_forward(&o, &l, q, k, v, w_->a[0]));
   if (!w_->k[0]) {
@@ -1797,7 +1823,8 @@ static const ot_row ot_table[] = {
    * T not a multiple of the 64-row tile, heads split out of a fused qkv */
   ATT(2, 3, 130, 64, 0, ""), ATT(1, 2, 128, 128, 1, " (fused qkv views)"), ATT(1, 1, 70, 48, 0, ""),
   ATT(2, 2, 77, 40, 0, ""), ATT(1, 2, 33, 64, 0, ""), ATT(1, 2, 33, 24, 0, " (D not a multiple of 16)"),
-  ATT(1, 2, 1, 64, 0, " (T 1)"),
+  ATT(1, 2, 1, 64, 0, " (T 1)"), ATT(1, 2, 100, 96, 1, " (D 96 padded to 128, fused qkv views)"),
+  ATT(2, 1, 200, 32, 1, " (fused qkv views, 4 tiles)"),
   {"attention_forward", "B 1 H 2 T 17 D 8 scale 0.3", OT_FLOATS, OT_REF_HOST, run_attention, .s = {1, 2, 17, 8}, .a = {0.3}},
   {"attention_backward", "B 1 H 2 T 17 D 8 scale 0.3", OT_FLOATS, OT_REF_HOST, run_attention, .s = {1, 2, 17, 8},
    .k = {1}, .a = {0.3}},
