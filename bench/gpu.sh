@@ -3,7 +3,8 @@
 #   test    make test-gpu (builds bin/shard and tests/gpu for sm_90a with the node's nvcc)
 #   attn    causal attention alone at GPT-2's shapes, shard against PyTorch's SDPA
 #   train   GPT-2 124M's bf16 FSDP step at the largest batch of BATCHES that fits, then
-#           PyTorch 2.x at that batch, eager (SDPA) and torch.compile'd
+#           PyTorch 2.x at that batch, eager (SDPA) and torch.compile'd; ROUNDS=N repeats
+#           shard and compiled PyTorch, alternating, N - 1 more times
 # On the device machine: . .device/env.sh && bash bench/gpu.sh [parts]   (default: all three)
 # summary.txt and logs.tgz (every log and the GPT-2 step's shard.trace) go to $OUT (gpu-out/
 # when unset; the device tool brings back 8 files at most); the summary is printed last.
@@ -35,7 +36,7 @@ export PMIX_MCA_pcompress_base_silence_warning=1
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 head -12 "$out/nvidia-smi.txt" | grep -E 'NVIDIA|Driver' | sed 's/^/# /' >>"$sum"
 { echo "# $(nvcc --version | tail -1)"; echo "# torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)"
-  echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null)"; } >>"$sum"
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ), commit ${SHARD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"; } >>"$sum"
 
 for part in $parts; do
   case $part in
@@ -55,7 +56,12 @@ for part in $parts; do
       done
       b=${fit:-8}
       step "train-torch-eager-b$b" 180 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b" --no_compile
-      step "train-torch-compile-b$b" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b" ;;
+      step "train-torch-compile-b$b" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b"
+      # more rounds, alternating, for the spread (ROUNDS, default 1)
+      for r in $(seq 2 "${ROUNDS:-1}"); do
+        step "train-shard-b$b-r$r" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b"
+        step "train-torch-compile-b$b-r$r" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b"
+      done ;;
     *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train)" >&2; exit 2 ;;
   esac
 done
