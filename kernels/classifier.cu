@@ -21,14 +21,20 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float om, float os
   else s += os * __expf(om - m);
 }
 
-template <typename T>
+/* The row's log-sum-exp in one read: each thread keeps an online (max, sum) over its chunks
+ * of W elements (one exp per element, one rescale per chunk), then the block merges them. */
+template <typename T, int W>
 __device__ __forceinline__ float row_lse(const T *x, int64_t V) {
   __shared__ float sm[32], ss[32];
   float m = -INFINITY, s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float v = to_f(x[j]);
-    if (v > m) { s = (m == -INFINITY ? 0.0f : s * __expf(m - v)) + 1.0f; m = v; }
-    else if (m != -INFINITY) s += __expf(v - m);   /* -inf next to -inf adds nothing */
+  for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
+    sh_vec<T, W> v = load_vec<T, W>(x + c * W);
+    float cm = -INFINITY, cs = 0;
+#pragma unroll
+    for (int i = 0; i < W; i++) cm = fmaxf(cm, to_f(v.v[i]));
+#pragma unroll
+    for (int i = 0; i < W; i++) cs += __expf(to_f(v.v[i]) - cm);
+    lse_merge(m, s, cm, cs);
   }
   for (int o = 16; o > 0; o >>= 1) {
     float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
@@ -53,11 +59,11 @@ __device__ __forceinline__ float row_lse(const T *x, int64_t V) {
 template <typename I>
 __device__ __forceinline__ int64_t target_at(const I *t, int64_t r) { return (int64_t)t[r]; }
 
-template <typename T, typename I>
+template <typename T, int W, typename I>
 __global__ void ce_fwd_kernel(const T *x, const I *targets, int64_t V, int64_t ignore, float *lse_out, double *row_loss) {
   int64_t r = blockIdx.x;
   const T *xr = x + r * V;
-  float lse = row_lse(xr, V);
+  float lse = row_lse<T, W>(xr, V);
   if (threadIdx.x == 0) {
     lse_out[r] = lse;
     int64_t t = target_at(targets, r);
@@ -83,7 +89,9 @@ __global__ void ce_finish_kernel(const double *row_loss, const I *targets, int64
   }
 }
 
-template <typename T, typename I>
+/* dx may be x itself (the gradient in place over the logits): each thread reads a chunk
+ * before it writes it, and no thread reads another's. */
+template <typename T, int W, typename I>
 __global__ void ce_bwd_kernel(const T *x, const I *targets, const float *lse, const int64_t *count, double dloss,
                               int64_t V, int64_t ignore, T *dx) {
   int64_t r = blockIdx.x;
@@ -92,9 +100,14 @@ __global__ void ce_bwd_kernel(const T *x, const I *targets, const float *lse, co
   int64_t t = target_at(targets, r), c = *count;
   float g = (c > 0 && t != ignore) ? (float)(dloss / (double)c) : 0.0f;
   float l = lse[r];
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float p = g == 0.0f ? 0.0f : __expf(to_f(xr[j]) - l) * g;
-    dr[j] = from_f<T>(j == t ? p - g : p);
+  for (int64_t k = threadIdx.x; k < V / W; k += blockDim.x) {
+    sh_vec<T, W> v = load_vec<T, W>(xr + k * W);
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+      float p = g == 0.0f ? 0.0f : __expf(to_f(v.v[i]) - l) * g;
+      v.v[i] = from_f<T>(k * W + i == t ? p - g : p);
+    }
+    store_vec(dr + k * W, v);
   }
 }
 
@@ -124,8 +137,11 @@ static int cuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_
     SH_DISPATCH_FLOAT(logits->dtype, T, op, {
       const T *xp = (const T *)sh_tensor_data(xc.t);
       float *lp = (float *)sh_tensor_data(lse);
-      if (i64) ce_fwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
-      else ce_fwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
+      with_width<T>(sh_rows_wide(V, sizeof(T), {xp}), [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        if (i64) ce_fwd_kernel<T, W, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
+        else ce_fwd_kernel<T, W, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), V, ignore_index, lp, rlp);
+      });
     });
     CU_LAUNCHED(op);
   }
@@ -158,8 +174,11 @@ static int cuda_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logi
     const T *xp = (const T *)sh_tensor_data(xc.t);
     const float *lp = (const float *)sh_tensor_data(lc.t);
     T *dp = (T *)sh_tensor_data(dlogits);
-    if (i64) ce_bwd_kernel<T, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
-    else ce_bwd_kernel<T, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+    with_width<T>(sh_rows_wide(V, sizeof(T), {xp, dp}), [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      if (i64) ce_bwd_kernel<T, W, int64_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int64_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+      else ce_bwd_kernel<T, W, int32_t><<<(unsigned)n, CE_THREADS, 0, st>>>(xp, (const int32_t *)sh_tensor_data(tc.t), lp, cp, dloss, V, ignore_index, dp);
+    });
   });
   CU_LAUNCHED(op);
   return SH_OK;

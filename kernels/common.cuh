@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <initializer_list>
 #include <type_traits>
 extern "C" {
 #include "tensor_internal.h"
@@ -105,6 +106,15 @@ template <typename T, int W> __device__ __forceinline__ void store_vec(T *p, con
 #pragma unroll
     for (int i = 0; i < W; i++) p[i] = r.v[i];
   }
+}
+
+/* Rows of n elements of `size` bytes can go by 16-byte chunks: each row starts 16-byte
+ * aligned in every tensor given (NULLs aside). */
+static inline bool sh_rows_wide(int64_t n, size_t size, std::initializer_list<const void *> ptrs) {
+  if ((n * (int64_t)size) % 16 != 0) return false;
+  for (const void *p : ptrs)
+    if (p && !sh_aligned16(p)) return false;
+  return true;
 }
 
 /* f(std::integral_constant<int, W>()): W = 16 bytes of T (the sh_vec width of one 16-byte

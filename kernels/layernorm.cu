@@ -13,7 +13,6 @@
  * (only its lanes touch it, each its own chunks) over a fixed set of rows, a block adds its
  * warps' rows in order into one partial row per block, and a second kernel adds the
  * blocks' rows in order into dw/db (dw += ...). */
-#include <initializer_list>
 #include "common.cuh"
 #include "backend_internal.h"
 
@@ -182,15 +181,6 @@ __global__ void norm_param_finish_kernel(const float *part, int nblocks, int C, 
 /* ---- host side: the table's kernels (runtime/nn_norm.c checked the arguments and
  * allocated the outputs: y and r of x's dtype, mean and rstd f32, all contiguous) -------- */
 
-/* Rows of C elements of `size` bytes go by 16-byte chunks when each row starts 16-byte
- * aligned in every tensor (NULLs aside). */
-static bool rows_wide(int64_t C, size_t size, std::initializer_list<const void *> ptrs) {
-  if ((C * (int64_t)size) % 16 != 0) return false;
-  for (const void *p : ptrs)
-    if (p && !sh_aligned16(p)) return false;
-  return true;
-}
-
 static const void *data_or_null(const sh_tensor *t) { return t ? sh_tensor_data(t) : nullptr; }
 
 /* res != NULL: the fused residual add; mean == NULL: not kept; rms: no centring, no b. */
@@ -208,7 +198,7 @@ static int norm_forward(const char *op, sh_tensor *y, sh_tensor *r, sh_tensor *m
   if (rows > 0 && C > 0) {
     unsigned blocks = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
     const float *pw = (const float *)data_or_null(wc.t), *pb = (const float *)data_or_null(bc.t);
-    bool wide = rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(xc.t), data_or_null(rc_.t), data_or_null(r), pw, pb, sh_tensor_data(y)});
+    bool wide = sh_rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(xc.t), data_or_null(rc_.t), data_or_null(r), pw, pb, sh_tensor_data(y)});
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
       with_width<T>(wide, [&](auto width) {
         constexpr int W = decltype(width)::value;
@@ -249,7 +239,7 @@ static int norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor
     int64_t pshape[2] = {nblocks, C};
     SH_TRY(sh_tensor_empty(pw.out(), 2, pshape, SH_F32, x->device));
     SH_TRY(sh_tensor_empty(pb.out(), 2, pshape, SH_F32, x->device));
-    bool wide = rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(dyc.t), sh_tensor_data(xc.t), data_or_null(wc.t), data_or_null(dx)});
+    bool wide = sh_rows_wide(C, sh_dtype_size(x->dtype), {sh_tensor_data(dyc.t), sh_tensor_data(xc.t), data_or_null(wc.t), data_or_null(dx)});
     cudaError_t attr = cudaSuccess;
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
       with_width<T>(wide, [&](auto width) {

@@ -100,6 +100,10 @@ int sh_cross_entropy_forward(sh_tensor **loss, sh_tensor **lse, const sh_tensor 
                              const sh_tensor *targets, int64_t ignore_index);
 int sh_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, const sh_tensor *targets,
                               const sh_tensor *lse, double dloss, int64_t ignore_index);
+/* The same gradient written over logits (contiguous), for a caller that needs the logits no
+ * more: the largest activation of a language model is not allocated twice. */
+int sh_cross_entropy_backward_(sh_tensor *logits, const sh_tensor *targets, const sh_tensor *lse, double dloss,
+                               int64_t ignore_index);
 
 /* Dropout with the counter-based generator: the mask is recomputed in backward from
  * (seed, offset), never stored. p in [0, 1). */

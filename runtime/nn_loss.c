@@ -101,6 +101,7 @@ static int cpu_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_t
   return rc;
 }
 
+/* dlogits may be logits itself (sh_cross_entropy_backward_): ce_bwd writes each element after reading it. */
 static int cpu_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
                                       const sh_tensor *lse, double dloss, int64_t ignore_index) {
   const char *op = "cross_entropy_backward";
@@ -191,6 +192,20 @@ int sh_cross_entropy_backward(sh_tensor **dlogits, const sh_tensor *logits, cons
   if (rc) sh_tensor_destroy(dx);
   else *dlogits = dx;
   return rc;
+}
+
+/* Both kernels take dlogits == logits: each row's gradient is written where it was read. */
+int sh_cross_entropy_backward_(sh_tensor *logits, const sh_tensor *targets, const sh_tensor *lse, double dloss,
+                               int64_t ignore_index) {
+  const char *op = "cross_entropy_backward_";
+  SH_TRY(check_ce(op, logits, targets, ignore_index));
+  SH_TRY(sh_nn_check_float_on(lse, logits->device, op, "lse"));
+  SH_TRY(sh_nn_check_shape(lse, op, "lse", targets->ndim, targets->shape));
+  if (!sh_tensor_is_contiguous(logits))
+    return sh_fail(SH_ERR_ARG, "%s: logits must be contiguous to take the gradient in place, got %s", op, sh_desc(logits));
+  SH_TRY(SH_KERNEL(op, logits->device, cross_entropy_backward, logits, logits, targets, lse, dloss, ignore_index));
+  logits->version++;
+  return SH_OK;
 }
 
 void sh_loss_register_cpu(sh_backend *b) {

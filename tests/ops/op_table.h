@@ -1485,9 +1485,9 @@ static void run_embedding(ot_run *r) {
   }
 }
 
-/* cross_entropy forward (k[0] = 0) or backward (1): logits [s[0] = N, s[1] = V] normal(0,
- * a[0]), targets of dtype k[1] (OT_DT) with every s[2]-th ignored (-100), dloss a[1].
- * The backward uses the run's own forward lse. */
+/* cross_entropy forward (k[0] = 0) or backward (1; k[2]: in place over the logits):
+ * logits [s[0] = N, s[1] = V] normal(0, a[0]), targets of dtype k[1] (OT_DT) with every
+ * s[2]-th ignored (-100), dloss a[1]. The backward uses the run's own forward lse. */
 static void run_cross_entropy(ot_run *r) {
   const ot_row *w_ = r->row;
   int64_t N = w_->s[0], V = w_->s[1];
@@ -1518,6 +1518,11 @@ static void run_cross_entropy(ot_run *r) {
   }
   ot_tmp(r, loss);
   ot_tmp(r, lse);
+  if (w_->k[2]) {
+    OT_CALL(r, sh_cross_entropy_backward_(x, t, lse, w_->a[1], OT_IGNORE));
+    ot_out_inplace(r, "dlogits", x, 1, -1);
+    return;
+  }
   sh_tensor *dx = NULL;
   OT_CALL(r, sh_cross_entropy_backward(&dx, x, t, lse, w_->a[1], OT_IGNORE));
   ot_out(r, "dlogits", dx);
@@ -1906,6 +1911,12 @@ static const ot_row ot_table[] = {
   {"rmsnorm_backward", "[3,3000] f32 w (segments)", OT_FLOATS, OT_REF_HOST, run_norm_backward, {2}, {{3, 3000}}, .k = {1, 0, 0, 1}, .a = {1e-6}},
   {"layernorm_residual_forward", "[3,2600] (segments: the sum re-read)", OT_FLOATS, OT_REF_HOST, run_layernorm_residual, {2},
    {{3, 2600}}, .a = {1e-5}, .tol = {[SH_BF16] = 2e-2, [SH_F16] = 1e-2}},
+  {"cross_entropy_backward_", "[67,1000] every 5th ignored, in place", OT_FLOATS, OT_REF_HOST, run_cross_entropy,
+   .s = {67, 1000, 5}, .k = {1, OT_DT(SH_I64), 1}, .a = {3, 0.7}},
+  {"cross_entropy_backward_", "[3,50257] i32 targets, in place (odd V: element by element)", OT_FLOATS, OT_REF_HOST,
+   run_cross_entropy, .s = {3, 50257, 0}, .k = {1, OT_DT(SH_I32), 1}, .a = {2, 0.7}},
+  {"cross_entropy_backward_", "[4,7] all ignored, in place (zeros)", OT_FLOATS, OT_REF_HOST, run_cross_entropy,
+   .s = {4, 7, 1}, .k = {1, OT_DT(SH_I64), 1}, .a = {1, 0.7}},
 };
 
 enum { OT_ROWS = (int)(sizeof ot_table / sizeof ot_table[0]) };
