@@ -8,7 +8,9 @@
  * AdamW is multi-tensor: one launch walks a table of up to MT_MAX buffers (a FlatParameter
  * shard each) cut into chunks, one chunk per block, reading grad (f32 or bf16), p, m, v once
  * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once, with
- * 16-byte accesses where every buffer of a parameter is 16-byte aligned (8 elements a step). The
+ * 16-byte accesses where every buffer of a parameter is 16-byte aligned (8 elements a step);
+ * a clip's coefficient, left on the device by grad_clip_coef, is read once per block into the
+ * gradient scale. The
  * gradient-norm part walks the same kind of table into one f64 on the device. */
 #include <memory>
 #include "common.cuh"
@@ -53,6 +55,7 @@ struct adamw_table {
   float decay[MT_MAX];               /* 1 - lr wd: the weight decay is the parameter's own */
   int g_bf16[MT_MAX], shadow_dt[MT_MAX];
   int wide[MT_MAX];                  /* every buffer 16-byte aligned: the 16-byte path */
+  const float *clip[MT_MAX];         /* NULL, or the clip coefficient on the device */
 };
 
 /* One element's update, returning the new p: the one formula of both paths, so they give the
@@ -140,7 +143,7 @@ __device__ __forceinline__ void adamw_one(const adamw_table &t, int b, int64_t i
 __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
   int64_t i0, i1;
   int b = mt_locate(t.c, &i0, &i1);
-  float scale = h.scale;
+  float scale = t.clip[b] ? h.scale * *t.clip[b] : h.scale;   /* as optim.c: one f32 product */
   int64_t tail = i0;
   if (t.wide[b]) {
     tail = i0 + (i1 - i0) / AW * AW;
@@ -177,6 +180,7 @@ static int cuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, do
     t.g_bf16[k] = e->grad->dtype == SH_BF16;
     t.shadow[k] = e->shadow ? sh_tensor_data(e->shadow) : NULL;
     t.shadow_dt[k] = e->shadow ? e->shadow->dtype : SH_F32;
+    t.clip[k] = e->clip ? (const float *)sh_tensor_data(e->clip) : NULL;
     t.wide[k] = sh_aligned16(t.p[k]) && sh_aligned16(t.m[k]) && sh_aligned16(t.v[k]) && sh_aligned16(t.g[k]) &&
                 (!t.shadow[k] || sh_aligned16(t.shadow[k]));
     t.decay[k] = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale).decay;
@@ -284,6 +288,21 @@ static int cuda_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *ts
   return SH_OK;
 }
 
+__global__ void clip_coef_kernel(float *coef, double *norm, const double *part, int kind, double max_norm) {
+  double n = sh_clip_norm_of(*part, kind);
+  *norm = n;
+  *coef = sh_clip_coef_of(n, max_norm);
+}
+
+static int cuda_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter("grad_clip_coef", part->device, &st));
+  clip_coef_kernel<<<1, 1, 0, st>>>((float *)sh_tensor_data(coef), (double *)sh_tensor_data(norm),
+                                    (const double *)sh_tensor_data(part), kind, max_norm);
+  CU_LAUNCHED("grad_clip_coef");
+  return SH_OK;
+}
+
 __global__ void sgd_kernel(float *p, const void *gp, int g_bf16, float *buf, int64_t n, float scale, float lr, float wd,
                            float momentum, float omd, int nesterov, int first) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -321,4 +340,5 @@ extern "C" void sh_optim_register_cuda(sh_backend *b) {
   b->adamw_step_multi_ = cuda_adamw_step_multi_;
   b->sgd_step_ = cuda_sgd_step_;
   b->grad_norm_part = cuda_grad_norm_part;
+  b->grad_clip_coef = cuda_grad_clip_coef;
 }

@@ -123,6 +123,7 @@ typedef struct sh_backend {
   /* optim.h: n >= 0 float tensors; kind SH_NORM_L2, _L1 or _MAX (optim_internal.h); weights
    * NULL means all 1; out holds one f64 */
   int (*grad_norm_part)(sh_tensor *out, int n, const sh_tensor *const *t, const double *weights, int kind);
+  int (*grad_clip_coef)(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm);
 } sh_backend;
 
 /* The table of `device` (-1: cpu, N: cuda:N); fails naming op when that device has none. */

@@ -175,6 +175,9 @@ static int k_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, co
   for (int i = 0; i < n; i++) touch(1, t[i]);
   return touch(1, out);
 }
+static int k_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
+  return touch(3, coef, norm, part);
+}
 
 static const sh_backend meta_backend = {
   .name = "meta",
@@ -199,6 +202,7 @@ static const sh_backend meta_backend = {
   .embedding_forward = k_embedding_forward, .embedding_backward = k_embedding_backward,
   .cross_entropy_forward = k_cross_entropy_forward, .cross_entropy_backward = k_cross_entropy_backward,
   .adamw_step_multi_ = k_adamw_step_multi_, .sgd_step_ = k_sgd_step_, .grad_norm_part = k_grad_norm_part,
+  .grad_clip_coef = k_grad_clip_coef,
 };
 
 const sh_backend *sh_meta_backend(void) { return &meta_backend; }

@@ -188,6 +188,7 @@ static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
   else b.g16 = sh_tensor_data(e->grad);
   b.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
   b.shadow_dtype = e->shadow ? e->shadow->dtype : SH_F32;
+  if (e->clip) b.h.scale *= *(const float *)sh_tensor_data(e->clip);   /* as optim.cu: one f32 product */
   return b;
 }
 
@@ -257,10 +258,18 @@ static int cpu_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, 
   return SH_OK;
 }
 
+static int cpu_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
+  double n = sh_clip_norm_of(*(const double *)sh_tensor_data(part), kind);
+  *(double *)sh_tensor_data(norm) = n;
+  *(float *)sh_tensor_data(coef) = sh_clip_coef_of(n, max_norm);
+  return SH_OK;
+}
+
 void sh_optim_register_cpu(sh_backend *b) {
   b->adamw_step_multi_ = cpu_adamw_step_multi_;
   b->sgd_step_ = cpu_sgd_step_;
   b->grad_norm_part = cpu_grad_norm_part;
+  b->grad_clip_coef = cpu_grad_clip_coef;
 }
 
 /* ---- public steps ---------------------------------------------------------------------- */
@@ -297,6 +306,7 @@ static int check_adamw_param(const sh_adamw_param *e, int device) {
   SH_TRY(check_flat(e->m, op, "m", SH_F32, n, device));
   SH_TRY(check_flat(e->v, op, "v", SH_F32, n, device));
   if (e->shadow) SH_TRY(check_flat(e->shadow, op, "shadow", -1, n, device));
+  if (e->clip) SH_TRY(check_flat(e->clip, op, "clip", SH_F32, 1, device));
   if (!(e->weight_decay >= 0)) return sh_fail(SH_ERR_ARG, "%s: weight_decay must be >= 0, got %g", op, e->weight_decay);
   return SH_OK;
 }
@@ -354,7 +364,7 @@ int sh_adamw_step_multi_(int n, const sh_adamw_param *params, double lr, double 
 int sh_adamw_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *m, sh_tensor *v,
                    sh_tensor *shadow, double lr, double beta1, double beta2, double eps,
                    double weight_decay, int64_t step, double grad_scale) {
-  sh_adamw_param one = {param, grad, m, v, shadow, weight_decay};
+  sh_adamw_param one = {param, grad, m, v, shadow, weight_decay, NULL};
   return sh_adamw_step_multi_(1, &one, lr, beta1, beta2, eps, step, grad_scale);
 }
 
@@ -369,18 +379,46 @@ int sh_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_bu
   return SH_OK;
 }
 
+/* The kind of norm_type (2, 1 or inf). */
+static int norm_kind(const char *op, double norm_type, int *kind) {
+  *kind = norm_type == 2 ? SH_NORM_L2 : norm_type == 1 ? SH_NORM_L1 : norm_type == INFINITY ? SH_NORM_MAX : -1;
+  if (*kind < 0) return sh_fail(SH_ERR_ARG, "%s: norm_type must be 2, 1 or inf, got %g", op, norm_type);
+  return SH_OK;
+}
+
+/* t holds one element of dtype on device. */
+static int check_scalar(const sh_tensor *t, const char *op, const char *name, int dtype, int device) {
+  if (!t) return sh_fail(SH_ERR_ARG, "%s: %s is missing (got nil)", op, name);
+  SH_TRY(sh_tensor_check(t, op));
+  if (t->dtype != dtype || sh_tensor_numel(t) != 1)
+    return sh_fail(SH_ERR_ARG, "%s: %s must hold one %s, got %s", op, name, sh_dtype_name(dtype), sh_desc(t));
+  return sh_check_on(t, device, op, name);
+}
+
 int sh_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *grads, const double *weights,
                       double norm_type) {
   const char *op = "grad_norm";
   if (n < 0 || (n > 0 && !grads))
     return sh_fail(SH_ERR_ARG, "%s: needs an array of n >= 0 tensors, got n = %d%s", op, n, grads ? "" : " and NULL");
-  int kind = norm_type == 2 ? SH_NORM_L2 : norm_type == 1 ? SH_NORM_L1 : norm_type == INFINITY ? SH_NORM_MAX : -1;
-  if (kind < 0) return sh_fail(SH_ERR_ARG, "%s: norm_type must be 2, 1 or inf, got %g", op, norm_type);
-  SH_TRY(sh_tensor_check(out, op));
-  if (out->dtype != SH_F64 || sh_tensor_numel(out) != 1)
-    return sh_fail(SH_ERR_ARG, "%s: out must hold one f64, got %s", op, sh_desc(out));
+  int kind;
+  SH_TRY(norm_kind(op, norm_type, &kind));
+  SH_TRY(check_scalar(out, op, "out", SH_F64, out ? out->device : -1));
   for (int i = 0; i < n; i++) SH_TRY(in_group(sh_nn_check_float_on(grads[i], out->device, op, "grad"), op, "tensor", i, n));
   SH_TRY(SH_KERNEL(op, out->device, grad_norm_part, out, n, grads, weights, kind));
   out->version++;
+  return SH_OK;
+}
+
+int sh_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, double norm_type, double max_norm) {
+  const char *op = "grad_clip_coef";
+  int kind;
+  SH_TRY(norm_kind(op, norm_type, &kind));
+  SH_TRY(check_scalar(part, op, "part", SH_F64, part ? part->device : -1));
+  SH_TRY(check_scalar(norm, op, "norm", SH_F64, part->device));
+  SH_TRY(check_scalar(coef, op, "coef", SH_F32, part->device));
+  if (!(max_norm >= 0)) return sh_fail(SH_ERR_ARG, "%s: max_norm must be >= 0, got %g", op, max_norm);
+  SH_TRY(SH_KERNEL(op, part->device, grad_clip_coef, coef, norm, part, kind, max_norm));
+  coef->version++;
+  norm->version++;
   return SH_OK;
 }

@@ -20,6 +20,9 @@ typedef struct sh_adamw_param {
   const sh_tensor *grad;
   sh_tensor *m, *v, *shadow;   /* shadow may be NULL */
   double weight_decay;
+  /* NULL, or one f32 on the param's device that multiplies grad_scale, read by the kernel so
+   * the host never waits for it: the coefficient of a clip (sh_grad_clip_coef). */
+  const sh_tensor *clip;
 } sh_adamw_param;
 
 /* The AdamW step of n parameters on one device, equal to n sh_adamw_step_ calls; on CUDA
@@ -34,3 +37,9 @@ int sh_adamw_step_multi_(int n, const sh_adamw_param *params, double lr, double 
  * ranks can be all-reduced where they are and the total read once. */
 int sh_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *grads, const double *weights,
                       double norm_type);
+
+/* Gradient clipping from a norm part (sh_grad_norm_part's, all-reduced where it is), on part's
+ * device and not read back (one launch on CUDA): norm = sqrt(part) for norm_type 2, else part
+ * (one f64; may be part itself), and coef = min(1, max_norm / (norm + 1e-6)) (one f32; NaN
+ * when the norm is), torch.nn.utils.clip_grad_norm_'s coefficient. max_norm >= 0. */
+int sh_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, double norm_type, double max_norm);

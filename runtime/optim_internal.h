@@ -1,8 +1,10 @@
 /* optim_internal.h: the per-step constants of an optimizer update, formed once per call from
  * the hyper-parameters (which optim.c's fronts have checked) by the kernels of every backend
- * (optim.c's CPU loops, kernels/optim.cu), the kinds of gradient-norm part, and what optim.c's
+ * (optim.c's CPU loops, kernels/optim.cu), the kinds of gradient-norm part and the clip's
+ * formulas, and what optim.c's
  * CPU AdamW shares with its AVX-512 loop (optim_cpu_avx512.c). */
 #pragma once
+#include <math.h>
 #include "tensor_internal.h"
 
 /* The per-step constants of an AdamW update (optim.h's formula). */
@@ -23,6 +25,20 @@ sh_sgd_hyper sh_sgd_hyper_of(double lr, double momentum, double dampening, doubl
 
 /* What sh_grad_norm_part sums over its tensors (norm_type 2, 1, INFINITY). */
 enum { SH_NORM_MAX = 0, SH_NORM_L1 = 1, SH_NORM_L2 = 2 };
+
+#ifdef __CUDACC__
+#define SH_OPTIM_HD __host__ __device__ __forceinline__
+#else
+#define SH_OPTIM_HD static inline
+#endif
+
+/* sh_grad_clip_coef's formulas, for the kernels of both backends: the norm of a part in f64,
+ * and the coefficient min(1, max_norm / (norm + 1e-6)) rounded once to f32 (NaN stays NaN). */
+SH_OPTIM_HD double sh_clip_norm_of(double part, int kind) { return kind == SH_NORM_L2 ? sqrt(part) : part; }
+SH_OPTIM_HD float sh_clip_coef_of(double norm, double max_norm) {
+  double c = max_norm / (norm + 1e-6);
+  return (float)(c > 1 ? 1 : c);
+}
 
 /* One parameter of a CPU AdamW step: its host buffers and constants. The grad is g32 (f32) or,
  * when g32 is NULL, g16 (bf16); shadow is NULL or a buffer of shadow_dtype. */

@@ -123,7 +123,7 @@ static void run_group(const char *what, int n, const int64_t *sizes, int grad_dt
       double *g = new_grad(&x[k], grad_dtype);
       ref_step(&x[k], g, step);
       free(g);
-      ps[k] = (sh_adamw_param){x[k].tp, x[k].tg, x[k].tm, x[k].tv, x[k].ts, x[k].wd};
+      ps[k] = (sh_adamw_param){x[k].tp, x[k].tg, x[k].tm, x[k].tv, x[k].ts, x[k].wd, NULL};
     }
     CHECK_OK(sh_adamw_step_multi_(n, ps, LR, B1, B2, EPS, step, GS));
   }

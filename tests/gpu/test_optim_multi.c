@@ -98,7 +98,7 @@ static void make_params(param_set *cpu, param_set *cuda) {
 
 static void as_group(const param_set *s, sh_adamw_param *group) {
   for (int i = 0; i < N; i++)
-    group[i] = (sh_adamw_param){s[i].p, s[i].g, s[i].m, s[i].v, s[i].shadow, s[i].wd};
+    group[i] = (sh_adamw_param){s[i].p, s[i].g, s[i].m, s[i].v, s[i].shadow, s[i].wd, NULL};
 }
 
 static void free_params(param_set *s) {
@@ -226,6 +226,80 @@ static void test_adamw_wide(void) {
   }
 }
 
+/* Clipping without a host read: the norm part, sh_grad_clip_coef and an AdamW step that folds
+ * the coefficient into its gradient scale, on CUDA and on the CPU, against PyTorch's
+ * clip_grad_norm_ as a plain reference: the norm in f64 from the gradients' values, the
+ * gradients multiplied in place by the f32 coefficient, then a step without clip. The folded
+ * steps equal it (the same f32 product; on the emulator bit for bit), in launches alone: no
+ * host wait until the norm is read. A max_norm above the norm gives coefficient 1 exactly. */
+static double value_of(const sh_tensor *t);
+
+static void test_clip_folded(void) {
+  const int64_t n = 3001;
+  const double max_norms[2] = {0.5, 1e6};
+  for (int c = 0; c < 2; c++) {
+    sh_tensor *p_ref = random_tensor(n, SH_F32, 800, 0, 1), *g_ref = random_tensor(n, SH_F32, 801, 0, 0.1);
+    sh_tensor *m_ref = random_tensor(n, SH_F32, 802, 0, 0.01), *v_ref = random_tensor(n, SH_F32, 803, 0.01, 0.001);
+    double *g = values_of(g_ref), sumsq = 0;
+    for (int64_t i = 0; i < n; i++) sumsq += g[i] * g[i];
+    free(g);
+    double want_norm = sqrt(sumsq);
+    double coef_d = max_norms[c] / (want_norm + 1e-6);
+    float want_coef = (float)(coef_d > 1 ? 1 : coef_d);
+    /* the folded runs: CPU (-1) and CUDA */
+    sh_tensor *runs[2][4];
+    for (int r = 0; r < 2; r++) {
+      int dev = r ? DEV : -1;
+      sh_tensor *pt = on(p_ref, dev), *gt = on(g_ref, dev), *mt = on(m_ref, dev), *vt = on(v_ref, dev);
+      sh_tensor *part = NULL, *coef = NULL;
+      CHECK_OK(sh_tensor_empty(&part, 1, S(1), SH_F64, dev));
+      CHECK_OK(sh_tensor_empty(&coef, 1, S(1), SH_F32, dev));
+      if (dev >= 0) CHECK_OK(sh_cuda_synchronize(dev));
+      counters_reset();
+      const sh_tensor *gs[1] = {gt};
+      CHECK_OK(sh_grad_norm_part(part, 1, gs, NULL, 2));
+      CHECK_OK(sh_grad_clip_coef(coef, part, part, 2, max_norms[c]));
+      sh_adamw_param e = {pt, gt, mt, vt, NULL, 0.1, coef};
+      CHECK_OK(sh_adamw_step_multi_(1, &e, 1e-2, 0.9, 0.95, 1e-8, 1, 1.0));
+      if (dev >= 0) check_counts("norm part, clip coefficient and a folded adamw step", 2 + 1 + 1, 0);
+      double got_norm = value_of(part), got_coef = value_of(coef);
+      CHECK(fabs(got_norm - want_norm) <= 1e-12 * want_norm, "%s: norm %.17g, expected %.17g", dev < 0 ? "cpu" : "cuda", got_norm,
+            want_norm);
+      CHECK(got_coef == (double)want_coef, "%s max_norm %g: coefficient %.9g, expected %.9g", dev < 0 ? "cpu" : "cuda", max_norms[c],
+            got_coef, (double)want_coef);
+      runs[r][0] = pt; runs[r][1] = mt; runs[r][2] = vt; runs[r][3] = gt;
+      sh_tensor_destroy(part);
+      sh_tensor_destroy(coef);
+    }
+    /* the reference: grads scaled in place by the f32 coefficient, then a plain step */
+    CHECK_OK(sh_scale_(g_ref, (double)want_coef));
+    CHECK_OK(sh_adamw_step_(p_ref, g_ref, m_ref, v_ref, NULL, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1, 1.0));
+    sh_tensor *ref[3] = {p_ref, m_ref, v_ref};
+    const char *names[3] = {"p", "m", "v"};
+    for (int k = 0; k < 3; k++) {
+      CHECK(count_unequal(runs[0][k], ref[k]) == 0, "max_norm %g: the cpu's folded clip differs from scaling the grads first in %s",
+            max_norms[c], names[k]);
+      if (counting())
+        CHECK(count_unequal(runs[1][k], ref[k]) == 0, "max_norm %g: the cuda folded clip differs from scaling the grads first in %s",
+              max_norms[c], names[k]);
+      else
+        CHECK(max_rel_diff(runs[1][k], ref[k]) <= 1e-5, "max_norm %g: cuda %s differs from the reference", max_norms[c], names[k]);
+    }
+    for (int r = 0; r < 2; r++)
+      for (int k = 0; k < 4; k++) sh_tensor_destroy(runs[r][k]);
+    sh_tensor *all[4] = {p_ref, g_ref, m_ref, v_ref};
+    for (int k = 0; k < 4; k++) sh_tensor_destroy(all[k]);
+  }
+  sh_tensor *x = NULL, *y = NULL;
+  CHECK_OK(sh_tensor_empty(&x, 1, S(1), SH_F64, DEV));
+  CHECK_OK(sh_tensor_empty(&y, 1, S(1), SH_F32, -1));
+  CHECK_FAILS(sh_grad_clip_coef(y, x, x, 2, 1.0), SH_ERR_DEVICE, "coef");
+  CHECK_FAILS(sh_grad_clip_coef(x, x, x, 2, 1.0), SH_ERR_ARG, "coef must hold one f32");
+  CHECK_FAILS(sh_grad_clip_coef(y, x, x, 3, 1.0), SH_ERR_ARG, "norm_type");
+  sh_tensor_destroy(x);
+  sh_tensor_destroy(y);
+}
+
 static void test_adamw_multi_errors(void) {
   sh_tensor *p = NULL, *g = NULL, *m = NULL, *v = NULL, *pc = NULL;
   CHECK_OK(sh_tensor_empty(&p, 1, S(4), SH_F32, DEV));
@@ -233,7 +307,7 @@ static void test_adamw_multi_errors(void) {
   CHECK_OK(sh_tensor_empty(&m, 1, S(4), SH_F32, DEV));
   CHECK_OK(sh_tensor_empty(&v, 1, S(4), SH_F32, DEV));
   CHECK_OK(sh_tensor_empty(&pc, 1, S(4), SH_F32, -1));
-  sh_adamw_param two[2] = {{p, g, m, v, NULL, 0}, {pc, g, m, v, NULL, 0}};
+  sh_adamw_param two[2] = {{p, g, m, v, NULL, 0, NULL}, {pc, g, m, v, NULL, 0, NULL}};
   CHECK_FAILS(sh_adamw_step_multi_(2, two, 1e-3, 0.9, 0.99, 1e-8, 1, 1), SH_ERR_DEVICE, "parameter 2 of 2");
   CHECK_FAILS(sh_adamw_step_multi_(-1, two, 1e-3, 0.9, 0.99, 1e-8, 1, 1), SH_ERR_ARG, "-1");
   CHECK_OK(sh_adamw_step_multi_(0, NULL, 1e-3, 0.9, 0.99, 1e-8, 1, 1));
@@ -310,6 +384,7 @@ int main(int argc, char **argv) {
   if (!counting()) printf("# not on the emulator: launches and host waits are not counted\n");
   RUN(test_adamw_multi);
   RUN(test_adamw_wide);
+  RUN(test_clip_folded);
   RUN(test_adamw_multi_errors);
   RUN(test_grad_norm_part);
   CHECK_OK(sh_cuda_synchronize(DEV));
