@@ -32,6 +32,7 @@ RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
 ifneq ($(NVCC),)
   CUDA_SRC  := $(wildcard kernels/*.cu)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+  CUDA_PTXAS := $(CUDA_SRC:%.cu=$(BUILD)/%.ptxas)
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
   CFLAGS    += -DSHARD_CUDA -I$(CUDA_HOME)/include
 endif
@@ -52,7 +53,7 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test test-build c-tests test-asan test-gpu bench bench-adamw clean check-long check-fresh fuzz readme-figures
+.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report bench bench-adamw clean check-long check-fresh fuzz readme-figures
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
@@ -64,9 +65,12 @@ $(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
 # contraction, so that its AVX-512 loop and its portable one give the same bits.
 $(BUILD)/runtime/optim.o $(BUILD)/runtime/optim_cpu_avx512.o: CFLAGS += -fno-math-errno -ffp-contract=off
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
+# Each object keeps ptxas's report of its kernels beside it (make gpu-report reads them);
+# ptxas's info lines go there only, anything else nvcc says still shows.
+$(BUILD)/kernels/%.o $(BUILD)/kernels/%.ptxas: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $(BUILD)/kernels/$*.o 2>$(BUILD)/kernels/$*.ptxas; \
+	  rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(BUILD)/kernels/$*.ptxas >&2; exit $$rc
 
 lib/libshard.so: $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p lib
@@ -122,7 +126,13 @@ test: deps
 	@$(MAKE) test-build
 	@SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
 
-test-build: all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
+test-build: all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS) $(CUDA_PTXAS)
+
+# make gpu-report: each kernel's registers, shared memory, spills and blocks per SM on an H100
+# (tools/gpu_report.lua), from the ptxas reports of the nvcc build; fails on a spill in the
+# attention, matmul or optimizer kernels. make test runs it as a C test (tests/run.sh).
+gpu-report: $(CUDA_PTXAS)
+	$(if $(NVCC),@luajit tools/gpu_report.lua $(CUDA_PTXAS),@echo "gpu-report: no nvcc, no kernels to report")
 
 # Everything again under AddressSanitizer and UBSan, in its own build tree.
 test-asan: deps

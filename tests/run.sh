@@ -7,6 +7,7 @@
 #   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
 #   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
+#   tools/gpu_report.lua         the kernels' registers, shared memory and spills (BUILD/kernels/*.ptxas)
 # CPU kernel sets (runtime/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
 # best this CPU runs); then the C tests (the op table among them) and the recipe-loss specs
 # (RECIPE_SPECS) run again under each lower set this CPU runs, with OpenBLAS's kernels of such
@@ -139,6 +140,12 @@ fi
 echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): every test under kernel set $isa${OPENBLAS_CORETYPE:+ (OpenBLAS $OPENBLAS_CORETYPE)}${lower_sets:+; C tests and recipe specs under $lower_sets}"
 
 c_tests ""
+
+# The kernels' resources from the nvcc build's ptxas reports (make gpu-report): one check per
+# kernel, failing on a spill in the attention, matmul or optimizer kernels.
+if ls "$BUILD"/kernels/*.ptxas >/dev/null 2>&1 && selected gpu_report; then
+  c_test gpu_report ${LUAJIT:-luajit} tools/gpu_report.lua "$BUILD"/kernels/*.ptxas
+fi
 
 for t in "$BUILD"/tests/test_mpi_*; do
   [ -x "$t" ] && selected "$t" || continue
