@@ -84,39 +84,40 @@ __device__ __forceinline__ void frag_b_kn(uint32_t b[2][2], const __nv_bfloat16 
   b[0][0] = r[0]; b[0][1] = r[1]; b[1][0] = r[2]; b[1][1] = r[3];
 }
 
-/* acc[16 x 64] (8 n-tiles) = X[r0.., :DP] Y[0..64, :DP]^T, both from shared tiles. */
-template <int DP>
-__device__ __forceinline__ void mm_rows_t(float acc[FT / 8][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y) {
+/* acc[16 x 8 NT] (NT n-tiles) = X[r0.., :DP] Y[y0 .. y0 + 8 NT, :DP]^T, both shared tiles. */
+template <int DP, int NT>
+__device__ __forceinline__ void mm_rows_t(float acc[NT][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y, int y0) {
   constexpr int LD = ftile<DP>::LD;
 #pragma unroll
-  for (int n = 0; n < FT / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < DP / 16; kk++) {
     uint32_t a[4];
     frag_a(a, X, LD, r0, 16 * kk);
 #pragma unroll
-    for (int np = 0; np < FT / 16; np++) {
+    for (int np = 0; np < NT / 2; np++) {
       uint32_t b[2][2];
-      frag_b_nk(b, Y, LD, 16 * np, 16 * kk);
+      frag_b_nk(b, Y, LD, y0 + 16 * np, 16 * kk);
       mma_bf16_16816(acc[2 * np], a, b[0]);
       mma_bf16_16816(acc[2 * np + 1], a, b[1]);
     }
   }
 }
 
-/* acc[16 x DP] += P[16 x 64] Y[0..64, :DP]: P a C tile in registers (rounded to bf16 as the
- * A operand; its n-tiles 2kk and 2kk + 1 are the A fragment of k-step kk), Y a shared tile. */
-template <int DP>
-__device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[FT / 8][4], const __nv_bfloat16 *Y) {
+/* acc[16 x DP] += P[16 x 8 NT] Y[y0 .. y0 + 8 NT, :DP]: P a C tile in registers (rounded to
+ * bf16 as the A operand; its n-tiles 2kk and 2kk + 1 are the A fragment of k-step kk), Y a
+ * shared tile. */
+template <int DP, int NT>
+__device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[NT][4], const __nv_bfloat16 *Y, int y0) {
   constexpr int LD = ftile<DP>::LD;
 #pragma unroll
-  for (int kk = 0; kk < FT / 16; kk++) {
+  for (int kk = 0; kk < NT / 2; kk++) {
     const float *c0 = p[2 * kk], *c1 = p[2 * kk + 1];
     uint32_t a[4] = {pack_bf16(c0[0], c0[1]), pack_bf16(c0[2], c0[3]), pack_bf16(c1[0], c1[1]), pack_bf16(c1[2], c1[3])};
 #pragma unroll
     for (int dp = 0; dp < DP / 16; dp++) {
       uint32_t b[2][2];
-      frag_b_kn(b, Y, LD, 16 * kk, 16 * dp);
+      frag_b_kn(b, Y, LD, y0 + 16 * kk, 16 * dp);
       mma_bf16_16816(acc[2 * dp], a, b[0]);
       mma_bf16_16816(acc[2 * dp + 1], a, b[1]);
     }
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(F_THREADS) attn_fwd_kernel(
     }
     __syncthreads();
     float s[FT / 8][4];
-    mm_rows_t<DP>(s, Qs, 16 * w, Ks + buf * TILE);
+    mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, Ks + buf * TILE, 0);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       int64_t row = i0 + 16 * w + g + 8 * r;
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(F_THREADS) attn_fwd_kernel(
 #pragma unroll
       for (int n = 0; n < DP / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
     }
-    mm_acc_p<DP>(o, s, Vs + buf * TILE);
+    mm_acc_p<DP, FT / 8>(o, s, Vs + buf * TILE, 0);
     __syncthreads();   /* every warp is done with this buffer before the next copies refill it */
   }
   float inv[2];
@@ -244,15 +245,16 @@ __global__ void attn_dq_rowdot_kernel(const T *dout, at_view dv, const T *out, a
   if (lane == 0) Dq[row] = s;
 }
 
-/* P = exp2(S scale_log2 - lse2) and dS = P (dP - Dq) of a lane's elements, in place in s and
- * dp; rows (queries) and columns (keys) of the C tiles as given by row_of / col_of, masked
- * where the key is past the query or the query past T. */
-template <typename RowFn, typename ColFn, typename LseFn, typename DqFn>
-__device__ __forceinline__ void probs_and_grads(float s[FT / 8][4], float dp[FT / 8][4], float scale_log2, int64_t T, RowFn query_of,
+/* P = exp2(S scale_log2 - lse2) and dS = P (dP - Dq) of a lane's elements of 16 x 8 NT C
+ * tiles, in place in s and dp; the query and key of each element (row r, column c of the
+ * tiles) as query_of / key_of give them, masked where the key is past the query or the query
+ * past T. */
+template <int NT, typename RowFn, typename ColFn, typename LseFn, typename DqFn>
+__device__ __forceinline__ void probs_and_grads(float s[NT][4], float dp[NT][4], float scale_log2, int64_t T, RowFn query_of,
                                                 ColFn key_of, LseFn lse2_of, DqFn dq_of) {
   int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
 #pragma unroll
-  for (int n = 0; n < FT / 8; n++)
+  for (int n = 0; n < NT; n++)
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       int rr = g + 8 * (i >> 1), cc = 8 * n + 2 * t + (i & 1);
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
     at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
     __nv_bfloat16 *dvout, at_view dvv, int H, int G, int64_t T, int D, float scale_log2, float scale) {
-  constexpr int TILE = ftile<DP>::ELEMS;
+  constexpr int TILE = ftile<DP>::ELEMS, QN = DP > 64 ? FT / 2 : FT;
   extern __shared__ __align__(128) char smem[];
   __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * TILE;
   float *stats = (float *)(dOs + 2 * TILE);   /* [buf][lse2 | Dq][64] */
@@ -312,13 +314,19 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
     int64_t i0 = (jt + s % per_head) * FT, kr0 = j0 + 16 * w;
     const __nv_bfloat16 *Q = Qs + buf * TILE, *dO = dOs + buf * TILE;
     const float *lse2 = stats + buf * 2 * FT, *dq = lse2 + FT;
-    float st[FT / 8][4], dpt[FT / 8][4];
-    mm_rows_t<DP>(st, Ks, 16 * w, Q);    /* S^T: rows keys, columns queries */
-    mm_rows_t<DP>(dpt, Vs, 16 * w, dO);
-    probs_and_grads(st, dpt, scale_log2, T, [&](int, int c) { return i0 + c; }, [&](int r, int) { return kr0 + r; },
-                    [&](int, int c) { return lse2[c]; }, [&](int, int c) { return dq[c]; });
-    mm_acc_p<DP>(dV, st, dO);
-    mm_acc_p<DP>(dK, dpt, Q);
+    /* the query tile in column blocks of QN: at DP 128 two halves, so that S^T and dP^T fit
+     * in registers beside the dK and dV accumulators */
+#pragma unroll 1
+    for (int q0 = 0; q0 < FT; q0 += QN) {
+      float st[QN / 8][4], dpt[QN / 8][4];
+      mm_rows_t<DP, QN / 8>(st, Ks, 16 * w, Q, q0);    /* S^T: rows keys, columns queries */
+      mm_rows_t<DP, QN / 8>(dpt, Vs, 16 * w, dO, q0);
+      probs_and_grads<QN / 8>(st, dpt, scale_log2, T, [&](int, int c) { return i0 + q0 + c; },
+                              [&](int r, int) { return kr0 + r; }, [&](int, int c) { return lse2[q0 + c]; },
+                              [&](int, int c) { return dq[q0 + c]; });
+      mm_acc_p<DP, QN / 8>(dV, st, dO, q0);
+      mm_acc_p<DP, QN / 8>(dK, dpt, Q, q0);
+    }
     __syncthreads();
   }
   store_rows<DP>(dk + b * dkv.sb + hk * dkv.sh, dkv.st, j0 + 16 * w, T, D, dK, scale);
@@ -367,12 +375,12 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_q_kernel(
     __syncthreads();
     const __nv_bfloat16 *K = Ks + buf * TILE;
     float s[FT / 8][4], dp[FT / 8][4];
-    mm_rows_t<DP>(s, Qs, 16 * w, K);
-    mm_rows_t<DP>(dp, dOs, 16 * w, Vs + buf * TILE);
+    mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, K, 0);
+    mm_rows_t<DP, FT / 8>(dp, dOs, 16 * w, Vs + buf * TILE, 0);
     int64_t k0 = jt * FT;
-    probs_and_grads(s, dp, scale_log2, T, [&](int r, int) { return qr0 + r; }, [&](int, int c) { return k0 + c; },
-                    [&](int r, int) { return lse2[r >= 8]; }, [&](int r, int) { return dqt[r >= 8]; });
-    mm_acc_p<DP>(dQ, dp, K);
+    probs_and_grads<FT / 8>(s, dp, scale_log2, T, [&](int r, int) { return qr0 + r; }, [&](int, int c) { return k0 + c; },
+                            [&](int r, int) { return lse2[r >= 8]; }, [&](int r, int) { return dqt[r >= 8]; });
+    mm_acc_p<DP, FT / 8>(dQ, dp, K, 0);
     __syncthreads();
   }
   store_rows<DP>(dq + b * dqv.sb + h * dqv.sh, dqv.st, qr0, T, D, dQ, scale);
