@@ -484,9 +484,13 @@ function F.embedding(idx, w)
   end, { idx:alias() }, "embedding")
 end
 
--- Mean cross-entropy of logits [N, V] against targets [N]; a 0-dim f32 loss.
-function F.cross_entropy(logits, targets, ignore_index)
+-- Mean cross-entropy of logits [N, V] against targets [N]; a 0-dim f32 loss. opts.consume:
+-- nothing reads logits after this call (a language model's head output, made for the loss
+-- alone), so backward writes the gradient over them and the largest activation of the step
+-- is not allocated twice.
+function F.cross_entropy(logits, targets, ignore_index, opts)
   ignore_index = ignore_index or -1
+  local consume = opts and opts.consume and logits:is_contiguous()
   local box = slots(2)
   check(C.sh_cross_entropy_forward(box, box + 1, logits.p, targets.p, ignore_index))
   local loss, lse = take(box, 0), take(box, 1)
@@ -494,7 +498,13 @@ function F.cross_entropy(logits, targets, ignore_index)
     -- the upstream gradient is a number to the kernel: the seed's known value, or 1 and a
     -- device-side scale, so the backward never waits for the device to read it
     local known = A.known_value(dloss)
-    local dlogits = new_from(C.sh_cross_entropy_backward, logits.p, node.saved[2].p, lse.p, known or 1, ignore_index)
+    local dlogits
+    if consume then
+      check(C.sh_cross_entropy_backward_(logits.p, node.saved[2].p, lse.p, known or 1, ignore_index))
+      dlogits = logits:alias()
+    else
+      dlogits = new_from(C.sh_cross_entropy_backward, logits.p, node.saved[2].p, lse.p, known or 1, ignore_index)
+    end
     if not known then dlogits:mul_(dloss) end
     return { track(dlogits) }
   end, { lse, targets:alias() }, "cross_entropy")

@@ -116,6 +116,36 @@ describe("gradcheck", function()
     check("cross_entropy", function(l) return F.cross_entropy(l, targets, -1) end, { randn({ 4, 5 }, 22) })
   end)
 
+  it("cross-entropy consuming its logits (the gradient written over them)", function()
+    local targets = shard.tensor({ 1, -1, 3, 0 }, { dtype = "i64" })
+    check("cross_entropy consume", function(l) return F.cross_entropy(l * 2, targets, -1, { consume = true }) end,
+          { randn({ 4, 5 }, 25) })
+  end)
+
+  it("cross-entropy consuming its logits: backward makes no dlogits buffer, and the same gradient", function()
+    local targets = shard.tensor({ 2, 0 }, { dtype = "i64" })
+    local function grad_and_blocks(consume)
+      local x = shard.tensor({ { 0.5, -1, 2 }, { 1, 1, -3 } }):requires_grad_(true)
+      local loss = F.cross_entropy(x * 1, targets, -1, { consume = consume })
+      local before = shard.memory.stats().n_alloc
+      loss:backward()
+      return x.grad:tolist(), shard.memory.stats().n_alloc - before
+    end
+    local g, blocks = grad_and_blocks(true)
+    local g_plain, blocks_plain = grad_and_blocks(false)
+    assert.equal(blocks_plain - 1, blocks)
+    assert.same(g_plain, g)
+    -- (softmax - onehot) / 2, in float64 here
+    for i, row in ipairs({ { 0.5, -1, 2 }, { 1, 1, -3 } }) do
+      local m, z = math.max(unpack(row)), 0
+      for _, v in ipairs(row) do z = z + math.exp(v - m) end
+      for j, v in ipairs(row) do
+        local want = (math.exp(v - m) / z - ((j - 1) == ({ 2, 0 })[i] and 1 or 0)) / 2
+        assert.is_true(math.abs(g[i][j] - want) < 1e-6, ("dlogits[%d][%d] %g, expected %g"):format(i, j, g[i][j], want))
+      end
+    end
+  end)
+
   it("dropout (the mask is regenerated from the generator)", function()
     check("dropout", function(x) return F.dropout(x, 0.3, true) end, { randn({ 3, 7 }, 23) }, { reseed = 77 })
   end)

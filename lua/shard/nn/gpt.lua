@@ -118,7 +118,7 @@ function G.GPT:forward_tagged(idx, targets, B, T)
   if targets then
     local logits = F.linear(x:view(B * T, -1), self.lm_head.weight)
     local flat = targets:view(B * T)
-    local loss = F.cross_entropy(logits, flat, -1)
+    local loss = F.cross_entropy(logits, flat, -1, { consume = true })   -- the logits serve the loss only
     flat:free()     -- the loss node holds its own reference
     return loss
   end
