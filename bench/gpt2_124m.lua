@@ -55,9 +55,11 @@ local function batch()
   local s = u * cfg.vocab_size
   local ids = s:to("i64")
   u:free(); s:free()
-  local x = ids:narrow(2, 1, cfg.block_size):to(device)
-  local y = ids:narrow(2, 2, cfg.block_size):to(device)
-  ids:free()
+  -- every handle freed here, views included: a view left to the GC holds the ids' block, and
+  -- the next step's batch then misses the allocator's cache
+  local xs, ys = ids:narrow(2, 1, cfg.block_size), ids:narrow(2, 2, cfg.block_size)
+  local x, y = xs:to(device), ys:to(device)
+  xs:free(); ys:free(); ids:free()
   return x, y
 end
 
