@@ -5,6 +5,7 @@
 #   train   GPT-2 124M's bf16 FSDP step at the largest batch of BATCHES that fits, then
 #           PyTorch 2.x at that batch, eager (SDPA) and torch.compile'd; ROUNDS=N repeats
 #           shard and compiled PyTorch, alternating, N - 1 more times
+#   prof    Nsight Compute's view of the three flash attention kernels (asked for by name)
 # On the device machine: . .device/env.sh && bash bench/gpu.sh [parts]   (default: all three)
 # summary.txt and logs.tgz (every log and the GPT-2 step's shard.trace) go to $OUT (gpu-out/
 # when unset; the device tool brings back 8 files at most); the summary is printed last.
@@ -12,7 +13,7 @@ set -u
 top=${OUT:-gpu-out}
 out="$top/logs"
 mkdir -p "$out"
-parts=${*:-test attn train}
+parts=${*:-test attn train}   # prof only when named
 batches=${BATCHES:-64 32 16}
 sum="$top/summary.txt"
 : >"$sum"
@@ -62,7 +63,15 @@ for part in $parts; do
         step "train-shard-b$b-r$r" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b"
         step "train-torch-compile-b$b-r$r" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b"
       done ;;
-    *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train)" >&2; exit 2 ;;
+    prof)   # Nsight Compute on one call of each flash kernel (clocks left as they are)
+      [ -x bin/shard ] || make -j"$(nproc)" all >"$out/build.log" 2>&1
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      step prof-attn 180 "${ncu:-ncu}" --clock-control none --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        -k 'regex:attn_(fwd|bwd_kv|bwd_q)_kernel' -c 4 bin/shard run bench/attention_gpu.lua --iters=1 --warmup=0
+      grep -E '^  attn_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued' \
+        "$out/prof-attn.log" | sed 's/^/    /' >>"$sum" ;;
+    *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train, prof)" >&2; exit 2 ;;
   esac
 done
 tar czf "$top/logs.tgz" -C "$top" logs && rm -r "$out"
