@@ -25,11 +25,11 @@ M.LAUNCH = {
   attn_bwd_kv_simple_kernel = { threads = 256 },
   rope_kernel = { threads = 256 },
   -- flash_smem: tile = 64 (DP + 8) bf16; forward 5 tiles, dK/dV 6 tiles + 64 x 4 f32, dQ 6 tiles
-  ["attn_fwd_kernel<32>"] = { smem = 5 * 5120 }, ["attn_fwd_kernel<64>"] = { smem = 5 * 9216 },
+  ["attn_fwd_kernel<32>"] = { smem = 5 * 5120 }, ["attn_fwd_kernel<64>"] = { smem = 2 * 9216 + 4 * 9216 },
   ["attn_fwd_kernel<128>"] = { smem = 5 * 17408 },
-  ["attn_bwd_kv_kernel<32>"] = { smem = 6 * 5120 + 1024 }, ["attn_bwd_kv_kernel<64>"] = { smem = 6 * 9216 + 1024 },
+  ["attn_bwd_kv_kernel<32>"] = { smem = 6 * 5120 + 1024 }, ["attn_bwd_kv_kernel<64>"] = { smem = 4 * 9216 + 4 * 9216 + 1024 },
   ["attn_bwd_kv_kernel<128>"] = { smem = 6 * 17408 + 1024 },
-  ["attn_bwd_q_kernel<32>"] = { smem = 6 * 5120 }, ["attn_bwd_q_kernel<64>"] = { smem = 6 * 9216 },
+  ["attn_bwd_q_kernel<32>"] = { smem = 6 * 5120 }, ["attn_bwd_q_kernel<64>"] = { smem = 4 * 9216 + 4 * 9216 },
   ["attn_bwd_q_kernel<128>"] = { smem = 6 * 17408 },
   ce_fwd_kernel = { threads = 512 },                     -- CE_THREADS
   ce_bwd_kernel = { threads = 512 },
@@ -135,8 +135,19 @@ end
 -- __launch_bounds__(N) of each kernel of a .cu source, N resolved through its enums.
 function M.launch_bounds(source)
   local consts = {}
+  -- each NAME = EXPR of an enum, EXPR in numbers and the constants before it; one it cannot
+  -- evaluate stays unknown (an error below if a bound uses it), never a partial reading
   for body in source:gmatch("enum%s*{([^}]*)}") do
-    for name, value in body:gmatch("([%w_]+)%s*=%s*(%d+)") do consts[name] = tonumber(value) end
+    for entry in body:gmatch("[^,]+") do
+      local name, expr = entry:match("^%s*([%a_][%w_]*)%s*=%s*(.-)%s*$")
+      if name then
+        local known = true
+        local lua = expr:gsub("[%a_][%w_]*", function(id) known = known and consts[id] ~= nil; return tostring(consts[id]) end)
+        local f = known and load("return " .. lua)
+        local ok, v = pcall(f or error)
+        consts[name] = ok and tonumber(v) or nil
+      end
+    end
   end
   local bounds = {}
   for expr, name in source:gmatch("__launch_bounds__%(([^,%)]+)[^%)]*%)%s*([%w_]+)%s*%(") do

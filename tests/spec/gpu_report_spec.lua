@@ -51,6 +51,16 @@ describe("gpu_report", function()
     assert.same({ norm_fwd_kernel = 256, other_kernel = 128 }, report.launch_bounds(src))
   end)
 
+  -- attention's F_THREADS = 32 * F_WARPS once read as 32: its blocks per SM came out 3 for 2
+  it("evaluates an enum defined by an expression of earlier ones, and refuses one it cannot", function()
+    local src = "enum { FT = 64, F_WARPS = 4, F_THREADS = 32 * F_WARPS, AUTO, ODD = sizeof(int) };\n" ..
+      "__global__ void __launch_bounds__(F_THREADS) fwd_kernel(int n) {}\n"
+    assert.same({ fwd_kernel = 128 }, report.launch_bounds(src))
+    local bad = "enum { ODD = sizeof(int) };\n__global__ void __launch_bounds__(ODD) k_kernel(int n) {}\n"
+    assert.has_error(function() report.launch_bounds(bad) end,
+      "gpu_report: ODD in __launch_bounds__ of k_kernel is not an enum constant")
+  end)
+
   it("fails on a spill in a guarded file, a kernel with no launch size and an entry naming no kernel", function()
     local dir = os.tmpname()
     os.remove(dir)
