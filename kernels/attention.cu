@@ -32,15 +32,12 @@
 #include <atomic>
 #include <mma_sm80.cuh>
 
-/* The flash kernels: four warps per block, warp w owning MT (mt_of<DP>) m-tiles of 16 rows
- * of the block's own tile (64 MT rows), against tiles of 64 rows of the other side. Two
- * m-tiles per warp at DP 64 let every B fragment read from shared memory feed two mma
- * instructions; one at DP 128, where the accumulators leave no registers for a second, and at
- * DP 32, where the compiler spilled with two.
- * A head of D columns is padded to DP = 32, 64 or 128 with zeros in shared memory (zeros add
- * nothing to Q K^T, and the padded output columns are not written). Tile rows are padded by
- * 8 elements (16 bytes), so the 8 row addresses of an ldmatrix fall in distinct banks. */
-enum { FT = 64, F_WARPS = 4, F_THREADS = 32 * F_WARPS, SIMPLE_MAX_D = 256 };
+/* The flash kernels: 64 x 64 tiles, four warps per block, warp w owning 16 rows of the tile
+ * its block iterates against. A head of D columns is padded to DP = 32, 64 or 128 with zeros
+ * in shared memory (zeros add nothing to Q K^T, and the padded output columns are not
+ * written). Tile rows are padded by 8 elements (16 bytes), so the 8 row addresses of an
+ * ldmatrix fall in distinct banks. */
+enum { FT = 64, F_THREADS = 128, SIMPLE_MAX_D = 256 };
 #define SH_LOG2E 1.4426950408889634f
 
 /* Element strides of a [B, H, T, D] view (d is unit-stride). */
@@ -49,15 +46,14 @@ struct at_view { int64_t sb, sh, st; };
 static at_view view_of(const sh_tensor *t) { return at_view{t->stride[0], t->stride[1], t->stride[2]}; }
 
 template <int DP> struct ftile { static constexpr int LD = DP + 8, ELEMS = FT * LD; };
-template <int DP> struct mt_of { static constexpr int MT = DP == 64 ? 2 : 1, ROWS = 16 * F_WARPS * MT; };
 
-/* Queues the copies of rows [t0, t0 + R) of one head into a tile, 16 bytes each: zeros for
+/* Queues the copies of rows [t0, t0 + 64) of one head into a tile, 16 bytes each: zeros for
  * rows at or past T and for the padding columns at or past D. */
-template <int DP, int R>
+template <int DP>
 __device__ __forceinline__ void tile_async(__nv_bfloat16 *tile, const __nv_bfloat16 *src, int64_t st, int64_t t0, int64_t T,
                                            int D) {
   constexpr int CH = DP / 8;
-  for (int c = threadIdx.x; c < R * CH; c += blockDim.x) {
+  for (int c = threadIdx.x; c < FT * CH; c += blockDim.x) {
     int r = c / CH, col = c % CH * 8;
     bool valid = t0 + r < T && col < D;
     cp_async16(tile + r * ftile<DP>::LD + col, valid ? src + (t0 + r) * st + col : src, valid);
@@ -88,188 +84,149 @@ __device__ __forceinline__ void frag_b_kn(uint32_t b[2][2], const __nv_bfloat16 
   b[0][0] = r[0]; b[0][1] = r[1]; b[1][0] = r[2]; b[1][1] = r[3];
 }
 
-/* acc[m][16 x 8 NT] = X[r0 + 16 m .., :DP] Y[y0 .. y0 + 8 NT, :DP]^T for the MT m-tiles, both
- * shared tiles; each B fragment is read once for all m-tiles. */
-template <int DP, int MT, int NT>
-__device__ __forceinline__ void mm_rows_t(float acc[MT][NT][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y,
-                                          int y0) {
+/* acc[16 x 8 NT] (NT n-tiles) = X[r0.., :DP] Y[y0 .. y0 + 8 NT, :DP]^T, both shared tiles. */
+template <int DP, int NT>
+__device__ __forceinline__ void mm_rows_t(float acc[NT][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y, int y0) {
   constexpr int LD = ftile<DP>::LD;
 #pragma unroll
-  for (int m = 0; m < MT; m++)
-#pragma unroll
-    for (int n = 0; n < NT; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < DP / 16; kk++) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++) frag_a(a[m], X, LD, r0 + 16 * m, 16 * kk);
+    uint32_t a[4];
+    frag_a(a, X, LD, r0, 16 * kk);
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
       uint32_t b[2][2];
       frag_b_nk(b, Y, LD, y0 + 16 * np, 16 * kk);
-#pragma unroll
-      for (int m = 0; m < MT; m++) {
-        mma_bf16_16816(acc[m][2 * np], a[m], b[0]);
-        mma_bf16_16816(acc[m][2 * np + 1], a[m], b[1]);
-      }
+      mma_bf16_16816(acc[2 * np], a, b[0]);
+      mma_bf16_16816(acc[2 * np + 1], a, b[1]);
     }
   }
 }
 
-/* acc[m][16 x DP] += P[m][16 x 8 NT] Y[y0 .. y0 + 8 NT, :DP]: P C tiles in registers (rounded
- * to bf16 as the A operand; n-tiles 2kk and 2kk + 1 are the A fragment of k-step kk), Y a
- * shared tile whose B fragments are read once for all m-tiles. */
-template <int DP, int MT, int NT>
-__device__ __forceinline__ void mm_acc_p(float acc[MT][DP / 8][4], const float p[MT][NT][4], const __nv_bfloat16 *Y, int y0) {
+/* acc[16 x DP] += P[16 x 8 NT] Y[y0 .. y0 + 8 NT, :DP]: P a C tile in registers (rounded to
+ * bf16 as the A operand; its n-tiles 2kk and 2kk + 1 are the A fragment of k-step kk), Y a
+ * shared tile. */
+template <int DP, int NT>
+__device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[NT][4], const __nv_bfloat16 *Y, int y0) {
   constexpr int LD = ftile<DP>::LD;
 #pragma unroll
   for (int kk = 0; kk < NT / 2; kk++) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-      const float *c0 = p[m][2 * kk], *c1 = p[m][2 * kk + 1];
-      a[m][0] = pack_bf16(c0[0], c0[1]); a[m][1] = pack_bf16(c0[2], c0[3]);
-      a[m][2] = pack_bf16(c1[0], c1[1]); a[m][3] = pack_bf16(c1[2], c1[3]);
-    }
+    const float *c0 = p[2 * kk], *c1 = p[2 * kk + 1];
+    uint32_t a[4] = {pack_bf16(c0[0], c0[1]), pack_bf16(c0[2], c0[3]), pack_bf16(c1[0], c1[1]), pack_bf16(c1[2], c1[3])};
 #pragma unroll
     for (int dp = 0; dp < DP / 16; dp++) {
       uint32_t b[2][2];
       frag_b_kn(b, Y, LD, y0 + 16 * kk, 16 * dp);
-#pragma unroll
-      for (int m = 0; m < MT; m++) {
-        mma_bf16_16816(acc[m][2 * dp], a[m], b[0]);
-        mma_bf16_16816(acc[m][2 * dp + 1], a[m], b[1]);
-      }
+      mma_bf16_16816(acc[2 * dp], a, b[0]);
+      mma_bf16_16816(acc[2 * dp + 1], a, b[1]);
     }
   }
 }
 
-template <int DP, int MT>
-__device__ __forceinline__ void zero_acc(float acc[MT][DP / 8][4]) {
-#pragma unroll
-  for (int m = 0; m < MT; m++)
-#pragma unroll
-    for (int n = 0; n < DP / 8; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
-}
-
-/* Writes a lane's part of rows [r0, r0 + 16 MT) of MT 16 x DP f32 C tiles, times mul, as bf16
- * pairs into a [B, H, T, D] view (unit-stride d, even strides), skipping rows at or past T
- * and the padding columns. */
-template <int DP, int MT>
-__device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64_t r0, int64_t T, int D,
-                                           const float acc[MT][DP / 8][4], float mul) {
+/* Writes a lane's part of rows [r0, r0 + 16) of a 16 x DP f32 C tile, times mul, as bf16 pairs
+ * into a [B, H, T, D] view (unit-stride d, even strides), skipping rows at or past T and the
+ * padding columns. */
+template <int DP>
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64_t r0, int64_t T, int D, const float acc[DP / 8][4],
+                                           float mul) {
   int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+  for (int r = 0; r < 2; r++) {
+    int64_t row = r0 + g + 8 * r;
+    if (row >= T) continue;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      int64_t row = r0 + 16 * m + g + 8 * r;
-      if (row >= T) continue;
-#pragma unroll
-      for (int n = 0; n < DP / 8; n++) {
-        int col = 8 * n + 2 * t;
-        if (col < D)
-          *reinterpret_cast<__nv_bfloat162 *>(dst + row * st + col) =
-              __floats2bfloat162_rn(acc[m][n][2 * r] * mul, acc[m][n][2 * r + 1] * mul);
-      }
+    for (int n = 0; n < DP / 8; n++) {
+      int col = 8 * n + 2 * t;
+      if (col < D)
+        *reinterpret_cast<__nv_bfloat162 *>(dst + row * st + col) =
+            __floats2bfloat162_rn(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
     }
+  }
 }
 
-/* The tile index blockIdx.x stands for, heaviest first: the last query tile sees the most
+/* The key tile index blockIdx.x stands for, heaviest first: query tile n - 1 sees the most
  * key tiles, so the grid's tail is short. */
 __device__ __forceinline__ int64_t heavy_first(int64_t n_tiles) { return n_tiles - 1 - blockIdx.x; }
 
-/* Forward, one block per (query tile of 64 MT rows, b, h): S = Q K^T over the key tiles at or
- * before the diagonal (K/V double-buffered through cp.async), online softmax in the exp2
- * domain on the registers of S, O += P V, out = O / l, lse = (m + log2 l) ln 2. */
+/* Forward, one block per (query tile, b, h): S = Q K^T over the key tiles at or before the
+ * diagonal (K/V double-buffered through cp.async), online softmax in the exp2 domain on the
+ * registers of S, O += P V, out = O / l, lse = (m + log2 l) ln 2. */
 template <int DP>
 __global__ void __launch_bounds__(F_THREADS) attn_fwd_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, at_view qv, at_view kv, at_view vv,
     __nv_bfloat16 *out, at_view ov, float *lse, int H, int G, int64_t T, int D, float scale_log2) {
-  constexpr int TILE = ftile<DP>::ELEMS, MT = mt_of<DP>::MT, BR = mt_of<DP>::ROWS;
+  constexpr int TILE = ftile<DP>::ELEMS;
   extern __shared__ __align__(128) char smem[];
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *Ks = Qs + BR * ftile<DP>::LD, *Vs = Ks + 2 * TILE;
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *Ks = Qs + TILE, *Vs = Ks + 2 * TILE;
   int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
-  int64_t i0 = heavy_first((T + BR - 1) / BR) * BR, r0 = i0 + 16 * MT * w, last = (i0 + BR - 1) / FT;
+  int64_t it = heavy_first((T + FT - 1) / FT), i0 = it * FT;
   const __nv_bfloat16 *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
-  tile_async<DP, BR>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
-  tile_async<DP, FT>(Ks, kh, kv.st, 0, T, D);
-  tile_async<DP, FT>(Vs, vh, vv.st, 0, T, D);
+  tile_async<DP>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+  tile_async<DP>(Ks, kh, kv.st, 0, T, D);
+  tile_async<DP>(Vs, vh, vv.st, 0, T, D);
   cp_async_commit();
-  float o[MT][DP / 8][4], m[MT][2], lsum[MT][2];
-  zero_acc<DP, MT>(o);
+  float o[DP / 8][4], m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, lsum[mt][0] = lsum[mt][1] = 0.0f;
-  for (int64_t jt = 0; jt <= last; jt++) {
+  for (int n = 0; n < DP / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int64_t jt = 0; jt <= it; jt++) {
     int buf = (int)(jt & 1);
-    if (jt < last) {   /* the next K/V tile streams in while this one is used */
-      tile_async<DP, FT>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
-      tile_async<DP, FT>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
+    if (jt < it) {   /* the next K/V tile streams in while this one is used */
+      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
+      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    int64_t j0 = jt * FT;
-    if (j0 <= r0 + 16 * MT - 1) {   /* else every key of the tile is past this warp's rows */
-      float s[MT][FT / 8][4];
-      mm_rows_t<DP, MT, FT / 8>(s, Qs, 16 * MT * w, Ks + buf * TILE, 0);
-      bool diagonal = j0 + FT - 1 > r0;
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          int64_t row = r0 + 16 * mt + g + 8 * r;
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < FT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-              float x = (diagonal && j0 + 8 * n + 2 * t + e > row) ? -INFINITY : s[mt][n][2 * r + e] * scale_log2;
-              s[mt][n][2 * r + e] = x;
-              mx = fmaxf(mx, x);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          /* a row's first tile holds key 0 <= row, so m is finite from then on and a tile
-           * whose keys are all past the row (mx = -inf) leaves it */
-          float mnew = fmaxf(m[mt][r], mx), alpha = exp2f(m[mt][r] - mnew);
-          m[mt][r] = mnew;
-          lsum[mt][r] *= alpha;
-#pragma unroll
-          for (int n = 0; n < FT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-              float p = exp2f(s[mt][n][2 * r + e] - mnew);
-              s[mt][n][2 * r + e] = p;
-              lsum[mt][r] += p;
-            }
-#pragma unroll
-          for (int n = 0; n < DP / 8; n++) { o[mt][n][2 * r] *= alpha; o[mt][n][2 * r + 1] *= alpha; }
-        }
-      mm_acc_p<DP, MT, FT / 8>(o, s, Vs + buf * TILE, 0);
-    }
-    __syncthreads();   /* every warp is done with this buffer before the next copies refill it */
-  }
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-    float inv[2];
+    float s[FT / 8][4];
+    mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, Ks + buf * TILE, 0);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      lsum[mt][r] += __shfl_xor_sync(0xffffffffu, lsum[mt][r], 1);
-      lsum[mt][r] += __shfl_xor_sync(0xffffffffu, lsum[mt][r], 2);
-      inv[r] = 1.0f / lsum[mt][r];
-      int64_t row = r0 + 16 * mt + g + 8 * r;
-      if (t == 0 && row < T) lse[(int64_t)bh * T + row] = m[mt][r] / SH_LOG2E + logf(lsum[mt][r]);
-    }
-    /* rows g and g + 8 have their own 1/l: scale the two halves of each register quad */
+      int64_t row = i0 + 16 * w + g + 8 * r;
+      float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < DP / 8; n++) {
-      o[mt][n][0] *= inv[0]; o[mt][n][1] *= inv[0]; o[mt][n][2] *= inv[1]; o[mt][n][3] *= inv[1];
+      for (int n = 0; n < FT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int64_t col = jt * FT + 8 * n + 2 * t + e;
+          float x = (jt == it && col > row) ? -INFINITY : s[n][2 * r + e] * scale_log2;
+          s[n][2 * r + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mnew = fmaxf(m[r], mx), alpha = exp2f(m[r] - mnew);   /* mx is finite: column 0 of a tile is <= every row */
+      m[r] = mnew;
+      lsum[r] *= alpha;
+#pragma unroll
+      for (int n = 0; n < FT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float p = exp2f(s[n][2 * r + e] - mnew);
+          s[n][2 * r + e] = p;
+          lsum[r] += p;
+        }
+#pragma unroll
+      for (int n = 0; n < DP / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
     }
+    mm_acc_p<DP, FT / 8>(o, s, Vs + buf * TILE, 0);
+    __syncthreads();   /* every warp is done with this buffer before the next copies refill it */
   }
-  store_rows<DP, MT>(out + b * ov.sb + h * ov.sh, ov.st, r0, T, D, o, 1.0f);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 1);
+    lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 2);
+    inv[r] = 1.0f / lsum[r];
+    int64_t row = i0 + 16 * w + g + 8 * r;
+    if (t == 0 && row < T) lse[(int64_t)bh * T + row] = m[r] / SH_LOG2E + logf(lsum[r]);
+  }
+  /* rows g and g + 8 have their own 1/l: scale the two halves of each register quad */
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++) { o[n][0] *= inv[0]; o[n][1] *= inv[0]; o[n][2] *= inv[1]; o[n][3] *= inv[1]; }
+  store_rows<DP>(out + b * ov.sb + h * ov.sh, ov.st, i0 + 16 * w, T, D, o, 1.0f);
 }
 
 /* Dq[bh, t] = sum_d dout * out (f32), the softmax backward's row term. */
@@ -288,54 +245,48 @@ __global__ void attn_dq_rowdot_kernel(const T *dout, at_view dv, const T *out, a
   if (lane == 0) Dq[row] = s;
 }
 
-/* P = exp2(S scale_log2 - lse2) and dS = P (dP - Dq) of a lane's elements of MT x (16 x 8 NT)
- * C tiles, in place in s and dp; the query and key of each element (row r of the warp's
- * 16 MT, column c) as query_of / key_of give them, masked where the key is past the query or
- * the query past T. */
-template <int MT, int NT, typename RowFn, typename ColFn, typename LseFn, typename DqFn>
-__device__ __forceinline__ void probs_and_grads(float s[MT][NT][4], float dp[MT][NT][4], float scale_log2, int64_t T,
-                                                RowFn query_of, ColFn key_of, LseFn lse2_of, DqFn dq_of) {
+/* P = exp2(S scale_log2 - lse2) and dS = P (dP - Dq) of a lane's elements of 16 x 8 NT C
+ * tiles, in place in s and dp; the query and key of each element (row r, column c of the
+ * tiles) as query_of / key_of give them, masked where the key is past the query or the query
+ * past T. */
+template <int NT, typename RowFn, typename ColFn, typename LseFn, typename DqFn>
+__device__ __forceinline__ void probs_and_grads(float s[NT][4], float dp[NT][4], float scale_log2, int64_t T, RowFn query_of,
+                                                ColFn key_of, LseFn lse2_of, DqFn dq_of) {
   int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+  for (int n = 0; n < NT; n++)
 #pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        int rr = 16 * m + g + 8 * (i >> 1), cc = 8 * n + 2 * t + (i & 1);
-        int64_t qi = query_of(rr, cc), kj = key_of(rr, cc);
-        float p = (kj <= qi && qi < T) ? exp2f(s[m][n][i] * scale_log2 - lse2_of(rr, cc)) : 0.0f;
-        s[m][n][i] = p;
-        dp[m][n][i] = p * (dp[m][n][i] - dq_of(rr, cc));
-      }
+    for (int i = 0; i < 4; i++) {
+      int rr = g + 8 * (i >> 1), cc = 8 * n + 2 * t + (i & 1);
+      int64_t qi = query_of(rr, cc), kj = key_of(rr, cc);
+      float p = (kj <= qi && qi < T) ? exp2f(s[n][i] * scale_log2 - lse2_of(rr, cc)) : 0.0f;
+      s[n][i] = p;
+      dp[n][i] = p * (dp[n][i] - dq_of(rr, cc));
+    }
 }
 
-/* Backward for dK and dV, one block per (key tile of 64 MT rows, b, k/v head), heaviest
- * first: warp w owns 16 MT keys and, over the G query heads of the group and the query tiles
- * that see the block's keys (Q, dO and their lse, Dq double-buffered), computes S^T = K Q^T
- * and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Each dK/dV
- * row has one writer. */
+/* Backward for dK and dV, one block per (key tile, b, k/v head), heaviest first: warp w owns
+ * 16 keys and, over the G query heads of the group and the query tiles at or after the key
+ * tile (Q, dO and their lse, Dq double-buffered), computes S^T = K Q^T and dP^T = V dO^T,
+ * P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Each dK/dV row has one writer. */
 template <int DP>
 __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
     at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
     __nv_bfloat16 *dvout, at_view dvv, int H, int G, int64_t T, int D, float scale_log2, float scale) {
-  /* S^T and dP^T over QN query columns at a time: two halves where one warp's dK and dV fill
-   * most registers */
-  constexpr int TILE = ftile<DP>::ELEMS, MT = mt_of<DP>::MT, BR = mt_of<DP>::ROWS, BT = BR * ftile<DP>::LD;
-  constexpr int QN = DP * MT > 64 ? FT / 2 : FT;
+  constexpr int TILE = ftile<DP>::ELEMS, QN = DP > 64 ? FT / 2 : FT;
   extern __shared__ __align__(128) char smem[];
-  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + BT, *Qs = Vs + BT, *dOs = Qs + 2 * TILE;
+  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * TILE;
   float *stats = (float *)(dOs + 2 * TILE);   /* [buf][lse2 | Dq][64] */
   int Hkv = H / G, bkv = blockIdx.y, b = bkv / Hkv, hk = bkv % Hkv, w = threadIdx.x >> 5;
-  int64_t j0 = (int64_t)blockIdx.x * BR, first = j0 / FT, per_head = (T + FT - 1) / FT - first, kr0 = j0 + 16 * MT * w;
-  tile_async<DP, BR>(Ks, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
-  tile_async<DP, BR>(Vs, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
-  /* step s of the walk: query head hk G + s / per_head, query tile first + s % per_head */
+  int64_t n_tiles = (T + FT - 1) / FT, jt = blockIdx.x, j0 = jt * FT, per_head = n_tiles - jt;
+  tile_async<DP>(Ks, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
+  tile_async<DP>(Vs, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
+  /* step s of the walk: query head hk G + s / per_head, query tile jt + s % per_head */
   auto issue = [&](int64_t s, int buf) {
-    int64_t h = hk * G + s / per_head, i0 = (first + s % per_head) * FT, bh = (int64_t)b * H + h;
-    tile_async<DP, FT>(Qs + buf * TILE, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
-    tile_async<DP, FT>(dOs + buf * TILE, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
+    int64_t h = hk * G + s / per_head, i0 = (jt + s % per_head) * FT, bh = (int64_t)b * H + h;
+    tile_async<DP>(Qs + buf * TILE, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+    tile_async<DP>(dOs + buf * TILE, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
     for (int c = threadIdx.x; c < FT; c += blockDim.x) {
       bool in = i0 + c < T;
       stats[buf * 2 * FT + c] = in ? lse[bh * T + i0 + c] * SH_LOG2E : 0.0f;
@@ -344,9 +295,11 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
   };
   issue(0, 0);
   cp_async_commit();
-  float dK[MT][DP / 8][4], dV[MT][DP / 8][4];
-  zero_acc<DP, MT>(dK);
-  zero_acc<DP, MT>(dV);
+  float dK[DP / 8][4], dV[DP / 8][4];
+#pragma unroll
+  for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) dK[n][i] = dV[n][i] = 0.0f;
   int64_t steps = G * per_head;
   for (int64_t s = 0; s < steps; s++) {
     int buf = (int)(s & 1);
@@ -358,88 +311,79 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
       cp_async_wait<0>();
     }
     __syncthreads();
-    int64_t i0 = (first + s % per_head) * FT;
-    if (i0 + FT - 1 >= kr0) {   /* else every query of the tile is before this warp's keys */
-      const __nv_bfloat16 *Q = Qs + buf * TILE, *dO = dOs + buf * TILE;
-      const float *lse2 = stats + buf * 2 * FT, *dq = lse2 + FT;
+    int64_t i0 = (jt + s % per_head) * FT, kr0 = j0 + 16 * w;
+    const __nv_bfloat16 *Q = Qs + buf * TILE, *dO = dOs + buf * TILE;
+    const float *lse2 = stats + buf * 2 * FT, *dq = lse2 + FT;
+    /* the query tile in column blocks of QN: at DP 128 two halves, so that S^T and dP^T fit
+     * in registers beside the dK and dV accumulators */
 #pragma unroll 1
-      for (int q0 = 0; q0 < FT; q0 += QN) {
-        float st[MT][QN / 8][4], dpt[MT][QN / 8][4];
-        mm_rows_t<DP, MT, QN / 8>(st, Ks, 16 * MT * w, Q, q0);    /* S^T: rows keys, columns queries */
-        mm_rows_t<DP, MT, QN / 8>(dpt, Vs, 16 * MT * w, dO, q0);
-        probs_and_grads<MT, QN / 8>(st, dpt, scale_log2, T, [&](int, int c) { return i0 + q0 + c; },
-                                    [&](int r, int) { return kr0 + r; }, [&](int, int c) { return lse2[q0 + c]; },
-                                    [&](int, int c) { return dq[q0 + c]; });
-        mm_acc_p<DP, MT, QN / 8>(dV, st, dO, q0);
-        mm_acc_p<DP, MT, QN / 8>(dK, dpt, Q, q0);
-      }
+    for (int q0 = 0; q0 < FT; q0 += QN) {
+      float st[QN / 8][4], dpt[QN / 8][4];
+      mm_rows_t<DP, QN / 8>(st, Ks, 16 * w, Q, q0);    /* S^T: rows keys, columns queries */
+      mm_rows_t<DP, QN / 8>(dpt, Vs, 16 * w, dO, q0);
+      probs_and_grads<QN / 8>(st, dpt, scale_log2, T, [&](int, int c) { return i0 + q0 + c; },
+                              [&](int r, int) { return kr0 + r; }, [&](int, int c) { return lse2[q0 + c]; },
+                              [&](int, int c) { return dq[q0 + c]; });
+      mm_acc_p<DP, QN / 8>(dV, st, dO, q0);
+      mm_acc_p<DP, QN / 8>(dK, dpt, Q, q0);
     }
     __syncthreads();
   }
-  store_rows<DP, MT>(dk + b * dkv.sb + hk * dkv.sh, dkv.st, kr0, T, D, dK, scale);
-  store_rows<DP, MT>(dvout + b * dvv.sb + hk * dvv.sh, dvv.st, kr0, T, D, dV, 1.0f);
+  store_rows<DP>(dk + b * dkv.sb + hk * dkv.sh, dkv.st, j0 + 16 * w, T, D, dK, scale);
+  store_rows<DP>(dvout + b * dvv.sb + hk * dvv.sh, dvv.st, j0 + 16 * w, T, D, dV, 1.0f);
 }
 
-/* Backward for dQ, one block per (query tile of 64 MT rows, b, h), heaviest first: warp w
- * owns 16 MT queries and, over the key tiles at or before the diagonal (K/V double-buffered),
- * recomputes S and dP = dO V^T, P and dS in registers, and dQ += dS K. */
+/* Backward for dQ, one block per (query tile, b, h), heaviest first: warp w owns 16 queries
+ * and, over the key tiles at or before the diagonal (K/V double-buffered), recomputes S and
+ * dP = dO V^T, P and dS in registers, and dQ += dS K. */
 template <int DP>
 __global__ void __launch_bounds__(F_THREADS) attn_bwd_q_kernel(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
     at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dq, at_view dqv, int H, int G,
     int64_t T, int D, float scale_log2, float scale) {
-  constexpr int TILE = ftile<DP>::ELEMS, MT = mt_of<DP>::MT, BR = mt_of<DP>::ROWS, BT = BR * ftile<DP>::LD;
-  constexpr int KN = DP * MT > 64 ? FT / 2 : FT;   /* key columns of S and dP at a time */
+  constexpr int TILE = ftile<DP>::ELEMS;
   extern __shared__ __align__(128) char smem[];
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *dOs = Qs + BT, *Ks = dOs + BT, *Vs = Ks + 2 * TILE;
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *dOs = Qs + TILE, *Ks = dOs + TILE, *Vs = Ks + 2 * TILE;
   int bh = blockIdx.y, b = bh / H, h = bh % H, w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2;
-  int64_t i0 = heavy_first((T + BR - 1) / BR) * BR, qr0 = i0 + 16 * MT * w, last = (i0 + BR - 1) / FT;
+  int64_t it = heavy_first((T + FT - 1) / FT), i0 = it * FT, qr0 = i0 + 16 * w;
   const __nv_bfloat16 *kh = k + b * kv.sb + (h / G) * kv.sh, *vh = v + b * vv.sb + (h / G) * vv.sh;
-  tile_async<DP, BR>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
-  tile_async<DP, BR>(dOs, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
-  tile_async<DP, FT>(Ks, kh, kv.st, 0, T, D);
-  tile_async<DP, FT>(Vs, vh, vv.st, 0, T, D);
+  tile_async<DP>(Qs, q + b * qv.sb + h * qv.sh, qv.st, i0, T, D);
+  tile_async<DP>(dOs, dout + b * dov.sb + h * dov.sh, dov.st, i0, T, D);
+  tile_async<DP>(Ks, kh, kv.st, 0, T, D);
+  tile_async<DP>(Vs, vh, vv.st, 0, T, D);
   cp_async_commit();
-  float lse2[MT][2], dqt[MT][2];   /* this lane's rows qr0 + 16 m + g and + 8 */
+  float lse2[2], dqt[2];   /* this lane's rows qr0 + g and qr0 + g + 8 */
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+  for (int r = 0; r < 2; r++) {
+    int64_t row = qr0 + g + 8 * r;
+    lse2[r] = row < T ? lse[(int64_t)bh * T + row] * SH_LOG2E : 0.0f;
+    dqt[r] = row < T ? Dq[(int64_t)bh * T + row] : 0.0f;
+  }
+  float dQ[DP / 8][4];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      int64_t row = qr0 + 16 * mt + g + 8 * r;
-      lse2[mt][r] = row < T ? lse[(int64_t)bh * T + row] * SH_LOG2E : 0.0f;
-      dqt[mt][r] = row < T ? Dq[(int64_t)bh * T + row] : 0.0f;
-    }
-  float dQ[MT][DP / 8][4];
-  zero_acc<DP, MT>(dQ);
-  for (int64_t jt = 0; jt <= last; jt++) {
+  for (int n = 0; n < DP / 8; n++) dQ[n][0] = dQ[n][1] = dQ[n][2] = dQ[n][3] = 0.0f;
+  for (int64_t jt = 0; jt <= it; jt++) {
     int buf = (int)(jt & 1);
-    if (jt < last) {
-      tile_async<DP, FT>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
-      tile_async<DP, FT>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
+    if (jt < it) {
+      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
+      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    int64_t j0 = jt * FT;
-    if (j0 <= qr0 + 16 * MT - 1) {   /* else every key of the tile is past this warp's rows */
-      const __nv_bfloat16 *K = Ks + buf * TILE, *V = Vs + buf * TILE;
-#pragma unroll 1
-      for (int k0 = 0; k0 < FT; k0 += KN) {
-        float s[MT][KN / 8][4], dp[MT][KN / 8][4];
-        mm_rows_t<DP, MT, KN / 8>(s, Qs, 16 * MT * w, K, k0);
-        mm_rows_t<DP, MT, KN / 8>(dp, dOs, 16 * MT * w, V, k0);
-        probs_and_grads<MT, KN / 8>(s, dp, scale_log2, T, [&](int r, int) { return qr0 + r; },
-                                    [&](int, int c) { return j0 + k0 + c; },
-                                    [&](int r, int) { return lse2[r >> 4][(r >> 3) & 1]; },
-                                    [&](int r, int) { return dqt[r >> 4][(r >> 3) & 1]; });
-        mm_acc_p<DP, MT, KN / 8>(dQ, dp, K, k0);
-      }
-    }
+    const __nv_bfloat16 *K = Ks + buf * TILE;
+    float s[FT / 8][4], dp[FT / 8][4];
+    mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, K, 0);
+    mm_rows_t<DP, FT / 8>(dp, dOs, 16 * w, Vs + buf * TILE, 0);
+    int64_t k0 = jt * FT;
+    probs_and_grads<FT / 8>(s, dp, scale_log2, T, [&](int r, int) { return qr0 + r; }, [&](int, int c) { return k0 + c; },
+                            [&](int r, int) { return lse2[r >= 8]; }, [&](int r, int) { return dqt[r >= 8]; });
+    mm_acc_p<DP, FT / 8>(dQ, dp, K, 0);
     __syncthreads();
   }
-  store_rows<DP, MT>(dq + b * dqv.sb + h * dqv.sh, dqv.st, qr0, T, D, dQ, scale);
+  store_rows<DP>(dq + b * dqv.sb + h * dqv.sh, dqv.st, qr0, T, D, dQ, scale);
 }
 
 /* ---- the simple path: any float dtype, D <= 256, one warp per row, f32 math ------------------ */
@@ -619,15 +563,12 @@ static __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) { return (__nv_bfl
 /* The head size the flash kernels pad D (16..128, a multiple of 16) to. */
 static int padded_d(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
-/* Shared memory per block, in bf16 tiles of DP + 8 columns, the block's own of 64 MT rows
- * (BR) and the streamed ones of 64: forward Q (BR), 2 K, 2 V; backward dK/dV: K and V (BR),
- * 2 Q, 2 dO and two buffers of (lse, Dq) rows; backward dQ: Q and dO (BR), 2 K, 2 V. */
+/* Shared memory per block, in 64-row bf16 tiles of DP + 8 columns: forward Q, 2 K, 2 V;
+ * backward dK/dV: K, V, 2 Q, 2 dO and two buffers of (lse, Dq) rows; backward dQ: Q, dO, 2 K, 2 V. */
 enum { FLASH_FWD, FLASH_BWD_KV, FLASH_BWD_Q };
-template <int DP>
-static size_t flash_smem(int kernel) {
-  size_t row = (DP + 8) * sizeof(__nv_bfloat16), own = mt_of<DP>::ROWS * row, tile = FT * row;
-  return kernel == FLASH_FWD ? own + 4 * tile : kernel == FLASH_BWD_KV ? 2 * own + 4 * tile + 4 * FT * sizeof(float)
-                                                                       : 2 * own + 4 * tile;
+static size_t flash_smem(int DP, int kernel) {
+  size_t tile = (size_t)FT * (DP + 8) * sizeof(__nv_bfloat16);
+  return kernel == FLASH_FWD ? 5 * tile : kernel == FLASH_BWD_KV ? 6 * tile + 4 * FT * sizeof(float) : 6 * tile;
 }
 
 /* Raises a kernel's dynamic shared-memory limit past the default 48 KiB, once per kernel
@@ -648,11 +589,11 @@ static int flash_forward(const char *op, cudaStream_t st, const sh_tensor *Q, co
                          sh_tensor *out, float *lse, int G, float scale) {
   static std::atomic<size_t> raised{0};
   int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], nb;
-  size_t smem = flash_smem<DP>(FLASH_FWD);
+  size_t smem = flash_smem(DP, FLASH_FWD);
   SH_TRY(allow_smem(op, Q->device, (int)D, attn_fwd_kernel<DP>, smem, raised));
   SH_TRY(tc_batches(op, Q, &nb));
   for (int64_t b0 = 0; b0 < B; b0 += nb) {
-    dim3 grid((unsigned)((T + mt_of<DP>::ROWS - 1) / mt_of<DP>::ROWS), (unsigned)(sh_min64(nb, B - b0) * H));
+    dim3 grid((unsigned)((T + FT - 1) / FT), (unsigned)(sh_min64(nb, B - b0) * H));
     attn_fwd_kernel<DP><<<grid, F_THREADS, smem, st>>>(bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), view_of(Q), view_of(K),
                                                        view_of(V), bf16_at(out, b0), view_of(out), lse + b0 * H * T, (int)H, G,
                                                        T, (int)D, scale * SH_LOG2E);
@@ -667,11 +608,11 @@ static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, c
                           const sh_tensor *dO, const float *lse, const float *Dq, sh_tensor *const dst[3], int G, float scale) {
   static std::atomic<size_t> raised_kv{0}, raised_q{0};
   int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], Hkv = K->shape[1], nb;
-  size_t smem_kv = flash_smem<DP>(FLASH_BWD_KV), smem_q = flash_smem<DP>(FLASH_BWD_Q);
+  size_t smem_kv = flash_smem(DP, FLASH_BWD_KV), smem_q = flash_smem(DP, FLASH_BWD_Q);
   SH_TRY(allow_smem(op, Q->device, (int)D, attn_bwd_kv_kernel<DP>, smem_kv, raised_kv));
   SH_TRY(allow_smem(op, Q->device, (int)D, attn_bwd_q_kernel<DP>, smem_q, raised_q));
   SH_TRY(tc_batches(op, Q, &nb));
-  unsigned tiles = (unsigned)((T + mt_of<DP>::ROWS - 1) / mt_of<DP>::ROWS);
+  unsigned tiles = (unsigned)((T + FT - 1) / FT);
   float sl2 = scale * SH_LOG2E;
   for (int64_t b0 = 0; b0 < B; b0 += nb) {
     int64_t n = sh_min64(nb, B - b0), row0 = b0 * H * T;
