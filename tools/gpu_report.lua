@@ -25,11 +25,11 @@ M.LAUNCH = {
   attn_bwd_kv_simple_kernel = { threads = 256 },
   rope_kernel = { threads = 256 },
   -- flash_smem: tile = 64 (DP + 8) bf16; forward 5 tiles, dK/dV 6 tiles + 64 x 4 f32, dQ 6 tiles
-  ["attn_fwd_kernel<32>"] = { smem = 5 * 5120 }, ["attn_fwd_kernel<64>"] = { smem = 2 * 9216 + 4 * 9216 },
+  ["attn_fwd_kernel<32>"] = { smem = 5 * 5120 }, ["attn_fwd_kernel<64>"] = { smem = 5 * 9216 },
   ["attn_fwd_kernel<128>"] = { smem = 5 * 17408 },
-  ["attn_bwd_kv_kernel<32>"] = { smem = 6 * 5120 + 1024 }, ["attn_bwd_kv_kernel<64>"] = { smem = 4 * 9216 + 4 * 9216 + 1024 },
+  ["attn_bwd_kv_kernel<32>"] = { smem = 6 * 5120 + 1024 }, ["attn_bwd_kv_kernel<64>"] = { smem = 6 * 9216 + 1024 },
   ["attn_bwd_kv_kernel<128>"] = { smem = 6 * 17408 + 1024 },
-  ["attn_bwd_q_kernel<32>"] = { smem = 6 * 5120 }, ["attn_bwd_q_kernel<64>"] = { smem = 4 * 9216 + 4 * 9216 },
+  ["attn_bwd_q_kernel<32>"] = { smem = 6 * 5120 }, ["attn_bwd_q_kernel<64>"] = { smem = 6 * 9216 },
   ["attn_bwd_q_kernel<128>"] = { smem = 6 * 17408 },
   ce_fwd_kernel = { threads = 512 },                     -- CE_THREADS
   ce_bwd_kernel = { threads = 512 },
