@@ -29,7 +29,6 @@
  * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
 #include "backend_internal.h"
-#include <atomic>
 #include <mma_sm80.cuh>
 
 /* The flash kernels: 64 x 64 tiles, four warps per block, warp w owning 16 rows of the tile
@@ -571,16 +570,13 @@ static size_t flash_smem(int DP, int kernel) {
   return kernel == FLASH_FWD ? 5 * tile : kernel == FLASH_BWD_KV ? 6 * tile + 4 * FT * sizeof(float) : 6 * tile;
 }
 
-/* Raises a kernel's dynamic shared-memory limit past the default 48 KiB, once per kernel
- * (raised remembers the largest set), after checking the device allows it. */
+/* Checks that the device gives a block the kernel's shared memory, and raises its limit once. */
 template <typename Kernel>
 static int allow_smem(const char *op, int device, int D, Kernel *kernel, size_t bytes, std::atomic<size_t> &raised) {
   size_t optin = (size_t)sh_cuda_props(device)->sharedMemPerBlockOptin;
   if (bytes > optin)
     return sh_fail(SH_ERR_DEVICE, "%s: head size %d needs %zu bytes of shared memory; the device allows %zu", op, D, bytes, optin);
-  if (bytes <= 48 * 1024 || raised.load() >= bytes) return SH_OK;
-  CU_TRY(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  raised.store(bytes);
+  CU_TRY(op, sh_cuda_raise_smem(kernel, bytes, raised));
   return SH_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <atomic>
 #include <initializer_list>
 #include <type_traits>
 extern "C" {
@@ -78,6 +79,18 @@ template <typename T> __device__ __forceinline__ void store_pack(T *p, const sh_
 }
 
 static inline bool sh_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Raises kernel's dynamic shared-memory limit to bytes (a launch above 48 KiB needs it) once
+ * per kernel, not per launch: raised, a static of the caller's per kernel instantiation,
+ * remembers the largest limit set. (The attribute belongs to the function in the context of
+ * the current device; shard runs one device per process.) */
+template <typename Kernel>
+static inline cudaError_t sh_cuda_raise_smem(Kernel *kernel, size_t bytes, std::atomic<size_t> &raised) {
+  if (bytes <= 48 * 1024 || raised.load() >= bytes) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+  if (e == cudaSuccess) raised.store(bytes);
+  return e;
+}
 
 /* W consecutive elements of T: moved by 16-byte accesses when W * sizeof(T) is a multiple
  * of 16 (the address must then be 16-byte aligned), else element by element. Plain loads,

@@ -244,7 +244,8 @@ static int norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor
     SH_DISPATCH_FLOAT(x->dtype, T, op, {
       with_width<T>(wide, [&](auto width) {
         constexpr int W = decltype(width)::value;
-        attr = cudaFuncSetAttribute(norm_bwd_kernel<T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        static std::atomic<size_t> raised{0};   /* one per kernel instantiation */
+        attr = sh_cuda_raise_smem(norm_bwd_kernel<T, W>, smem, raised);
         if (attr == cudaSuccess)
           norm_bwd_kernel<T, W><<<(unsigned)nblocks, warps * 32, smem, st>>>(
               (const T *)sh_tensor_data(dyc.t), (const T *)sh_tensor_data(xc.t), (const float *)data_or_null(wc.t),
