@@ -115,7 +115,7 @@ local function train(case, device, offload, graph)
       end
     end
     -- f32: clipped (the norm of host grads); bf16 not, so the optimizer's views alone write the shards
-    if not case.bf16 then r.norms[step] = model:clip_grad_norm(0.05) end
+    if not case.bf16 then r.norms[step] = model:clip_grad_norm(0.05):item() end
     opt:step()
     local root_state = model.all_units[1].fp:state()
     opt:zero_grad(true)

@@ -203,6 +203,16 @@ local function offload_unit(u)
   end
 end
 
+-- Where the root keeps its clip's norm and coefficient (made at wrap, so the first clip
+-- allocates nothing mid-step): on the units' device, the all-reduced part's; under offload on
+-- the host, where the CPU optimizer reads the coefficient.
+local function clip_device(root)
+  for _, u in ipairs(root.all_units) do
+    if u.fp then return u.offload and "cpu" or u.fp:info().device end
+  end
+  return shard_tensor.default_device
+end
+
 -- ignored_params / ignored_modules (wrap options) stay out of every FlatParameter.
 local function without_ignored(params, ignored)
   if not ignored then return params end
@@ -696,6 +706,7 @@ function fsdp.wrap(model, opts)
     root.check_all = shard_tensor.zeros({ 3 * w:size() }, { dtype = "f64", device = "cpu" })
   end
   root.shared = shared_report(root, users)
+  root.clip_state = optim.clip_buffers(clip_device(root))
   fsdp.init_shards(root, recipes)
   return root
 end
@@ -805,7 +816,15 @@ function Unit:zero_grad(set_to_none)
     if u.unsynced then u.fp:drop_local_grads() end
     u.unsynced, u.replica_owed = false, false
   end
+  self.root.clip_owed = false
   for _, t in ipairs(self.root.ignored or {}) do t:zero_grad(set_to_none) end
+end
+
+-- t on device, t freed.
+local function moved(t, device)
+  local d = t:to(device)
+  t:free()
+  return d
 end
 
 -- Under offload the sharded grads are on the host, so is their norm's part: it goes to the
@@ -813,20 +832,15 @@ end
 -- collective needs MPI, absent under a torchrun-style launch).
 local function offload_part_to_device(root, t)
   for _, u in ipairs(root.all_units) do
-    if u.offload then
-      local d = t:to(u.fp:info().device)
-      t:free()
-      return d
-    end
+    if u.offload then return moved(t, u.fp:info().device) end
   end
   return t
 end
 
--- Norm of every sharded gradient: one part summed on the device, one all-reduce over the
--- world, one read; each unit's gradients are weighted by 1/(number of replicas of its
--- shards) so replicated shards count once.
-function Unit:grad_norm(norm_type)
-  norm_type = norm_type or 2
+-- The norm part of every sharded gradient as a tensor on the device: one part summed there,
+-- one all-reduce over the world, nothing read; each unit's gradients are weighted by
+-- 1/(number of replicas of its shards) so replicated shards count once.
+function Unit:grad_norm_part(norm_type)
   local w = fsdp.world()
   local world_size = w:size()
   local grads, weights = {}, {}
@@ -845,22 +859,42 @@ function Unit:grad_norm(norm_type)
   for _, g in ipairs(grads) do g:free() end
   t = offload_part_to_device(self, t)
   w:all_reduce(t, norm_type == math.huge and "max" or "sum")
+  return t
+end
+
+-- The total norm as a number: one read.
+function Unit:grad_norm(norm_type)
+  norm_type = norm_type or 2
+  local t = self:grad_norm_part(norm_type)
   local part = t:item()
   t:free()
   return norm_type == 2 and math.sqrt(part) or part
 end
 
+-- Clips by the total norm without waiting for it: the coefficient min(1, max_norm / (norm +
+-- 1e-6)) stays in a buffer of the root's, and the optimizer's next step multiplies the
+-- gradients by it as it reads them (AdamW in its gradient scale: no pass over the gradients
+-- here; they stay unscaled until then). Under offload the all-reduced part is read to the
+-- host (the step's one read of it) and the coefficient formed there. Returns the norm before
+-- as a one-element f64 tensor, a view of the root's buffer that the next clip overwrites
+-- (norm:item() reads it).
 function Unit:clip_grad_norm(max_norm, norm_type)
-  local total = self:grad_norm(norm_type)
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 then
-    for _, u in ipairs(self.all_units) do
-      local g = u.fp and u.fp:grad_shard()
-      if g then g:scale_(coef); g:free() end
-    end
-    for _, t in ipairs(self.ignored) do if t.p.grad ~= nil then shard_tensor.borrow(t.p.grad):scale_(coef) end end
-  end
-  return total
+  norm_type = norm_type or 2
+  local clip = self.clip_state
+  local part = self:grad_norm_part(norm_type)
+  if part:device() ~= clip.coef:device() then part = moved(part, clip.coef:device()) end
+  optim.clip_coef(clip, part, norm_type, max_norm)
+  part:free()
+  self.clip_owed = true
+  return clip.norm:alias()
+end
+
+-- The coefficient of the last clip, once, for the optimizer step that applies it (nil when no
+-- clip is owed; zero_grad drops one).
+function Unit:take_clip_coef()
+  if not self.clip_owed then return nil end
+  self.clip_owed = false
+  return self.clip_state.coef
 end
 
 function fsdp.clip_grad_norm(model, max_norm, norm_type)

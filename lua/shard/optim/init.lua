@@ -1,8 +1,10 @@
 -- shard.optim: AdamW and SGD over parameter tensors (or FSDP's flat shards), learning-rate
 -- schedules and gradient clipping. An SGD update is one fused C pass per tensor; AdamW updates
--- all the tensors of a device in one call, and the gradient norm is summed on the device and
--- read back once (optim.h's multi-tensor fronts). Entries with a group (FSDP's offloaded
--- units) are stepped one group at a time, each as soon as its gradients are on the host.
+-- all the tensors of a device in one call, and the gradient norm is summed on the device
+-- (optim.h's multi-tensor fronts); clipping forms its coefficient there too and reads nothing
+-- back, and a model may leave one for the next step to fold into AdamW's gradient scale.
+-- Entries with a group (FSDP's offloaded units) are stepped one group at a time, each as soon
+-- as its gradients are on the host.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
@@ -53,6 +55,22 @@ local function by_device(items, tensor_of)
   return groups
 end
 
+-- One f64 for a norm and one f32 for a clip coefficient on device (sh_grad_clip_coef's outputs).
+function O.clip_buffers(device)
+  return { norm = tensor.empty({ 1 }, { dtype = "f64", device = device }),
+           coef = tensor.empty({ 1 }, { dtype = "f32", device = device }) }
+end
+
+-- O.clip_grad_norm's pair per device, kept for good. Made with the first optimizer over the
+-- device: made by the first clip, mid-step, it would hold memory the step before it did not
+-- and the next step would allocate more. FSDP's root keeps its own (its coefficient waits
+-- for the optimizer's step).
+local plain_clip = {}
+local function plain_clip_buffers(device)
+  plain_clip[device] = plain_clip[device] or O.clip_buffers(device)
+  return plain_clip[device]
+end
+
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
@@ -86,11 +104,28 @@ local function step_batches(entries)
   return list
 end
 
--- One step: update(self, work, grad_scale) over each batch's entries that have a gradient,
--- as work = { {entry = e, grad = g}, ... }.
+-- The clip coefficient the model left on its device for this step (FSDP's clip_grad_norm), as
+-- clip_on(device): that tensor, or its copy on another device (offloaded units step on the
+-- host), or nil when there is none; and a function that frees the copies.
+local function step_clip(model)
+  local coef = model and model.take_clip_coef and model:take_clip_coef()
+  if not coef then return function() return nil end, function() end end
+  local copies = {}
+  local function clip_on(device)
+    if device == coef:device() then return coef end
+    copies[device] = copies[device] or coef:to(device)
+    return copies[device]
+  end
+  return clip_on, function() for _, t in pairs(copies) do t:free() end end
+end
+
+-- One step: update(self, work, grad_scale, clip_on) over each batch's entries that have a
+-- gradient, as work = { {entry = e, grad = g}, ... }; clip_on(device) is the clip coefficient
+-- the update multiplies the gradients by (nil: none).
 function Optimizer:step(grad_scale)
   self.step_count = self.step_count + 1
   self.batches = self.batches or step_batches(self.entries)
+  local clip_on, free_clips = step_clip(self.model)
   for _, batch in ipairs(self.batches) do
     local work, owned = {}, {}
     for _, e in ipairs(batch) do
@@ -100,10 +135,11 @@ function Optimizer:step(grad_scale)
         if own then owned[#owned + 1] = g end
       end
     end
-    self:update(work, grad_scale or 1)
+    self:update(work, grad_scale or 1, clip_on)
     for _, g in ipairs(owned) do g:free() end
     if batch[1].after_step then batch[1].after_step() end
   end
+  free_clips()
 end
 
 -- The optimizer's state for a checkpoint. Each entry's state tensors (f32, the entry's shape)
@@ -162,6 +198,9 @@ end
 local function new_optimizer(params, fields, update)
   fields.entries = collect(params)
   fields.model = params.parameters and params or nil
+  if not (fields.model and fields.model.clip_grad_norm) then
+    for _, e in ipairs(fields.entries) do plain_clip_buffers(e.tensor:device()) end
+  end
   fields.step_count = 0
   fields.update = update
   return setmetatable(fields, Optimizer)
@@ -175,14 +214,16 @@ function O.AdamW(params, opts)
     kind = "AdamW", state_names = STATE_NAMES, hyper_names = { "lr", "beta1", "beta2", "eps", "weight_decay" },
     lr = opts.lr or 1e-3, beta1 = betas[1] or 0.9, beta2 = betas[2] or 0.999,
     eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.01,
-  }, function(s, work, grad_scale)
+  }, function(s, work, grad_scale, clip_on)
     for _, group in ipairs(by_device(work, function(w) return w.entry.tensor end)) do
       local params = ffi.new("sh_adamw_param[?]", #group)
+      local clip = clip_on(group[1].entry.tensor:device())   -- folded into the gradient scale
       for i, w in ipairs(group) do
         local e, p = w.entry, params[i - 1]
         p.param, p.grad, p.m, p.v = e.tensor.p, w.grad.p, e.m.p, e.v.p
         p.shadow = e.shadow and e.shadow.p or nil
         p.weight_decay = e.decay and s.weight_decay or 0
+        p.clip = clip and clip.p or nil
       end
       check(C.sh_adamw_step_multi_(#group, params, s.lr, s.beta1, s.beta2, s.eps, s.step_count, grad_scale))
     end
@@ -199,9 +240,11 @@ function O.SGD(params, opts)
     hyper_names = { "lr", "momentum", "dampening", "weight_decay", "nesterov" },
     lr = opts.lr or 1e-2, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov and 1 or 0,
-  }, function(s, work, grad_scale)
+  }, function(s, work, grad_scale, clip_on)
     for _, w in ipairs(work) do
       local e = w.entry
+      local clip = clip_on(w.grad:device())
+      if clip then w.grad:mul_(clip) end
       check(C.sh_sgd_step_(e.tensor.p, w.grad.p, e.m and e.m.p or nil, s.lr, s.momentum, s.dampening,
         s.weight_decay, s.nesterov, s.step_count == 1 and 1 or 0, grad_scale))
     end
@@ -259,9 +302,35 @@ local function local_norm_part(grads, norm_type, weights)
 end
 O.local_norm_part = local_norm_part
 
--- Scales every gradient so the total norm is at most max_norm; returns the norm before.
--- combine(part) merges the per-rank parts (FSDP passes an all-reduce).
-function O.clip_grad_norm(params, max_norm, norm_type, combine)
+-- The norm part of gradients on any devices as a tensor on the first one (the default device
+-- when there are none): each device's part summed there, the others' moved and combined.
+local function device_norm_part(grads, norm_type)
+  local total
+  for _, group in ipairs(by_device(grads, function(g) return g end)) do
+    local t = norm_part_tensor(group, norm_type)
+    if total then
+      local moved = t:to(total:device())
+      check(C.sh_binary_(total.p, norm_type == math.huge and C.SH_OP_MAXIMUM or C.SH_OP_ADD, moved.p))
+      moved:free()
+      t:free()
+    else
+      total = t
+    end
+  end
+  return total or norm_part_tensor({}, norm_type)
+end
+
+-- buffers.norm and buffers.coef from a norm part on their device (sh_grad_clip_coef).
+function O.clip_coef(buffers, part, norm_type, max_norm)
+  check(C.sh_grad_clip_coef(buffers.coef.p, buffers.norm.p, part.p, norm_type, max_norm))
+end
+
+-- Scales every gradient in place so the total norm is at most max_norm, as
+-- torch.nn.utils.clip_grad_norm_, without reading anything back: the norm and the coefficient
+-- min(1, max_norm / (norm + 1e-6)) are formed on the device, and each gradient is multiplied by
+-- the coefficient where it is. Returns the norm before as a one-element f64 tensor on the
+-- gradients' device: a view of a buffer the next clip there overwrites (norm:item() reads it).
+function O.clip_grad_norm(params, max_norm, norm_type)
   norm_type = norm_type or 2
   local entries = collect(params)
   local grads, owned = {}, {}
@@ -269,15 +338,19 @@ function O.clip_grad_norm(params, max_norm, norm_type, combine)
     local g, own = grad_of(e)
     if g then grads[#grads + 1] = g; owned[#grads] = own end
   end
-  local part = local_norm_part(grads, norm_type)
-  if combine then part = combine(part, norm_type) end
-  local total = norm_type == 2 and math.sqrt(part) or part
-  local coef = max_norm / (total + 1e-6)
+  local part = device_norm_part(grads, norm_type)
+  local buffers = plain_clip_buffers(part:device())
+  O.clip_coef(buffers, part, norm_type, max_norm)
+  part:free()
+  local copies = {}
   for i, g in ipairs(grads) do
-    if coef < 1 then g:scale_(coef) end
+    local d = g:device()
+    if d ~= buffers.coef:device() then copies[d] = copies[d] or buffers.coef:to(d) end
+    g:mul_(copies[d] or buffers.coef)
     if owned[i] then g:free() end
   end
-  return total
+  for _, t in pairs(copies) do t:free() end
+  return buffers.norm:alias()
 end
 
 return O
