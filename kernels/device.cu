@@ -3,12 +3,15 @@
  * The caching allocator itself (size classes, free lists, stats, tags, the OOM report) is
  * runtime/alloc.c, shared with the CPU; this file gives it raw device memory (cudaMalloc,
  * called only on a cache miss, so a steady-state step never allocates or frees) and makes
- * reuse stream-aware: a block remembers every stream that used it since it was handed out
- * (the one current when it was, those sh_cuda_record_stream named, the one current at the
- * free); the free records an event on each, and when the cache hands the block out to a
- * thread whose current stream is another one, that stream first waits for those events. The
- * wait is queued on the device, so the host never blocks, and the order is fixed by the
- * program, not by timing. Nothing reachable from a free or a finalizer synchronises.
+ * reuse stream-aware: the free records an event on the stream current for the freeing thread
+ * and on every stream sh_cuda_record_stream named since the block was handed out (work there
+ * may still read or write it), and when the cache hands the block out to a thread whose
+ * current stream is another one, that stream first waits for those events. The wait is
+ * queued on the device, so the host never blocks, and the order is fixed by the program, not
+ * by timing. The stream current when the block was handed out is not recorded: the program
+ * ordered its writes before the other streams' uses, and an event there at the free would
+ * also wait for its later, unrelated work (CPU offload's prefetches). Nothing reachable from a
+ * free or a finalizer synchronises.
  * SHARD_CUDA_POISON=1 (a debug option) fills every block the cache hands out, new or reused,
  * with 0xFF bytes (NaN in every float dtype) on the stream that gets it, so an output a kernel
  * leaves partly unwritten shows even in reused memory.
@@ -166,14 +169,9 @@ static void *raw_alloc(int device, size_t nbytes) {
   device_scope scope(device);
   void *p = NULL;
   if (cudaMalloc(&p, nbytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
-  sh_cuda_stream *s = current_stream(device);
-  poison(device, p, nbytes, s);
+  poison(device, p, nbytes, current_stream(device));
   block_rec rec;
   rec.bytes = nbytes;
-  if (!rec.uses.add(s)) {
-    cudaFree(p);
-    return NULL;
-  }
   std::lock_guard<std::mutex> g(blocks_lock);
   blocks[p] = rec;
   return p;
@@ -207,7 +205,6 @@ static void on_reuse(int device, void *ptr) {
   block_rec &r = it->second;
   sh_cuda_stream *s = current_stream(device);
   r.uses.wait_on(s);
-  r.uses.add(s);
   poison(device, ptr, r.bytes, s);
 }
 
@@ -494,9 +491,10 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
 
 /* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
  * half its size, so a steady state cycles through the same few buffers. An asynchronous copy
- * may still read or write a buffer after its free, so the free records an event on the
- * current stream, and a cached buffer is handed out again only once that event completed
- * (queried, never waited for: when none is ready, a new buffer is pinned). */
+ * may still read or write a buffer after its free, so the free records events on the current
+ * stream and on those sh_cuda_record_stream named, and a cached buffer is handed out again
+ * only once they completed (queried, never waited for: when none is ready, a new buffer is
+ * pinned). */
 struct pinned_block { void *ptr; size_t bytes; stream_uses uses; };
 static std::vector<pinned_block> pinned_free;
 static std::unordered_map<void *, pinned_block> pinned_live;

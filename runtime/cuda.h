@@ -4,9 +4,8 @@
  * and reduce-scatter (collectives). Work on different streams is ordered only by events,
  * never by device-wide synchronisation, so FSDP overlaps communication with compute.
  * Memory freed while the current stream is S is reused on another stream only after that
- * stream waits for events recorded at the free on S and on every other stream that used it
- * (the one current when it was handed out, those sh_cuda_record_stream named): reuse is safe
- * and deterministic.
+ * stream waits for events recorded at the free on S and on every stream that
+ * sh_cuda_record_stream named for it: reuse is safe and deterministic.
  * Nothing that may run in a finalizer (frees, event destroy, pinned free) synchronises.
  * With no GPU, sh_cuda_device_count() is 0 and the rest fail with SH_ERR_DEVICE. A build
  * without nvcc has none of these symbols (Lua asks shard.ffi.cuda_device_count(), which
@@ -45,9 +44,10 @@ int sh_cuda_set_stream(sh_cuda_stream *s);  /* this thread's current stream on s
 int sh_cuda_current_stream(sh_cuda_stream **out, int device);
 int sh_cuda_stream_synchronize(sh_cuda_stream *s);
 int sh_cuda_stream_wait_event(sh_cuda_stream *s, sh_cuda_event *e);
-/* t's memory (a cached device block or a pinned buffer) is used by work queued on s, a stream
- * other than the one current when it was handed out: when it is freed, its reuse waits for
- * that work too (PyTorch's record_stream). */
+/* t's memory (a cached device block or a pinned buffer) is used by work queued on s: when it
+ * is freed (on whatever stream), its reuse waits for the work s has queued by then too
+ * (PyTorch's record_stream). Needed when s's use is not ordered before the freeing stream's
+ * work by an event. */
 int sh_cuda_record_stream(const sh_tensor *t, sh_cuda_stream *s);
 
 /* events; timing = 1 makes one usable with sh_cuda_event_elapsed */
@@ -60,8 +60,9 @@ int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, double *ms);
 
 /* Pinned (page-locked) host buffers for asynchronous copies. Freed buffers go back to a
  * cache, since cudaFreeHost synchronises; sh_cuda_host_empty_cache returns them. A freed
- * buffer is handed out again only once the work queued on the freeing thread's current
- * stream at the free has run, so free a buffer with the stream of its copies current. */
+ * buffer is handed out again only once the work queued at the free on the freeing thread's
+ * current stream (and on the streams sh_cuda_record_stream named) has run, so free a buffer
+ * with the stream of its copies current, or name that stream. */
 int sh_cuda_host_alloc(void **out, size_t nbytes);
 void sh_cuda_host_free(void *ptr);
 int sh_cuda_host_empty_cache(void);

@@ -22,9 +22,20 @@ struct work_ref { cudaStream_t stream; unsigned long long seq; };
 /* Like enqueue, plus: the work runs only after each of the n_after points in `after` has run
  * (work on other streams, as if the stream waited on an event recorded there); *out (when not
  * null) receives the new work's point. A point whose work has already run is no constraint.
- * The NCCL stand-in chains every collective of a process to the one issued before it. */
+ * The NCCL stand-in chains every collective to the one issued before it on its communicator. */
 cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> work,
                           const work_ref *after, int n_after, work_ref *out);
+
+/* Runs queued work that may run now beside the work in progress: the front of a stream
+ * nobody is running, whose waits are done. For queued work that waits for other processes
+ * (an NCCL collective waiting for its peers): a GPU runs the other streams' work meanwhile.
+ * True when a piece of work finished or moved (requeue_work(true)), false when none did. */
+bool run_ready_work();
+
+/* Called by work that run_ready_work runs (never by other work): it cannot finish now, so it
+ * goes back to the front of its stream and runs again later (the host's wait or the next
+ * run_ready_work); `moved` says whether it got any further this time. */
+void requeue_work(bool moved);
 
 /* True when [p, p + bytes) lies inside one live device allocation (cudaMalloc) on the current
  * device. Library stand-ins call it before touching a pointer, and return their own

@@ -288,6 +288,7 @@ struct stream_rec {
   std::deque<op *> q;
   uint64_t enq = 0, done = 0;
   uint64_t last_issue = 0;
+  int busy = 0;                 /* > 0 while complete() works on it: run_ready_work leaves it */
   int id = 0;                   /* its place in g_streams: the graph's stream id */
   int created = -1;             /* cudaStreamCreate* order in the process; -1: legacy */
   long last_node = 0;           /* graph: the last node queued here while recording, 0 none */
@@ -388,18 +389,35 @@ struct exec_scope {
   ~exec_scope();
 };
 
+int g_requeued;   /* requeue_work's answer for the work running: 0 none, 1 still, 2 moved */
+
+/* Runs the front of s's queue (its waits done); false when it asked to run again later. */
+bool run_front(stream_rec *s) {
+  op *o = s->q.front();
+  s->q.pop_front();
+  s->busy++;
+  g_requeued = 0;
+  execute(o);
+  s->busy--;
+  if (g_requeued) {
+    s->q.push_front(o);
+    return false;
+  }
+  s->done = o->seq;
+  delete o;
+  return true;
+}
+
 /* Runs the work of s up to seq (and, first, whatever it waits for). */
 void complete(stream_rec *s, uint64_t seq) {
   exec_scope x;
+  s->busy++;   /* also while its front waits for other streams: run_ready_work leaves it */
   while (s->done < seq && !s->q.empty()) {
-    op *o = s->q.front();
-    for (const dep &d : o->deps)
+    for (const dep &d : s->q.front()->deps)
       if (d.s->done < d.seq) complete(d.s, d.seq);
-    s->q.pop_front();
-    execute(o);
-    s->done = o->seq;
-    delete o;
+    run_front(s);
   }
+  s->busy--;
 }
 
 void complete_all(stream_rec *s) { complete(s, s->enq); }
@@ -547,7 +565,12 @@ void execute(op *o) {
   }
   if (!o->body) return;
   if (cfg.verbose) fprintf(stderr, "cuda_emu: run %s\n", o->what.c_str());
+  /* Work may run inside other work (run_ready_work): the outer one's state comes back after. */
   int saved_dev = g_exec_device;
+  bool saved_armed = g_fault_armed;
+  sigjmp_buf saved_jmp;
+  memcpy(saved_jmp, g_fault_jmp, sizeof saved_jmp);
+  std::string saved_running = g_running;
   g_exec_device = o->device;
   g_running = o->what;
   if (sigsetjmp(g_fault_jmp, 1) == 0) {
@@ -560,7 +583,9 @@ void execute(op *o) {
   }
   if (!check_canaries(o->what.c_str())) make_sticky(o->device, cudaErrorIllegalAddress);
   g_exec_device = saved_dev;
-  g_running.clear();
+  g_running = saved_running;
+  memcpy(g_fault_jmp, saved_jmp, sizeof saved_jmp);
+  g_fault_armed = saved_armed;
 }
 
 /* ===================================================================================== */
@@ -1402,6 +1427,20 @@ cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()>
   enqueue_fn(s, what ? what : "library call", std::move(work));
   return cudaSuccess;
 }
+
+bool run_ready_work() {
+  guard g_(g_lock);
+  exec_scope x;
+  for (stream_rec *s : g_streams) {
+    if (s->busy || s->q.empty()) continue;
+    bool ready = true;
+    for (const dep &d : s->q.front()->deps) ready &= d.s->done >= d.seq;
+    if (ready && (run_front(s) || g_requeued == 2)) return true;
+  }
+  return false;
+}
+
+void requeue_work(bool moved) { g_requeued = moved ? 2 : 1; }
 
 cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> work,
                           const work_ref *after, int n_after, work_ref *out) {

@@ -12,9 +12,11 @@
  * round, computes its part of the result from all chunks, and marks the round consumed.
  *
  * Collectives are queued on the caller's stream and run when the emulator drains it, each
- * after the previous collective this process issued, on any communicator: one rank's
- * collectives run in the order it issued them. A rank blocked in a collective publishes what
- * it waits for; a set of ranks that all wait for each other (they issued collectives on
+ * after the previous collective issued on its communicator; communicators progress
+ * independently, as on a GPU: no order between two communicators but the streams' (a
+ * collective that waits for its peers lets the emulator run other streams' ready work, other
+ * collectives included, meanwhile). A rank blocked in a collective publishes what it waits
+ * for; a set of ranks that all wait for each other (stream order makes them run collectives on
  * different communicators in different orders) is diagnosed and their collectives fail with
  * ncclInvalidUsage instead of hanging. A dead peer, a peer's ncclCommAbort and a timeout fail
  * them with ncclRemoteError. A failed collective leaves its output untouched (unless it failed
@@ -133,6 +135,8 @@ struct comm_impl {
   ncclResult_t async_err = ncclSuccess;
   bool aborted = false, left = false, finalized = false;
   cudaEvent_t last = nullptr;   /* recorded after its latest collective */
+  emu::work_ref last_work{};    /* its latest collective's place in the streams, when issued */
+  bool issued_work = false;
   ~comm_impl();
 };
 
@@ -147,8 +151,6 @@ std::set<comm_impl *> g_live;
 std::string g_last_error, g_last_report;
 long g_inits, g_colls;
 int g_group_depth;
-emu::work_ref g_last_work;
-bool g_have_last;
 
 struct coll;
 std::vector<std::shared_ptr<coll>> g_group;
@@ -459,7 +461,7 @@ struct coll {
   /* running state */
   size_t es = 0, elems = 0, chunk = 0, nrounds = 0, rounds_done = 0;
   int phase = 0;         /* 0: post the next round, 1: read it */
-  bool finished = false;
+  bool started = false, finished = false;
   std::string name() const {
     return std::string(KIND_NAME[kind]) + " #" + std::to_string(seq) + " on " + c->key;
   }
@@ -610,8 +612,8 @@ bool deadlock_check(job_t *job) {
   for (int i : order)
     if (h->proc[i].epoch.load() != ep[i]) return false;
   std::sort(order.begin(), order.end());
-  std::string why = "deadlock: the ranks issued collectives on different communicators in different orders (every "
-                    "rank must issue them in one order); ";
+  std::string why = "deadlock: the ranks' stream orders run collectives on different communicators in different "
+                    "orders (every rank must order them alike); ";
   for (size_t k = 0; k < order.size(); k++) why += (k ? "; " : "") + describe_wait(h, order[k]);
   for (int i : order)
     for (int k = 0; k < h->proc[i].nwait; k++) set_comm_error(&h->comm[h->proc[i].w[k].comm], ncclInvalidUsage, why);
@@ -619,33 +621,53 @@ bool deadlock_check(job_t *job) {
   return true;
 }
 
-/* Runs collectives to completion (one, or a group's), in the emulator's executor. */
+/* The collectives this process started and has not finished, in start order: whichever
+ * collective waits steps them all, so each communicator progresses on its own. */
+std::vector<std::shared_ptr<coll>> g_started;
+int g_run_depth;   /* run_colls on the executor's stack */
+
+/* Checks and sizes a collective when its work first runs (its work may run again: below). */
+void start_coll(const std::shared_ptr<coll> &o) {
+  o->started = true;
+  comm_impl *c = o->c.get();
+  if (c->aborted || c->left) { o->finished = true; return; }
+  if (c->e->error.load()) { fail_coll(o.get(), (ncclResult_t)c->e->error.load(), comm_reason(c->e), false); return; }
+  if ((o->send_bytes && !emu::is_device_range(o->send, o->send_bytes)) ||
+      (o->recv_bytes && !emu::is_device_range(o->recv, o->recv_bytes))) {
+    std::string why = std::string(API_NAME[o->kind]) + ": a buffer was freed before the collective ran";
+    emu::fail_async(cudaErrorIllegalAddress, why.c_str());
+    fail_coll(o.get(), ncclUnhandledCudaError, "rank " + std::to_string(c->rank) + ": " + why, true);
+    return;
+  }
+  o->es = DT_SIZE[o->dt];
+  o->elems = o->kind == K_REDUCE_SCATTER ? o->count * c->nranks : o->count;
+  o->chunk = std::max<size_t>(1, c->cap / o->es);
+  o->nrounds = std::max<size_t>(1, (o->elems + o->chunk - 1) / o->chunk);
+  g_started.push_back(o);
+}
+
+/* Runs collectives to completion (one, or a group's), in the emulator's executor. When they
+ * wait for peers, other ready work runs meanwhile (emu::run_ready_work), as a GPU runs other
+ * streams: a collective started so cannot wait there (the host may need the work below it
+ * first), so it goes back to its stream, started, and whichever collective waits next steps
+ * it along with its own. */
 void run_colls(std::vector<std::shared_ptr<coll>> ops) {
   double t0 = now_s();
-  for (auto &o : ops) {
-    comm_impl *c = o->c.get();
-    if (c->aborted || c->left) { o->finished = true; continue; }
-    if (c->e->error.load()) { fail_coll(o.get(), (ncclResult_t)c->e->error.load(), comm_reason(c->e), false); continue; }
-    if ((o->send_bytes && !emu::is_device_range(o->send, o->send_bytes)) ||
-        (o->recv_bytes && !emu::is_device_range(o->recv, o->recv_bytes))) {
-      std::string why = std::string(API_NAME[o->kind]) + ": a buffer was freed before the collective ran";
-      emu::fail_async(cudaErrorIllegalAddress, why.c_str());
-      fail_coll(o.get(), ncclUnhandledCudaError, "rank " + std::to_string(c->rank) + ": " + why, true);
-      continue;
-    }
-    o->es = DT_SIZE[o->dt];
-    o->elems = o->kind == K_REDUCE_SCATTER ? o->count * c->nranks : o->count;
-    o->chunk = std::max<size_t>(1, c->cap / o->es);
-    o->nrounds = std::max<size_t>(1, (o->elems + o->chunk - 1) / o->chunk);
-  }
+  for (auto &o : ops)
+    if (!o->started) start_coll(o);
+  bool nested = g_run_depth > 0;
+  g_run_depth++;
+  struct depth_end { ~depth_end() { g_run_depth--; } } depth_end_;
   job_t *job = ops.empty() ? nullptr : ops[0]->c->job.get();
-  for (;;) {
-    bool progressed = false;
-    std::vector<coll *> run = runnable(ops);
-    if (run.empty()) return;
+  bool moved = false;
+  for (bool any = false; !runnable(ops).empty(); moved |= any, any = false) {
+    g_started.erase(std::remove_if(g_started.begin(), g_started.end(), [](auto &o) { return o->finished; }),
+                    g_started.end());
+    std::vector<coll *> run = runnable(g_started);
     for (coll *o : run)
-      while (!o->finished && !o->c->e->error.load() && step(o)) progressed = true;
-    if (progressed) continue;
+      while (!o->finished && !o->c->e->error.load() && step(o)) any = true;
+    if (nested && !any) return emu::requeue_work(moved);
+    if (any || (!nested && emu::run_ready_work())) continue;
     /* Blocked: publish what this rank waits for (for the deadlock diagnosis), then poll. */
     shm_proc &pr = job->h->proc[job->world_rank];
     bool same_job = true;
@@ -693,7 +715,8 @@ void run_colls(std::vector<std::shared_ptr<coll>> ops) {
   }
 }
 
-/* Queues collectives (one, or a group's) after the previous one this process issued. Ops
+/* Queues collectives (one, or a group's) after the previous one on each of their
+ * communicators. Ops
  * of a group on several streams: the work runs on the first op's stream after the others
  * reached that point, and the others wait for it (NCCL joins a group's streams so). */
 ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStream_t> streams) {
@@ -701,7 +724,8 @@ ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStre
   for (cudaStream_t s : streams)
     if (std::find(uniq.begin(), uniq.end(), s) == uniq.end()) uniq.push_back(s);
   std::vector<emu::work_ref> after;
-  if (g_have_last) after.push_back(g_last_work);
+  for (auto &o : ops)
+    if (o->c->issued_work) after.push_back(o->c->last_work);
   for (size_t i = 1; i < uniq.size(); i++) {
     emu::work_ref r;
     if (emu::enqueue_after(uniq[i], "ncclGroupEnd (join)", [] {}, nullptr, 0, &r) != cudaSuccess)
@@ -713,8 +737,10 @@ ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStre
   cudaError_t ce = emu::enqueue_after(uniq[0], what, [ops] { run_colls(ops); }, after.data(), (int)after.size(), &ref);
   if (ce != cudaSuccess)
     return fail(ncclUnhandledCudaError, "%s: cannot queue on the stream: %s", what, cudaGetErrorString(ce));
-  g_last_work = ref;
-  g_have_last = true;
+  for (auto &o : ops) {
+    o->c->last_work = ref;
+    o->c->issued_work = true;
+  }
   for (size_t i = 1; i < uniq.size(); i++) emu::enqueue_after(uniq[i], "ncclGroupEnd (join)", [] {}, &ref, 1, nullptr);
   for (auto &o : ops)
     if (o->c->last) cudaEventRecord(o->c->last, uniq[0]);

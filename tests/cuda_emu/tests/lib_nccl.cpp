@@ -4,7 +4,8 @@
  * SHARD_EMU_NCCL_CHUNK_BYTES), in place and the overlap refusal, roots, ncclCommSplit (colors,
  * key order, NCCL_SPLIT_NOCOLOR), stream order behind a kernel, group calls, ncclCommAbort, a
  * dead peer, a timeout, ranks disagreeing on one communicator, two ranks issuing on two
- * communicators in opposite orders (the deadlock diagnosis), the issue-order record.
+ * communicators in opposite orders on one stream (the deadlock diagnosis), communicators
+ * progressing independently (no order between two but the streams'), the issue-order record.
  * Each scenario forks N ranks (N = 2, 3, 4 for the data checks); each rank counts its own
  * checks and sends them to the parent, which also fails a scenario whose ranks hang. */
 #include <nccl.h>
@@ -540,24 +541,22 @@ static void check_deadlock(int rank, int n, ncclUniqueId id) {
   ncclComm_t g = nullptr, r = nullptr;
   ncclCommSplit(c, 0, rank, &g, nullptr);   /* world/split1/color0 */
   ncclCommSplit(c, 0, rank, &r, nullptr);   /* world/split2/color0 */
-  cudaStream_t s1, s2;
-  cudaStreamCreate(&s1);
-  cudaStreamCreate(&s2);
+  cudaStream_t s;   /* one stream: its order is the order the collectives must run in */
+  cudaStreamCreate(&s);
   float *a = sentinel_buf(4 * n), *b = sentinel_buf(4 * n), *x = sentinel_buf(4), *y = sentinel_buf(4);
   /* one warm-up on each, so the failing ones are #2 */
-  ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, g, s1);
-  ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, r, s2);
+  ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, g, s);
+  ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, r, s);
   cudaDeviceSynchronize();
   cudaMemcpy(x, std::vector<float>(4, 42.0f).data(), 16, cudaMemcpyHostToDevice);
   if (rank == 0) {
-    ncclAllGather(a, b, 4, ncclFloat32, g, s1);
-    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, r, s2);
+    ncclAllGather(a, b, 4, ncclFloat32, g, s);
+    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, r, s);
   } else {
-    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, r, s2);
-    ncclAllGather(a, b, 4, ncclFloat32, g, s1);
+    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, r, s);
+    ncclAllGather(a, b, 4, ncclFloat32, g, s);
   }
-  cudaStreamSynchronize(s2);
-  cudaStreamSynchronize(s1);
+  cudaStreamSynchronize(s);
   ncclResult_t eg = ncclSuccess, er = ncclSuccess;
   ncclCommGetAsyncError(g, &eg);
   ncclCommGetAsyncError(r, &er);
@@ -570,6 +569,76 @@ static void check_deadlock(int rank, int n, ncclUniqueId id) {
   ncclCommAbort(g);
   ncclCommAbort(r);
   ncclCommDestroy(c);
+}
+
+/* Two split communicators and two non-blocking streams for the independence checks. */
+struct two_comms {
+  ncclComm_t c = nullptr, g = nullptr, r = nullptr;
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  two_comms(int rank, int n, ncclUniqueId id) {
+    if (!(c = world(rank, n, id))) return;
+    ncclCommSplit(c, 0, rank, &g, nullptr);
+    ncclCommSplit(c, 0, rank, &r, nullptr);
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  }
+  ~two_comms() {
+    if (!c) return;
+    ncclCommDestroy(g);
+    ncclCommDestroy(r);
+    ncclCommDestroy(c);
+  }
+};
+
+/* Communicators progress independently: opposite issue orders on two streams complete (a GPU
+ * runs both collectives at once; one process-wide order deadlocked here). */
+static void check_opposite_orders_two_streams(int rank, int n, ncclUniqueId id) {
+  two_comms t(rank, n, id);
+  if (!t.c) return;
+  float *x = sentinel_buf(4), *y = sentinel_buf(4), *all = sentinel_buf(4 * n);
+  if (rank == 0) {
+    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, t.r, t.s1);
+    ncclAllGather(x, all, 4, ncclFloat32, t.g, t.s2);
+  } else {
+    ncclAllGather(x, all, 4, ncclFloat32, t.g, t.s2);
+    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, t.r, t.s1);
+  }
+  cudaDeviceSynchronize();
+  ncclResult_t eg = ncclInternalError, er = ncclInternalError;
+  ncclCommGetAsyncError(t.g, &eg);
+  ncclCommGetAsyncError(t.r, &er);
+  std::vector<float> o(4);
+  cudaMemcpy(o.data(), y, 16, cudaMemcpyDeviceToHost);
+  CHECK(eg == ncclSuccess && er == ncclSuccess && o[0] == 42.0f * n, "opposite orders on two streams: errors %d %d, %g",
+        eg, er, o[0]);
+}
+
+/* The planted bug: an all-gather on one communicator reads what an all-reduce on another
+ * wrote, with no stream order between them. It relied on the order one process issued them
+ * in, which a GPU does not keep: it reads the old bytes (the all-gather's stream was issued
+ * last, so it runs first). With an event between the streams it reads the sum. */
+static void check_order_between_comms(int rank, int n, ncclUniqueId id) {
+  two_comms t(rank, n, id);
+  if (!t.c) return;
+  cudaEvent_t ev;
+  cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  float *x = sentinel_buf(4), *y = sentinel_buf(4), *all = sentinel_buf(4 * n);
+  cudaMemcpy(x, std::vector<float>(4, 1.0f).data(), 16, cudaMemcpyHostToDevice);
+  std::vector<float> o(4 * n);
+  for (int wait = 0; wait < 2; wait++) {
+    cudaMemcpy(y, std::vector<float>(4, 42.0f).data(), 16, cudaMemcpyHostToDevice);
+    ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, t.r, t.s1);
+    if (wait) {
+      cudaEventRecord(ev, t.s1);
+      cudaStreamWaitEvent(t.s2, ev, 0);
+    }
+    ncclAllGather(y, all, 4, ncclFloat32, t.g, t.s2);   /* reads y */
+    cudaDeviceSynchronize();
+    cudaMemcpy(o.data(), all, 16 * n, cudaMemcpyDeviceToHost);
+    if (wait) CHECK(o[0] == (float)n && o[4 * n - 1] == (float)n, "with the event the gather reads the sum: %g", o[0]);
+    else CHECK(o[0] == 42.0f && o[4 * n - 1] == 42.0f, "without it the gather reads y before the reduction: %g", o[0]);
+  }
+  cudaEventDestroy(ev);
 }
 
 int main() {
@@ -615,5 +684,8 @@ int main() {
   ranks("mismatch n=2", 2, check_mismatch);
   ranks("deadlock n=2", 2, check_deadlock);
   ranks("deadlock n=3", 3, check_deadlock);
+  ranks("opposite orders on two streams n=2", 2, check_opposite_orders_two_streams);
+  ranks("order between communicators n=2", 2, check_order_between_comms);
+  ranks("order between communicators n=3", 3, check_order_between_comms);
   return lib_summary("lib_nccl");
 }
