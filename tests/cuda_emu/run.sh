@@ -6,7 +6,8 @@
 # each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
 # crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
 # non-zero status when anything failed. The device runs adversarially: deferred work drained
-# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise.
+# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise;
+# then the stream-heavy programs again with each seed of SHARD_EMU_DRAIN_SEEDS (below).
 EMU=${1:-build-emu}
 SHARD=${2:-bin/shard-emu}
 TIMEOUT=${SHARD_EMU_TEST_TIMEOUT:-300}
@@ -145,6 +146,25 @@ for r in 0 1; do
     failed=$((failed + 1)); echo "FAIL gpu/torchrun_fsdp.lua rank $r (torchrun-style env, MASTER_PORT $port held)"
     tail -n 20 "$out" | sed 's/^/    /'
   fi
+done
+# The stream-heavy programs again with host waits draining the streams in other orders
+# (SHARD_EMU_DRAIN_SEED, README "Streams"), so a race shows whichever stream was issued last:
+# seeds 1..6 give every wait every order of up to 3 streams; the default two keep the suite's
+# time (both orders of two streams).
+for seed in ${SHARD_EMU_DRAIN_SEEDS:-1 2}; do
+  for prog in test_cuda_device test_optim_multi; do
+    [ -x "$EMU/tests/gpu/$prog" ] || continue
+    SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$prog (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$EMU/tests/gpu/$prog"
+  done
+  for s in gpt_step offload_fsdp offload_flatparam trace_streams; do
+    SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$s.lua (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$SHARD" run tests/gpu/$s.lua
+  done
+  rm -f "$scratch"/*
+  run_one "gpu/mpi_fsdp_strategies.lua (emulated, mpirun -np 2, SHARD_EMU_DRAIN_SEED=$seed)" \
+    $MPIRUN -np 2 -x SHARD_EMU_DRAIN_SEED=$seed -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua
+  rm -f "$scratch"/*
+  run_one "gpu/trace_streams.lua (emulated, mpirun -np 2, SHARD_EMU_DRAIN_SEED=$seed)" \
+    $MPIRUN -np 2 -x SHARD_EMU_DRAIN_SEED=$seed -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/trace_streams.lua
 done
 echo "cuda_emu: $(( $(date +%s) - start ))s"
 echo "$passed passed, $failed failed"
