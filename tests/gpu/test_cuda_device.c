@@ -168,14 +168,51 @@ static double read_on_other_stream_then_reuse(int record) {
   return v;
 }
 
-/* A block used on a stream other than the one it was handed out on: its reuse must wait for
- * that stream too, not only for the stream current at the free. */
+/* The same for a pinned buffer: read by a copy on the all-gather stream, freed on compute,
+ * asked for again once compute is done, and written by the host (5). Returns what the copy
+ * read. */
+static double pinned_read_on_other_stream_then_reuse(int record) {
+  const int64_t n = 1024;
+  sh_cuda_stream *ag = NULL, *comp = NULL;
+  void *h1 = NULL, *h2 = NULL;
+  sh_tensor *src = NULL, *other = NULL, *d = NULL;
+  CHECK_OK(sh_cuda_stream_get(&ag, DEV, SH_STREAM_ALL_GATHER));
+  CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
+  CHECK_OK(sh_tensor_empty(&d, 1, S(n), SH_F32, DEV));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  CHECK_OK(sh_cuda_host_empty_cache());   /* h1 is then the only buffer the cache can hand out */
+  CHECK_OK(sh_cuda_host_alloc(&h1, n * sizeof(float)));
+  CHECK_OK(sh_tensor_wrap_external(&src, h1, n * sizeof(float), 1, S(n), SH_F32));
+  CHECK_OK(sh_tensor_fill_(src, 1.0));
+  CHECK_OK(sh_cuda_set_stream(ag));
+  CHECK_OK(sh_cuda_copy_async(d, src));
+  if (record) CHECK_OK(sh_cuda_record_stream(src, ag));
+  CHECK_OK(sh_cuda_set_stream(comp));
+  sh_tensor_destroy(src);
+  sh_cuda_host_free(h1);
+  CHECK_OK(sh_cuda_stream_synchronize(comp));   /* the free's own stream is done */
+  CHECK_OK(sh_cuda_host_alloc(&h2, n * sizeof(float)));
+  CHECK_OK(sh_tensor_wrap_external(&other, h2, n * sizeof(float), 1, S(n), SH_F32));
+  CHECK_OK(sh_tensor_fill_(other, 5.0));
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  double v = all_equal(d, 1.0) ? 1.0 : all_equal(d, 5.0) && h2 == h1 ? 5.0 : NAN;
+  sh_tensor_destroy(other);
+  sh_tensor_destroy(d);
+  sh_cuda_host_free(h2);
+  return v;
+}
+
+/* Memory used on a stream other than the one current at its free: its reuse must wait for
+ * that stream too. */
 static void test_record_stream(void) {
   CHECK(read_on_other_stream_then_reuse(1) == 2.0, "with sh_cuda_record_stream the reuse waited for the other stream's read");
-  /* The emulator's newest-first order always loses this race; a GPU or another order may not. */
+  CHECK(pinned_read_on_other_stream_then_reuse(1) == 1.0, "a pinned buffer named for the other stream waits for its copy");
+  /* The emulator's newest-first order always loses these races; a GPU or another order may not. */
   const char *seed = getenv("SHARD_EMU_DRAIN_SEED");
-  if (sh_emu_host_waits && (!seed || atoi(seed) == 0))
+  if (sh_emu_host_waits && (!seed || atoi(seed) == 0)) {
     CHECK(read_on_other_stream_then_reuse(0) == 3.0, "without it the emulator shows the reuse overwriting a block still read");
+    CHECK(pinned_read_on_other_stream_then_reuse(0) == 5.0, "and the host overwriting a pinned buffer a copy still reads");
+  }
   sh_tensor *h = filled(4, -1, 1.0);
   sh_cuda_stream *comp = NULL;
   CHECK_OK(sh_cuda_stream_get(&comp, DEV, SH_STREAM_COMPUTE));
