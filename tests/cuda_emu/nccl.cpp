@@ -716,9 +716,9 @@ void run_colls(std::vector<std::shared_ptr<coll>> ops) {
 }
 
 /* Queues collectives (one, or a group's) after the previous one on each of their
- * communicators. Ops
- * of a group on several streams: the work runs on the first op's stream after the others
- * reached that point, and the others wait for it (NCCL joins a group's streams so). */
+ * communicators. Ops of a group on several streams: the work runs on the first op's stream
+ * after the others reached that point, and the others wait for it (NCCL joins a group's
+ * streams so). */
 ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStream_t> streams) {
   std::vector<cudaStream_t> uniq;
   for (cudaStream_t s : streams)
