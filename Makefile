@@ -146,10 +146,13 @@ test-gpu: deps
 	@sh tests/run_gpu.sh bin/shard $(BUILD)
 
 # make bench: shard vs PyTorch 1.13 (/usr/bin/python3; bench/deps.sh installs python3-torch as
-# root or names it) at 1 and nproc threads in alternating rounds, beside an OpenBLAS sgemm peak;
-# medians [min-max], with the recipe's own loop each round; then the CPU AdamW step (bench-adamw
-# below) and the bf16 step. Knobs (whole numbers): ROUNDS=3 ITERS=50 RECIPE_ITERS=300 THREADS="1 2"
-# PEAK_N=2048 PEER_SPIN=1, and bench-adamw's; BENCH=train|f32|bf16 runs a part.
+# root or names it) and PyTorch 2.x eager and torch.compile'd (bench/venv.sh installs it once into
+# the git-ignored .venv-bench/; never needed by make test) at 1 and nproc threads in alternating
+# rounds, beside an OpenBLAS sgemm peak; medians [min-max], with the recipe's own loop each round;
+# then the CPU AdamW step (bench-adamw below) and the bf16 step. Knobs (whole numbers): ROUNDS=3
+# ITERS=50 RECIPE_ITERS=300 THREADS="1 2" PEAK_N=2048 PEER_SPIN=1, and bench-adamw's;
+# BENCH=train|f32|bf16 runs a part; PEERS="system venv compiled" a subset of the peers;
+# ISA=avx2|avx512|generic every side on that kernel set (make bench ISA=avx2 on an AVX-512 CPU).
 ADAMW_BENCH := $(BUILD)/bench/adamw_bench $(BUILD)/bench/adamw_membw
 bench: deps
 	@$(MAKE) all $(ADAMW_BENCH)

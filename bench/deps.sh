@@ -1,8 +1,8 @@
 #!/bin/sh
-# bench/deps.sh: make bench's peer needs PyTorch in /usr/bin/python3 (Debian 12's
-# python3-torch, PyTorch 1.13). Silent when it imports. Otherwise installs python3-torch with
-# apt-get as root (or through sudo when that needs no password), or says exactly what to
-# install and fails: a missing peer is an error, never a ratio.
+# bench/deps.sh: make bench's "system" peer needs PyTorch in /usr/bin/python3 (Debian 12's
+# python3-torch, PyTorch 1.13; the 2.x peers come from bench/venv.sh). Silent when it imports.
+# Otherwise installs python3-torch with apt-get as root (or through sudo when that needs no
+# password), or says exactly what to install and fails: a missing peer is an error, never a ratio.
 PY=/usr/bin/python3
 "$PY" -c 'import torch' >/dev/null 2>&1 && exit 0
 
