@@ -51,7 +51,7 @@ struct nccl_work {
 /* Events for ordering collectives, reused: a collective takes one for its inputs and one for
  * its completion, so creating and destroying them would be two driver calls per collective.
  * An event goes back once no one will wait on it again (re-recording it later is legal even
- * while earlier waits are pending: a wait binds to the record before it). Per device, since
+ * while earlier waits are still queued: a wait binds to the record before it). Per device, since
  * an event belongs to the device current when it was made; they live as long as the process. */
 enum { MAX_DEVICES = 16 };
 static std::mutex event_lock;

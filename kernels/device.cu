@@ -78,7 +78,7 @@ struct device_scope {
  * records there. Reuse waits for all of them, not only for the stream current at the free: a
  * block freed on compute after the all-gather stream read it must wait for that read too. */
 struct stream_uses {
-  struct use { sh_cuda_stream *s; cudaEvent_t freed; bool used, pending; };
+  struct use { sh_cuda_stream *s; cudaEvent_t freed; bool used, armed; };
   std::vector<use> v;
 
   /* False when no event could be made for a new stream. */
@@ -96,22 +96,22 @@ struct stream_uses {
     for (use &u : v) {
       if (!u.used) continue;
       u.used = false;
-      u.pending = cudaEventRecord(u.freed, u.s->s) == cudaSuccess;
-      if (!u.pending) cudaGetLastError();   /* the context is being torn down */
+      u.armed = cudaEventRecord(u.freed, u.s->s) == cudaSuccess;
+      if (!u.armed) cudaGetLastError();   /* the context is being torn down */
     }
   }
   /* At the reuse on s: s waits on the device for every other stream's use. */
   void wait_on(sh_cuda_stream *s) {
     for (use &u : v) {
-      if (u.pending && u.s != s && cudaStreamWaitEvent(s->s, u.freed, 0) != cudaSuccess) cudaGetLastError();
-      u.pending = false;
+      if (u.armed && u.s != s && cudaStreamWaitEvent(s->s, u.freed, 0) != cudaSuccess) cudaGetLastError();
+      u.armed = false;
     }
   }
   /* True when every use has finished (a host query, never a wait). */
   bool done() {
     for (use &u : v) {
-      if (u.pending && cudaEventQuery(u.freed) != cudaSuccess) { cudaGetLastError(); return false; }
-      u.pending = false;
+      if (u.armed && cudaEventQuery(u.freed) != cudaSuccess) { cudaGetLastError(); return false; }
+      u.armed = false;
     }
     return true;
   }

@@ -431,7 +431,7 @@ uint64_t splitmix(uint64_t &x) {
 
 uint64_t g_drain_waits;      /* host waits that chose among several streams: the order's index */
 
-/* The streams of `device` (every device when -1) with work pending, in the order a host wait
+/* The streams of `device` (every device when -1) with work queued, in the order a host wait
  * drains them. Seed 0: newest first, the stream whose last work was queued most recently
  * before the others. Seed N > 0: with k <= 3 streams, the ((N + w) mod k!)-th permutation of
  * newest-first (w counts the waits), so seeds 1..k! give every wait every order; with more,
