@@ -83,6 +83,12 @@ __device__ __forceinline__ void frag_b_kn(uint32_t b[2][2], const __nv_bfloat16 
   b[0][0] = r[0]; b[0][1] = r[1]; b[1][0] = r[2]; b[1][1] = r[3];
 }
 
+/* c0 += a b[0] and c1 += a b[1]: the two n-tiles of one 16-column B load. */
+__device__ __forceinline__ void mma_pair(float c0[4], float c1[4], const uint32_t a[4], const uint32_t b[2][2]) {
+  mma_bf16_16816(c0, a, b[0]);
+  mma_bf16_16816(c1, a, b[1]);
+}
+
 /* acc[16 x 8 NT] (NT n-tiles) = X[r0.., :DP] Y[y0 .. y0 + 8 NT, :DP]^T, both shared tiles. */
 template <int DP, int NT>
 __device__ __forceinline__ void mm_rows_t(float acc[NT][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y, int y0) {
@@ -97,8 +103,7 @@ __device__ __forceinline__ void mm_rows_t(float acc[NT][4], const __nv_bfloat16 
     for (int np = 0; np < NT / 2; np++) {
       uint32_t b[2][2];
       frag_b_nk(b, Y, LD, y0 + 16 * np, 16 * kk);
-      mma_bf16_16816(acc[2 * np], a, b[0]);
-      mma_bf16_16816(acc[2 * np + 1], a, b[1]);
+      mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
     }
   }
 }
@@ -117,8 +122,7 @@ __device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[NT]
     for (int dp = 0; dp < DP / 16; dp++) {
       uint32_t b[2][2];
       frag_b_kn(b, Y, LD, y0 + 16 * kk, 16 * dp);
-      mma_bf16_16816(acc[2 * dp], a, b[0]);
-      mma_bf16_16816(acc[2 * dp + 1], a, b[1]);
+      mma_pair(acc[2 * dp], acc[2 * dp + 1], a, b);
     }
   }
 }
