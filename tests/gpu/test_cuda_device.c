@@ -16,6 +16,7 @@
 #include "alloc.h"
 #include "ops.h"
 #include "cuda.h"
+#include "cuda_start.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 
@@ -343,11 +344,8 @@ int main(void) {
   /* The emulator reads these at its first call; a real GPU ignores the first. */
   setenv("SHARD_EMU_DEVICES", "2", 0);
   setenv("SHARD_CUDA_POISON", "1", 0);
-  if (sh_cuda_device_count() == 0) {
-    printf("C test_cuda_device: no CUDA device; skipped (0 passed, 0 failed)\n");
-    return 0;
-  }
-  if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
+  int rc = cuda_test_start("test_cuda_device", DEV);
+  if (rc >= 0) return rc;
   test_info();
   test_streams_and_events();
   test_cross_stream_reuse_waits();

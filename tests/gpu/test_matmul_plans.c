@@ -17,6 +17,7 @@
 #include "ops.h"
 #include "nn.h"
 #include "cuda.h"
+#include "cuda_start.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 
@@ -200,11 +201,8 @@ static void test_plans_bounded(void) {
 
 int main(int argc, char **argv) {
   check_args(argc, argv);
-  if (sh_cuda_device_count() == 0) {
-    printf("C test_matmul_plans: no CUDA device; skipped (0 passed, 0 failed)\n");
-    return 0;
-  }
-  if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
+  int rc = cuda_test_start("test_matmul_plans", DEV);
+  if (rc >= 0) return rc;
   if (!counting()) printf("# not on the emulator: cuBLASLt's objects are not counted\n");
   RUN(test_plans_reused);
   RUN(test_refused_epilogue);

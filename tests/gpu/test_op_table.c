@@ -14,6 +14,7 @@
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include "cuda.h"
+#include "cuda_start.h"
 
 static const int DEV = 0;
 
@@ -25,14 +26,8 @@ static void synchronized(const char *label) {
 
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
-  if (sh_cuda_device_count() == 0) {
-    printf("C test_op_table (cuda): no CUDA device; skipped (0 passed, 0 failed)\n");
-    return 0;
-  }
-  if (sh_cuda_init(DEV)) {
-    printf("cuda init: %s\n", sh_last_error());
-    return 1;
-  }
+  int rc = cuda_test_start("test_op_table (cuda)", DEV);
+  if (rc >= 0) return rc;
   uint64_t base = ot_base_seed();
   printf("test_op_table (cuda:%d): seed %llu (SHARD_TEST_SEED=%llu replays), lt epilogues %s\n", DEV,
          (unsigned long long)base, (unsigned long long)base, getenv("SHARD_NO_LT_EPILOGUE") ? "off" : "on");

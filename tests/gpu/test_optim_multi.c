@@ -16,6 +16,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "cuda.h"
+#include "cuda_start.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 
@@ -376,11 +377,8 @@ static void test_grad_norm_part(void) {
 
 int main(int argc, char **argv) {
   check_args(argc, argv);
-  if (sh_cuda_device_count() == 0) {
-    printf("C test_optim_multi: no CUDA device; skipped (0 passed, 0 failed)\n");
-    return 0;
-  }
-  if (sh_cuda_init(DEV)) { printf("cuda init: %s\n", sh_last_error()); return 1; }
+  int rc = cuda_test_start("test_optim_multi", DEV);
+  if (rc >= 0) return rc;
   if (!counting()) printf("# not on the emulator: launches and host waits are not counted\n");
   RUN(test_adamw_multi);
   RUN(test_adamw_wide);
