@@ -152,6 +152,27 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64
  * key tiles, so the grid's tail is short. */
 __device__ __forceinline__ int64_t heavy_first(int64_t n_tiles) { return n_tiles - 1 - blockIdx.x; }
 
+/* Key tile jt of a head, K and V, ready in buffer jt & 1 (the return), with tile jt + 1
+ * streaming into the other buffer meanwhile when jt < last. Every thread of the block calls
+ * it; the caller's loop ends in a barrier before the buffer it read is refilled. */
+template <int DP>
+__device__ __forceinline__ int kv_tile_ready(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, const __nv_bfloat16 *kh,
+                                             const __nv_bfloat16 *vh, int64_t kst, int64_t vst, int64_t jt, int64_t last,
+                                             int64_t T, int D) {
+  constexpr int TILE = ftile<DP>::ELEMS;
+  int buf = (int)(jt & 1);
+  if (jt < last) {
+    tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kst, (jt + 1) * FT, T, D);
+    tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vst, (jt + 1) * FT, T, D);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return buf;
+}
+
 /* Forward, one block per (query tile, b, h): S = Q K^T over the key tiles at or before the
  * diagonal (K/V double-buffered through cp.async), online softmax in the exp2 domain on the
  * registers of S, O += P V, out = O / l, lse = (m + log2 l) ln 2. */
@@ -173,16 +194,7 @@ __global__ void __launch_bounds__(F_THREADS) attn_fwd_kernel(
 #pragma unroll
   for (int n = 0; n < DP / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   for (int64_t jt = 0; jt <= it; jt++) {
-    int buf = (int)(jt & 1);
-    if (jt < it) {   /* the next K/V tile streams in while this one is used */
-      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
-      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    int buf = kv_tile_ready<DP>(Ks, Vs, kh, vh, kv.st, vv.st, jt, it, T, D);
     float s[FT / 8][4];
     mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, Ks + buf * TILE, 0);
 #pragma unroll
@@ -366,16 +378,7 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_q_kernel(
 #pragma unroll
   for (int n = 0; n < DP / 8; n++) dQ[n][0] = dQ[n][1] = dQ[n][2] = dQ[n][3] = 0.0f;
   for (int64_t jt = 0; jt <= it; jt++) {
-    int buf = (int)(jt & 1);
-    if (jt < it) {
-      tile_async<DP>(Ks + (buf ^ 1) * TILE, kh, kv.st, (jt + 1) * FT, T, D);
-      tile_async<DP>(Vs + (buf ^ 1) * TILE, vh, vv.st, (jt + 1) * FT, T, D);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    int buf = kv_tile_ready<DP>(Ks, Vs, kh, vh, kv.st, vv.st, jt, it, T, D);
     const __nv_bfloat16 *K = Ks + buf * TILE;
     float s[FT / 8][4], dp[FT / 8][4];
     mm_rows_t<DP, FT / 8>(s, Qs, 16 * w, K, 0);
