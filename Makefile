@@ -93,7 +93,7 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/c/check_cpu.h tests/ops/op_t
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 
 # CUDA op tests (tests/gpu): built with the same objects, run by `make test-gpu` on a GPU.
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/cuda_start.h tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/c/check.h tests/ops/op_table.h $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 

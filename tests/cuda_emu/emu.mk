@@ -83,6 +83,6 @@ $(EMU)/self/%: $(EMU_DIR)/tests/%.cpp $(EMU_LIB_OBJ) $(EMU_HEADERS) $(wildcard $
 	$(EMU_CXX) $(EMU_CXXFLAGS) -I$(EMU_DIR)/tests -Itests/c $< $(EMU_LIB_OBJ) -o $@ $(EMU_LIBS)
 
 # The CUDA test programs (tests/gpu), linked with the emulated objects.
-$(EMU)/tests/gpu/%: tests/gpu/%.c tests/gpu/cuda_start.h tests/c/check.h tests/ops/op_table.h $(EMU_RUNTIME_OBJ) $(EMU_KERNEL_OBJ) $(EMU_LIB_OBJ)
+$(EMU)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/c/check.h tests/ops/op_table.h $(EMU_RUNTIME_OBJ) $(EMU_KERNEL_OBJ) $(EMU_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) $(MPI_CFLAGS) -Itests/c -o $@ $< $(EMU_RUNTIME_OBJ) $(EMU_KERNEL_OBJ) $(EMU_LIB_OBJ) $(LDFLAGS) $(EMU_LIBS)

@@ -16,7 +16,7 @@
 #include "alloc.h"
 #include "ops.h"
 #include "cuda.h"
-#include "cuda_start.h"
+#include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 

@@ -17,7 +17,7 @@
 #include "ops.h"
 #include "nn.h"
 #include "cuda.h"
-#include "cuda_start.h"
+#include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 
@@ -33,22 +33,6 @@ static long made_since_reset(void) {
   long c[6];
   sh_emu_lt_counts(c);
   return c[LT_DESCS] + c[LT_LAYOUTS] + c[LT_PREFS] + c[LT_HEURISTICS];
-}
-
-static sh_tensor *random_tensor(int ndim, const int64_t *shape, int dtype, uint64_t seed) {
-  sh_tensor *t = NULL, *f = NULL;
-  if (sh_tensor_empty(&f, ndim, shape, SH_F32, -1) || sh_random_normal_(f, seed, 0, 0, 1) || sh_tensor_to(&t, f, dtype, -1)) {
-    printf("making a tensor: %s\n", sh_last_error());
-    exit(2);
-  }
-  sh_tensor_destroy(f);
-  return t;
-}
-
-static sh_tensor *on(const sh_tensor *t, int device) {
-  sh_tensor *r = NULL;
-  if (sh_tensor_to(&r, t, t->dtype, device)) { printf("moving a tensor: %s\n", sh_last_error()); exit(2); }
-  return r;
 }
 
 /* The largest |cuda - cpu| / (1 + |cpu|); NaN counts as the worst. */
@@ -120,8 +104,8 @@ enum { N_PRODUCTS = sizeof products / sizeof products[0] };
 static double run_both(const product *p, uint64_t seed) {
   sh_tensor *cpu_in[4] = {0}, *dev_in[4] = {0}, *cpu_out[3] = {0}, *dev_out[3] = {0};
   for (int i = 0; i < p->nin; i++) {
-    cpu_in[i] = random_tensor(p->ndims[i], p->shapes[i], p->dtype, seed + (uint64_t)i);
-    dev_in[i] = on(cpu_in[i], DEV);
+    cpu_in[i] = gpu_random(p->ndims[i], p->shapes[i], p->dtype, seed + (uint64_t)i, 0, 1);
+    dev_in[i] = gpu_on(cpu_in[i], DEV);
   }
   double worst = INFINITY;
   if (p->run(cpu_in, cpu_out) == SH_OK && p->run(dev_in, dev_out) == SH_OK) {

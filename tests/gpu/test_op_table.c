@@ -14,7 +14,7 @@
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include "cuda.h"
-#include "cuda_start.h"
+#include "gpu_test.h"
 
 static const int DEV = 0;
 

@@ -16,7 +16,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "cuda.h"
-#include "cuda_start.h"
+#include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}
 
@@ -27,24 +27,14 @@ enum { EMU_MALLOCS, EMU_FREES, EMU_LAUNCHES, EMU_HOST_SYNCS };
 enum { DEV = 0, N = 37, MT_MAX = 16 };
 
 /* Parameter i's size: mostly a few thousand, some over one 8192-element chunk, one empty. */
+/* A 1-d host tensor of n normal(mean, std) values. */
+static sh_tensor *random_tensor(int64_t n, int dtype, uint64_t seed, double mean, double std) {
+  return gpu_random(1, S(n), dtype, seed, mean, std);
+}
+
 static int64_t size_of(int i) { return i == 5 ? 0 : i % 9 == 0 ? 20000 + i : (i * 577) % 6000 + 1; }
 
-static sh_tensor *random_tensor(int64_t n, int dtype, uint64_t seed, double mean, double std) {
-  sh_tensor *t = NULL, *f = NULL;
-  if (sh_tensor_empty(&f, 1, S(n), SH_F32, -1) || sh_random_normal_(f, seed, 0, mean, std) ||
-      sh_tensor_to(&t, f, dtype, -1)) {
-    printf("making a tensor: %s\n", sh_last_error());
-    exit(2);
-  }
-  sh_tensor_destroy(f);
-  return t;
-}
 
-static sh_tensor *on(const sh_tensor *t, int device) {
-  sh_tensor *r = NULL;
-  if (t && sh_tensor_to(&r, t, t->dtype, device)) { printf("moving a tensor: %s\n", sh_last_error()); exit(2); }
-  return r;
-}
 
 /* The largest |cuda - cpu| / (1 + |cpu|) over the elements. */
 static double max_rel_diff(const sh_tensor *cuda, const sh_tensor *cpu) {
@@ -92,8 +82,8 @@ static void make_params(param_set *cpu, param_set *cuda) {
     cpu[i].shadow = NULL;
     if (sd >= 0 && sh_tensor_empty(&cpu[i].shadow, 1, S(n), sd, -1)) exit(2);
     cpu[i].wd = i % 3 ? 0.1 : 0.0;
-    cuda[i] = (param_set){on(cpu[i].p, DEV), on(cpu[i].g, DEV), on(cpu[i].m, DEV), on(cpu[i].v, DEV),
-                          on(cpu[i].shadow, DEV), cpu[i].wd};
+    cuda[i] = (param_set){gpu_on(cpu[i].p, DEV), gpu_on(cpu[i].g, DEV), gpu_on(cpu[i].m, DEV), gpu_on(cpu[i].v, DEV),
+                          gpu_on(cpu[i].shadow, DEV), cpu[i].wd};
   }
 }
 
@@ -251,7 +241,7 @@ static void test_clip_folded(void) {
     sh_tensor *runs[2][4];
     for (int r = 0; r < 2; r++) {
       int dev = r ? DEV : -1;
-      sh_tensor *pt = on(p_ref, dev), *gt = on(g_ref, dev), *mt = on(m_ref, dev), *vt = on(v_ref, dev);
+      sh_tensor *pt = gpu_on(p_ref, dev), *gt = gpu_on(g_ref, dev), *mt = gpu_on(m_ref, dev), *vt = gpu_on(v_ref, dev);
       sh_tensor *part = NULL, *coef = NULL;
       CHECK_OK(sh_tensor_empty(&part, 1, S(1), SH_F64, dev));
       CHECK_OK(sh_tensor_empty(&coef, 1, S(1), SH_F32, dev));
@@ -340,7 +330,7 @@ static void test_grad_norm_part(void) {
   double w[N];
   for (int i = 0; i < N; i++) {
     cpu[i] = random_tensor(size_of(i), i % 2 ? SH_BF16 : SH_F32, 500 + i, 0.01, 1);
-    cuda[i] = on(cpu[i], DEV);
+    cuda[i] = gpu_on(cpu[i], DEV);
     w[i] = i % 4 ? 1.0 : 0.25;
   }
   sh_tensor *out = NULL;
@@ -360,7 +350,7 @@ static void test_grad_norm_part(void) {
   sh_tensor *mat = random_tensor(60, SH_F32, 600, 0, 1), *mat2 = NULL, *t = NULL, *tc = NULL;
   CHECK_OK(sh_view_reshape(&mat2, mat, 2, S(6, 10)));
   CHECK_OK(sh_view_transpose(&t, mat2, 0, 1));
-  sh_tensor *dmat = on(mat2, DEV);
+  sh_tensor *dmat = gpu_on(mat2, DEV);
   CHECK_OK(sh_view_transpose(&tc, dmat, 0, 1));
   const sh_tensor *two_cpu[2] = {t, cpu[0]}, *two_cuda[2] = {tc, cuda[0]};
   double want = part_on(-1, 2, two_cpu, NULL, 2), got = part_on(DEV, 2, two_cuda, NULL, 2);
