@@ -5,7 +5,8 @@
 # (124,475,904 f32 elements):
 #   shard    BUILD/bench/adamw_bench (bench/adamw_bench.c): sh_adamw_step_multi_, f32 grads (the
 #            headline, PyTorch's setting) and bf16 grads with a bf16 shadow (mixed precision)
-#   pytorch  bench/adamw_torch.py in /usr/bin/python3: foreach off and on; at thread counts
+#   pytorch  bench/adamw_torch.py in /usr/bin/python3 (PyTorch 1.13), or in ADAMW_PY (e.g.
+#            .venv-bench/bin/python, the PyTorch 2.x that make bench installs): foreach off and on; at thread counts
 #            above 1 with libgomp's default wait policy and again with OMP_WAIT_POLICY=passive
 #            (shard's own default; on a busy machine it is PyTorch's faster one), so that
 #            neither choice can depress PyTorch's best
@@ -21,7 +22,7 @@
 # of the bound). shard's threads wait their own way (runtime/parallel.h); OpenMP (PyTorch, the
 # bandwidth probe) with libgomp's default wait policy unless said otherwise.
 # A system that fails or prints no positive figure is an error (exit 1).
-# Knobs (whole numbers): ADAMW_ROUNDS=2  ADAMW_ITERS=3  THREADS="1 $(nproc)"
+# Knobs (whole numbers): ADAMW_ROUNDS=2  ADAMW_ITERS=3  THREADS="1 $(nproc)"; ADAMW_PY=PYTHON
 cd "$(dirname "$0")/.." || exit 2
 BUILD=${1:-build}
 
@@ -46,8 +47,9 @@ tlist=$(echo $threads | tr ' ' ',')
 plist=$(for t in $threads; do [ "$t" -gt 1 ] && echo "$t"; done | tr '\n' ',' | sed 's/,$//')   # counts above 1
 unset OMP_WAIT_POLICY OMP_NUM_THREADS
 
-PY=/usr/bin/python3
-sh bench/deps.sh || exit 1
+PY=${ADAMW_PY:-/usr/bin/python3}
+if [ -z "${ADAMW_PY:-}" ]; then sh bench/deps.sh || exit 1; fi
+"$PY" -c 'import torch' >/dev/null 2>&1 || die "no PyTorch in $PY (ADAMW_PY)"
 for b in adamw_bench adamw_membw; do
   [ -x "$BUILD/bench/$b" ] || die "$BUILD/bench/$b is missing: run make bench-adamw"
 done
