@@ -90,7 +90,7 @@ r=1
 while [ "$r" -le "$ROUNDS" ]; do
   if [ $((r % 2)) -eq 1 ]; then membw "$r"; shard "$r"; torch "$r"
   else torch "$r"; shard "$r"; membw "$r"; fi
-  awk -v r="$r" '$3 == r && $2 ~ /^(step_ms_.*_(f32|foreach[01]|passive)|gb_per_s_[0-9]+t)$/ {
+  awk -v r="$r" '$3 == r && $2 ~ /^(step_ms_.*_(f32|foreach[01]|fused|passive)|gb_per_s_[0-9]+t)$/ {
       k = $2; sub(/^(step_ms|gb_per_s)_/, "", k); x[$1] = x[$1] sprintf("  %s: %s", k, $4) }
     END { printf "round %d  ms/step shard%s | pytorch%s | GB/s membw%s\n", r, x["shard"], x["pytorch"], x["membw"] }' "$data"
   r=$((r + 1))
@@ -108,17 +108,18 @@ awk -v threads="$threads" -v plist="$plist" -v rounds="$ROUNDS" -v tv="${tv:-?}"
   }
   function label(k,   t) {
     t = k + 0
-    return t (t == 1 ? " thread" : " threads") (k ~ /foreach1/ ? ", foreach on" : k ~ /foreach0/ ? ", foreach off" : "") (k ~ /passive/ ? ", passive wait" : "")
+    return t (t == 1 ? " thread" : " threads") (k ~ /foreach1/ ? ", foreach on" : k ~ /foreach0/ ? ", foreach off" : k ~ /fused/ ? ", fused" : "") (k ~ /passive/ ? ", passive wait" : "")
   }
-  function ms(n, k) { return sprintf("%.0f (%.0f, %.0f)", lo(n, k), med(n, k), hi(n, k)) }
+  function ms(n, k) { return (n, k, 1) in v ? sprintf("%.0f (%.0f, %.0f)", lo(n, k), med(n, k), hi(n, k)) : "-" }
+  function add(n, k) { if ((n, "step_ms_" k, 1) in v) P[++np] = k }   # a PyTorch setting it ran
   # round i: the best time of a system over its settings S[1..ns]
   function round_best(n, S, ns, i,   j, m) { m = 1e30; for (j = 1; j <= ns; j++) if (v[n, "step_ms_" S[j], i] < m) m = v[n, "step_ms_" S[j], i]; return m }
   END {
     nt = split(threads, T, " ")
     ns = 0; np = 0
-    for (i = 1; i <= nt; i++) { S[++ns] = T[i] "t_f32"; P[++np] = T[i] "t_foreach0"; P[++np] = T[i] "t_foreach1" }
+    for (i = 1; i <= nt; i++) { S[++ns] = T[i] "t_f32"; add("pytorch", T[i] "t_foreach0"); add("pytorch", T[i] "t_foreach1"); add("pytorch", T[i] "t_fused") }
     npl = split(plist, PL, ",")
-    for (i = 1; i <= npl; i++) { P[++np] = PL[i] "t_foreach0_passive"; P[++np] = PL[i] "t_foreach1_passive" }
+    for (i = 1; i <= npl; i++) { add("pytorch", PL[i] "t_foreach0_passive"); add("pytorch", PL[i] "t_foreach1_passive"); add("pytorch", PL[i] "t_fused_passive") }
     bs = S[1]; for (i = 2; i <= ns; i++) if (lo("shard", "step_ms_" S[i]) < lo("shard", "step_ms_" bs)) bs = S[i]
     bp = P[1]; for (i = 2; i <= np; i++) if (lo("pytorch", "step_ms_" P[i]) < lo("pytorch", "step_ms_" bp)) bp = P[i]
     sb = lo("shard", "step_ms_" bs); pb = lo("pytorch", "step_ms_" bp); ratio = pb / sb
@@ -129,16 +130,18 @@ awk -v threads="$threads" -v plist="$plist" -v rounds="$ROUNDS" -v tv="${tv:-?}"
     np_ = v["shard", "params", 1]
     printf "throughput: shard %.2f G params/s, pytorch %.3f G params/s (%d parameters a step)\n", np_ / sb / 1e6, np_ / pb / 1e6, np_
     printf "ms per step: best (median, worst) over %d round(s), each a process'"'"'s best of its steps\n", rounds
-    printf "  %-10s %-26s %-26s %-26s %s\n", "threads", "shard f32", "shard bf16+shadow", "pytorch " tv " foreach off", "pytorch foreach on"
+    printf "  %-10s %-22s %-22s %-22s %-22s %s\n", "threads", "shard f32", "shard bf16+shadow", "pytorch foreach off", "foreach on", "fused"
     for (i = 1; i <= nt; i++) {
       t = T[i]
-      printf "  %-10s %-26s %-26s %-26s %s\n", t, ms("shard", "step_ms_" t "t_f32"), ms("shard", "step_ms_" t "t_bf16"),
-        ms("pytorch", "step_ms_" t "t_foreach0"), ms("pytorch", "step_ms_" t "t_foreach1")
+      printf "  %-10s %-22s %-22s %-22s %-22s %s\n", t, ms("shard", "step_ms_" t "t_f32"), ms("shard", "step_ms_" t "t_bf16"),
+        ms("pytorch", "step_ms_" t "t_foreach0"), ms("pytorch", "step_ms_" t "t_foreach1"), ms("pytorch", "step_ms_" t "t_fused")
     }
     for (i = 1; i <= npl; i++) {
       t = PL[i]
-      printf "  %-10s %-26s %-26s %-26s %s\n", t " passive", "-", "-", ms("pytorch", "step_ms_" t "t_foreach0_passive"), ms("pytorch", "step_ms_" t "t_foreach1_passive")
+      printf "  %-10s %-22s %-22s %-22s %-22s %s\n", t " passive", "-", "-", ms("pytorch", "step_ms_" t "t_foreach0_passive"),
+        ms("pytorch", "step_ms_" t "t_foreach1_passive"), ms("pytorch", "step_ms_" t "t_fused_passive")
     }
+    printf "  (pytorch %s)\n", tv
     bytes = v["shard", "bytes_per_step_f32", 1]
     printf "\nbandwidth: shard moves %.2f GB a step (param, grad, m, v read; param, m, v written; f32); the machine'"'"'s: the best\n", bytes / 1e9
     printf "GB/s of adamw_membw'"'"'s kernels at the same threads over the rounds; bound: the step at that bandwidth\n"
