@@ -39,7 +39,7 @@ local source   -- the file `shard run` runs, to name it with an error object tha
 local function describe(err)
   if err == nil then return "(error object is nil)" end
   if type(err) == "string" or type(err) == "number" then return tostring(err) end
-  return ("%s raised an error %s: %s"):format(source or "shard", type(err), require("shard.repl.show").value(err))
+  return ("%s raised an error %s: %s"):format(source or "shard", type(err), require("shard.tools.repl.show").value(err))
 end
 
 local function error_handler(err)
@@ -97,9 +97,9 @@ local function run(args)
   return ok and 0 or rc
 end
 
--- Commands that live in their own modules; a missing module is reported, not a crash.
-local function delegate(name, args)
-  local mod = "shard." .. name
+-- Commands that live in their own modules (the tools in shard.tools.*, over the library);
+-- a missing module is reported, not a crash.
+local function delegate(name, mod, args)
   if not package.searchpath(mod, package.path) then
     return usage_error(name .. " is not available yet (lua/" .. mod:gsub("%.", "/") .. ".lua is missing)")
   end
@@ -108,11 +108,11 @@ end
 
 local COMMANDS = {
   run = run,
-  repl = function(args) return call_main("shard.repl", args) end,
-  launch = function(args) return delegate("launch", args) end,
-  bench = function(args) return delegate("bench", args) end,
-  estimate = function(args) return delegate("estimate", args) end,
-  sweep = function(args) return delegate("sweep", args) end,
+  repl = function(args) return call_main("shard.tools.repl", args) end,
+  launch = function(args) return delegate("launch", "shard.tools.launch", args) end,
+  bench = function(args) return delegate("bench", "shard.bench", args) end,
+  estimate = function(args) return delegate("estimate", "shard.tools.estimate", args) end,
+  sweep = function(args) return delegate("sweep", "shard.tools.sweep", args) end,
   cpu = function(args) return call_main("shard.cpu", args) end,
 }
 

@@ -12,7 +12,7 @@
 -- tagged other; printed). Then the strategies: full_shard, shard_grad_op and (2 ranks)
 -- hybrid_shard over shard groups of one; bf16 mixed precision under full_shard (the pinned
 -- copy in the param dtype).
-local dryrun = require "shard.dryrun"
+local dryrun = require "shard.tools.dryrun"
 local cjson = require "cjson"
 local comm = require "shard.comm"
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
@@ -26,7 +26,7 @@ require("shard.ffi").check(require("shard.ffi").C.sh_cuda_init(comm.world():loca
 local home = os.getenv("SHARD_HOME") or "."
 -- The dry runs take the binary running this script (bin/shard on a GPU, bin/shard-emu on the
 -- emulator) unless SHARD_BIN names another.
-local bin = os.getenv("SHARD_BIN") or require("shard.launch").shard_exe()
+local bin = os.getenv("SHARD_BIN") or require("shard.tools.launch").shard_exe()
 if not bin:match("^/") then bin = home .. "/" .. bin end
 local q = require("shard.ffi").shell_quote
 

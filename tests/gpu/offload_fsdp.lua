@@ -24,7 +24,7 @@
 local shard = require "shard"
 local ffi = require "ffi"
 local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
-local estimate = require "shard.estimate"
+local estimate = require "shard.tools.estimate"
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
 local env = shard.init{ device = "cpu" }

@@ -7,7 +7,7 @@
 -- as the same rank of the same world in a child process and compares: every collective
 -- kind's count and bytes exact, the sharded state (param, grad, optim) at the peak exact,
 -- the peak within 5%.
-local dryrun = require "shard.dryrun"
+local dryrun = require "shard.tools.dryrun"
 local cjson = require "cjson"
 local comm = require "shard.comm"
 

@@ -237,7 +237,7 @@ describe("shard estimate --dry-run", function()
       local plain, out2 = dry("--world=4 --rank=1", recipe)
       assert(plain, out2)
       local V = vocab_of(TEXT)
-      local est = require("shard.estimate").estimate({ n_layer = 2, n_head = 2, n_embd = 32, vocab_size = V, block_size = 16,
+      local est = require("shard.tools.estimate").estimate({ n_layer = 2, n_head = 2, n_embd = 32, vocab_size = V, block_size = 16,
         bias = false, world = 4, strategy = "full_shard", hybrid_group = 0, batch_size = 3, param = param, offload = true,
         model = "gpt", measure = "meta" })
       -- blocks: a shard, a grad (and a bf16 copy) per unit (the root and two blocks), an m and a v

@@ -1,10 +1,10 @@
--- shard launch's diagnosis from the ranks' flight records (lua/shard/launch.lua M.diagnose),
+-- shard launch's diagnosis from the ranks' flight records (lua/shard/tools/launch.lua M.diagnose),
 -- on records written here by hand in the runtime's own layout (comm.h's sh_flight_record):
 -- which rank never reached the collective the others timed out in, and, across nodes, the
 -- network when the ranks of one node finished a collective that those of another still wait in.
 local ffi = require "ffi"
 require "shard.ffi"
-local launch = require "shard.launch"
+local launch = require "shard.tools.launch"
 
 local ALL_REDUCE = 2
 local dir = os.tmpname()

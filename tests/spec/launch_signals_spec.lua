@@ -4,7 +4,7 @@
 -- processes are found by a marker in their environment, which every one of them inherits.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, script = support.BIN, support.quote, support.script
-local job = require "shard.job"
+local job = require "shard.tools.job"
 local timer = require "shard.timer"
 local ffi = require "ffi"
 

@@ -4,7 +4,7 @@
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh, script = support.BIN, support.quote, support.sh, support.script
 
-local launch_mod = require "shard.launch"
+local launch_mod = require "shard.tools.launch"
 
 local function launch(args) return sh(quote(BIN) .. " launch " .. args) end
 

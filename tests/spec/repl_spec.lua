@@ -1,16 +1,16 @@
--- The REPL's parts (shard.repl.show, .complete, .merge) against hand-written expectations,
+-- The REPL's parts (shard.tools.repl.show, .complete, .merge) against hand-written expectations,
 -- and `shard repl --nproc 2` through a pipe: collectives across the ranks, an error on one
 -- rank, and an FSDP-wrapped model stepped and looked at per rank. The terminal (Ctrl-C, Tab,
 -- history) is tests/spec/repl_pty_spec.lua's.
 local shard = require "shard"
-local show = require "shard.repl.show"
-local complete = require "shard.repl.complete"
-local merge = require "shard.repl.merge"
+local show = require "shard.tools.repl.show"
+local complete = require "shard.tools.repl.complete"
+local merge = require "shard.tools.repl.merge"
 
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh = support.BIN, support.quote, support.sh
 
-describe("shard.repl.show", function()
+describe("shard.tools.repl.show", function()
   it("prints a chunk's values on one line, nothing for none", function()
     assert.equal("", show.values(0, {}))
     assert.equal("a\tnil\ttrue\n", show.values(3, { "a", nil, true }))
@@ -54,7 +54,7 @@ describe("shard.repl.show", function()
   end)
 end)
 
-describe("shard.repl.complete", function()
+describe("shard.tools.repl.complete", function()
   local env = setmetatable({
     shard = shard,
     t = shard.ones { 2 },
@@ -82,7 +82,7 @@ describe("shard.repl.complete", function()
   end)
 end)
 
-describe("shard.repl.merge", function()
+describe("shard.tools.repl.merge", function()
   it("labels ranks with ranges", function()
     assert.equal("0-3", merge.label { 0, 1, 2, 3 })
     assert.equal("0,2", merge.label { 0, 2 })
@@ -110,10 +110,10 @@ describe("shard.repl.merge", function()
   end)
 end)
 
-describe("shard.repl.interrupt", function()
+describe("shard.tools.repl.interrupt", function()
   it("stops a JIT-hot loop at SIGINT; the next chunk runs in full", function()
     local ffi = require "ffi"
-    local interrupt = require "shard.repl.interrupt"
+    local interrupt = require "shard.tools.repl.interrupt"
     local timer = require "shard.timer"
     pcall(ffi.cdef, "int getpid(void);")
     assert.is_true(interrupt.install())

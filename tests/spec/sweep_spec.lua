@@ -4,7 +4,7 @@
 -- metric parser on its own.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local cjson = require "cjson"
-local sweep = require "shard.sweep"
+local sweep = require "shard.tools.sweep"
 
 local DIR = os.tmpname()
 os.remove(DIR)
@@ -168,7 +168,7 @@ describe("shard sweep", function()
   end)
 end)
 
-describe("shard.sweep", function()
+describe("shard.tools.sweep", function()
   local spec = { recipe = "r.lua", settings = {}, metrics = { { "tokens_per_s", reduce = "median" }, "loss", "a.b", "nope" } }
 
   it("reads metrics from the metrics line first, then the log lines", function()

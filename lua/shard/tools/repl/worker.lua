@@ -1,4 +1,4 @@
--- shard.repl.worker: one rank of `shard repl --nproc N`. shard.repl.ranks starts the ranks
+-- shard.tools.repl.worker: one rank of `shard repl --nproc N`. shard.tools.repl.ranks starts the ranks
 -- with `shard launch` (so their world is the comm of recipes) running this file; each rank
 -- connects to the prompt's socket ($SHARD_REPL_SOCKET), says who it is, and then runs what
 -- it is sent, with the globals `shard`, `world` (the world group) and `rank` defined:
@@ -9,11 +9,11 @@
 -- and sent back whole with its printed values. Ctrl-C reaches a rank as a SIGINT from the
 -- prompt and interrupts its chunk as in the one-process REPL.
 local ffi = require "ffi"
-local chunk = require "shard.repl.chunk"
-local show = require "shard.repl.show"
-local complete = require "shard.repl.complete"
-local interrupt = require "shard.repl.interrupt"
-local wire = require "shard.repl.wire"
+local chunk = require "shard.tools.repl.chunk"
+local show = require "shard.tools.repl.show"
+local complete = require "shard.tools.repl.complete"
+local interrupt = require "shard.tools.repl.interrupt"
+local wire = require "shard.tools.repl.wire"
 
 for _, decl in ipairs {
   "int getpid(void);",
@@ -75,7 +75,7 @@ end
 
 function M.main()
   local path = os.getenv("SHARD_REPL_SOCKET")
-  if not path then error("shard.repl.worker: SHARD_REPL_SOCKET is not set (it is started by shard repl --nproc N)") end
+  if not path then error("shard.tools.repl.worker: SHARD_REPL_SOCKET is not set (it is started by shard repl --nproc N)") end
   _G.shard = require "shard"
   _G.world = shard.comm.init()
   _G.rank = world:rank()
@@ -104,5 +104,5 @@ function M.main()
 end
 
 -- `shard run worker.lua` (from shard launch) runs it; require returns the module.
-if ... ~= "shard.repl.worker" then return M.main() end
+if ... ~= "shard.tools.repl.worker" then return M.main() end
 return M

@@ -1,4 +1,4 @@
--- shard.repl.show: how the REPL prints values. The values of one chunk go on one line,
+-- shard.tools.repl.show: how the REPL prints values. The values of one chunk go on one line,
 -- separated by tabs; strings print as they are, values with a __tostring as it says (tensors
 -- pretty-printed), and tables by their contents (functions in them as <function>, so that
 -- ranks holding the same table print the same):

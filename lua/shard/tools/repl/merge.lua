@@ -1,4 +1,4 @@
--- shard.repl.merge: what N ranks printed for one chunk, as one text, each line labelled with
+-- shard.tools.repl.merge: what N ranks printed for one chunk, as one text, each line labelled with
 -- the ranks that printed it:
 --   [0-3] 42                    every rank printed 42
 --   [0,2] even  /  [1,3] odd

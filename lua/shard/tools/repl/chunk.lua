@@ -1,10 +1,10 @@
--- shard.repl.chunk: a REPL chunk from source to the values it returns.
+-- shard.tools.repl.chunk: a REPL chunk from source to the values it returns.
 --   local fn, err = chunk.compile(src, line)   -- nil, "incomplete" while the text ends too early
 --   local ok, n, values = chunk.run(fn)  -- ok false: values is the error message
 -- A chunk that is an expression list returns its values (printed by the REPL); statements
 -- return nothing unless they `return` something. Ctrl-C interrupts a running chunk
--- (shard.repl.interrupt), which then fails with the message "interrupted".
-local interrupt = require "shard.repl.interrupt"
+-- (shard.tools.repl.interrupt), which then fails with the message "interrupted".
+local interrupt = require "shard.tools.repl.interrupt"
 
 local M = {}
 

@@ -1,4 +1,4 @@
--- shard.repl.terminal: reading the REPL's lines. On a terminal, GNU readline (linked into
+-- shard.tools.repl.terminal: reading the REPL's lines. On a terminal, GNU readline (linked into
 -- bin/shard) through its callback interface, so that Ctrl-C at the prompt drops the line
 -- being typed and gives a new prompt; Tab completes Lua names (a completer function given
 -- by the caller, never file names); every line entered is appended to the history file at
@@ -8,7 +8,7 @@
 --   term.close()
 -- The history file is $SHARD_HISTORY, else ~/.shard_history, kept to HISTORY_LINES lines.
 local ffi = require "ffi"
-local interrupt = require "shard.repl.interrupt"
+local interrupt = require "shard.tools.repl.interrupt"
 
 local M = {}
 

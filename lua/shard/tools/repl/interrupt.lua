@@ -1,4 +1,4 @@
--- shard.repl.interrupt: Ctrl-C for the REPL, through the SIGINT trap of runtime/host.c.
+-- shard.tools.repl.interrupt: Ctrl-C for the REPL, through the SIGINT trap of runtime/host.c.
 --   interrupt.install()          the trap, for the whole session (a plain luajit has none:
 --                                 then Ctrl-C ends the process as usual)
 --   interrupt.run(fn, handler)   xpcall(fn, handler) with Ctrl-C raising "interrupted" in fn

@@ -1,21 +1,21 @@
--- shard.repl: interactive Lua with shard loaded as the global `shard`.
+-- shard.tools.repl: interactive Lua with shard loaded as the global `shard`.
 --   shard repl              one process
---   shard repl --nproc N    one prompt driving N ranks (shard.repl.ranks)
+--   shard repl --nproc N    one prompt driving N ranks (shard.tools.repl.ranks)
 -- A line that is an expression prints its values (tensors pretty-printed, tables by their
--- contents: shard.repl.show); a statement prints nothing; a chunk left open (a function body,
+-- contents: shard.tools.repl.show); a statement prints nothing; a chunk left open (a function body,
 -- an unclosed call) continues on the next line; an error is printed and the prompt comes back.
--- Ctrl-C interrupts the running chunk (shard.repl.interrupt) or drops the line being typed;
+-- Ctrl-C interrupts the running chunk (shard.tools.repl.interrupt) or drops the line being typed;
 -- the session and its values survive. On a terminal, lines are read with readline: Tab
--- completes Lua names (shard.repl.complete) and the history file is appended to as lines are
--- entered (shard.repl.terminal). When stdin is not a terminal, lines are read without prompt
+-- completes Lua names (shard.tools.repl.complete) and the history file is appended to as lines are
+-- entered (shard.tools.repl.terminal). When stdin is not a terminal, lines are read without prompt
 -- or banner, so
 --   echo 'print(shard.randn{2,3})' | shard repl
 -- prints just the tensor; the exit code is then 1 if any chunk raised an error.
-local chunk = require "shard.repl.chunk"
-local show = require "shard.repl.show"
-local terminal = require "shard.repl.terminal"
-local interrupt = require "shard.repl.interrupt"
-local complete = require "shard.repl.complete"
+local chunk = require "shard.tools.repl.chunk"
+local show = require "shard.tools.repl.show"
+local terminal = require "shard.tools.repl.terminal"
+local interrupt = require "shard.tools.repl.interrupt"
+local complete = require "shard.tools.repl.complete"
 
 local M = {}
 
@@ -131,7 +131,7 @@ function M.main(args)
   local o, err = M.parse(args or {})
   if not o then return usage(err) end
   if o.help then print(HELP); return 0 end
-  if o.nproc then return require("shard.repl.ranks").main(o) end
+  if o.nproc then return require("shard.tools.repl.ranks").main(o) end
   return single()
 end
 

@@ -1,4 +1,4 @@
--- shard.dryrun: `shard estimate --dry-run --world=N RECIPE [--key=value ...]` runs a recipe as
+-- shard.tools.dryrun: `shard estimate --dry-run --world=N RECIPE [--key=value ...]` runs a recipe as
 -- one rank of an N-rank job, in one process, with nothing computed: the real fsdp.wrap,
 -- schedule and caching allocator, over tensors on the meta device (runtime/meta.h: shapes and
 -- memory accounting, no data; kernels count FLOPs and bytes) and a dry-run world

@@ -1,4 +1,4 @@
--- shard.launch: `shard launch --nproc N [--all] FILE [--key=value ...]` starts N local ranks
+-- shard.tools.launch: `shard launch --nproc N [--all] FILE [--key=value ...]` starts N local ranks
 -- of `shard run FILE ...` through mpirun. It prints rank 0's output (every rank's, prefixed
 -- "[rank R] ", with --all), keeps the others' last lines, and when a rank fails mpirun stops
 -- the rest within a second or so (a failing rank skips MPI_Finalize, see comm.h); launch
@@ -16,7 +16,7 @@
 --   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
 --   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
 --   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
-local job = require "shard.job"
+local job = require "shard.tools.job"
 local timer = require "shard.timer"
 
 local M = {}

@@ -1,9 +1,9 @@
--- shard.repl.ranks: `shard repl --nproc N`, one prompt driving N ranks. The ranks are started
+-- shard.tools.repl.ranks: `shard repl --nproc N`, one prompt driving N ranks. The ranks are started
 -- by `shard launch --nproc N` (mpirun, the comm of recipes) in a session of their own, so the
 -- terminal's Ctrl-C reaches only the prompt, which passes it on. Each rank runs
--- shard.repl.worker and connects back over a Unix socket (shard.repl.wire).
+-- shard.tools.repl.worker and connects back over a Unix socket (shard.tools.repl.wire).
 -- Each chunk runs on every rank; their output comes back labelled by rank, identical outputs
--- shown once (shard.repl.merge). An error on a rank is shown with its rank and the session
+-- shown once (shard.tools.repl.merge). An error on a rank is shown with its rank and the session
 -- goes on. Ctrl-C sends SIGINT to every busy rank: a rank running Lua stops with
 -- "interrupted"; a rank waiting inside a collective whose peers were interrupted cannot stop
 -- (it waits in C until they come or the collective's timeout). After GRACE seconds (or a
@@ -11,12 +11,12 @@
 -- out of step, and chunks are refused until they finish (:wait, or a reply seen at the next
 -- chunk or command) or :restart starts every rank again. A rank that dies is reported with the launcher's last lines; :restart again.
 local ffi = require "ffi"
-local wire = require "shard.repl.wire"
-local merge = require "shard.repl.merge"
-local terminal = require "shard.repl.terminal"
-local interrupt = require "shard.repl.interrupt"
+local wire = require "shard.tools.repl.wire"
+local merge = require "shard.tools.repl.merge"
+local terminal = require "shard.tools.repl.terminal"
+local interrupt = require "shard.tools.repl.interrupt"
 local timer = require "shard.timer"
-local launch = require "shard.launch"
+local launch = require "shard.tools.launch"
 
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 local C = ffi.C
@@ -69,7 +69,7 @@ function Session:start()
   self.log = self.dir .. "/launch.log"
   local sock = self.dir .. "/sock"
   self.server = wire.listen(sock)
-  local worker = package.searchpath("shard.repl.worker", package.path)
+  local worker = package.searchpath("shard.tools.repl.worker", package.path)
   local cmd = ("setsid env SHARD_REPL_SOCKET=%s %s launch --nproc %d --all%s %s >%s 2>&1 </dev/null & echo $!")
     :format(quote(sock), quote(launch.shard_exe()), self.world, self.timeout and (" --timeout " .. self.timeout) or "",
             quote(worker), quote(self.log))
@@ -258,7 +258,7 @@ function M.main(o)
     print(("shard repl on %d ranks (`rank`, `world` defined) -- Ctrl-C interrupts every rank, :help lists commands, Ctrl-D exits"):format(s.world))
   end
   local failed = false
-  local repl = require "shard.repl"
+  local repl = require "shard.tools.repl"
   repl.loop(term, function(src)
     if not s:run(src) then failed = true end
   end, function(msg)

@@ -1,4 +1,4 @@
--- shard.repl.complete: tab completion of Lua names. complete.candidates(text, env) takes the
+-- shard.tools.repl.complete: tab completion of Lua names. complete.candidates(text, env) takes the
 -- line up to the cursor and returns the completions of the name being typed, whole
 -- ("shard.nn.Li" -> "shard.nn.Linear"), sorted:
 --   name          globals of env and Lua keywords

@@ -1,4 +1,4 @@
--- shard.repl.wire: the messages between `shard repl --nproc N` and its ranks, over a Unix
+-- shard.tools.repl.wire: the messages between `shard repl --nproc N` and its ranks, over a Unix
 -- socket. A message is a list of strings, sent as "<count>\n" then "<length>\n<bytes>" each.
 --   local server = wire.listen(path)        local conn = wire.connect(path)
 --   local conn = wire.accept(server)        conn:send{ "run", src }

@@ -1,4 +1,4 @@
--- shard.job: a process tree that shard launch starts, watches and ends.
+-- shard.tools.job: a process tree that shard launch starts, watches and ends.
 --   local j = job.start(cmd, marker)   /bin/sh -c cmd in a process group of its own, stdin
 --                                      /dev/null, stdout and stderr into one pipe; cmd should
 --                                      exec its main process (then j.pid is that process)

@@ -1,5 +1,5 @@
 -- shard estimate: per-rank memory of a GPT under an FSDP strategy, before running it.
--- (shard estimate --dry-run ... RECIPE runs a recipe itself as one of N ranks: shard.dryrun.)
+-- (shard estimate --dry-run ... RECIPE runs a recipe itself as one of N ranks: shard.tools.dryrun.)
 --   shard estimate --n_layer=12 --n_head=12 --n_embd=768 --vocab_size=50304 --block_size=1024
 --                  --world=8 --strategy=full_shard --batch_size=8 --param=bf16
 --   shard estimate --model=llama --n_layer=32 --n_head=32 --n_kv_head=8 --n_embd=4096
@@ -289,10 +289,10 @@ end
 
 function M.main(args)
   for i, a in ipairs(args) do
-    if a == "--dry-run" then   -- the recipe itself, run as one rank of --world (shard.dryrun)
+    if a == "--dry-run" then   -- the recipe itself, run as one rank of --world (shard.tools.dryrun)
       local rest = { unpack(args, 1, i - 1) }
       for j = i + 1, #args do rest[#rest + 1] = args[j] end
-      return require("shard.dryrun").main(rest)
+      return require("shard.tools.dryrun").main(rest)
     end
   end
   config.set_overrides(config.parse_args(args))

@@ -205,7 +205,7 @@ end
 
 -- The shell command line of a point (every piece quoted), its output going to log.
 function M.command(spec, point, log)
-  local exe = require("shard.launch").shard_exe()
+  local exe = require("shard.tools.launch").shard_exe()
   local parts = { "env" }
   for _, k in ipairs(sorted_keys(spec.env)) do
     if not tostring(k):match("^[%a_][%w_]*$") then fail("env: %s is not a variable name", tostring(k)) end
@@ -439,7 +439,7 @@ function M.estimate(spec, point)
   for k, v in pairs(o) do opts[k] = v end
   local key = cjson.encode(opts)
   if estimate_cache[key] == nil then
-    local ok2, r = pcall(require("shard.estimate").estimate, opts)
+    local ok2, r = pcall(require("shard.tools.estimate").estimate, opts)
     estimate_cache[key] = ok2 and r.total or false
   end
   return estimate_cache[key] or nil
