@@ -36,6 +36,7 @@ local safetensors = require "shard.io.safetensors"
 -- significant digits, which cannot carry the exact integers and doubles a bitwise resume needs.
 local json = require "shard.io.json"
 local random = require "shard.random"
+local fsdp = require "shard.fsdp"
 local C, check = rt.C, rt.check
 
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
@@ -67,37 +68,16 @@ local function elem_size(dtype) return tonumber(C.sh_dtype_size(tensor.dtype_id(
 ---------------------------------------------------------------------------------------------
 -- what a rank holds
 
--- Every parameter slice this rank holds, as { name, shape, start, count, owner, view }:
--- elements [start, start + count) of the flattened parameter; view() gives a live 1-D alias
--- (the caller frees it); owner: this rank is the one that writes the slice (under hybrid
--- sharding or no_shard several ranks hold the same slice, and the first replica writes).
--- An unwrapped model's parameters are whole slices that rank 0 writes.
-local function held_slices(model, rank)
+-- Every parameter slice this rank holds (shard.fsdp's local_slices: name, shape, start,
+-- count, owner, view): elements [start, start + count) of the flattened parameter; view()
+-- gives a live 1-D alias (the caller frees it); owner: this rank is the one that writes the
+-- slice (under hybrid sharding or no_shard several ranks hold the same slice, and the first
+-- replica writes). A whole parameter (an unwrapped model's, or one fsdp.wrap ignored) is one
+-- slice that rank 0 writes and every rank loads.
+local function held_slices(model)
   local out = {}
-  if model.all_units then
-    for _, u in ipairs(model.all_units) do
-      if u.fp then
-        local owner = (u.replicate == nil or u.replicate:rank() == 0) and (u.mode.shard or u.group:rank() == 0)
-        for i, t in ipairs(u.params) do
-          local slot = u.fp:slot(i)
-          if not slot.tied_to and slot.own_numel > 0 then
-            out[#out + 1] = { name = model.names[t], shape = t:shape(), start = slot.own_start, count = slot.own_numel,
-                              owner = owner, view = function() return u.fp:shard_view(i) end }
-          end
-        end
-      end
-    end
-    -- ignored parameters: a whole replica on every rank, written by rank 0, loaded by all
-    for _, t in ipairs(model.ignored or {}) do
-      out[#out + 1] = { name = model.names[t], shape = t:shape(), start = 0, count = t:numel(), owner = rank == 0,
-                        view = function() return t:view({ t:numel() }) end }
-    end
-  else
-    for _, np in ipairs(model:named_parameters()) do
-      local t = np.tensor
-      out[#out + 1] = { name = np.name, shape = t:shape(), start = 0, count = t:numel(), owner = rank == 0,
-                        view = function() return t:view({ t:numel() }) end }
-    end
+  for _, sl in ipairs(fsdp.local_slices(model)) do
+    if sl.whole or sl.count > 0 then out[#out + 1] = sl end
   end
   return out
 end
@@ -105,18 +85,13 @@ end
 -- tensor -> name for an unwrapped model's optimizer entries (FSDP entries carry their name).
 local function name_of(model)
   local by_ptr = {}
-  if model and not model.all_units then
+  if model and not fsdp.is_fsdp(model) then
     for _, np in ipairs(model:named_parameters()) do by_ptr[tostring(ffi.cast("void*", np.tensor.p))] = np.name end
   end
   return function(t) return by_ptr[tostring(ffi.cast("void*", t.p))] end
 end
 
 local function slice_key(name, start) return name .. "@" .. start end
-
-local function layout_of(model)
-  if not model or not model.all_units then return { strategy = "none" } end
-  return { strategy = model.strategy, hybrid_group = model.opts and model.opts.hybrid_group or nil }
-end
 
 -- Each rank's string, on every rank (two all-gathers: lengths, then the padded bytes).
 local function gather_strings(group, s)
@@ -220,10 +195,10 @@ function M.save(dir, s)
     entries[#entries + 1] = desc
   end
   local owned = {}
-  for _, sl in ipairs(held_slices(s.model, rank)) do
+  for _, sl in ipairs(held_slices(s.model)) do
     if sl.owner then
       owned[slice_key(sl.name, sl.start)] = true
-      add("param/" .. slice_key(sl.name, sl.start), sl.view(),
+      add("param/" .. slice_key(sl.name, sl.start), sl:view(),
           { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count })
     end
   end
@@ -279,7 +254,7 @@ function M.save(dir, s)
   check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. rank_file(rank, world), nchunks, ptrs, sizes))
   if rank == 0 then
     local index = { format = M.FORMAT, version = M.VERSION, step = step, checksum = CHECKSUM, files = {}, params = {}, ranks = {},
-                    world = layout_of(s.model), config = s.config, extra = s.extra,
+                    world = fsdp.layout(s.model), config = s.config, extra = s.extra,
                     lr = s.optim and s.optim.lr or nil }
     index.world.size = world
     if optim_meta then optim_meta.state = {}; index.optim = optim_meta end
@@ -421,24 +396,21 @@ function M.load(dir, s)
 
   if s.model then
     local seen = {}
-    for _, sl in ipairs(held_slices(s.model, rank)) do
+    for _, sl in ipairs(held_slices(s.model)) do
       local p = index.params[sl.name]
       if not p then error(("checkpoint.load: %s has no parameter '%s' (rank %d)"):format(path, sl.name, rank), 2) end
       local a, b = table.concat(p.shape, "x"), table.concat(sl.shape, "x")
       if a ~= b then error(("checkpoint.load: %s: '%s' is %s in the checkpoint but %s in the model (rank %d)"):format(path, sl.name, a, b, rank), 2) end
       seen[sl.name] = true
-      local v = sl.view()
+      local v = sl:view()
       fill(sl.name, p.pieces, v, sl.start, sl.count)
       v:free()
     end
-    if s.model.all_units then
-      for _, u in ipairs(s.model.all_units) do u:reshard() end    -- full buffers are stale now
-    end
+    fsdp.mark_stale(s.model)
     if s.strict ~= false then
-      -- names from a full walk: a rank may hold no slice of a small parameter
+      -- every parameter's name: a rank may hold no element of a small parameter
       local known = {}
-      if s.model.all_units then for _, nm in pairs(s.model.names) do known[nm] = true end
-      else for _, np in ipairs(s.model:named_parameters()) do known[np.name] = true end end
+      for _, sl in ipairs(fsdp.local_slices(s.model)) do known[sl.name] = true end
       local extra = {}
       for nm in pairs(index.params) do if not known[nm] then extra[#extra + 1] = nm end end
       table.sort(extra)

@@ -38,6 +38,8 @@ local comm = require "shard.comm"
 local flatparam = require "shard.flatparam"
 local shard_tensor = require "shard.tensor"
 
+local state = require "shard.fsdp.state"
+
 local fsdp = { policy = require "shard.fsdp.policy" }
 local CHECK_STEPS = 2
 
@@ -725,17 +727,12 @@ end
 
 function fsdp.init_shards(root, recipes)
   if not recipes then return end
-  for _, u in ipairs(root.all_units) do
-    for i, t in ipairs(u.params) do
-      local recipe = recipes[t]
-      if recipe then
-        local slot = u.fp:slot(i)
-        if not slot.tied_to and slot.own_numel > 0 then
-          local view = u.fp:shard_view(i)
-          recipe(view, slot.own_start)
-          view:free()
-        end
-      end
+  for _, sl in ipairs(state.local_slices(root)) do
+    local recipe = recipes[sl.tensor]
+    if recipe and not sl.whole and sl.count > 0 then
+      local view = sl:view()
+      recipe(view, sl.start)
+      view:free()
     end
   end
 end
@@ -756,10 +753,8 @@ end
 -- >= 2), and where the slice starts in the parameter.
 local function unit_entries(u, names, entries)
   local fp = u.fp
-  if not fp then return entries end
-  for i, t in ipairs(u.params) do
-    local slot = fp:slot(i)
-    if not slot.tied_to and not slot.frozen and slot.own_numel > 0 then
+  state.each_stored(u, function(i, t, slot)
+    if not slot.frozen and slot.own_numel > 0 then
       local off, n = slot.shard_offset, slot.own_numel
       entries[#entries + 1] = {
         tensor = fp:shard_view(i),
@@ -784,7 +779,7 @@ local function unit_entries(u, names, entries)
         end,
       }
     end
-  end
+  end)
   return entries
 end
 
@@ -914,6 +909,11 @@ function fsdp.summary(root)
     lines[#lines + 1] = ("shared %s (used by %s) is held by %s"):format(sh.name, table.concat(sh.users, ", "), sh.unit)
   end
   return table.concat(lines, "\n")
+end
+
+-- The public face (shard.fsdp.state): what a model holds on this rank, for code outside FSDP.
+for _, k in ipairs { "is_fsdp", "local_slices", "gather_full", "mark_stale", "layout", "unit_name", "gather_state" } do
+  fsdp[k] = state[k]
 end
 
 return fsdp

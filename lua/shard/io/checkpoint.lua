@@ -11,60 +11,12 @@
 local tensor = require "shard.tensor"
 local safetensors = require "shard.io.safetensors"
 local json = require "shard.io.json"
+local fsdp = require "shard.fsdp"
 
 local M = {}
 
-local function is_fsdp(model) return model.all_units ~= nil end
-
--- Calls fn(unit, i, param, slot, name) for every stored (untied) parameter of an FSDP model
--- (slot: shard.flatparam's FlatParam:slot).
-local function each_slot(model, fn)
-  for _, u in ipairs(model.all_units) do
-    if u.fp then
-      for i, t in ipairs(u.params) do
-        local slot = u.fp:slot(i)
-        if not slot.tied_to then fn(u, i, t, slot, model.names[t]) end
-      end
-    end
-  end
-end
-
--- Calls fn(param, name) for every parameter fsdp.wrap left out of its FlatParameters
--- (ignored_params / ignored_modules): a replica on every rank, stored whole.
-local function each_ignored(model, fn)
-  for _, t in ipairs(model.ignored or {}) do fn(t, model.names[t]) end
-end
-
--- name -> CPU f32 tensor of the full value.
-function M.state_dict(model)
-  local out = {}
-  if not is_fsdp(model) then
-    for _, np in ipairs(model:named_parameters()) do out[np.name] = np.tensor:to{ dtype = "f32", device = "cpu" } end
-    return out
-  end
-  local gathered = {}
-  each_slot(model, function(u, i, t, slot, name)
-    local full = gathered[u]
-    if not full then
-      local shard = u.fp:shard()
-      if u.mode.shard then
-        full = tensor.empty({ u.info.padded_numel }, { dtype = shard:dtype(), device = shard:device() })
-        u.group:all_gather(full, shard)
-        shard:free()
-      else
-        full = shard
-      end
-      gathered[u] = full
-    end
-    local part = full:narrow(1, slot.offset + 1, slot.numel)
-    local value = part:reshape(t:shape())
-    out[name] = value:to{ dtype = "f32", device = "cpu" }
-    part:free(); value:free()
-  end)
-  for _, full in pairs(gathered) do full:free() end
-  each_ignored(model, function(t, name) out[name] = t:to{ dtype = "f32", device = "cpu" } end)
-  return out
-end
+-- name -> CPU f32 tensor of the full value (under FSDP every rank calls it and gets it all).
+function M.state_dict(model) return fsdp.gather_full(model) end
 
 local CHECKSUMS = "crc32c"   -- the __metadata__ key of the tensors' checksums
 
@@ -125,25 +77,19 @@ function M.load(model, path, opts)
   local C = require("shard.ffi").C
   local function is_float(dtype) local id = C.sh_dtype_from_name(dtype); return id >= 0 and C.sh_dtype_is_float(id) == 1 end
   local f = safetensors.open(path)
-  local wanted = {}     -- { name, param, unit, i } in copy order
-  if is_fsdp(model) then
-    each_slot(model, function(u, i, t, slot, name) wanted[#wanted + 1] = { name = name, t = t, u = u, i = i } end)
-    each_ignored(model, function(t, name) wanted[#wanted + 1] = { name = name, t = t } end)
-  else
-    for _, np in ipairs(model:named_parameters()) do wanted[#wanted + 1] = { name = np.name, t = np.tensor } end
-  end
+  local wanted = fsdp.local_slices(model)     -- in copy order: { name, tensor, set }
   local used, problems = {}, {}
   for _, w in ipairs(wanted) do
     local info = f:info(w.name)
-    local want = table.concat(w.t:shape(), "x")
+    local want = table.concat(w.tensor:shape(), "x")
     if not info then
-      problems[#problems + 1] = ("no tensor '%s' (%s %s in the model)"):format(w.name, w.t:dtype(), want)
+      problems[#problems + 1] = ("no tensor '%s' (%s %s in the model)"):format(w.name, w.tensor:dtype(), want)
     else
       local have = table.concat(info.shape, "x")
       if have ~= want then
         problems[#problems + 1] = ("'%s' is %s in the file but %s in the model"):format(w.name, have, want)
-      elseif C.sh_dtype_from_name(info.dtype) < 0 or is_float(info.dtype) ~= is_float(w.t:dtype()) then
-        problems[#problems + 1] = ("'%s' is %s in the file but %s in the model"):format(w.name, info.dtype, w.t:dtype())
+      elseif C.sh_dtype_from_name(info.dtype) < 0 or is_float(info.dtype) ~= is_float(w.tensor:dtype()) then
+        problems[#problems + 1] = ("'%s' is %s in the file but %s in the model"):format(w.name, info.dtype, w.tensor:dtype())
       end
       used[w.name] = true
     end
@@ -173,12 +119,8 @@ function M.load(model, path, opts)
     for _, v in pairs(values) do v:free() end
     error(("load: %s (the model is unchanged)"):format(tostring(err)), 2)
   end
-  for k, w in ipairs(wanted) do
-    if w.u then w.u.fp:init_param(w.i, values[k]) else w.t:copy_(values[k]) end
-  end
-  if is_fsdp(model) then
-    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
-  end
+  for k, w in ipairs(wanted) do w:set(values[k]) end
+  fsdp.mark_stale(model)
   for _, v in ipairs(values) do v:free() end
 end
 

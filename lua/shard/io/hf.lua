@@ -27,6 +27,7 @@
 local ffi = require "ffi"
 local tensor = require "shard.tensor"
 local S = require "shard.io.safetensors"
+local fsdp = require "shard.fsdp"
 local json = require("cjson").new()     -- a private instance: its settings stay ours
 local NULL = json.null
 local V = tensor.views
@@ -193,8 +194,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- the model side
 
-local function is_fsdp(model) return rawget(model, "all_units") ~= nil end
-
 -- What a value is, in a few words: a module's class name, not its printed tree.
 local function kind_of(v)
   local mt = type(v) == "table" and getmetatable(v)
@@ -208,27 +207,9 @@ local function check_gpt(model, who)
   if not ok then error(who .. ": expected an nn.GPT (plain or FSDP-wrapped), got " .. kind_of(model), 0) end
 end
 
--- The model's stored parameters: { name, tensor, shape, unit, index, slot } in order.
-local function model_params(model)
-  local out = {}
-  if is_fsdp(model) then
-    for _, u in ipairs(model.all_units) do
-      if u.fp then
-        for i, t in ipairs(u.params) do
-          local slot = u.fp:slot(i)
-          if not slot.tied_to then
-            out[#out + 1] = { name = model.names[t], tensor = t, shape = t:shape(), unit = u, index = i, slot = slot }
-          end
-        end
-      end
-    end
-  else
-    for _, np in ipairs(model:named_parameters()) do
-      out[#out + 1] = { name = np.name, tensor = np.tensor, shape = np.tensor:shape() }
-    end
-  end
-  return out
-end
+-- The model's stored parameters as this rank holds them (shard.fsdp's local_slices: name,
+-- tensor, shape, start, count, dtype, whole), in order.
+local function model_params(model) return fsdp.local_slices(model) end
 
 -- Sets every LayerNorm's epsilon (nn.GPT builds them with 1e-5, GPT-2's value).
 local function set_layernorm_eps(model, eps)
@@ -368,25 +349,15 @@ end
 local function copy_steps(reader, steps)
   for _, s in ipairs(steps) do
     local p = s.param
-    if p.unit then
-      local fp, slot = p.unit.fp, p.slot
-      local master = fp:info().master_dtype
-      if slot.own_numel > 0 then
-        if not s.transpose then
-          -- just this rank's elements: a contiguous byte range of the file
-          local part = reader.range(s.file_name, slot.own_start, slot.own_numel)
-          local view = fp:shard_view(p.index)
-          view:copy_(part)
-          view:free(); part:free()
-        else
-          local v = full_value(reader, s, master)
-          fp:init_param(p.index, v)
-          v:free()
-        end
-      end
-    else
-      local v = full_value(reader, s, p.tensor:dtype())
-      p.tensor:copy_(v)
+    if not p.whole and p.count > 0 and not s.transpose then
+      -- just this rank's elements: a contiguous byte range of the file
+      local part = reader.range(s.file_name, p.start, p.count)
+      local view = p:view()
+      view:copy_(part)
+      view:free(); part:free()
+    elseif p.whole or p.count > 0 then
+      local v = full_value(reader, s, p.dtype)
+      p:set(v)
       v:free()
     end
   end
@@ -408,9 +379,7 @@ function M.load_into(model, path)
   local ok, err = pcall(function() copy_steps(reader, plan(model, reader, file, hc)) end)
   reader.close()
   if not ok then error(err, 0) end
-  if is_fsdp(model) then
-    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
-  end
+  fsdp.mark_stale(model)    -- the full parameters are stale now
   if cfg then
     set_layernorm_eps(model, cfg.layer_norm_epsilon)
     model.config.hf_config = hc
@@ -423,7 +392,6 @@ end
 -- the options name one.
 local function build(class, cfg, wrap_opts, block)
   if not wrap_opts then return class(cfg) end
-  local fsdp = require "shard.fsdp"
   local wrap = {}
   for k, v in pairs(wrap_opts) do wrap[k] = v end
   wrap.policy = wrap.policy or fsdp.policy.transformer{ block }
@@ -591,9 +559,7 @@ function M.load_llama_into(model, path)
   local ok, err = pcall(function() copy_steps(reader, plan_llama(model, reader, where)) end)
   reader.close()
   if not ok then error(err, 0) end
-  if is_fsdp(model) then
-    for _, u in ipairs(model.all_units) do u:reshard() end    -- full buffers are stale now
-  end
+  fsdp.mark_stale(model)    -- the full parameters are stale now
   return model
 end
 
