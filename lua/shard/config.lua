@@ -8,10 +8,10 @@
 -- take at least 1 unless the spec says otherwise.
 -- Every override must name a key of the defaults and match its type: a typo such as --lr_=1
 -- is an error listing the known keys, never a silently ignored setting. A default decides
--- the type: numbers take numbers, booleans take true/false (a bare --flag means true),
--- strings take the text as written. A count (a whole-number default whose key is named like
--- one: n_layer, max_iters, eval_interval, batch_size, seed, ...) takes whole numbers only, and
--- a non-negative default refuses negative values. An argument that is not --key=value
+-- the type: numbers take numbers, booleans take true/false (a bare --flag means true,
+-- --no-flag false), strings take the text as written. A count (a whole-number default whose
+-- key is named like one: n_layer, max_iters, eval_interval, batch_size, seed, ...) takes whole
+-- numbers only, and a non-negative default refuses negative values. An argument that is not --key=value
 -- (`max_iters=5`) is an error too, once the recipe asks for its config.
 --
 -- Every recipe also understands --help (its first comment line, then each key with its
@@ -19,21 +19,19 @@
 -- MiB, GiB): allocations past it fail with an out-of-memory error.
 -- A wrong override, or a value outside its declared range, raises a usage error (a table { usage = message }), which bin/shard turns
 -- into exit code 2; --help raises { help = text } (exit 0).
+local argv = require "shard.argv"
+
 local M = {}
 
 M.overrides = {}   -- key -> raw string value, from the command line
 M.stray = {}       -- arguments that are not --key=value
 M.script = nil     -- the recipe's path, for --help
 
--- Collects --key=value (and bare --flag) arguments; anything else is kept as stray.
+-- The command line's --key=value (and bare --flag, --no-flag) arguments, each value the text
+-- as written (typed by apply against the defaults); anything else is kept as stray.
+-- shard.argv's open grammar: `--` ends the settings, what follows it is stray.
 function M.parse_args(args)
-  local out, stray = {}, {}
-  for _, a in ipairs(args) do
-    local key, value = a:match("^%-%-([%w_%.%-]+)=(.*)$")
-    if not key then key = a:match("^%-%-([%w_][%w_%.%-]*)$"); value = key and "true" end
-    if key then out[key:gsub("%-", "_")] = value else stray[#stray + 1] = a end
-  end
-  return out, stray
+  return argv.parse(args, { open = true })
 end
 
 function M.set_overrides(overrides, stray, script)
@@ -210,6 +208,10 @@ function M.apply(defaults, spec)
   local cfg = {}
   for k, v in pairs(defaults) do cfg[k] = v end
   for key, raw in pairs(M.overrides) do
+    local negated = defaults[key] == nil and raw == "true" and key:match("^no_(.+)$")
+    if negated and type(defaults[negated]) == "boolean" then   -- --no-flag: a boolean default's false
+      key, raw = negated, "false"
+    end
     if key == "memory_limit" and defaults[key] == nil then
       apply_memory_limit(raw, "--memory_limit")
     elseif defaults[key] == nil then

@@ -18,6 +18,7 @@
 -- real run reads: shard.train tokenizes the corpus in memory and writes no metrics file.
 local ffi = require "ffi"
 local rt = require "shard.ffi"
+local argv = require "shard.argv"
 local units = require "shard.units"
 local C, check = rt.C, rt.check
 
@@ -240,25 +241,14 @@ usage: shard estimate --dry-run [options] RECIPE [--key=value ...]   (the recipe
   --verbose        the recipe's own output too
   --json           one line `dryrun {json}` instead of the report]]
 
+local OPTIONS = { { "world", "count", default = 1 }, { "rank", "count", default = 0 }, { "local_size", "count", default = 8 },
+                  { "steps", "count", default = 3 }, { "verbose", "flag", default = false }, { "json", "flag", default = false } }
+
 local function parse(args)
-  local o = { world = 1, rank = 0, local_size = 8, steps = 3, verbose = false, json = false }
-  local i = 1
-  while args[i] and args[i]:match("^%-%-") do
-    if args[i] == "--help" or args[i] == "-h" then error({ help = HELP }, 0) end
-    local key, value = args[i]:match("^%-%-([%w_]+)=(.*)$")
-    if args[i] == "--verbose" or args[i] == "--json" then o[args[i]:sub(3)] = true
-    elseif not key or type(o[key]) ~= "number" then
-      error({ usage = ("estimate --dry-run: unknown option %s before the recipe (known: --world, --rank, --local_size, --steps, --verbose, --json)"):format(args[i]) }, 0)
-    else
-      local n = tonumber(value)
-      if not n or n ~= math.floor(n) then error({ usage = ("estimate --dry-run: --%s=%s is not a whole number"):format(key, value) }, 0) end
-      o[key] = n
-    end
-    i = i + 1
-  end
-  o.recipe = args[i]
+  local o, pos = argv.parse(args, { options = OPTIONS, stop = true, help = HELP,
+                                    prefix = "estimate --dry-run: ", where = "before the recipe" })
+  o.recipe, o.args = pos[1], { unpack(pos, 2) }
   if not o.recipe then error({ usage = "estimate --dry-run [--world=N --rank=R --local_size=L --steps=S --verbose] RECIPE [--key=value ...]" }, 0) end
-  o.args = { unpack(args, i + 1) }
   if o.world < 1 or o.rank < 0 or o.rank >= o.world then
     error({ usage = ("estimate --dry-run: --rank=%d is not a rank of --world=%d"):format(o.rank, o.world) }, 0)
   end

@@ -16,6 +16,7 @@
 --   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
 --   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
 --   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
+local argv = require "shard.argv"
 local job = require "shard.tools.job"
 local timer = require "shard.timer"
 
@@ -46,52 +47,18 @@ function M.shard_exe()
   return require("shard.ffi").root .. "/bin/shard"
 end
 
+local OPTIONS = {
+  { "nproc", "count", aliases = { "nproc-per-node" } }, { "nnodes", "count", default = 1 },
+  { "node-rank", "count", default = 0 }, { "master-addr", "string", default = "127.0.0.1" },
+  { "master-port", "count", default = 29500 }, { "hosts", "string", aliases = { "-H" }, key = "hosts_arg" },
+  { "hostfile", "string" }, { "net", "string" }, { "map-by", "choice", oneof = { "slot", "node" } },
+  { "all", "flag", default = false }, { "timeout", "seconds" },
+}
+
+-- The options; FILE and its arguments are o.file and o.rest.
 function M.parse(args)
-  local o = { nproc = nil, nnodes = 1, node_rank = 0, master_addr = "127.0.0.1", master_port = 29500, all = false }
-  local i = 1
-  local function value(name)
-    local v = args[i + 1]
-    if v == nil then error({ usage = name .. " needs a value" }) end
-    i = i + 1
-    return v
-  end
-  local function number(name, v)
-    local n = tonumber(v)
-    if not n or n < 0 or n % 1 ~= 0 then error({ usage = name .. " expects a whole number, got '" .. tostring(v) .. "'" }) end
-    return n
-  end
-  local function seconds(name, v)
-    local n = tonumber(v)
-    if not n or n <= 0 then error({ usage = name .. " expects a positive number of seconds, got '" .. tostring(v) .. "'" }) end
-    return n
-  end
-  while i <= #args do
-    local a = args[i]
-    local flag, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
-    flag = flag or a
-    local function get(name) if inline then return inline end return value(name) end
-    if flag == "--nproc" or flag == "--nproc-per-node" or flag == "--nproc_per_node" then o.nproc = number(flag, get(flag))
-    elseif flag == "--nnodes" then o.nnodes = number(flag, get(flag))
-    elseif flag == "--node-rank" or flag == "--node_rank" then o.node_rank = number(flag, get(flag))
-    elseif flag == "--master-addr" or flag == "--master_addr" then o.master_addr = get(flag)
-    elseif flag == "--master-port" or flag == "--master_port" then o.master_port = number(flag, get(flag))
-    elseif flag == "--hosts" or flag == "-H" then o.hosts_arg = get(flag)
-    elseif flag == "--hostfile" then o.hostfile = get(flag)
-    elseif flag == "--net" then o.net = get(flag)
-    elseif flag == "--map-by" or flag == "--map_by" then
-      o.map_by = get(flag)
-      if o.map_by ~= "slot" and o.map_by ~= "node" then error({ usage = "--map-by expects slot or node, got '" .. o.map_by .. "'" }) end
-    elseif flag == "--all" then o.all = true
-    elseif flag == "--timeout" then o.timeout = seconds(flag, get(flag))
-    elseif a:sub(1, 2) == "--" then error({ usage = "unknown option " .. a .. " before FILE" })
-    else
-      o.file = a
-      o.rest = {}
-      for j = i + 1, #args do o.rest[#o.rest + 1] = args[j] end
-      break
-    end
-    i = i + 1
-  end
+  local o, pos = argv.parse(args, { options = OPTIONS, stop = true, where = "before FILE" })
+  o.file, o.rest = pos[1], { unpack(pos, 2) }
   if o.hosts_arg and o.hostfile then error({ usage = "give --hosts or --hostfile, not both" }) end
   if (o.hosts_arg or o.hostfile) and o.nnodes > 1 then
     error({ usage = "--hosts/--hostfile start every node through one mpirun; --nnodes is for torchrun-style starts, one launch per node" })

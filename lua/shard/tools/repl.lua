@@ -11,6 +11,7 @@
 -- or banner, so
 --   echo 'print(shard.randn{2,3})' | shard repl
 -- prints just the tensor; the exit code is then 1 if any chunk raised an error.
+local argv = require "shard.argv"
 local chunk = require "shard.tools.repl.chunk"
 local show = require "shard.tools.repl.show"
 local terminal = require "shard.tools.repl.terminal"
@@ -36,31 +37,15 @@ local function usage(msg)
   return 2
 end
 
+local OPTIONS = { { "nproc", "count", min = 1 }, { "timeout", "seconds" }, { "help", "flag", aliases = { "-h" } } }
+
+-- The options (o.help for --help, -h or help), or nil and what is wrong.
 function M.parse(args)
-  local o = {}
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local flag, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
-    flag = flag or a
-    local function value()
-      if inline then return inline end
-      i = i + 1
-      return args[i]
-    end
-    if flag == "--help" or flag == "-h" or flag == "help" then o.help = true
-    elseif flag == "--nproc" then
-      local v = value()
-      o.nproc = tonumber(v)
-      if not o.nproc or o.nproc < 1 or o.nproc % 1 ~= 0 then return nil, "--nproc expects a whole number >= 1, got '" .. tostring(v) .. "'" end
-    elseif flag == "--timeout" then
-      local v = value()
-      o.timeout = tonumber(v)
-      if not o.timeout or o.timeout <= 0 then return nil, "--timeout expects a positive number of seconds, got '" .. tostring(v) .. "'" end
-    else
-      return nil, "unexpected argument '" .. a .. "'"
-    end
-    i = i + 1
+  local o, pos = argv.try(args, { options = OPTIONS })
+  if not o then return nil, pos end
+  for _, a in ipairs(pos) do
+    if a ~= "help" then return nil, "unexpected argument '" .. a .. "'" end
+    o.help = true
   end
   if o.timeout and not o.nproc then return nil, "--timeout is for the ranks of --nproc N" end
   return o

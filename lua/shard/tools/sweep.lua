@@ -33,6 +33,7 @@
 -- (gnuplot; skipped with a note when it is not installed).
 local cjson = require "cjson"
 local rt = require "shard.ffi"
+local argv = require "shard.argv"
 local units = require "shard.units"
 
 local M = {}
@@ -604,27 +605,13 @@ local function describe_point(point, columns)
   return table.concat(parts, " ")
 end
 
+local OPTIONS = { { "out", "string" }, { "retry-failed", "flag" }, { "force", "flag" }, { "report", "flag" },
+                  { "dry-run", "flag" } }
+
 function M.parse_args(args)
-  local o = {}
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local flag, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
-    flag = flag or a
-    if flag == "--out" then
-      o.out = inline or args[i + 1]
-      if not inline then i = i + 1 end
-      if not o.out then error({ usage = "sweep: --out needs a directory\n" .. USAGE }) end
-    elseif flag == "--retry-failed" then o.retry_failed = true
-    elseif flag == "--force" then o.force = true
-    elseif flag == "--report" then o.report = true
-    elseif flag == "--dry-run" then o.dry_run = true
-    elseif flag == "--help" or flag == "-h" then error({ help = USAGE }, 0)
-    elseif a:sub(1, 1) == "-" then error({ usage = "sweep: unknown option " .. a .. "\n" .. USAGE }, 0)
-    elseif o.file then error({ usage = "sweep: one sweep file at a time, got " .. o.file .. " and " .. a .. "\n" .. USAGE }, 0)
-    else o.file = a end
-    i = i + 1
-  end
+  local o, files = argv.parse(args, { options = OPTIONS, help = USAGE, prefix = "sweep: ", suffix = "\n" .. USAGE })
+  if #files > 1 then error({ usage = "sweep: one sweep file at a time, got " .. table.concat(files, " and ") .. "\n" .. USAGE }, 0) end
+  o.file = files[1]
   if not o.file then error({ usage = "sweep: missing FILE.lua\n" .. USAGE }, 0) end
   return o
 end
