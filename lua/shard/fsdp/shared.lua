@@ -25,7 +25,7 @@ local function param_users(module, prefix, users)
   local function dotted(a, b) return a == "" and b or (a .. "." .. b) end
   for _, p in ipairs(module._params) do add(p.tensor, prefix, dotted(prefix, p.name)) end
   for _, tie in ipairs(rawget(module, "_ties") or {}) do add(tie.tensor, prefix, dotted(prefix, tie.name)) end
-  for _, c in ipairs(module._children) do
+  for _, c in ipairs(module:named_children()) do
     local inner = is_unit(c.module) and c.module.module or c.module
     param_users(inner, dotted(prefix, c.name), users)
   end

@@ -34,7 +34,7 @@ local function own_params(module, out)
   for _, p in ipairs(module._params) do
     out[#out + 1] = p.tensor
   end
-  for _, c in ipairs(module._children) do
+  for _, c in ipairs(module:named_children()) do
     if not is_unit(c.module) then own_params(c.module, out)
     else for _, t in ipairs(c.module.left or {}) do out[#out + 1] = t end end
   end

@@ -22,7 +22,7 @@ local function param_names(module, prefix, out)
   for _, p in ipairs(module._params) do
     if not out[p.tensor] then out[p.tensor] = prefix == "" and p.name or (prefix .. "." .. p.name) end
   end
-  for _, c in ipairs(module._children) do
+  for _, c in ipairs(module:named_children()) do
     local inner = is_unit(c.module) and c.module.module or c.module
     param_names(inner, prefix == "" and c.name or (prefix .. "." .. c.name), out)
   end
@@ -60,7 +60,7 @@ end
 local function apply_policy(module, name, policy, opts, units, users)
   local unwrapped = 0
   for _, p in ipairs(module._params) do unwrapped = unwrapped + p.tensor:numel() end
-  for _, c in ipairs(module._children) do
+  for _, c in ipairs(module:named_children()) do
     local child_name = name == "" and c.name or (name .. "." .. c.name)
     if is_unit(c.module) then
       for _, u in ipairs(c.module.all_units or { c.module }) do

@@ -45,7 +45,7 @@ G.ModuleList.container = true   -- iterated, never called: FSDP policies skip it
 function G.ModuleList:init(list)
   for i, m in ipairs(list or {}) do self:child(tostring(i - 1), m) end
 end
-function G.ModuleList:__len() return #self._children end
+function G.ModuleList:__len() return #self:named_children() end
 
 local Transformer = Module:extend("Transformer")
 function Transformer:init(cfg)
@@ -103,7 +103,7 @@ function G.GPT:hidden(idx)
   local x = tr.wte(idx) + tr.wpe(pos)
   pos:free()      -- wpe's node holds its own reference: nothing is left for the Lua GC
   x = tr.drop(x)
-  for _, blk in ipairs(tr.h._children) do x = blk.module(x) end
+  for _, blk in ipairs(tr.h:named_children()) do x = blk.module(x) end
   return tr.ln_f(x)
 end
 

@@ -123,7 +123,7 @@ end
 function M.Llama:hidden(idx)
   local m = self.model
   local x = m.embed_tokens(idx)
-  for _, blk in ipairs(m.layers._children) do x = blk.module(x) end
+  for _, blk in ipairs(m.layers:named_children()) do x = blk.module(x) end
   return m.norm(x)
 end
 

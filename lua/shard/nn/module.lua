@@ -65,6 +65,9 @@ function Module:children()
   for i, c in ipairs(self._children) do out[i] = c.module end
   return out
 end
+-- The children in registration order, each as { name =, module = }: the module's own list, no
+-- copy (a forward may walk it every step); read it, change it only through child and
+-- replace_child.
 function Module:named_children() return self._children end
 
 function Module:named_modules(prefix, out, seen)
