@@ -1,4 +1,5 @@
--- shard.checkpoint: resumable sharded training checkpoints.
+-- shard.checkpoint: resumable sharded training checkpoints (the full state dict in one file is
+-- shard.io.state_dict, shard.save; activation checkpointing is nn.Module.checkpoint).
 --   checkpoint.save(dir, { model =, optim =, step =, data =, config =, extra =, keep =, async = })
 --   local info = checkpoint.load(dir, { model =, optim =, data = })   -- info.step, info.extra, ...
 -- Every rank calls both. A checkpoint is a directory DIR/step-N holding one safetensors file per

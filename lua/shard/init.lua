@@ -23,7 +23,7 @@ shard.scope = autograd.scope
 shard.random = require "shard.random"
 shard.manual_seed = shard.random.manual_seed
 shard.log = require "shard.log"
-function shard.save(model, path, metadata) return require("shard.io.checkpoint").save(model, path, metadata) end
+function shard.save(model, path, metadata) return require("shard.io.state_dict").save(model, path, metadata) end
 -- A directory opens for reading on Linux and only fails on the first read; say so here
 -- rather than let the reader meet a nil.
 local function is_directory(path)
@@ -38,7 +38,7 @@ function shard.load(model, path, opts)
   if is_directory(path) then
     error(("shard.load: %s is a directory; give the checkpoint file (a .safetensors file)"):format(path), 2)
   end
-  return require("shard.io.checkpoint").load(model, path, opts)
+  return require("shard.io.state_dict").load(model, path, opts)
 end
 -- An nn.GPT as a Hugging Face GPT-2 directory (model.safetensors + config.json) that
 -- transformers loads as GPT2LMHeadModel; under FSDP every rank calls it. See shard.io.hf.

@@ -18,7 +18,7 @@ for _, case in ipairs { { "full_shard" }, { "no_shard" }, { "full_shard", { para
   local model = shard.fsdp.wrap(function() shard.manual_seed(77); return nn.GPT(CFG) end,
     { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = case[1], mixed_precision = case[2] })
   shard.load(model, path)
-  local back = require("shard.io.checkpoint").state_dict(model)
+  local back = require("shard.io.state_dict").state_dict(model)
   for name, values in pairs(want) do
     local got = back[name]:tolist_flat()
     for i = 1, #values do

@@ -14,7 +14,7 @@ local env = shard.init()
 local nn, fsdp, optim, data = shard.nn, shard.fsdp, shard.optim, shard.data
 local ck = require "shard.checkpoint"
 local S = require "shard.io.safetensors"
-local full_state = require("shard.io.checkpoint").state_dict
+local full_state = require("shard.io.state_dict").state_dict
 
 local function getenv(k, default) local v = os.getenv(k); if v == nil or v == "" then return default end; return v end
 local DROPOUT = tonumber(getenv("CKPT_DROPOUT", "0.1"))

@@ -98,7 +98,7 @@ describe("shard.save files carry checksums", function()
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("metadata key 'crc32c' is shard's", 1, true), err)
     -- an older file: the same tensors, no checksums
-    dict = require("shard.io.checkpoint").state_dict(a)
+    dict = require("shard.io.state_dict").state_dict(a)
     S.save(path, dict)
     local m = tiny(2)
     shard.load(m, path)

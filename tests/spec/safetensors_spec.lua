@@ -128,7 +128,7 @@ describe("safetensors", function()
 
     -- A state dict of `donor` with `edit(dict, names)` applied, saved; returns the path.
     local function file_from(donor, edit)
-      local dict = require("shard.io.checkpoint").state_dict(donor)
+      local dict = require("shard.io.state_dict").state_dict(donor)
       local names = {}
       for _, np in ipairs(donor:named_parameters()) do names[#names + 1] = np.name end
       edit(dict, names)

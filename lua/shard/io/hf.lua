@@ -653,7 +653,7 @@ function M.export(model, dir)
   if type(dir) ~= "string" or dir == "" then error("export_hf: expected a directory, got " .. tostring(dir), 0) end
   dir = dir:gsub("/+$", "")
   local c = model.config
-  local dict = require("shard.io.checkpoint").state_dict(model)
+  local dict = require("shard.io.state_dict").state_dict(model)
   local env = rawget(require("shard"), "env")
   local ok, err = true, nil
   if not env or env.rank == 0 then

@@ -1,8 +1,10 @@
--- shard.save / shard.load: a model's full state dict (Hugging Face names for GPT) as one
--- safetensors file. Under FSDP every rank takes part (the f32 master shards are all-gathered,
--- so mixed precision loses nothing) and rank 0 writes, atomically; loading copies into each
--- rank just the slice of the FlatParameter it owns, so a checkpoint written at one world size
--- loads at any other.
+-- shard.io.state_dict, behind shard.save / shard.load: a model's full state dict (Hugging Face
+-- names for GPT) as one safetensors file. Under FSDP every rank takes part (the f32 master
+-- shards are all-gathered, fsdp.gather_full, so mixed precision loses nothing) and rank 0
+-- writes, atomically; loading copies into each rank just the slice of the FlatParameter it
+-- owns, so a file written at one world size loads at any other. Not a resumable training
+-- checkpoint (shard.checkpoint: each rank's slices and the optimizer's state), nor
+-- activation checkpointing (nn.Module.checkpoint).
 -- Checksums: the file's __metadata__ "crc32c" holds a JSON object of every tensor's CRC32C
 -- (8 hex digits; a string, so the reference safetensors library reads the file as any other),
 -- and shard.load checks every tensor against it before anything is copied. A file without
