@@ -15,35 +15,40 @@ local function prefetch_next_step(u)
   if root.order and u.index and u.index <= 1 + root.prefetch_depth then u:prefetch() end
 end
 
+-- The grad of elements [off, off + n) of unit u's shard, as a function for an optimizer entry:
+-- an alias of that slice of the sharded grad (nil while there is none). Grads still owed a
+-- reduction (accumulation) are refused.
+local function slice_grad(u, off, n)
+  return function()
+    if u.unsynced or u.replica_owed then
+      error(("fsdp: unit %s still owes its gradients a %s (accumulation with %s); run the last micro-batch's " ..
+             "backward with sync on before the optimizer or clipping reads them"):format(
+        u.name == "" and "(root)" or u.name, u.unsynced and "reduction" or "all-reduce across replicas",
+        u.unsynced and "gradient sync off" or "all-reduce off"), 0)
+    end
+    local g = u.fp:grad_shard()
+    if not g then return nil end
+    local v = g:narrow(1, off + 1, n)
+    g:free()
+    return v
+  end
+end
+
 -- One optimizer entry per parameter slice a unit owns on this rank: the shard view (updated
 -- in place), its grad (the matching slice of the sharded grad), nanoGPT's decay rule (dims
 -- >= 2), and where the slice starts in the parameter.
 local function unit_entries(u, names, entries)
-  local fp = u.fp
   state.each_stored(u, function(i, t, slot)
     if not slot.frozen and slot.own_numel > 0 then
-      local off, n = slot.shard_offset, slot.own_numel
       entries[#entries + 1] = {
-        tensor = fp:shard_view(i),
+        tensor = u.fp:shard_view(i),
         decay = t.p.ndim >= 2,
         name = names and names[t],
         start = slot.own_start,
         -- offloaded units step one after another on the CPU, each after its own grad landed
         group = u.offload and u or nil,
         after_step = u.offload and function() prefetch_next_step(u) end or nil,
-        grad = function()
-          if u.unsynced or u.replica_owed then
-            error(("fsdp: unit %s still owes its gradients a %s (accumulation with %s); run the last micro-batch's " ..
-                   "backward with sync on before the optimizer or clipping reads them"):format(
-              u.name == "" and "(root)" or u.name, u.unsynced and "reduction" or "all-reduce across replicas",
-              u.unsynced and "gradient sync off" or "all-reduce off"), 0)
-          end
-          local g = fp:grad_shard()
-          if not g then return nil end
-          local v = g:narrow(1, off + 1, n)
-          g:free()
-          return v
-        end,
+        grad = slice_grad(u, slot.shard_offset, slot.own_numel),
       }
     end
   end)
