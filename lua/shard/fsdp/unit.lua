@@ -85,33 +85,59 @@ local function split_frozen(params)
   return trainable, frozen
 end
 
-function Unit:init(module, name, opts, root, params, left)
-  self.fsdp_unit = true
-  self.left = left
-  self:child("module", module)
-  -- a unit stands where its module stood: fields it does not have come from the module
+-- Stands the unit where its module stood: fields the unit does not have come from the module.
+local function stand_in(self, module)
   local mt = {}
   for k, v in pairs(getmetatable(self)) do mt[k] = v end
   mt.__index = function(_, k) local v = Unit[k]; if v ~= nil then return v end; return module[k] end
   setmetatable(self, mt)
-  self.name, self.opts, self.root = name, opts, root or self
+end
+
+-- The unit's strategy (opts.strategy_for, else opts.strategy, else full_shard) and its mode.
+local function strategy_of(module, name, opts)
   local strategy = opts.strategy_for and opts.strategy_for(module, name) or opts.strategy or "full_shard"
-  self.strategy = strategy
-  self.mode = STRATEGIES[strategy]
-  if not self.mode then
+  local mode = STRATEGIES[strategy]
+  if not mode then
     local known = {}
     for k in pairs(STRATEGIES) do known[#known + 1] = k end
     table.sort(known)
     error(("fsdp: unknown strategy '%s' for unit %s (known: %s)"):format(tostring(strategy), name, table.concat(known, ", ")), 0)
   end
-  local group, replicate = mesh.world(), nil
-  if self.mode.hybrid then
-    local mesh = mesh.hybrid_mesh(opts.hybrid_group or "node")
-    group, replicate = mesh.shard, mesh.replicate
-    -- one replica (hybrid on one node): the all-reduce across replicas would be a copy
-    if replicate and replicate:size() == 1 then replicate = nil end
-  end
-  self.group, self.replicate = group, replicate
+  return strategy, mode
+end
+
+-- The groups the unit shards over and all-reduces across: the world and none, or under
+-- hybrid sharding its shard and replicate groups (no replicate group with one replica, as
+-- on one node: the all-reduce across replicas would be a copy).
+local function groups_of(mode, opts)
+  if not mode.hybrid then return mesh.world(), nil end
+  local m = mesh.hybrid_mesh(opts.hybrid_group or "node")
+  local replicate = m.replicate
+  if replicate and replicate:size() == 1 then replicate = nil end
+  return m.shard, replicate
+end
+
+-- The FlatParameter over the unit's parameters, in opts.mixed_precision's dtypes.
+local function make_flatparam(self, opts)
+  local mp = opts.mixed_precision or {}
+  -- Gradients are reduced in f32 unless `reduce` says otherwise, even when the parameters
+  -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
+  -- is rounded to 8 bits of mantissa), which is how low-precision reductions drift at scale.
+  local reduce = mp.reduce or (mp.param and "f32") or nil
+  local fp, err = flatparam.create(self.params, { group = self.group, param = mp.param, reduce = reduce,
+                                                  no_shard = not self.mode.shard })
+  if not fp then error(("fsdp: unit %s: %s"):format(self.name == "" and "(root)" or self.name, err), 0) end
+  return fp
+end
+
+function Unit:init(module, name, opts, root, params, left)
+  self.fsdp_unit = true
+  self.left = left
+  self:child("module", module)
+  stand_in(self, module)
+  self.name, self.opts, self.root = name, opts, root or self
+  self.strategy, self.mode = strategy_of(module, name, opts)
+  self.group, self.replicate = groups_of(self.mode, opts)
   self.params = without_ignored(params or own_params(module), opts.ignored_set)
   self.info = { numel = 0, padded_numel = 0, shard_numel = 0, padding = 0 }
   if #self.params == 0 then return end    -- a root whose children hold everything: hooks only
@@ -121,17 +147,9 @@ function Unit:init(module, name, opts, root, params, left)
     self.params = trainable
     self.frozen_part = Unit(module, name .. " (frozen)", opts, root, frozen)
   end
-  local mp = opts.mixed_precision or {}
-  -- Gradients are reduced in f32 unless `reduce` says otherwise, even when the parameters
-  -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
-  -- is rounded to 8 bits of mantissa), which is how low-precision reductions drift at scale.
-  local reduce = mp.reduce or (mp.param and "f32") or nil
-  local fp, err = flatparam.create(self.params, { group = group, param = mp.param, reduce = reduce,
-                                                  no_shard = not self.mode.shard })
-  if not fp then error(("fsdp: unit %s: %s"):format(name == "" and "(root)" or name, err), 0) end
-  self.fp = fp
+  self.fp = make_flatparam(self, opts)
   if opts.offload and opts.offload.params then offload_unit(self) end
-  local i = fp:info()
+  local i = self.fp:info()
   self.info = { numel = i.numel, padded_numel = i.padded_numel, shard_numel = i.shard_numel, padding = i.padding }
 end
 
