@@ -27,22 +27,17 @@ local function unit_label(root, uid)
   return ("unit %d (%s)"):format(uid, u and (u.name == "" and "root" or u.name) or "?")
 end
 
-local function check_schedule(self, phase)
-  local root = self.root
-  local g = root.check_group
-  if not g or (root.check_until and (root.backwards or 0) >= root.check_until) then return end
-  local mine = root.check_mine
-  mine:fill_(0)
-  local tag = { phase, self.uid, root.step }
-  for i = 1, 3 do mine:set({ i }, tag[i]) end
-  g:all_gather(root.check_all, mine)
-  local all, n = root.check_all:tolist_flat(), g:size()
-  local same = true
+-- Whether every rank's (phase, unit, step) in all (n ranks, three numbers each) is the same.
+local function all_same(all, n)
   for r = 1, n - 1 do
-    for i = 1, 3 do if all[3 * r + i] ~= all[i] then same = false end end
+    for i = 1, 3 do if all[3 * r + i] ~= all[i] then return false end end
   end
-  if same then return end
-  -- the rank(s) earliest in the step (step, then phase) name the unit the others skipped
+  return true
+end
+
+-- Raises the divergence the exchange showed, naming the unit the rank(s) earliest in the step
+-- (step, then phase) reached and the others skipped, and where each rank is.
+local function report_divergence(root, all, n)
   local function key(r) return all[3 * r + 3] * 10 + all[3 * r + 1] end
   local first = 0
   for r = 1, n - 1 do if key(r) < key(first) then first = r end end
@@ -61,6 +56,19 @@ local function check_schedule(self, phase)
          "empty batch or with its output times 0). Where each rank is: %s"):format(
     unit_label(root, uid), verb, #at > 1 and "s" or "", table.concat(at, ", "), #others > 1 and "s" or "",
     table.concat(others, ", "), step, table.concat(where, "; ")), 0)
+end
+
+local function check_schedule(self, phase)
+  local root = self.root
+  local g = root.check_group
+  if not g or (root.check_until and (root.backwards or 0) >= root.check_until) then return end
+  local mine = root.check_mine
+  mine:fill_(0)
+  local tag = { phase, self.uid, root.step }
+  for i = 1, 3 do mine:set({ i }, tag[i]) end
+  g:all_gather(root.check_all, mine)
+  local all, n = root.check_all:tolist_flat(), g:size()
+  if not all_same(all, n) then report_divergence(root, all, n) end
 end
 
 -- Units of this model whose full parameters exist (gathered or gathering); a no_shard unit's
