@@ -13,44 +13,16 @@
 -- job.trap(on), job.take() -> sig or nil: SIGTERM, SIGINT and SIGHUP counted instead of
 -- ending this process (runtime/host.c), so that the launcher ends its job first.
 local ffi = require "ffi"
+local sys = require "shard.tools.sys"
 
-for _, decl in ipairs {
-  "typedef struct { long _[64]; } shard_spawnattr;",          -- glibc: 336 bytes
-  "typedef struct { long _[32]; } shard_spawn_actions;",      -- glibc: 80 bytes
-  "typedef struct { unsigned long _[16]; } shard_sigset;",
-  "int posix_spawnattr_init(shard_spawnattr *a);",
-  "int posix_spawnattr_destroy(shard_spawnattr *a);",
-  "int posix_spawnattr_setflags(shard_spawnattr *a, short flags);",
-  "int posix_spawnattr_setpgroup(shard_spawnattr *a, int pgroup);",
-  "int posix_spawnattr_setsigmask(shard_spawnattr *a, const shard_sigset *set);",
-  "int posix_spawn_file_actions_init(shard_spawn_actions *f);",
-  "int posix_spawn_file_actions_destroy(shard_spawn_actions *f);",
-  "int posix_spawn_file_actions_addopen(shard_spawn_actions *f, int fd, const char *path, int flags, unsigned mode);",
-  "int posix_spawn_file_actions_adddup2(shard_spawn_actions *f, int fd, int newfd);",
-  "int posix_spawn(int *pid, const char *path, const shard_spawn_actions *f, const shard_spawnattr *a, char *const argv[], char *const envp[]);",
-  "int sigemptyset(shard_sigset *set);",
-  "extern char **environ;",
-  "int pipe2(int fds[2], int flags);",
-  "int waitpid(int pid, int *status, int options);",
-  "int kill(int pid, int sig);",
-  "int getpid(void);",
-  "struct shard_pollfd { int fd; short events; short revents; };",
-  "int poll(struct shard_pollfd *fds, unsigned long nfds, int timeout);",
-  "ssize_t read(int fd, void *buf, size_t n);",
-  "int close(int fd);",
-  "char *strerror(int errnum);",
-  "int shard_signal_trap(int sig, int on);",
-  "int shard_signal_take(int sig);",
-} do pcall(ffi.cdef, decl) end
-
-local C = ffi.C
+local C = sys.C
 local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGMASK = 2, 8
-local O_RDONLY, O_CLOEXEC, WNOHANG, POLLIN = 0, 524288, 1, 1
+local O_RDONLY, O_CLOEXEC, WNOHANG = 0, 524288, 1
 local SIGNALS = { 15, 2, 1 }   -- SIGTERM, SIGINT, SIGHUP
 
 local M = {}
 
-local function fail(what) error(("shard launch: %s: %s"):format(what, ffi.string(C.strerror(ffi.errno()))), 0) end
+local function fail(what) sys.fail("shard launch", what) end
 
 local Job = {}
 Job.__index = Job
@@ -82,13 +54,7 @@ function M.start(cmd, marker)
 end
 
 -- Appends what the pipe holds to the buffer; false at its end.
-function Job:fill()
-  local chunk = ffi.new("char[65536]")
-  local n = tonumber(C.read(self.fd, chunk, 65536))
-  if n > 0 then self.buf = self.buf .. ffi.string(chunk, n); return true end
-  if n < 0 and ffi.errno() == 4 then return true end   -- EINTR: a signal came
-  return false
-end
+Job.fill = sys.fill
 
 function Job:take_lines(all)
   local lines = {}
@@ -100,9 +66,7 @@ end
 
 function Job:read(ms)
   if self.ended then return nil end
-  local p = ffi.new("struct shard_pollfd[1]")
-  p[0].fd, p[0].events = self.fd, POLLIN
-  if C.poll(p, 1, ms) > 0 and not self:fill() then
+  if sys.poll({ self.fd }, ms)[self.fd] and not self:fill() then
     self.ended = true
     C.close(self.fd)
     return self:take_lines(true)

@@ -33,15 +33,14 @@ local function fail_usage(msg)
   return 2
 end
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local quote = require("shard.ffi").shell_quote
 
 -- The shard executable to start the ranks with: this one when it is bin/shard-like,
 -- else $SHARD_HOME/bin/shard.
 function M.shard_exe()
-  local ffi = require "ffi"
-  pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
+  local ffi, C = require "ffi", require("shard.tools.sys").C
   local buf = ffi.new("char[4096]")
-  local ok, n = pcall(function() return tonumber(ffi.C.readlink("/proc/self/exe", buf, 4095)) end)
+  local ok, n = pcall(function() return tonumber(C.readlink("/proc/self/exe", buf, 4095)) end)
   local exe = ok and n > 0 and ffi.string(buf, n) or nil
   if exe and exe:match("shard[^/]*$") then return exe end
   return require("shard.ffi").root .. "/bin/shard"

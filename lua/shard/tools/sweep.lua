@@ -34,6 +34,7 @@
 local cjson = require "cjson"
 local rt = require "shard.ffi"
 local argv = require "shard.argv"
+local sys = require "shard.tools.sys"
 local units = require "shard.units"
 
 local M = {}
@@ -105,13 +106,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- points
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
-
 local function value_text(v)
   if type(v) == "number" and v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
   return tostring(v)
@@ -120,7 +114,7 @@ end
 -- The arguments a point's process gets after the target file (world excluded).
 function M.args(point)
   local args = {}
-  for _, k in ipairs(sorted_keys(point)) do
+  for _, k in ipairs(sys.sorted_keys(point)) do
     if k ~= "world" then args[#args + 1] = "--" .. k .. "=" .. value_text(point[k]) end
   end
   return args
@@ -139,7 +133,7 @@ end
 function M.points(spec)
   local list = {}
   if spec.grid and next(spec.grid) then
-    local order = spec.order or sorted_keys(spec.grid)
+    local order = spec.order or sys.sorted_keys(spec.grid)
     for k in pairs(spec.grid) do
       local found = false
       for _, o in ipairs(order) do found = found or o == k end
@@ -186,10 +180,10 @@ function M.points(spec)
     for k, v in pairs(p) do if v ~= out[1][k] then varies[k] = true end end
     for k in pairs(out[1]) do if p[k] == nil then varies[k] = true end end
   end
-  for _, k in ipairs(spec.order or sorted_keys(spec.grid or {})) do
+  for _, k in ipairs(spec.order or sys.sorted_keys(spec.grid or {})) do
     if varies[k] then columns[#columns + 1] = k; varies[k] = nil end
   end
-  for _, k in ipairs(sorted_keys(varies)) do columns[#columns + 1] = k end
+  for _, k in ipairs(sys.sorted_keys(varies)) do columns[#columns + 1] = k end
   return out, columns
 end
 
@@ -208,7 +202,7 @@ end
 function M.command(spec, point, log)
   local exe = require("shard.tools.launch").shard_exe()
   local parts = { "env" }
-  for _, k in ipairs(sorted_keys(spec.env)) do
+  for _, k in ipairs(sys.sorted_keys(spec.env)) do
     if not tostring(k):match("^[%a_][%w_]*$") then fail("env: %s is not a variable name", tostring(k)) end
     parts[#parts + 1] = quote(k .. "=" .. value_text(spec.env[k]))
   end

@@ -10,16 +10,16 @@
 -- second Ctrl-C) the prompt comes back and says which ranks are still busy: the ranks are
 -- out of step, and chunks are refused until they finish (:wait, or a reply seen at the next
 -- chunk or command) or :restart starts every rank again. A rank that dies is reported with the launcher's last lines; :restart again.
-local ffi = require "ffi"
 local wire = require "shard.tools.repl.wire"
 local merge = require "shard.tools.repl.merge"
 local terminal = require "shard.tools.repl.terminal"
 local interrupt = require "shard.tools.repl.interrupt"
 local timer = require "shard.timer"
 local launch = require "shard.tools.launch"
+local sys = require "shard.tools.sys"
+local sorted = sys.sorted_keys
 
-pcall(ffi.cdef, "int kill(int pid, int sig);")
-local C = ffi.C
+local C = sys.C
 local SIGINT, SIGKILL = 2, 9
 
 local M = {}
@@ -106,13 +106,6 @@ function Session:stop()
   if self.server then C.close(self.server); self.server = nil end
   if self.dir then os.remove(self.dir .. "/sock"); os.remove(self.log); os.remove(self.dir) end
   self.conns, self.busy, self.dead = {}, {}, {}
-end
-
-local function sorted(set)
-  local list = {}
-  for r in pairs(set) do list[#list + 1] = r end
-  table.sort(list)
-  return list
 end
 
 -- Takes the replies that came from busy ranks within ms into replies (rank -> reply); a rank

@@ -9,16 +9,11 @@
 -- The history file is $SHARD_HISTORY, else ~/.shard_history, kept to HISTORY_LINES lines.
 local ffi = require "ffi"
 local interrupt = require "shard.tools.repl.interrupt"
+local sys = require "shard.tools.sys"
 
 local M = {}
 
-for _, decl in ipairs {
-  "int isatty(int fd);",
-  "void free(void *ptr);",
-  "void *malloc(size_t size);",
-  "char *strdup(const char *s);",
-  "struct shard_pollfd { int fd; short events; short revents; };",
-  "int poll(struct shard_pollfd *fds, unsigned long nfds, int timeout);",
+sys.declare {   -- GNU readline, linked into bin/shard
   "void add_history(const char *line);",
   "int read_history(const char *filename);",
   "int append_history(int n, const char *filename);",
@@ -36,11 +31,10 @@ for _, decl in ipairs {
   "extern const char *rl_readline_name;",
   "extern const char *rl_completer_word_break_characters;",
   "extern char **(*rl_attempted_completion_function)(const char *, int, int);",
-} do pcall(ffi.cdef, decl) end
+}
 
-local C = ffi.C
+local C = sys.C
 local HISTORY_LINES = 1000
-local POLLIN = 1
 
 local function has_readline()
   return pcall(function() return C.rl_callback_read_char ~= nil end)
@@ -115,7 +109,7 @@ local function readline_reader(complete)
     C.rl_callback_handler_remove()
   end)
   local pfd = ffi.new("struct shard_pollfd[1]")
-  pfd[0].fd, pfd[0].events = 0, POLLIN
+  pfd[0].fd, pfd[0].events = 0, sys.POLLIN
 
   local function read(prompt)
     line, done = nil, false

@@ -6,38 +6,26 @@
 --   conn:take() -> a whole message or nil   wire.poll({ fd, ... }, ms) -> { [fd] = true }
 -- A read or poll that a signal interrupts returns; the caller then looks at its Ctrl-C count.
 local ffi = require "ffi"
+local sys = require "shard.tools.sys"
 
-for _, decl in ipairs {
-  "struct shard_sockaddr_un { unsigned short family; char path[108]; };",
-  "struct shard_pollfd { int fd; short events; short revents; };",
-  "int poll(struct shard_pollfd *fds, unsigned long nfds, int timeout);",
-  "int socket(int domain, int type, int protocol);",
-  "int bind(int fd, const void *addr, unsigned len);",
-  "int listen(int fd, int backlog);",
-  "int accept(int fd, void *addr, void *len);",
-  "int connect(int fd, const void *addr, unsigned len);",
-  "ssize_t read(int fd, void *buf, size_t n);",
-  "ssize_t write(int fd, const void *buf, size_t n);",
-  "int close(int fd);",
-  "int unlink(const char *path);",
-  "char *strerror(int errnum);",
-} do pcall(ffi.cdef, decl) end
-
-local C = ffi.C
-local AF_UNIX, SOCK_STREAM, POLLIN, EINTR = 1, 1, 1, 4
+local C = sys.C
+local AF_UNIX, SOCK_STREAM, EINTR = 1, 1, 4
 
 local M = {}
 
-local function fail(what)
-  error(("repl: %s: %s"):format(what, ffi.string(C.strerror(ffi.errno()))), 3)
-end
+-- Raises "repl: what: reason" at the caller of listen or connect.
+local function fail(what) sys.fail("repl", what, 4) end
 
-local function address(path)
+-- A Unix socket at path, bound (C.bind) or connected (C.connect) there.
+local function unix_socket(path, call, name)
   if #path >= 108 then error("repl: socket path too long: " .. path, 3) end
+  local fd = C.socket(AF_UNIX, SOCK_STREAM, 0)
+  if fd < 0 then fail("socket") end
   local a = ffi.new("struct shard_sockaddr_un")
   a.family = AF_UNIX
   ffi.copy(a.path, path)
-  return a
+  if call(fd, a, ffi.sizeof(a)) ~= 0 then fail(name .. " " .. path) end
+  return fd
 end
 
 function M.encode(fields)
@@ -65,14 +53,8 @@ function Conn:send(fields)
   return true
 end
 
-local chunk = ffi.new("char[65536]")
-
 -- Reads once: true when bytes came or a signal interrupted, false at end of input.
-function Conn:fill()
-  local n = tonumber(C.read(self.fd, chunk, 65536))
-  if n > 0 then self.buf = self.buf .. ffi.string(chunk, n); return true end
-  return n < 0 and ffi.errno() == EINTR
-end
+Conn.fill = sys.fill
 
 -- A whole message from what has come, or nil.
 function Conn:take()
@@ -106,11 +88,8 @@ function Conn:close()
 end
 
 function M.listen(path)
-  local fd = C.socket(AF_UNIX, SOCK_STREAM, 0)
-  if fd < 0 then fail("socket") end
-  local a = address(path)
-  if C.bind(fd, a, ffi.sizeof(a)) ~= 0 then fail("bind " .. path) end
-  if C.listen(fd, 64) ~= 0 then fail("listen") end
+  local fd = unix_socket(path, C.bind, "bind")
+  if C.listen(fd, 64) ~= 0 then sys.fail("repl", "listen", 2) end
   return fd
 end
 
@@ -121,23 +100,10 @@ function M.accept(fd)
 end
 
 function M.connect(path)
-  local fd = C.socket(AF_UNIX, SOCK_STREAM, 0)
-  if fd < 0 then fail("socket") end
-  local a = address(path)
-  if C.connect(fd, a, ffi.sizeof(a)) ~= 0 then fail("connect " .. path) end
-  return conn(fd)
+  return conn(unix_socket(path, C.connect, "connect"))
 end
 
--- The fds among fds that have input (or ended), waiting up to ms (-1: no limit); {} when a
--- signal interrupted the wait.
-function M.poll(fds, ms)
-  local p = ffi.new("struct shard_pollfd[?]", #fds)
-  for i, fd in ipairs(fds) do p[i - 1].fd, p[i - 1].events = fd, POLLIN end
-  local ready = {}
-  if C.poll(p, #fds, ms) > 0 then
-    for i = 0, #fds - 1 do if p[i].revents ~= 0 then ready[p[i].fd] = true end end
-  end
-  return ready
-end
+-- The fds among fds that have input (or ended), waiting up to ms; {} when a signal came.
+M.poll = sys.poll
 
 return M

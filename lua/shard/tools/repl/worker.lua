@@ -14,21 +14,9 @@ local show = require "shard.tools.repl.show"
 local complete = require "shard.tools.repl.complete"
 local interrupt = require "shard.tools.repl.interrupt"
 local wire = require "shard.tools.repl.wire"
+local sys = require "shard.tools.sys"
 
-for _, decl in ipairs {
-  "int getpid(void);",
-  "int dup(int fd);",
-  "int dup2(int from, int to);",
-  "int mkstemp(char *template);",
-  "int ftruncate(int fd, long length);",
-  "long lseek(int fd, long offset, int whence);",
-  "int fflush(void *stream);",
-  "ssize_t read(int fd, void *buf, size_t n);",
-  "int close(int fd);",
-  "int unlink(const char *path);",
-} do pcall(ffi.cdef, decl) end
-
-local C = ffi.C
+local C = sys.C
 local SEEK_SET, SEEK_END = 0, 2
 
 local M = {}
