@@ -39,7 +39,7 @@ local source   -- the file `shard run` runs, to name it with an error object tha
 local function describe(err)
   if err == nil then return "(error object is nil)" end
   if type(err) == "string" or type(err) == "number" then return tostring(err) end
-  return ("%s raised an error %s: %s"):format(source or "shard", type(err), require("shard.tools.repl.show").value(err))
+  return ("%s raised an error %s: %s"):format(source or "shard", type(err), require("shard.show").value(err))
 end
 
 local function error_handler(err)

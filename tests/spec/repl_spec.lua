@@ -1,16 +1,16 @@
--- The REPL's parts (shard.tools.repl.show, .complete, .merge) against hand-written expectations,
--- and `shard repl --nproc 2` through a pipe: collectives across the ranks, an error on one
--- rank, and an FSDP-wrapped model stepped and looked at per rank. The terminal (Ctrl-C, Tab,
--- history) is tests/spec/repl_pty_spec.lua's.
+-- The REPL's parts (shard.show, shard.tools.repl.complete and .merge) against hand-written
+-- expectations, and `shard repl --nproc 2` through a pipe: collectives across the ranks, an
+-- error on one rank, and an FSDP-wrapped model stepped and looked at per rank. The terminal
+-- (Ctrl-C, Tab, history) is tests/spec/repl_pty_spec.lua's.
 local shard = require "shard"
-local show = require "shard.tools.repl.show"
+local show = require "shard.show"
 local complete = require "shard.tools.repl.complete"
 local merge = require "shard.tools.repl.merge"
 
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh = support.BIN, support.quote, support.sh
 
-describe("shard.tools.repl.show", function()
+describe("shard.show", function()
   it("prints a chunk's values on one line, nothing for none", function()
     assert.equal("", show.values(0, {}))
     assert.equal("a\tnil\ttrue\n", show.values(3, { "a", nil, true }))

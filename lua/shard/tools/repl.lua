@@ -2,7 +2,7 @@
 --   shard repl              one process
 --   shard repl --nproc N    one prompt driving N ranks (shard.tools.repl.ranks)
 -- A line that is an expression prints its values (tensors pretty-printed, tables by their
--- contents: shard.tools.repl.show); a statement prints nothing; a chunk left open (a function body,
+-- contents: shard.show); a statement prints nothing; a chunk left open (a function body,
 -- an unclosed call) continues on the next line; an error is printed and the prompt comes back.
 -- Ctrl-C interrupts the running chunk (shard.tools.repl.interrupt) or drops the line being typed;
 -- the session and its values survive. On a terminal, lines are read with readline: Tab
@@ -13,7 +13,7 @@
 -- prints just the tensor; the exit code is then 1 if any chunk raised an error.
 local argv = require "shard.argv"
 local chunk = require "shard.tools.repl.chunk"
-local show = require "shard.tools.repl.show"
+local show = require "shard.show"
 local terminal = require "shard.tools.repl.terminal"
 local interrupt = require "shard.tools.repl.interrupt"
 local complete = require "shard.tools.repl.complete"

@@ -10,7 +10,7 @@
 -- prompt and interrupts its chunk as in the one-process REPL.
 local ffi = require "ffi"
 local chunk = require "shard.tools.repl.chunk"
-local show = require "shard.tools.repl.show"
+local show = require "shard.show"
 local complete = require "shard.tools.repl.complete"
 local interrupt = require "shard.tools.repl.interrupt"
 local wire = require "shard.tools.repl.wire"

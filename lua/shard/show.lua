@@ -1,4 +1,5 @@
--- shard.tools.repl.show: how the REPL prints values. The values of one chunk go on one line,
+-- shard.show: Lua values as text, as the REPL prints them (shard.tools.repl) and as bin/shard
+-- names an error object that is not a string (shard.cli). The values of one chunk go on one line,
 -- separated by tabs; strings print as they are, values with a __tostring as it says (tensors
 -- pretty-printed), and tables by their contents (functions in them as <function>, so that
 -- ranks holding the same table print the same):
