@@ -494,5 +494,6 @@ static void nccl_destroy(sh_comm *c) {
 }
 
 extern "C" const sh_comm_backend sh_comm_nccl_backend = {
-  "nccl", nccl_start, nccl_test, nccl_abandon, nccl_split, nccl_destroy, nccl_order, nccl_then_begin, nccl_then_end
+  .name = "nccl", .start = nccl_start, .test = nccl_test, .abandon = nccl_abandon, .split = nccl_split,
+  .destroy = nccl_destroy, .order = nccl_order, .then_begin = nccl_then_begin, .then_end = nccl_then_end,
 };

@@ -6,6 +6,7 @@
 #include "tensor_internal.h"
 #include "alloc_internal.h"
 #include "meta_internal.h"
+#include "parallel.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,13 @@ static int64_t g_count[SH_COLL_N], g_bytes[SH_COLL_N];
 static int g_splitting_node;                /* inside sh_comm_split_node (comm_dry.c asks) */
 static double g_wait_seconds;               /* time blocked in sh_comm_wait */
 
-static const char *KIND_NAME[SH_COLL_N] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
+static const char *const KIND_NAME[] = {
+  [SH_COLL_ALL_GATHER] = "all_gather", [SH_COLL_REDUCE_SCATTER] = "reduce_scatter",
+  [SH_COLL_ALL_REDUCE] = "all_reduce", [SH_COLL_BROADCAST] = "broadcast", [SH_COLL_BARRIER] = "barrier",
+};
+_Static_assert(sizeof KIND_NAME / sizeof KIND_NAME[0] == SH_COLL_N, "a name for every sh_coll_kind");
+
+const char *sh_comm_kind_name(int kind) { return kind >= 0 && kind < SH_COLL_N ? KIND_NAME[kind] : NULL; }
 static const char *OP_NAME[4] = { "sum", "avg", "max", "min" };
 
 double sh_comm_now(void) {
@@ -96,8 +103,16 @@ int sh_comm_read_env(sh_comm_env *out) {
   }
   if (e.size < 1 || e.rank < 0 || e.rank >= e.size)
     return sh_fail(SH_ERR_ARG, "comm: the environment gives rank %d of a world of %d", e.rank, e.size);
+  sh_parallel_set_ranks_per_node(e.local_size);   /* the thread team's wait policy (parallel.h) */
   *out = e;
   return SH_OK;
+}
+
+/* The thread team learns how many ranks share this node before its first call, however early
+ * (a recipe builds its model before shard.init): the environment is read as the library loads. */
+__attribute__((constructor)) static void tell_team_ranks_per_node(void) {
+  sh_comm_env env;
+  if (sh_comm_read_env(&env) != SH_OK) sh_clear_error();
 }
 
 /* ---- the flight record (comm.h) ----------------------------------------------------- */
@@ -312,7 +327,9 @@ static int none_start(sh_comm_work *w) {
 static int none_test(sh_comm_work *w, int *done) { *done = 1; return SH_OK; }
 static void none_abandon(sh_comm_work *w) {}
 static void none_destroy(sh_comm *c) {}
-static const sh_comm_backend none_backend = { "none", none_start, none_test, none_abandon, NULL, none_destroy, NULL, NULL, NULL };
+static const sh_comm_backend none_backend = {
+  .name = "none", .start = none_start, .test = none_test, .abandon = none_abandon, .destroy = none_destroy,
+};
 
 /* ---- groups ---------------------------------------------------------------------------- */
 

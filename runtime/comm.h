@@ -29,11 +29,16 @@ typedef struct sh_comm_work sh_comm_work;
 
 typedef enum sh_reduce_op { SH_RED_SUM = 0, SH_RED_AVG = 1, SH_RED_MAX = 2, SH_RED_MIN = 3 } sh_reduce_op;
 
-/* Collective kinds, for the counters. */
+/* Collective kinds, for the counters, the flight record and the trace events. This enum and
+ * sh_comm_kind_name are the one list of them: lua/shard/comm.lua reads both (comm.kinds,
+ * comm.kind_name), and every tool takes its names from there. */
 typedef enum sh_coll_kind {
   SH_COLL_ALL_GATHER = 0, SH_COLL_REDUCE_SCATTER = 1, SH_COLL_ALL_REDUCE = 2,
   SH_COLL_BROADCAST = 3, SH_COLL_BARRIER = 4, SH_COLL_N = 5
 } sh_coll_kind;
+/* The kind's name ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier");
+ * NULL outside 0..SH_COLL_N-1. */
+const char *sh_comm_kind_name(int kind);
 
 /* How this process was started, read from the environment without initialising anything. */
 typedef enum sh_launcher { SH_LAUNCH_NONE = 0, SH_LAUNCH_MPI = 1, SH_LAUNCH_TORCHRUN = 2, SH_LAUNCH_SLURM = 3 } sh_launcher;

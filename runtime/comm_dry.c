@@ -39,5 +39,6 @@ static int dry_split(sh_comm *parent, int color, int key, sh_comm *child) {
 }
 
 const sh_comm_backend sh_comm_dry_backend = {
-  "dry", dry_start, dry_test, dry_abandon, dry_split, dry_destroy, NULL, NULL, NULL
+  .name = "dry", .start = dry_start, .test = dry_test, .abandon = dry_abandon, .split = dry_split,
+  .destroy = dry_destroy,
 };

@@ -58,5 +58,6 @@ static int local_split(sh_comm *parent, int color, int key, sh_comm *child) {
 static void local_destroy(sh_comm *c) {}
 
 const sh_comm_backend sh_comm_local_backend = {
-  "local", local_start, local_test, local_abandon, local_split, local_destroy, NULL, NULL, NULL
+  .name = "local", .start = local_start, .test = local_test, .abandon = local_abandon, .split = local_split,
+  .destroy = local_destroy,
 };

@@ -207,7 +207,7 @@ static int post_reduction(sh_comm_work *w, mpi_work *m) {
   sh_tensor *out = w->out;
   int dt = in->dtype, rd = w->reduce_dtype < 0 ? dt : w->reduce_dtype;
   int64_t nin = sh_tensor_numel(in), nout = sh_tensor_numel(out);
-  SH_TRY(check_count(nin, w->kind == SH_COLL_ALL_REDUCE ? "all_reduce" : "reduce_scatter"));
+  SH_TRY(check_count(nin, sh_comm_kind_name(w->kind)));
   m->acc = sh_comm_acc_dtype(dt, rd);
   m->staged = sh_dtype_is_float(dt) && (m->acc != dt || rd != dt);
   const void *send = sh_tensor_data(in);
@@ -336,5 +336,6 @@ int sh_comm_mpi_bcast_bytes(sh_comm *c, void *buf, int nbytes, int root) {
 }
 
 const sh_comm_backend sh_comm_mpi_backend = {
-  "mpi", mpi_start, mpi_test, mpi_abandon, mpi_split, mpi_destroy, NULL, NULL, NULL
+  .name = "mpi", .start = mpi_start, .test = mpi_test, .abandon = mpi_abandon, .split = mpi_split,
+  .destroy = mpi_destroy,
 };

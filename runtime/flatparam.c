@@ -191,6 +191,12 @@ static int fill_shard(sh_flatparam *fp) {
   return SH_OK;
 }
 
+int64_t sh_flatparam_padded_numel(int64_t numel, int group_size) {
+  if (numel < 0 || group_size < 1) return -1;
+  int64_t g = group_size;
+  return (numel + g - 1) / g * g;
+}
+
 int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
                         int master, int pdt, int rdt, int no_shard) {
   *out = NULL;
@@ -222,9 +228,8 @@ int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, str
     fp->n_unique++;
   }
   if (fp->numel == 0) { free(slots); free(fp); return sh_fail(SH_ERR_ARG, "flatparam: the %d parameters have no elements", n); }
-  int64_t g = fp->group_size;
-  fp->padded = (fp->numel + g - 1) / g * g;
-  fp->shard_numel = fp->padded / g;
+  fp->padded = sh_flatparam_padded_numel(fp->numel, fp->group_size);
+  fp->shard_numel = fp->padded / fp->group_size;
   int rc = new_tagged(&fp->shard, fp->shard_numel, master, fp->device, SH_TAG_PARAM);
   if (!rc) rc = fill_shard(fp);
   if (rc) { sh_tensor_destroy(fp->shard); free(slots); free(fp); return rc; }

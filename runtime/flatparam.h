@@ -84,6 +84,12 @@ typedef struct sh_flatparam_slot {
   int32_t frozen;         /* requires_grad was 0 */
 } sh_flatparam_slot;
 
+/* The padding rule, the one place it is written (shard estimate calls it too): the flat
+ * buffer of numel elements spread over group_size ranks (1 under no_shard) has numel rounded
+ * up to a multiple of group_size; each shard is that over group_size. -1 when numel < 0 or
+ * group_size < 1. */
+int64_t sh_flatparam_padded_numel(int64_t numel, int group_size);
+
 /* params: n tensors in registration order, all on one device, floating point. group: the
  * shard group (all-reduce group under no_shard); NULL is a group of one. dtypes -1: master =
  * first parameter's dtype, param = master, reduce = param. A parameter already held by

@@ -6,8 +6,6 @@
  * job. Both words are futexes, woken only when someone sleeps on them. */
 #define _GNU_SOURCE
 #include "parallel.h"
-#include "comm.h"
-#include "status.h"
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -39,7 +37,7 @@ static struct {
   void *ctx;
   int size;                        /* threads, the caller included */
   int started;                     /* workers running */
-  long spin_ns;
+  _Atomic long spin_ns;            /* the wait policy's spin (spin_policy) */
 } team = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Contention: a thread of the team that waited for a CPU while runnable for more than a
@@ -96,7 +94,8 @@ static long run_queue_delay(void) {
 
 /* How long this thread may spin now: team.spin_ns unless the team lately met contention. */
 static long spin_budget(void) {
-  if (team.spin_ns == 0 || team.spin_ns == LONG_MAX) return team.spin_ns;
+  long spin_ns = atomic_load_explicit(&team.spin_ns, memory_order_relaxed);
+  if (spin_ns == 0 || spin_ns == LONG_MAX) return spin_ns;
   long t = now_ns();
   if (t >= next_probe) {
     long delay = run_queue_delay();
@@ -105,7 +104,7 @@ static long spin_budget(void) {
     delay_seen = delay;
     next_probe = t + PROBE_NS;
   }
-  return t < atomic_load_explicit(&no_spin_until, memory_order_relaxed) ? 0 : team.spin_ns;
+  return t < atomic_load_explicit(&no_spin_until, memory_order_relaxed) ? 0 : spin_ns;
 }
 
 /* 1 once *word differs from `old`, spinning up to ns; 0 when the time ran out first. */
@@ -174,16 +173,24 @@ static int threads_wanted(int cpus) {
   return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
 }
 
-static int ranks_on_this_node(void) {
-  sh_comm_env env;
-  return sh_comm_read_env(&env) == SH_OK && env.local_size > 0 ? env.local_size : 1;
-}
+/* The wait policy's inputs, under policy_lock: the ranks on this node (comm.c tells them), and
+ * the team's size and CPUs as team_init found them, once it ran (started). */
+static pthread_mutex_t policy_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { int ranks_per_node, threads, cpus, started; } policy = { .ranks_per_node = 1 };
 
-static long spin_policy(int threads, int cpus) {
+static long spin_policy(int threads, int cpus, int ranks) {
   const char *w = getenv("OMP_WAIT_POLICY");
   if (w && strcasecmp(w, "passive") == 0) return 0;
   if (w && strcasecmp(w, "active") == 0) return LONG_MAX;
-  return (long)ranks_on_this_node() * threads <= cpus ? SPIN_WHEN_ALONE_NS : 0;
+  return (long)ranks * threads <= cpus ? SPIN_WHEN_ALONE_NS : 0;
+}
+
+void sh_parallel_set_ranks_per_node(int n) {
+  pthread_mutex_lock(&policy_lock);
+  policy.ranks_per_node = n < 1 ? 1 : n;
+  if (policy.started)   /* the team already runs: its policy changes now */
+    atomic_store(&team.spin_ns, spin_policy(policy.threads, policy.cpus, policy.ranks_per_node));
+  pthread_mutex_unlock(&policy_lock);
 }
 
 static void close_schedstat(void *fd_plus_1) { close((int)(intptr_t)fd_plus_1 - 1); }
@@ -196,6 +203,7 @@ static void forget_workers(void) {
   next_probe = 0;
   atomic_store(&no_spin_until, 0);
   pthread_mutex_init(&team.lock, NULL);
+  pthread_mutex_init(&policy_lock, NULL);
   team.started = 0;
   atomic_store(&team.sleeping_workers, 0);
   atomic_store(&team.caller_sleeping, 0);
@@ -206,7 +214,12 @@ static void forget_workers(void) {
 static void team_init(void) {
   int cpus = cpus_available();
   team.size = threads_wanted(cpus);
-  team.spin_ns = spin_policy(team.size, cpus);
+  pthread_mutex_lock(&policy_lock);
+  policy.threads = team.size;
+  policy.cpus = cpus;
+  policy.started = 1;
+  atomic_store(&team.spin_ns, spin_policy(policy.threads, policy.cpus, policy.ranks_per_node));
+  pthread_mutex_unlock(&policy_lock);
   pthread_key_create(&schedstat_key, close_schedstat);
   pthread_atfork(NULL, NULL, forget_workers);
 }

@@ -5,9 +5,9 @@
  * step's ops the Lua front spends 30-60 us, and a worker that went to sleep there costs
  * 26-41 us to wake on a VM (an inter-processor interrupt through the hypervisor), more than
  * many ops take. So a worker first spins for a while (sh_parallel_spin_ns), then sleeps on a
- * futex. It spins only while the node's ranks times their threads fit the CPUs this process
- * may use; where they do not, a spinner would take the core another rank's thread needs, and
- * workers sleep at once.
+ * futex. It spins only while the node's ranks (sh_parallel_set_ranks_per_node) times their
+ * threads fit the CPUs this process may use; where they do not, a spinner would take the core
+ * another rank's thread needs, and workers sleep at once.
  * Team size: OMP_NUM_THREADS (its first number) when set, else the CPUs this process may use.
  * OMP_WAIT_POLICY=passive makes workers sleep at once, =active spin without a limit. */
 #pragma once
@@ -20,6 +20,11 @@ typedef void (*sh_parallel_fn)(void *ctx, int t, int nt);
 int sh_parallel_threads(void);
 /* Sets the team's size (clamped to [1, 255]); workers start when a call needs them. */
 void sh_parallel_set_threads(int n);
+/* How many ranks of the job run on this node (>= 1; 1 until told). The wait policy counts
+ * their threads against the CPUs; runtime/dist/comm.c tells it from the launcher's
+ * environment as the library loads and whenever it reads that environment, and a team already
+ * started takes the new count at once. */
+void sh_parallel_set_ranks_per_node(int n);
 /* How long an idle thread of the team would spin now before it sleeps, in ns: the wait
  * policy's time (0: at once), or 0 while the team lately waited for its CPUs (contention). */
 long sh_parallel_spin_ns(void);

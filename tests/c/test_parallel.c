@@ -2,7 +2,8 @@
  * each on a thread of its own; nested and concurrent calls run inline with the same split;
  * sh_parallel_for covers its range exactly once; no wake-up is lost over many short calls
  * whether the workers spin, sleep at once or adapt (each wait policy in a forked child,
- * which also checks that a child starts a team of its own); a hang fails by alarm. */
+ * which also checks that a child starts a team of its own); the ranks on the node set the
+ * wait; a hang fails by alarm. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -199,6 +200,35 @@ static void test_contention_stops_the_spin(void) {
   CHECK(rc == 0, "beside 2 busy processes: the spin stops (child %d: 4 = the policy never spun, 5 = it kept spinning)", rc);
 }
 
+/* The wait policy counts the ranks on this node (sh_parallel_set_ranks_per_node, which comm.c
+ * calls from the launcher's environment): told before the team starts, the team starts with it;
+ * told while it runs, the team changes at once. In a child whose team nobody made yet. */
+static void test_ranks_per_node_sets_the_wait(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("OMP_NUM_THREADS");   /* the team fits the CPUs: alone, it would spin */
+    alarm(60);
+    sh_parallel_set_ranks_per_node(100000);
+    if (sh_parallel_spin_ns() != 0) _exit(3);      /* the team started sharing the node */
+    sh_parallel_set_ranks_per_node(1);
+    _Atomic long runs[2] = { 0 };
+    long alone = sh_parallel_spin_ns();             /* soon, as in the contention test */
+    for (int i = 0; i < 20000 && alone == 0; i++) {
+      sh_parallel(2, count_part, runs);
+      if (i % 64 == 0) { usleep(1000); alone = sh_parallel_spin_ns(); }
+    }
+    if (alone == 0) _exit(4);
+    sh_parallel_set_ranks_per_node(100000);
+    _exit(sh_parallel_spin_ns() == 0 ? 0 : 5);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+  CHECK(rc == 0, "the ranks on the node set the wait (child %d: 3 = a team started among 100000 ranks spins, "
+        "4 = told 1 rank it never spun, 5 = told 100000 ranks while running it still spins)", rc);
+}
+
 /* A child forked from a process whose workers run has none of them: it starts its own. */
 static void test_child_of_a_running_team(void) {
   sh_parallel_set_threads(2);
@@ -212,6 +242,7 @@ int main(int argc, char **argv) {
   check_args(argc, argv);
   alarm(120);   /* a lost wake-up hangs: fail instead */
   RUN(test_no_lost_wakeups);   /* first: the children start from a team nobody made yet */
+  RUN(test_ranks_per_node_sets_the_wait);   /* so does its child */
   RUN(test_each_part_once_on_its_own_thread);
   RUN(test_nested_call_runs_inline);
   RUN(test_parallel_for_covers_the_range_once);
