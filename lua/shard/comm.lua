@@ -1,4 +1,4 @@
--- shard.comm: process groups and collectives (runtime/comm.h). Ranks and roots are 0-based,
+-- shard.comm: process groups and collectives (runtime/dist/comm.h). Ranks and roots are 0-based,
 -- as in MPI and torch.distributed. Reduce ops are "sum", "avg", "max", "min".
 --
 --   local comm = shard.comm
@@ -18,9 +18,22 @@ local M = {}
 
 -- The codes of comm.h's enums.
 local OPS = { sum = C.SH_RED_SUM, avg = C.SH_RED_AVG, max = C.SH_RED_MAX, min = C.SH_RED_MIN }
-local KINDS = { all_gather = C.SH_COLL_ALL_GATHER, reduce_scatter = C.SH_COLL_REDUCE_SCATTER,
-                all_reduce = C.SH_COLL_ALL_REDUCE, broadcast = C.SH_COLL_BROADCAST, barrier = C.SH_COLL_BARRIER }
-M.KINDS = KINDS
+
+-- The collective kinds, read from the runtime (comm.h's sh_coll_kind and sh_comm_kind_name):
+-- comm.kinds lists their names in code order, comm.KINDS maps a name to its code, and
+-- comm.kind_name(code) is the name of a code found in the runtime's records (counters, trace
+-- events, flight records), nil for one the runtime does not know. Tools take the names from
+-- here, never from a list of their own.
+local kinds, KINDS = {}, {}
+for code = 0, C.SH_COLL_N - 1 do
+  local name = ffi.string(C.sh_comm_kind_name(code))
+  kinds[code + 1], KINDS[name] = name, code
+end
+M.kinds, M.KINDS = kinds, KINDS
+function M.kind_name(code)
+  code = tonumber(code)
+  return code and kinds[code + 1]
+end
 
 local function op_id(op)
   op = op or "sum"
@@ -31,7 +44,10 @@ end
 
 local function kind_id(kind)
   local id = KINDS[kind]
-  if not id then error("unknown collective '" .. tostring(kind) .. "' (expected all_gather, reduce_scatter, all_reduce, broadcast or barrier)", 3) end
+  if not id then
+    error(("unknown collective '%s' (expected %s or %s)"):format(tostring(kind),
+      table.concat(kinds, ", ", 1, #kinds - 1), kinds[#kinds]), 3)
+  end
   return id
 end
 
@@ -80,7 +96,7 @@ function Group:rank() return C.sh_comm_rank(self.p) end
 function Group:size() return C.sh_comm_size(self.p) end
 function Group:local_rank() return C.sh_comm_local_rank(self.p) end
 -- The process's node: its index (0..nodes()-1), the job's node count, the ranks on it, the
--- host name, and whether every node runs as many ranks (runtime/comm.h).
+-- host name, and whether every node runs as many ranks (runtime/dist/comm.h).
 function Group:node() return C.sh_comm_node(self.p) end
 function Group:nodes() return C.sh_comm_n_nodes(self.p) end
 function Group:local_size() return C.sh_comm_local_size(self.p) end
@@ -182,7 +198,7 @@ function Group:count(kind) return tonumber(C.sh_comm_count(self.p, kind_id(kind)
 function Group:bytes(kind) return tonumber(C.sh_comm_bytes(self.p, kind_id(kind))) end
 function Group:counts()
   local t = {}
-  for k in pairs(KINDS) do t[k] = self:count(k) end
+  for _, k in ipairs(kinds) do t[k] = self:count(k) end
   return t
 end
 function Group:reset_counts() C.sh_comm_reset_counts(self.p) end
@@ -236,7 +252,7 @@ function M.count(kind) return tonumber(C.sh_comm_count(nil, kind_id(kind))) end
 function M.bytes(kind) return tonumber(C.sh_comm_bytes(nil, kind_id(kind))) end
 function M.counts()
   local t = {}
-  for k in pairs(KINDS) do t[k] = M.count(k) end
+  for _, k in ipairs(kinds) do t[k] = M.count(k) end
   return t
 end
 function M.reset_counts() C.sh_comm_reset_counts(nil) end

@@ -32,9 +32,8 @@ local C, check = rt.C, rt.check
 
 local M = {}
 
-local KIND = { [C.SH_COLL_ALL_GATHER] = "all_gather", [C.SH_COLL_REDUCE_SCATTER] = "reduce_scatter",
-               [C.SH_COLL_ALL_REDUCE] = "all_reduce", [C.SH_COLL_BROADCAST] = "broadcast", [C.SH_COLL_BARRIER] = "barrier" }
-local REDUCTION = { reduce_scatter = true, all_reduce = true }
+local kind_name = require("shard.comm").kind_name   -- the runtime's names of the collective kinds
+local REDUCTION = { [kind_name(C.SH_COLL_REDUCE_SCATTER)] = true, [kind_name(C.SH_COLL_ALL_REDUCE)] = true }
 M.HOST, M.GATHERS, M.REDUCTIONS, M.DEVICE = 1, 10, 20, 30
 
 local cfg = {}          -- setup's options
@@ -203,7 +202,7 @@ local function read_comm()
     local n = C.sh_comm_trace_read(buf, 1024)
     for i = 0, n - 1 do
       local e = buf[i]
-      local c = { t0 = e.t0, t1 = e.t1, bytes = tonumber(e.bytes), seq = tonumber(e.seq), kind = KIND[e.kind],
+      local c = { t0 = e.t0, t1 = e.t1, bytes = tonumber(e.bytes), seq = tonumber(e.seq), kind = kind_name(e.kind),
                   wait = e.wait ~= 0, device = e.device, unit = label_names[e.label] or "?", group = ffi.string(e.group) }
       out[#out + 1] = c
       if rec.dev then

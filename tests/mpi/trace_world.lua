@@ -20,7 +20,7 @@ comm.barrier()
 local run = T.run(shard, dir .. "/t.json", { png = dir .. "/mem.png" })
 
 -- every rank's own figures, gathered on rank 0
-local KINDS = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
+local KINDS = comm.kinds
 local K = 2 * #KINDS + 2
 local mine = shard.zeros({ world * K }, { dtype = "f64" })
 for i, k in ipairs(KINDS) do

@@ -27,7 +27,7 @@ local M = {}
 ---------------------------------------------------------------------------------------------
 -- the probe: per-step counters, and the unit at the peak
 
-local KINDS = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
+local KINDS = require("shard.comm").kinds   -- the runtime's collective kinds, in code order
 M.KINDS = KINDS
 
 -- Step k's counters: comm counts and bytes (this process's, every group), the meta device's

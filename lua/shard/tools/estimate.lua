@@ -21,6 +21,14 @@ local nn = shard.nn
 local M = {}
 
 local units = require "shard.units"
+local rt = require "shard.ffi"
+
+-- A FlatParameter of n elements over a group of group_size ranks: its padded size, by the
+-- runtime's own rule (flatparam.h's sh_flatparam_padded_numel), so the estimate lays units out
+-- as shard.flatparam does.
+function M.padded_numel(n, group_size)
+  return tonumber(rt.C.sh_flatparam_padded_numel(n, group_size))
+end
 
 -- The model kinds: the nn class, its config from the options, and the list of its blocks
 -- (one FSDP unit each under the transformer policy; the rest is the root unit).
@@ -198,7 +206,7 @@ function M.state(o)
   local P, padded, largest = 0, 0, { 0, 0 }
   for _, n in ipairs(units) do
     P = P + n
-    padded = padded + math.ceil(n / shard_n) * shard_n
+    padded = padded + M.padded_numel(n, shard_n)
     if n > largest[1] then largest = { n, largest[1] } elseif n > largest[2] then largest[2] = n end
   end
   local per_rank = padded / shard_n

@@ -394,8 +394,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- the diagnosis of a hang, from the ranks' flight records
 
-local KIND = { [0] = "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
-
 local MAGIC = "shflt03"
 
 -- The record in bytes at offset, or nil.
@@ -406,14 +404,15 @@ local function parse_record(bytes, offset)
   local buf = ffi.new("uint8_t[?]", size)
   ffi.copy(buf, bytes:sub(offset + 1, offset + size), size)
   local rec = ffi.cast("sh_flight_record *", buf)
+  local kind_name = require("shard.comm").kind_name   -- the runtime's names of the collective kinds
   if ffi.string(rec.magic, 7) ~= MAGIC then return nil end
   local groups = {}
   for i = 0, rec.n_groups - 1 do
     local g = rec.groups[i]
-    groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = KIND[g.last_kind], size = g.size }
+    groups[ffi.string(g.name)] = { issued = tonumber(g.issued), kind = kind_name(g.last_kind), size = g.size }
   end
   return { groups = groups, wait_state = rec.wait_state, wait_group = ffi.string(rec.wait_group),
-           wait_seq = tonumber(rec.wait_seq), wait_kind = KIND[rec.wait_kind], wait_for = rec.wait_for,
+           wait_seq = tonumber(rec.wait_seq), wait_kind = kind_name(rec.wait_kind), wait_for = rec.wait_for,
            wait_since = rec.wait_since, active_at = rec.active_at, node = ffi.string(rec.node_name) }
 end
 
