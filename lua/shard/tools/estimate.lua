@@ -57,7 +57,7 @@ local function model_units(kind, cfg)
   local model = Module.deferred(kind.class(), cfg)
   local units, root = {}, 0
   local seen = {}
-  for _, c in ipairs(kind.blocks(model)._children) do
+  for _, c in ipairs(kind.blocks(model):named_children()) do
     local n = 0
     for _, t in ipairs(c.module:parameters()) do n = n + t:numel(); seen[t] = true end
     units[#units + 1] = n
@@ -84,7 +84,7 @@ local function cast_params(model, dtype)
       e.tensor = t
       m[e.name] = t
     end
-    for _, c in ipairs(m._children) do walk(c.module) end
+    for _, c in ipairs(m:named_children()) do walk(c.module) end
   end
   walk(model)
   if model.lm_head then model.lm_head.weight = map[model.lm_head.weight] or model.lm_head.weight end
