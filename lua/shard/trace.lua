@@ -125,7 +125,7 @@ local function label_of(u)
   return l
 end
 
-local function state(u) return u.fp and u.fp:state() end
+local function state(u) return require("shard.fsdp").gather_state(u) end
 
 local saved_unit = {}
 
