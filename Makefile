@@ -27,7 +27,11 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nv
 NVFLAGS   ?= -O2 -std=c++17 -Xcompiler -fPIC -Iruntime -Ikernels \
              -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 
-RUNTIME_SRC := $(filter-out runtime/host.c,$(wildcard runtime/*.c))
+# runtime/ in layers, each a folder that includes only the ones before it (make check-layers):
+# core, cpu, ops, dist, io; host.c (bin/shard) stands above them all.
+LAYERS      := core cpu ops dist io
+RUNTIME_SRC := $(foreach l,$(LAYERS),$(wildcard runtime/$(l)/*.c))
+RUNTIME_HDR := $(foreach l,$(LAYERS),$(wildcard runtime/$(l)/*.h))
 RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
 ifneq ($(NVCC),)
   CUDA_SRC  := $(wildcard kernels/*.cu)
@@ -53,21 +57,21 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report bench bench-adamw clean check-long check-fresh fuzz readme-figures
+.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report check-layers bench bench-adamw clean check-long check-fresh fuzz readme-figures
 all: lib/libshard.so lib/libshard.a $(HOST)
 
-$(BUILD)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
+$(BUILD)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	$(need_mpi)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 # The optimizer's sqrt must not set errno, or gcc will not vectorize its loop; no FMA
 # contraction, so that its AVX-512 loop and its portable one give the same bits.
-$(BUILD)/runtime/optim.o $(BUILD)/runtime/optim_cpu_avx512.o: CFLAGS += -fno-math-errno -ffp-contract=off
+$(BUILD)/runtime/cpu/optim.o $(BUILD)/runtime/cpu/optim_cpu_avx512.o $(BUILD)/runtime/ops/optim.o: CFLAGS += -fno-math-errno -ffp-contract=off
 
 # Each object keeps ptxas's report of its kernels beside it (make gpu-report reads them);
 # ptxas's info lines go there only, anything else nvcc says still shows.
-$(BUILD)/kernels/%.o $(BUILD)/kernels/%.ptxas: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh runtime/*.h)
+$(BUILD)/kernels/%.o $(BUILD)/kernels/%.ptxas: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $(BUILD)/kernels/$*.o 2>$(BUILD)/kernels/$*.ptxas; \
 	  rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(BUILD)/kernels/$*.ptxas >&2; exit $$rc
@@ -99,8 +103,8 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/c/check.h tests/o
 
 # The safetensors fuzzer (tests/fuzz) compiles the reader into itself with a counting
 # allocator; as a C test it runs 20,000 iterations (under SAN in test-asan).
-FUZZ_BUILD := tests/fuzz/fuzz_safetensors.c runtime/status.c runtime/dtype.c
-FUZZ_DEPS  := $(FUZZ_BUILD) runtime/safetensors.c $(wildcard runtime/*.h)
+FUZZ_BUILD := tests/fuzz/fuzz_safetensors.c runtime/core/status.c runtime/core/dtype.c
+FUZZ_DEPS  := $(FUZZ_BUILD) runtime/io/safetensors.c $(RUNTIME_HDR)
 $(BUILD)/tests/test_safetensors_fuzz: $(FUZZ_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation $(SAN) -Iruntime -o $@ $(FUZZ_BUILD)
@@ -127,6 +131,11 @@ test: deps
 	@SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
 
 test-build: all $(C_TESTS) $(PTY_DRIVER) $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS) $(CUDA_PTXAS)
+
+# make check-layers: no file of runtime/ or kernels/ includes or calls a higher layer, no circle
+# of calls among more than two runtime/ files (tools/check_layers.lua; make test runs it).
+check-layers: $(RUNTIME_OBJ) $(CUDA_OBJ)
+	@luajit tools/check_layers.lua $(BUILD)
 
 # make gpu-report: each kernel's registers, shared memory, spills and blocks per SM on an H100
 # (tools/gpu_report.lua), from the ptxas reports of the nvcc build; fails on a spill in the

@@ -14,11 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include "parallel.h"
-#include "dtype.h"
-#include "optim.h"
-#include "status.h"
-#include "tensor.h"
+#include "core/parallel.h"
+#include "core/dtype.h"
+#include "ops/optim.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 enum { LAYERS = 12, EMBD = 768, VOCAB = 50304, BLOCK = 1024, PER_LAYER = 12, NT = 2 + LAYERS * PER_LAYER + 2 };
 

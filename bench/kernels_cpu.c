@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include "tensor.h"
-#include "nn.h"
-#include "optim.h"
-#include "status.h"
+#include "core/tensor.h"
+#include "ops/nn.h"
+#include "ops/optim.h"
+#include "core/status.h"
 
 enum { B = 12, T = 64, C = 128, H = 4, V = 65, L = 4 };
 

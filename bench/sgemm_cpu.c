@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "blas_internal.h"
-#include "cpu.h"
-#include "parallel.h"
+#include "cpu/blas_internal.h"
+#include "cpu/cpu.h"
+#include "core/parallel.h"
 
 static double now(void) {
   struct timespec ts;

@@ -1,14 +1,18 @@
-/* activation.cu: gelu (GPT-2's tanh form), silu, swiglu's gate and softmax over the last
- * dim, forward and backward, matching runtime/nn_activation.c: outputs take the dtype of the
- * input they are the result or gradient of, math is f32.
+/* activation.cu: gelu (GPT-2's tanh form), silu, swiglu's gate, softmax over the last dim and
+ * seeded dropout, forward and backward, matching runtime/cpu/activation.c: outputs take the
+ * dtype of the input they are the result or gradient of, math is f32. Dropout's mask comes
+ * from the Philox stream (core/philox_internal.h) at (seed, offset + i), recomputed in
+ * backward, never stored.
  *
  * The pointwise ones share one kernel: up to three inputs and two outputs of one dtype,
  * 16-byte packs when every pointer allows it, and the activation picked by a uniform switch
  * (they are memory-bound). Softmax gives each row to a block: a max pass, a sum pass, and a
  * write pass over a row that stays in L1/L2. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
+#include "core/philox_internal.h"
 
+enum { DROPOUT_THREADS = 256 };
 enum { ACT_GELU_F, ACT_GELU_B, ACT_SILU_F, ACT_SILU_B, ACT_SWIGLU_F, ACT_SWIGLU_B };
 enum { ACT_THREADS = 256 };
 
@@ -83,7 +87,7 @@ static int run_act(const char *op, int act, sh_tensor *out0, sh_tensor *out1, co
     });
     CU_LAUNCHED(op);
   }
-  if (o1c.t) SH_TRY(sh_tensor_copy_(out1, o1c.t));
+  if (o1c.t) SH_TRY(sh_kernel_copy_(out1, o1c.t));
   return SH_OK;
 }
 
@@ -163,6 +167,43 @@ static int cuda_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_te
   return softmax_run("softmax_backward", dx, dy, y);
 }
 
+/* ---- dropout ------------------------------------------------------------------------------ */
+
+/* Element i is kept when uniform i of (seed, offset) is > p, and scaled by 1/(1-p). */
+template <typename T>
+__global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale, uint64_t seed, uint64_t offset) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float u = sh_philox_uniform(seed, offset, (uint64_t)i);
+    y[i] = from_f<T>(u > p ? to_f(x[i]) * scale : 0.0f);
+  }
+}
+
+/* y = dropout of x; y is the front's output (contiguous, x's shape and dtype). */
+static int dropout(const char *op, sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  int64_t n = sh_tensor_numel(x);
+  if (n == 0) return SH_OK;
+  if (p == 0) return sh_kernel_copy_(y, x);
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, x->device, &st));
+  sh_tguard xc;
+  SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
+  float scale = (float)(1.0 / (1.0 - p));
+  SH_DISPATCH_FLOAT(x->dtype, T, op, {
+    dropout_kernel<T><<<sh_blocks(n, DROPOUT_THREADS), DROPOUT_THREADS, 0, st>>>(
+        (const T *)sh_tensor_data(xc.t), (T *)sh_tensor_data(y), n, (float)p, scale, seed, offset);
+  });
+  CU_LAUNCHED(op);
+  return SH_OK;
+}
+
+static int cuda_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  return dropout("dropout", y, x, p, seed, offset);
+}
+
+static int cuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+  return dropout("dropout_backward", dx, dy, p, seed, offset);
+}
+
 extern "C" void sh_activation_register_cuda(sh_backend *b) {
   b->gelu_forward = cuda_gelu_forward;
   b->gelu_backward = cuda_gelu_backward;
@@ -172,4 +213,6 @@ extern "C" void sh_activation_register_cuda(sh_backend *b) {
   b->swiglu_backward = cuda_swiglu_backward;
   b->softmax_forward = cuda_softmax_forward;
   b->softmax_backward = cuda_softmax_backward;
+  b->dropout_forward = cuda_dropout_forward;
+  b->dropout_backward = cuda_dropout_backward;
 }

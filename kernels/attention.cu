@@ -28,7 +28,7 @@
  * Rotary embeddings (rope_kernel): the rotation of runtime/nn_attention.c, one thread per
  * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 #include <mma_sm80.cuh>
 
 /* The flash kernels: 64 x 64 tiles, four warps per block, warp w owning 16 rows of the tile
@@ -670,7 +670,7 @@ static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tenso
     });
     CU_LAUNCHED(op);
   }
-  return out == dst ? SH_OK : sh_tensor_copy_(dst, out);
+  return out == dst ? SH_OK : sh_kernel_copy_(dst, out);
 }
 
 static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout, const sh_tensor *q,
@@ -733,7 +733,7 @@ static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, 
     CU_LAUNCHED(op);
   }
   for (int i = 0; i < 3; i++)
-    if (dst[i] && dst[i] != Gr[i]) SH_TRY(sh_tensor_copy_(dst[i], Gr[i]));
+    if (dst[i] && dst[i] != Gr[i]) SH_TRY(sh_kernel_copy_(dst[i], Gr[i]));
   return SH_OK;
 }
 

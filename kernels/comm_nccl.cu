@@ -28,7 +28,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include "comm_internal.h"
+#include "dist/comm_internal.h"
 #include <mutex>
 #include <vector>
 

@@ -10,12 +10,11 @@
 #include <initializer_list>
 #include <type_traits>
 extern "C" {
-#include "tensor_internal.h"
-#include "cuda.h"
-#include "alloc_internal.h"
-#include "ops.h"
-#include "nn.h"
-#include "optim.h"
+#include "core/tensor_internal.h"
+#include "core/cuda.h"
+#include "core/alloc_internal.h"
+#include "core/rules_internal.h"
+#include "core/backend_internal.h"
 }
 
 /* Formats "op: cuda error <name> (<text>) at file:line" and returns SH_ERR_DEVICE. */
@@ -247,4 +246,18 @@ static inline unsigned sh_blocks(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;
   return (unsigned)(b < cap ? b : cap);
+}
+
+/* Each family's registration, one kernels/<family>.cu each (device.cu assembles the table). */
+extern "C" {
+void sh_elementwise_register_cuda(sh_backend *b);  /* elementwise.cu: copy_, fill_, elementwise */
+void sh_reduce_register_cuda(sh_backend *b);       /* reduce.cu */
+void sh_matmul_register_cuda(sh_backend *b);       /* matmul.cu: matmul, gemm_, linear and its fusions */
+void sh_random_register_cuda(sh_backend *b);       /* random.cu: arange, random, dropout */
+void sh_norm_register_cuda(sh_backend *b);         /* norm.cu */
+void sh_activation_register_cuda(sh_backend *b);   /* activation.cu */
+void sh_attention_register_cuda(sh_backend *b);    /* attention.cu */
+void sh_embedding_register_cuda(sh_backend *b);    /* embedding.cu */
+void sh_loss_register_cuda(sh_backend *b);         /* loss.cu */
+void sh_optim_register_cuda(sh_backend *b);        /* optim.cu */
 }

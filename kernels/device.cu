@@ -21,7 +21,7 @@
  * for CPU offload's copies between pinned host memory and the device (the allocator's
  * offload hooks below, used by runtime/flatparam.c). */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -142,7 +142,7 @@ static void register_kernels(void) {
     sh_loss_register_cuda(&table);
     sh_optim_register_cuda(&table);
   });
-  sh_backend_register_cuda(&table);
+  sh_backend_register(SH_BACKEND_CUDA, &table);
 }
 
 static int ensure_device(int device);

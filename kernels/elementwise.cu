@@ -10,9 +10,9 @@
  * offset per operand. Elementwise work is memory-bound, so the op is a uniform run-time
  * switch rather than a template, which keeps the instantiations (and the build) small. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 extern "C" {
-#include "ops_internal.h"
+#include "core/rules_internal.h"
 }
 #include <math.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * index outside [0, V) gives a zero row forward and is skipped backward, never read or
  * written out of bounds. The front (runtime/nn_embedding.c) checks cpu indices and fails. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 #include <cub/cub.cuh>
 
 enum { EMB_THREADS = 128 };
@@ -113,7 +113,7 @@ static int cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_
   });
   CU_LAUNCHED(op);
   if (direct) dw->version++;
-  else SH_TRY(sh_tensor_copy_(dw, g));   /* which counts dw's version */
+  else SH_TRY(sh_kernel_copy_(dw, g));   /* which counts dw's version */
   return SH_OK;
 }
 

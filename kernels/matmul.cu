@@ -17,7 +17,7 @@
  * creates nothing and queries no heuristic; each (device, stream) has one 32 MiB workspace,
  * allocated once. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 #include <cublasLt.h>
 #include <array>
 #include <list>
@@ -310,11 +310,10 @@ static int lt_gemm_epi(const char *op, int device, cudaStream_t st, lt_gemm g, i
 
 static int64_t rows_of(const sh_tensor *t) { int64_t n = 1; for (int d = 0; d + 1 < t->ndim; d++) n *= t->shape[d]; return n; }
 
-/* y = gelu(pre) through the public op: the composition the fused epilogue equals. */
+/* y = gelu(pre) by the CUDA table's kernel: the composition the fused epilogue equals. */
 static int gelu_into(sh_tensor *y, const sh_tensor *pre) {
-  sh_tguard act;
-  SH_TRY(sh_gelu_forward(act.out(), pre));
-  return sh_tensor_copy_(y, act.t);
+  y->version++;
+  return sh_backend_of(y->device)->gelu_forward(y, pre);
 }
 
 /* y = x w^T + b, or with pre: pre = x w^T + b and y = gelu(pre); y and pre are x's dtype. */
@@ -331,7 +330,7 @@ static int linear_fwd(const char *op, sh_tensor *y, sh_tensor *pre, const sh_ten
   if (b) SH_TRY(sh_cuda_contiguous_as(bc.out(), b, dt));
   if (in == 0) {             /* an empty product: the bias alone (then gelu) */
     sh_tensor *dst = pre ? pre : y;
-    SH_TRY(sh_tensor_fill_(dst, 0.0));
+    SH_TRY(sh_kernel_fill_(dst, 0.0));
     if (b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
     return pre ? gelu_into(y, pre) : SH_OK;
   }
@@ -356,7 +355,7 @@ static int linear_fwd(const char *op, sh_tensor *y, sh_tensor *pre, const sh_ten
   /* Without the fused epilogue the plain product landed in D: add the bias there, and
    * when D was y but pre was wanted, move it to pre. */
   if (!fused && b) SH_TRY(sh_cuda_accumulate(op, dst, bc.t));
-  if (pre && g.epi == EPI_GELU_AUX_BIAS && !fused) SH_TRY(sh_tensor_copy_(pre, y));
+  if (pre && g.epi == EPI_GELU_AUX_BIAS && !fused) SH_TRY(sh_kernel_copy_(pre, y));
   if (pre && !(g.epi == EPI_GELU_AUX_BIAS && fused)) SH_TRY(gelu_into(y, pre));
   return SH_OK;
 }
@@ -402,16 +401,24 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
     /* BGRADB's bias length is D's column count in cuBLASLt's view, which is our M = out. */
     int fused = 0;
     SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
-    if (!direct) SH_TRY(set_dw ? sh_tensor_copy_(dw, acc.t) : sh_cuda_accumulate(op, dw, acc.t));
+    if (!direct) SH_TRY(set_dw ? sh_kernel_copy_(dw, acc.t) : sh_cuda_accumulate(op, dw, acc.t));
     else dw->version++;
     if (db && fused) { SH_TRY(sh_cuda_accumulate(op, db, bgrad.t)); db_done = true; }
   }
   if (db && !db_done && rows > 0) {
-    sh_tguard v, s;
-    int64_t s2[2] = {rows, out}, s1[1] = {out};
+    /* db += the column sums of dy seen as [rows, out], by the table's sum_to_shape (which
+     * sums every dim where its output is 1 and its input is not: here rows > 1) */
+    sh_tguard v, s, s1v;
+    int64_t s2[2] = {rows, out}, s2o[2] = {1, out}, s1[1] = {out};
     SH_TRY(sh_view_reshape(v.out(), dyc, 2, s2));
-    SH_TRY(sh_sum_to_shape(s.out(), v.t, 1, s1));
-    SH_TRY(sh_cuda_accumulate(op, db, s.t));
+    const sh_tensor *sums = v.t;
+    if (rows > 1) {
+      SH_TRY(sh_tensor_empty(s.out(), 2, s2o, sh_reduce_result_dtype(SH_OP_SUM, v.t->dtype), v.t->device));
+      SH_TRY(sh_backend_of(v.t->device)->sum_to_shape(s.t, v.t));
+      sums = s.t;
+    }
+    SH_TRY(sh_view_reshape(s1v.out(), sums, 1, s1));
+    SH_TRY(sh_cuda_accumulate(op, db, s1v.t));
   }
   return SH_OK;
 }
@@ -428,7 +435,7 @@ static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *d
   if (dw) SH_TRY(sh_cuda_contiguous_as(xc.out(), x, dt));
   if (dx && rows > 0 && in > 0) {
     if (out == 0) {
-      SH_TRY(sh_tensor_fill_(dx, 0.0));
+      SH_TRY(sh_kernel_fill_(dx, 0.0));
     } else {
       SH_TRY(sh_cuda_contiguous_as(wc.out(), w, dt));
       if (pre) SH_TRY(sh_cuda_contiguous_as(pc.out(), pre, dt));
@@ -443,9 +450,8 @@ static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *d
       int fused = 0;
       SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
       if (pre && !fused) {
-        sh_tguard d;
-        SH_TRY(sh_gelu_backward(d.out(), dx, pc.t));
-        SH_TRY(sh_tensor_copy_(dx, d.t));
+        dx->version++;
+        SH_TRY(sh_backend_of(dx->device)->gelu_backward(dx, dx, pc.t));
       }
     }
   }
@@ -495,7 +501,9 @@ static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int 
   bool c_direct = lt_operand(c, &ldc, &tc) && tc == 0;
   if (!c_direct) { SH_TRY(sh_cuda_contiguous_as(cc.out(), c, c->dtype)); ldc = N; }
   if (K == 0) {
-    SH_TRY(sh_scale_(c_direct ? c : cc.t, beta));
+    sh_tensor *cs = c_direct ? c : cc.t;
+    cs->version++;
+    SH_TRY(sh_backend_of(cs->device)->scale_(cs, beta));
   } else {
     lt_gemm g;
     memset(&g, 0, sizeof g);
@@ -507,7 +515,7 @@ static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int 
     int fused;
     SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
   }
-  if (!c_direct) SH_TRY(sh_tensor_copy_(c, cc.t));
+  if (!c_direct) SH_TRY(sh_kernel_copy_(c, cc.t));
   return SH_OK;
 }
 
@@ -534,7 +542,7 @@ static int cuda_matmul(sh_tensor *o, const sh_tensor *a, const sh_tensor *b) {
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
   if (batch == 0 || M == 0 || N == 0) return SH_OK;
-  if (K == 0) return sh_tensor_fill_(o, 0.0);
+  if (K == 0) return sh_kernel_fill_(o, 0.0);
   /* Views with the 1-D promotion applied, then dense copies in dt. */
   sh_tguard av, bv, ae, be, ac, bc;
   SH_TRY(sh_view_reshape(av.out(), a, an, as));

@@ -14,9 +14,9 @@
  * gradient-norm part walks the same kind of table into one f64 on the device. */
 #include <memory>
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 extern "C" {
-#include "optim_internal.h"
+
 }
 
 enum { MT_MAX = 16, MT_CHUNK = 8192, OPT_THREADS = 256 };

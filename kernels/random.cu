@@ -1,12 +1,12 @@
-/* random.cu: Philox normal/uniform fills, seeded dropout and arange on CUDA.
- * The draws come from runtime/philox_internal.h, compiled here for the device: element i in
- * row-major order of the target's shape takes counter offset + i, with the same f32 math as
- * runtime/ops_create.c and nn_activation.c, so CUDA and CPU produce the same numbers (to the
- * last bit in f32, up to the device's sqrtf/logf/sincos rounding). Dropout's mask is
- * recomputed from (seed, offset) in backward, never stored. */
+/* random.cu: Philox normal/uniform fills and arange on CUDA (the random family; dropout, which
+ * draws from the same stream, is activation.cu's). The draws come from
+ * runtime/core/philox_internal.h, compiled here for the device: element i in row-major order
+ * of the target's shape takes counter offset + i, with the same f32 math as
+ * runtime/cpu/random.c, so CUDA and CPU produce the same numbers (to the last bit in f32, up
+ * to the device's sqrtf/logf/sincos rounding). */
 #include "common.cuh"
-#include "backend_internal.h"
-#include "philox_internal.h"
+#include "core/backend_internal.h"
+#include "core/philox_internal.h"
 
 enum { RNG_THREADS = 256, RNG_NORMAL = 0, RNG_UNIFORM = 1 };
 
@@ -47,43 +47,6 @@ static int cuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, do
   return random_fill("uniform_", t, seed, offset, low, high, RNG_UNIFORM);
 }
 
-/* ---- dropout ------------------------------------------------------------------------------ */
-
-/* Element i is kept when uniform i of (seed, offset) is > p, and scaled by 1/(1-p). */
-template <typename T>
-__global__ void dropout_kernel(const T *x, T *y, int64_t n, float p, float scale, uint64_t seed, uint64_t offset) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float u = sh_philox_uniform(seed, offset, (uint64_t)i);
-    y[i] = from_f<T>(u > p ? to_f(x[i]) * scale : 0.0f);
-  }
-}
-
-/* y = dropout of x; y is the front's output (contiguous, x's shape and dtype). */
-static int dropout(const char *op, sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  int64_t n = sh_tensor_numel(x);
-  if (n == 0) return SH_OK;
-  if (p == 0) return SH_KERNEL(op, y->device, copy_, y, x);
-  cudaStream_t st;
-  SH_TRY(sh_cuda_enter(op, x->device, &st));
-  sh_tguard xc;
-  SH_TRY(sh_cuda_contiguous_as(xc.out(), x, x->dtype));
-  float scale = (float)(1.0 / (1.0 - p));
-  SH_DISPATCH_FLOAT(x->dtype, T, op, {
-    dropout_kernel<T><<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>(
-        (const T *)sh_tensor_data(xc.t), (T *)sh_tensor_data(y), n, (float)p, scale, seed, offset);
-  });
-  CU_LAUNCHED(op);
-  return SH_OK;
-}
-
-static int cuda_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  return dropout("dropout", y, x, p, seed, offset);
-}
-
-static int cuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
-  return dropout("dropout_backward", dx, dy, p, seed, offset);
-}
-
 /* ---- arange -------------------------------------------------------------------------------- */
 
 __global__ void arange_kernel(char *base, int dtype, int64_t n, double start, double step) {
@@ -106,6 +69,4 @@ extern "C" void sh_random_register_cuda(sh_backend *b) {
   b->arange = cuda_arange;
   b->random_normal_ = cuda_random_normal_;
   b->random_uniform_ = cuda_random_uniform_;
-  b->dropout_forward = cuda_dropout_forward;
-  b->dropout_backward = cuda_dropout_backward;
 }

@@ -9,12 +9,12 @@
  * inner); pass 2 combines the chunks of each output in order and converts to the result
  * dtype. No atomics, so results are the same from run to run. */
 #include "common.cuh"
-#include "backend_internal.h"
+#include "core/backend_internal.h"
 extern "C" {
-#include "ops_internal.h"
+#include "core/rules_internal.h"
 }
 
-enum { RED_THREADS = 256, RED_SUMSQ = 100, MAX_CHUNKS = 512 };
+enum { RED_THREADS = 256, MAX_CHUNKS = 512 };
 
 __device__ __forceinline__ double red_init(int op) {
   return op == SH_OP_MAX ? -INFINITY : op == SH_OP_MIN ? INFINITY : 0.0;
@@ -26,7 +26,7 @@ __device__ __forceinline__ double red_combine(int op, double acc, double x) {
     default: return acc + x;
   }
 }
-__device__ __forceinline__ double red_elem(int op, double x) { return op == RED_SUMSQ ? x * x : x; }
+__device__ __forceinline__ double red_elem(int op, double x) { return op == SH_OP_SUMSQ ? x * x : x; }
 
 /* Pass 1, rows (inner == 1): block (o, c) reduces x[o, chunk c of R] into part[o, c]. */
 template <typename T>
@@ -114,7 +114,7 @@ static int reduce_core(const char *name, cudaStream_t st, const sh_tensor *x, in
     }
   }
   reduce_finish_kernel<<<sh_blocks(nout, RED_THREADS), RED_THREADS, 0, st>>>(pp, outer, inner, (int)nch,
-                                                                               op == RED_SUMSQ ? SH_OP_SUM : op, div, out, out_dt);
+                                                                               op == SH_OP_SUMSQ ? SH_OP_SUM : op, div, out, out_dt);
   CU_LAUNCHED(name);
   return SH_OK;
 }
@@ -266,7 +266,7 @@ static int cuda_sumsq(const sh_tensor *a, double *out) {
   SH_TRY(sh_cuda_enter(name, a->device, &st));
   SH_TRY(sh_cuda_contiguous_as(x.out(), a, dense_dtype(a->dtype)));
   SH_TRY(sh_tensor_empty(o.out(), 0, NULL, SH_F64, a->device));
-  SH_TRY(reduce_core(name, st, x.t, 1, sh_tensor_numel(a), 1, RED_SUMSQ, 1.0, (char *)sh_tensor_data(o.t), SH_F64));
+  SH_TRY(reduce_core(name, st, x.t, 1, sh_tensor_numel(a), 1, SH_OP_SUMSQ, 1.0, (char *)sh_tensor_data(o.t), SH_F64));
   CU_TRY(name, cudaMemcpyAsync(out, sh_tensor_data(o.t), sizeof *out, cudaMemcpyDeviceToHost, st));
   CU_TRY(name, cudaStreamSynchronize(st));
   return SH_OK;

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "cpu.h"
-#include "status.h"
+#include "cpu/cpu.h"
+#include "core/status.h"
 
 /* Ctrl-C for the REPL (lua/shard/repl/interrupt.lua). While a chunk runs the REPL arms the
  * trap: SIGINT then sets a hook, as luajit.c does, that raises "interrupted" at the next Lua

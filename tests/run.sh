@@ -7,6 +7,7 @@
 #   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
 #   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
+#   tools/check_layers.lua       runtime/'s layers from its includes and its objects' symbols
 #   tools/gpu_report.lua         the kernels' registers, shared memory and spills (BUILD/kernels/*.ptxas)
 # CPU kernel sets (runtime/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
 # best this CPU runs); then the C tests (the op table among them) and the recipe-loss specs
@@ -140,6 +141,12 @@ fi
 echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): every test under kernel set $isa${OPENBLAS_CORETYPE:+ (OpenBLAS $OPENBLAS_CORETYPE)}${lower_sets:+; C tests and recipe specs under $lower_sets}"
 
 c_tests ""
+
+# runtime/'s layers (make check-layers): no include or call from a lower layer to a higher one,
+# no circle of calls among more than two runtime/ files.
+if selected check_layers; then
+  c_test check_layers ${LUAJIT:-luajit} tools/check_layers.lua "$BUILD"
+fi
 
 # The kernels' resources from the nvcc build's ptxas reports (make gpu-report): one check per
 # kernel, failing on a spill in the attention, matmul or optimizer kernels.

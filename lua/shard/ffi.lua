@@ -13,7 +13,8 @@ local function project_root()
 end
 M.root = project_root()
 
-local CORE = { "status.h", "dtype.h", "alloc.h", "tensor.h" }
+local LAYERS = { "core", "cpu", "ops", "dist", "io" }
+local CORE = { "core/status.h", "core/dtype.h", "core/alloc.h", "core/tensor.h" }
 
 local function read(path)
   local f = assert(io.open(path, "r"), "shard: cannot read runtime header " .. path)
@@ -30,8 +31,9 @@ local function declarations(text)
   return (table.concat(out, "\n"):gsub("__attribute__%b()", ""))
 end
 
--- Public headers: the core in dependency order, then every other runtime/*.h that is not
--- *_internal.h, in name order.
+-- Public headers, layer by layer as runtime/ stacks them (a layer's headers use only those of
+-- the layers before it): core's in dependency order first, then in each layer every *.h that
+-- is not *_internal.h, in name order.
 -- A path as one shell word ('...' with every ' escaped): no path reaches a shell unquoted.
 function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -54,14 +56,17 @@ end
 local function header_list()
   local seen, list = {}, {}
   for _, h in ipairs(CORE) do seen[h] = true; list[#list + 1] = h end
-  local p = io.popen("ls " .. M.shell_quote(M.root .. "/runtime") .. " 2>/dev/null")
-  local rest = {}
-  for name in p:lines() do
-    if name:match("%.h$") and not name:match("_internal%.h$") and not seen[name] then rest[#rest + 1] = name end
+  for _, layer in ipairs(LAYERS) do
+    local p = io.popen("ls " .. M.shell_quote(M.root .. "/runtime/" .. layer) .. " 2>/dev/null")
+    local rest = {}
+    for name in p:lines() do
+      local h = layer .. "/" .. name
+      if name:match("%.h$") and not name:match("_internal%.h$") and not seen[h] then rest[#rest + 1] = h end
+    end
+    p:close()
+    table.sort(rest)
+    for _, h in ipairs(rest) do list[#list + 1] = h end
   end
-  p:close()
-  table.sort(rest)
-  for _, h in ipairs(rest) do list[#list + 1] = h end
   return list
 end
 

@@ -1,8 +1,8 @@
 /* check_cpu.h: for C tests that compare CPU kernel sets (runtime/cpu.h) in one process. */
 #pragma once
 #include "check.h"
-#include "cpu.h"
-#include "status.h"
+#include "cpu/cpu.h"
+#include "core/status.h"
 
 /* Tests that compare CPU kernel sets in one process (cpu.h) run their cases under the set in
  * use (SHARD_CPU_ISA, or the CPU's best), then under generic, whose portable loops the others

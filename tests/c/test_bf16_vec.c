@@ -10,11 +10,11 @@
  * attention's staging), a copy large enough to be split over the threads, fill_ of bf16
  * (contiguous and strided), and bf16 add with a strided operand and a strided output. */
 #include "check_cpu.h"
-#include "bf16_internal.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "ops.h"
+#include "core/bf16_internal.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
 #include <stdlib.h>
 #include <string.h>
 

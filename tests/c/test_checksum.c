@@ -4,10 +4,10 @@
  * addition to the vectors, the two builds against each other on lengths and alignments around
  * the interleaved loop's block sizes, chaining, and sh_crc32c_st_read on partial ranges. */
 #include "check_cpu.h"
-#include "checksum.h"
-#include "dtype.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "io/checksum.h"
+#include "core/dtype.h"
+#include "io/safetensors.h"
+#include "core/tensor.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * switching: every set up to the best, and a clear error for anything else. SHARD_CPU_ISA's
  * parsing runs through bin/shard (tests/spec/cpu_spec.lua). */
 #include "check.h"
-#include "cpu.h"
-#include "status.h"
+#include "cpu/cpu.h"
+#include "core/status.h"
 #include <cpuid.h>
 #include <stdlib.h>
 #include <string.h>

@@ -13,11 +13,11 @@
  * is within k * 2^-23 * sum_p |a_ip b_pj| of the exact value (plus |beta c| rounding); the
  * check allows 4 times that. */
 #include "check_cpu.h"
-#include "blas_internal.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
+#include "cpu/blas_internal.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

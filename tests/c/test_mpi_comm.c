@@ -1,8 +1,8 @@
 /* test_mpi_comm.c: every collective against the values computed locally, at any world size
  * (tests/run.sh runs it under mpirun -np 1..4). Rank r's inputs are a formula of (r, i), so
  * each rank can compute what every other rank sent. */
-#include "tensor_internal.h"
-#include "comm.h"
+#include "core/tensor_internal.h"
+#include "dist/comm.h"
 #include "check.h"
 #include <string.h>
 #include <time.h>

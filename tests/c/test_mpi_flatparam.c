@@ -2,10 +2,10 @@
  * mpirun): flatten/unshard/reshard round trips, padding and shard sizes, uneven ownership,
  * tied and frozen parameters, grads reduced against sums computed locally, no_shard, hybrid,
  * sharded init, collective counts and the memory peak. */
-#include "tensor_internal.h"
-#include "alloc.h"
-#include "comm.h"
-#include "flatparam.h"
+#include "core/tensor_internal.h"
+#include "core/alloc.h"
+#include "dist/comm.h"
+#include "dist/flatparam.h"
 #include "check.h"
 #include <string.h>
 

@@ -10,14 +10,14 @@
  * Tolerance: f32 kernels against f64 references, max abs error <= 1e-5 of the reference's
  * max abs value (TOL), unless a check says why it needs more. */
 #include "check_cpu.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
-#include "optim.h"
-#include "ops.h"
-#include "attn_blocks_internal.h"
-#include "philox_internal.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/nn.h"          /* after tensor.h: the FFI headers declare no types of their own */
+#include "ops/optim.h"
+#include "ops/ops.h"
+#include "cpu/attn_blocks_internal.h"
+#include "core/philox_internal.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -11,8 +11,8 @@
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include <stddef.h>
-#include "backend_internal.h"
-#include "meta.h"
+#include "ops/dispatch_internal.h"
+#include "core/meta.h"
 
 /* ---- the references' own checks ----------------------------------------------------------- */
 
@@ -289,23 +289,29 @@ static void check_f64_paths(void) {
   sh_tensor_destroy(a); sh_tensor_destroy(b); sh_tensor_destroy(a2); sh_tensor_destroy(bcol); sh_tensor_destroy(c);
 }
 
-/* ---- the dry run's device has every kernel the CPU has ------------------------------------------ */
+/* ---- the kernel table's list: every backend fills every slot, every slot has a row ------------ */
 
-/* The meta device (shard estimate --dry-run) runs the real ops with kernels that only count:
- * a kernel added to the CPU table and not to meta's would stop a dry run of a model using it. */
-static void check_meta_table(void) {
-  const sh_backend *cpu = NULL, *meta = NULL;
-  CHECK(sh_backend_for(&cpu, -1, "test") == SH_OK && sh_backend_for(&meta, SH_DEVICE_META, "test") == SH_OK,
+/* SH_KERNELS (core/backend_internal.h) is the one list of kernel slots. The CPU table and the
+ * meta device's (shard estimate --dry-run runs the real ops with kernels that only count) must
+ * fill each slot or name it in their `absent` list; a slot one of them leaves NULL unnamed
+ * would fail a model using it there. */
+static void check_tables_filled(void) {
+  const sh_backend *tables[2] = {NULL, NULL};
+  CHECK(sh_backend_for(&tables[0], -1, "test") == SH_OK && sh_backend_for(&tables[1], SH_DEVICE_META, "test") == SH_OK,
         "backend tables: %s", sh_last_error());
-  if (!cpu || !meta) return;
-  size_t first = offsetof(sh_backend, copy_), n = (sizeof(sh_backend) - first) / sizeof(void (*)(void));
-  const char *c = (const char *)cpu + first, *m = (const char *)meta + first;
-  for (size_t i = 0; i < n; i++) {
-    void (*cf)(void), (*mf)(void);
-    memcpy(&cf, c + i * sizeof cf, sizeof cf);
-    memcpy(&mf, m + i * sizeof mf, sizeof mf);
-    CHECK(!cf || mf, "the meta backend lacks kernel entry %zu of sh_backend, which the cpu has", i);
+  for (int k = 0; k < 2; k++) {
+    if (!tables[k]) continue;
+    const char *gap = sh_backend_unfilled(tables[k]);
+    CHECK(!gap, "the %s backend leaves kernel slot %s empty without naming it in its absent list", tables[k]->name, gap);
   }
+}
+
+/* After the whole table ran: every slot of SH_KERNELS was reached by some row (through its
+ * front, which counts the dispatch), so a kernel added to the list without a row fails here. */
+static void check_slots_covered(void) {
+  for (int s = 0; s < SH_SLOT_COUNT; s++)
+    CHECK(sh_kernel_calls(s) > 0, "no row of tests/ops/op_table.h reaches kernel slot %s (add a row for its op)",
+          sh_backend_slot_name(s));
 }
 
 /* ---- the table ---------------------------------------------------------------------------------- */
@@ -317,12 +323,13 @@ int main(int argc, char **argv) {
   if (!filter) {
     check_references();
     check_f64_paths();
-    check_meta_table();
+    check_tables_filled();
   }
   /* the f64 case of an f64-referenced row is its own reference: test-gpu runs it */
   static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL };
   int rows, cases;
   ot_run_pass(&cpu, filter, base, &rows, &cases);
+  if (!filter) check_slots_covered();
   printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, ot_now() - t0,
          (unsigned long long)base, filter ? ", filter " : "", filter ? filter : "");
   return check_summary("test_op_table");

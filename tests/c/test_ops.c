@@ -2,10 +2,10 @@
  * broadcasting shapes, strided views and dtypes; the error paths; the allocator's stats
  * around ops; and the Philox streams behind the random fills. */
 #include "check.h"
-#include "tensor_internal.h"
-#include "alloc.h"
-#include "ops.h"
-#include "philox_internal.h"
+#include "core/tensor_internal.h"
+#include "core/alloc.h"
+#include "ops/ops.h"
+#include "core/philox_internal.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

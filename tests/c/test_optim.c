@@ -7,14 +7,14 @@
  * dtype.c's conversions, special values (ties, NaN, Inf, -0, subnormals) included; the two
  * loops must give the same bits (both are plain IEEE f32 operations in the same order). */
 #include <math.h>
-#include "parallel.h"
+#include "core/parallel.h"
 #include <stdlib.h>
 #include "check_cpu.h"
-#include "dtype.h"
-#include "optim.h"
-#include "optim_internal.h"
-#include "status.h"
-#include "tensor.h"
+#include "core/dtype.h"
+#include "ops/optim.h"
+#include "cpu/optim_internal.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 enum { STEPS = 4 };
 static const double LR = 1e-2, B1 = 0.9, B2 = 0.99, EPS = 1e-8, GS = 0.5;

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
-#include "parallel.h"
+#include "core/parallel.h"
 
 enum { MAX_T = 8 };
 

@@ -4,10 +4,10 @@
  * (sorted keys, 8-byte padded header) and atomicity. The independent reference is the file
  * format itself: every file below is assembled byte by byte in this test. */
 #include "check.h"
-#include "dtype.h"
-#include "safetensors.h"
-#include "status.h"
-#include "tensor.h"
+#include "core/dtype.h"
+#include "io/safetensors.h"
+#include "core/status.h"
+#include "core/tensor.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

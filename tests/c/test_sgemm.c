@@ -13,8 +13,8 @@
  * Tolerance: f32 sums of f32 products, each element within (k + 2) 2^-24 sum_p |a_ip b_pj|
  * (times |alpha|, plus beta c's rounding) of the exact value; the check allows 4 times that. */
 #include "check_cpu.h"
-#include "blas_internal.h"
-#include "parallel.h"
+#include "cpu/blas_internal.h"
+#include "core/parallel.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

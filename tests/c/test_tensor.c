@@ -1,11 +1,11 @@
 /* test_tensor.c: the tensor core from C: creation, every view against index arithmetic,
  * copies between all dtype pairs, bf16/f16 rounding against an independent nearest-value
  * reference, lifetime (free, aliases, refcounts) and the allocator's statistics. */
-#include "alloc_internal.h"
+#include "core/alloc_internal.h"
 #include "check.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

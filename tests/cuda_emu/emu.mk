@@ -55,15 +55,15 @@ $(EMU)/emu/%.o: $(EMU_DIR)/%.cpp $(EMU_HEADERS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
-$(EMU)/runtime/%.o: runtime/%.c $(wildcard runtime/*.h)
+$(EMU)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	$(need_mpi)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 # as the main build: no FMA contraction, so the vector and portable loops give the same bits
-$(EMU)/runtime/optim.o $(EMU)/runtime/optim_cpu_avx512.o: EMU_CFLAGS += -fno-math-errno -ffp-contract=off
+$(EMU)/runtime/cpu/optim.o $(EMU)/runtime/cpu/optim_cpu_avx512.o $(EMU)/runtime/ops/optim.o: EMU_CFLAGS += -fno-math-errno -ffp-contract=off
 
-$(EMU)/kernels/%.o: $(EMU)/rw/kernels/%.cu $(EMU_KERNEL_HDR) $(wildcard kernels/*.h runtime/*.h) $(EMU_HEADERS)
+$(EMU)/kernels/%.o: $(EMU)/rw/kernels/%.cu $(EMU_KERNEL_HDR) $(wildcard kernels/*.h) $(RUNTIME_HDR) $(EMU_HEADERS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
 

@@ -58,7 +58,7 @@ static void *fz_realloc(void *p, size_t n) {
 #define ST_MALLOC fz_malloc
 #define ST_REALLOC fz_realloc
 #define ST_FREE fz_free
-#include "../../runtime/safetensors.c"
+#include "../../runtime/io/safetensors.c"
 
 /* The few tensor functions the reader calls, over a plain struct (no runtime allocator). */
 int sh_tensor_check(const sh_tensor *t, const char *op) {

@@ -3,10 +3,10 @@
 #pragma once
 #include <stdio.h>
 #include <stdlib.h>
-#include "cuda.h"
-#include "ops.h"
-#include "status.h"
-#include "tensor.h"
+#include "core/cuda.h"
+#include "ops/ops.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 /* Starts cuda:device for the program `name`: -1 to go on, else the status main returns: 0
  * after the "skipped (0 passed, 0 failed)" line that tests/run_gpu.sh counts where there is no

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "check.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "alloc.h"
-#include "ops.h"
-#include "cuda.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/alloc.h"
+#include "ops/ops.h"
+#include "core/cuda.h"
 #include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}

@@ -10,13 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "check.h"
-#include "dtype.h"
-#include "status.h"
-#include "status_internal.h"
-#include "tensor.h"
-#include "ops.h"
-#include "nn.h"
-#include "cuda.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/status_internal.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+#include "ops/nn.h"
+#include "core/cuda.h"
 #include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}

@@ -13,7 +13,7 @@
  *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
-#include "cuda.h"
+#include "core/cuda.h"
 #include "gpu_test.h"
 
 static const int DEV = 0;

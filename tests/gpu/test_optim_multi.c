@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "check.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "ops.h"
-#include "optim.h"
-#include "cuda.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+#include "ops/optim.h"
+#include "core/cuda.h"
 #include "gpu_test.h"
 
 #define S(...) (int64_t[]){__VA_ARGS__}

@@ -53,13 +53,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "check.h"
-#include "dtype.h"
-#include "status.h"
-#include "tensor.h"
-#include "ops.h"
-#include "nn.h"
-#include "optim.h"
-#include "philox_internal.h"   /* the documented random stream: reference of random_ and dropout */
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+#include "ops/nn.h"
+#include "ops/optim.h"
+#include "core/philox_internal.h"   /* the documented random stream: reference of random_ and dropout */
 
 #define OT_S(...) ((int64_t[]){__VA_ARGS__})
 
@@ -1603,6 +1603,49 @@ static void run_sgd(ot_run *r) {
   if (b) ot_out_inplace(r, "momentum", b, 1, 1e-6);
 }
 
+/* grad_norm_part then grad_clip_coef over two gradients of s[0] and s[1] elements (the case's
+ * dtype; the second a strided view, every other element of 2*s[1]) with weights (1, a[1]),
+ * norm_type k[0] (0: 2, 1: 1, 2: inf), max_norm a[0] */
+static void run_grad_norm_clip(ot_run *r) {
+  const ot_row *w_ = r->row;
+  double norm_type = w_->k[0] == 0 ? 2 : w_->k[0] == 1 ? 1 : INFINITY, max_norm = w_->a[0];
+  double weights[2] = {1, w_->a[1]};
+  int64_t n0 = w_->s[0], n1 = w_->s[1], one[1] = {1};
+  sh_tensor *g0 = ot_in(r, 1, OT_S(n0), OT_ROW, OT_NORMAL, 0, 1);
+  sh_tensor *wide = ot_in(r, 1, OT_S(2 * n1), OT_ROW, OT_NORMAL, 0, 1);
+  sh_tensor *part = ot_empty(r, 1, one, SH_F64), *norm = ot_empty(r, 1, one, SH_F64);
+  sh_tensor *coef = ot_empty(r, 1, one, SH_F32);
+  OT_OK(r);
+  if (r->host) {
+    double *a = ot_d(r, g0), *b = ot_d(r, wide);
+    OT_OK(r);
+    double acc = 0, sb = 0, sa = 0;
+    for (int64_t i = 0; i < n0; i++) sa = w_->k[0] == 2 ? fmax(sa, fabs(a[i])) : sa + (w_->k[0] ? fabs(a[i]) : a[i] * a[i]);
+    for (int64_t i = 0; i < n1; i++) {
+      double x = b[2 * i];
+      sb = w_->k[0] == 2 ? fmax(sb, fabs(x)) : sb + (w_->k[0] ? fabs(x) : x * x);
+    }
+    acc = w_->k[0] == 2 ? fmax(sa, sb) : sa + weights[1] * sb;
+    double nrm = w_->k[0] == 0 ? sqrt(acc) : acc, c = fmin(1, max_norm / (nrm + 1e-6));
+    ot_host_out_full(r, "part", 1, one, SH_F64, &acc, 1, 1e-9);
+    ot_host_out_full(r, "norm", 1, one, SH_F64, &nrm, 1, 1e-9);
+    ot_host_out_full(r, "coef", 1, one, SH_F64, &c, 1, 1e-6);
+    return;
+  }
+  sh_tensor *pairs = NULL, *g1 = NULL;
+  int64_t shape2[2] = {n1, 2};
+  OT_CALL(r, sh_view_reshape(&pairs, wide, 2, shape2));
+  ot_tmp(r, pairs);
+  OT_CALL(r, sh_view_select(&g1, pairs, 1, 0));
+  ot_tmp(r, g1);
+  const sh_tensor *grads[2] = {g0, g1};
+  OT_CALL(r, sh_grad_norm_part(part, 2, grads, weights, norm_type));
+  OT_CALL(r, sh_grad_clip_coef(coef, norm, part, norm_type, max_norm));
+  ot_out_inplace(r, "part", part, 1, 1e-9);
+  ot_out_inplace(r, "norm", norm, 1, 1e-9);
+  ot_out_inplace(r, "coef", coef, 1, 1e-6);
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* pow gets twice the default tolerance (powf and the CUDA pow differ from the correctly
@@ -1888,6 +1931,12 @@ static const ot_row ot_table[] = {
    .k = {OT_DT(SH_BF16)}},
   {"adamw_step_", "[1001] 2 steps, f16 shadow", OT_F32, OT_REF_HOST, run_adamw, .s = {1001, 2}, .k = {OT_DT(SH_F16)}},
   {"adamw_step_", "[7] 1 step, no shadow", OT_F32 | OT_BF16, OT_REF_HOST, run_adamw, .s = {7, 1}},
+  {"grad_norm", "[1000]+[333] strided, norm 2 weights (1, 0.5), max_norm 1", OT_F32 | OT_BF16, OT_REF_HOST,
+   run_grad_norm_clip, .s = {1000, 333}, .a = {1, 0.5}},
+  {"grad_norm", "[17]+[5] strided, norm 1, max_norm 1000 (no clip)", OT_F32, OT_REF_HOST, run_grad_norm_clip,
+   .s = {17, 5}, .a = {1000, 1}, .k = {1}},
+  {"grad_norm", "[4097]+[1] strided, norm inf, max_norm 0.5", OT_F32 | OT_BF16, OT_REF_HOST, run_grad_norm_clip,
+   .s = {4097, 1}, .a = {0.5, 1}, .k = {2}},
   {"sgd_step_", "[5000] 3 steps momentum 0.9 wd 0.01", OT_F32 | OT_BF16, OT_REF_HOST, run_sgd, .s = {5000, 3},
    .a = {0.9, 0, 0.01}},
   {"sgd_step_", "[5000] 3 steps nesterov momentum 0.9 wd 0.01", OT_F32 | OT_BF16, OT_REF_HOST, run_sgd, .s = {5000, 3},
