@@ -5,9 +5,8 @@
 local Module = require "shard.nn.module"
 local L = require "shard.nn.layers"
 local F = require "shard.functional"
-local G = require "shard.nn.gpt"
-local tensor = require "shard.tensor"
 local memory = require "shard.memory"
+local Tr = require "shard.nn.transformer"
 
 local M = {}
 
@@ -45,16 +44,13 @@ function M.LlamaBlock:init(c)
   self:child("mlp", M.LlamaMLP(c))
 end
 function M.LlamaBlock:forward(x)
-  x = x + self.self_attn(self.input_layernorm(x))
-  return x + self.mlp(self.post_attention_layernorm(x))
+  return Tr.pre_norm(x, self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp)
 end
 
 local LlamaModel = Module:extend("LlamaModel")
 function LlamaModel:init(c)
   self:child("embed_tokens", L.Embedding(c.vocab_size, c.dim))
-  local blocks = {}
-  for i = 1, c.n_layer do blocks[i] = M.LlamaBlock(c) end
-  self:child("layers", G.ModuleList(blocks))
+  self:child("layers", Tr.blocks(c.n_layer, M.LlamaBlock, c))
   self:child("norm", L.RMSNorm(c.dim, { eps = c.norm_eps }))
 end
 
@@ -78,9 +74,7 @@ end
 -- The full config: defaults, n_kv_head = n_head and ffn_dim from multiple_of when not given,
 -- block_size = max_seq_len (what generation and the data loaders read); checked.
 function M.Llama.config(cfg)
-  local c = {}
-  for k, v in pairs(M.Llama.defaults) do c[k] = v end
-  for k, v in pairs(cfg or {}) do c[k] = v end
+  local c = Tr.config(M.Llama.defaults, cfg)
   c.n_kv_head = c.n_kv_head or c.n_head
   for _, key in ipairs { "n_layer", "n_head", "n_kv_head", "dim", "vocab_size", "max_seq_len", "multiple_of" } do
     positive_int(c, key)
@@ -122,32 +116,18 @@ end
 -- The final hidden states [B, T, dim].
 function M.Llama:hidden(idx)
   local m = self.model
-  local x = m.embed_tokens(idx)
-  for _, blk in ipairs(m.layers:named_children()) do x = blk.module(x) end
-  return m.norm(x)
+  return m.norm(Tr.run_blocks(m.layers, m.embed_tokens(idx)))
 end
 
-function M.Llama:logits(idx) return F.linear(self:hidden(idx), self.lm_head.weight) end
+M.Llama.logits = Tr.logits
 
 -- idx [B, T] token ids; with targets [B, T]: the mean cross-entropy (0-dim); without: the
--- logits of the last position [B, V]. Argument checks as GPT's.
+-- logits of the last position [B, V]. Arguments checked as GPT's.
 function M.Llama:forward(idx, targets)
-  if not tensor.is_tensor(idx) or idx:dim() ~= 2 then
-    error("Llama: idx must be a [batch, time] tensor of token ids, got " ..
-          (tensor.is_tensor(idx) and idx:describe() or type(idx)), 2)
-  end
-  local B, T = idx:size(1), idx:size(2)
-  if targets ~= nil and not (tensor.is_tensor(targets) and targets:dim() == 2 and targets:size(1) == B
-                             and targets:size(2) == T) then
-    error(("Llama: targets must be token ids of idx's shape %s, got %s"):format(idx:describe(),
-          tensor.is_tensor(targets) and targets:describe() or type(targets)), 2)
-  end
-  if T > self.config.max_seq_len then
-    error(("Llama: sequence length %d is longer than max_seq_len %d"):format(T, self.config.max_seq_len), 2)
-  end
-  return memory.with_tag("activation", G.GPT.forward_tagged, self, idx, targets, B, T)
+  local B, T = Tr.check_tokens("Llama", idx, targets, "max_seq_len", self.config.max_seq_len)
+  return memory.with_tag("activation", Tr.forward_tagged, self, idx, targets, B, T)
 end
 
-M.Llama.generate = G.GPT.generate
+M.Llama.generate = Tr.generate
 
 return M
