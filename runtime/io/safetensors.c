@@ -269,22 +269,65 @@ static int dtype_index(const char *s) {
   return -1;
 }
 
-/* One tensor entry: {"dtype": .., "shape": [..], "data_offsets": [begin, end]} in any order. */
-static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
-  if (grow((void **)&f->t, &f->cap, f->n, sizeof *f->t)) { ST_FREE(name); return oom(p); }
-  sh_st_tensor *t = &f->t[f->n++];
-  memset(t, 0, sizeof *t);
-  t->name = name;
-  if (strlen(name) != name_len) return syntax(p, "a tensor name holds a NUL character");
-  if (!accept(p, '{')) return syntax(p, "expected an object {dtype, shape, data_offsets} for a tensor");
-  int have_dtype = 0, have_shape = 0, have_offsets = 0;
+/* A tensor's "dtype": one of DTYPES' names. */
+static int parse_dtype_field(parser *p, sh_st_tensor *t, const char *name) {
+  char *d;
+  size_t dl;
+  skip_ws(p);
+  if (p->pos < p->n && p->s[p->pos] != '"') return syntax(p, "dtype must be a string");
+  SH_TRY(parse_string(p, &d, &dl));
+  int di = strlen(d) == dl ? dtype_index(d) : -1;
+  if (di < 0) {
+    p->failed = 1;
+    sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': unknown dtype '%.40s' (known: " KNOWN_DTYPES ")",
+            p->path, name, d);
+    ST_FREE(d);
+    return SH_ERR_ARG;
+  }
+  ST_FREE(d);
+  t->dtype_name = DTYPES[di].name;
+  t->dtype = DTYPES[di].dtype;
+  t->elem_size = DTYPES[di].size;
+  return SH_OK;
+}
+
+/* A tensor's "shape": an array of integers (t->shape owns the array as soon as it exists). */
+static int parse_shape_field(parser *p, sh_st_tensor *t, const char *name) {
+  if (!accept(p, '[')) return syntax(p, "shape must be an array of integers");
+  int cap = 0;
+  int64_t *shape = NULL;
+  int none = accept(p, ']');
+  if (!none) do {
+    int64_t d;
+    if (grow((void **)&shape, &cap, t->ndim, sizeof *shape)) return oom(p);   /* t->shape frees it */
+    t->shape = shape;
+    SH_TRY(parse_int(p, &d, "shape dim", name));
+    shape[t->ndim++] = d;
+  } while (accept(p, ','));
+  t->shape = shape;
+  if (!none) SH_TRY(expect(p, ']', "expected ',' or ']' in shape"));
+  return SH_OK;
+}
+
+/* A tensor's "data_offsets": exactly [begin, end]. */
+static int parse_offsets_field(parser *p, sh_st_tensor *t, const char *name) {
+  SH_TRY(expect(p, '[', "data_offsets must be an array [begin, end]"));
+  SH_TRY(parse_int(p, &t->begin, "data_offsets begin", name));
+  SH_TRY(expect(p, ',', "data_offsets must hold exactly two integers"));
+  SH_TRY(parse_int(p, &t->end, "data_offsets end", name));
+  return expect(p, ']', "data_offsets must hold exactly two integers");
+}
+
+/* The fields of one tensor entry, in any order, each exactly once. */
+static int parse_tensor_fields(parser *p, sh_st_tensor *t, const char *name) {
+  int have[4] = {0};   /* by field: 1 dtype, 2 shape, 3 data_offsets */
   int empty = accept(p, '}');
   if (!empty) do {
     char *key;
     size_t kl;
     SH_TRY(parse_string(p, &key, &kl));
     int which = eq(key, kl, "dtype") ? 1 : eq(key, kl, "shape") ? 2 : eq(key, kl, "data_offsets") ? 3 : 0;
-    int dup = (which == 1 && have_dtype) || (which == 2 && have_shape) || (which == 3 && have_offsets);
+    int dup = which && have[which];
     if (!which || dup) {
       p->failed = 1;
       sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': %s field '" NAME_FMT "'%s", p->path, name,
@@ -294,56 +337,31 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
     }
     ST_FREE(key);
     SH_TRY(expect(p, ':', "expected ':'"));
-    if (which == 1) {
-      char *d;
-      size_t dl;
-      skip_ws(p);
-      if (p->pos < p->n && p->s[p->pos] != '"') return syntax(p, "dtype must be a string");
-      SH_TRY(parse_string(p, &d, &dl));
-      int di = strlen(d) == dl ? dtype_index(d) : -1;
-      if (di < 0) {
-        p->failed = 1;
-        sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': unknown dtype '%.40s' (known: " KNOWN_DTYPES ")",
-                p->path, name, d);
-        ST_FREE(d);
-        return SH_ERR_ARG;
-      }
-      ST_FREE(d);
-      t->dtype_name = DTYPES[di].name;
-      t->dtype = DTYPES[di].dtype;
-      t->elem_size = DTYPES[di].size;
-      have_dtype = 1;
-    } else if (which == 2) {
-      if (!accept(p, '[')) return syntax(p, "shape must be an array of integers");
-      int cap = 0;
-      int64_t *shape = NULL;
-      int none = accept(p, ']');
-      if (!none) do {
-        int64_t d;
-        if (grow((void **)&shape, &cap, t->ndim, sizeof *shape)) return oom(p);   /* t->shape frees it */
-        t->shape = shape;
-        SH_TRY(parse_int(p, &d, "shape dim", name));
-        shape[t->ndim++] = d;
-      } while (accept(p, ','));
-      t->shape = shape;
-      if (!none) SH_TRY(expect(p, ']', "expected ',' or ']' in shape"));
-      have_shape = 1;
-    } else {
-      SH_TRY(expect(p, '[', "data_offsets must be an array [begin, end]"));
-      SH_TRY(parse_int(p, &t->begin, "data_offsets begin", name));
-      SH_TRY(expect(p, ',', "data_offsets must hold exactly two integers"));
-      SH_TRY(parse_int(p, &t->end, "data_offsets end", name));
-      SH_TRY(expect(p, ']', "data_offsets must hold exactly two integers"));
-      have_offsets = 1;
-    }
+    SH_TRY(which == 1 ? parse_dtype_field(p, t, name) : which == 2 ? parse_shape_field(p, t, name)
+                                                       : parse_offsets_field(p, t, name));
+    have[which] = 1;
   } while (accept(p, ','));
   if (!empty) SH_TRY(expect(p, '}', "expected ',' or '}' in a tensor entry"));
-  if (!have_dtype || !have_shape || !have_offsets) {
+  if (!have[1] || !have[2] || !have[3]) {
     p->failed = 1;
     return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': missing '%s'", p->path, name,
-                   !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+                   !have[1] ? "dtype" : !have[2] ? "shape" : "data_offsets");
   }
-  /* The byte size; a zero dim makes an empty tensor whatever the others are. */
+  return SH_OK;
+}
+
+/* The shape as "d0,d1,..." for messages (",..." past what fits). */
+static void dims_text(const sh_st_tensor *t, char *dims, size_t size) {
+  int k = 0;
+  for (int i = 0; i < t->ndim && k < (int)size - 24; i++)
+    k += snprintf(dims + k, size - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+  if (k >= (int)size - 24) snprintf(dims + k, size - k, ",...");
+  else dims[k] = 0;
+}
+
+/* The entry's byte size against its data_offsets and the data section; sets t->numel. A zero
+ * dim makes an empty tensor whatever the others are. */
+static int check_tensor_bytes(parser *p, const sh_st_file *f, sh_st_tensor *t, const char *name) {
   int64_t numel = 1;
   int zero = 0, overflow = 0;
   for (int i = 0; i < t->ndim; i++) zero |= t->shape[i] == 0;
@@ -352,11 +370,7 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
   if (zero) numel = 0;
   else if (!overflow) overflow = __builtin_mul_overflow(numel, (int64_t)t->elem_size, &nbytes);
   char dims[160];
-  int k = 0;
-  for (int i = 0; i < t->ndim && k < (int)sizeof dims - 24; i++)
-    k += snprintf(dims + k, sizeof dims - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
-  if (k >= (int)sizeof dims - 24) snprintf(dims + k, sizeof dims - k, ",...");
-  else dims[k] = 0;
+  dims_text(t, dims, sizeof dims);
   p->failed = 1;
   if (overflow)
     return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': shape [%s] of %s is 2^63 bytes or more",
@@ -373,7 +387,19 @@ static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
                    "section's %lld bytes", p->path, name, (long long)t->begin, (long long)t->end, (long long)f->data_len);
   p->failed = 0;
   t->numel = numel;
-  return 0;
+  return SH_OK;
+}
+
+/* One tensor entry: {"dtype": .., "shape": [..], "data_offsets": [begin, end]} in any order. */
+static int parse_tensor(parser *p, sh_st_file *f, char *name, size_t name_len) {
+  if (grow((void **)&f->t, &f->cap, f->n, sizeof *f->t)) { ST_FREE(name); return oom(p); }
+  sh_st_tensor *t = &f->t[f->n++];
+  memset(t, 0, sizeof *t);
+  t->name = name;
+  if (strlen(name) != name_len) return syntax(p, "a tensor name holds a NUL character");
+  if (!accept(p, '{')) return syntax(p, "expected an object {dtype, shape, data_offsets} for a tensor");
+  SH_TRY(parse_tensor_fields(p, t, name));
+  return check_tensor_bytes(p, f, t, name);
 }
 
 static int parse_header(parser *p, sh_st_file *f) {
@@ -650,54 +676,49 @@ static int named_cmp(const void *a, const void *b) { return strcmp(((const named
 typedef struct kv { const char *k, *v; } kv;
 static int kv_cmp(const void *a, const void *b) { return strcmp(((const kv *)a)->k, ((const kv *)b)->k); }
 
-/* Checks the tensors and metadata and builds the file's first bytes into h: the 8-byte
- * length, then the header (__metadata__ first, the tensors by name, offsets in that order),
- * padded with spaces to a multiple of 8. order gets the tensors sorted by name: the order of
- * their data after the header. what names the file in messages. */
-static int build_header(const char *what, int n, const char *const *names, sh_tensor *const *tensors,
-                        int nmeta, const char *const *keys, const char *const *values, named *order, buf *h) {
-  const char *path = what;
-  kv *meta = ST_MALLOC((nmeta ? nmeta : 1) * sizeof *meta);
-  int rc = 0;
-  if (!meta) return sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path);
+/* Checks every tensor (a valid unreserved name, a live contiguous cpu tensor of a storable
+ * dtype) and sorts them by name into order, refusing a duplicate name. */
+static int order_tensors(const char *path, int n, const char *const *names, sh_tensor *const *tensors, named *order) {
   for (int i = 0; i < n; i++) {
     const sh_tensor *t = tensors[i];
     const char *name = names[i];
-    if (!name || !*name || !valid_utf8(name) || !strcmp(name, "__metadata__")) {
-      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor name '" NAME_FMT "' is empty, not UTF-8 or reserved", path,
-                   name ? name : "(null)");
-      goto done;
-    }
-    if ((rc = sh_tensor_check(t, "safetensors save"))) { sh_fail_context("safetensors: " NAME_FMT ": tensor '" NAME_FMT "': ", path, name); goto done; }
+    if (!name || !*name || !valid_utf8(name) || !strcmp(name, "__metadata__"))
+      return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor name '" NAME_FMT "' is empty, not UTF-8 or reserved", path,
+                     name ? name : "(null)");
+    int rc = sh_tensor_check(t, "safetensors save");
+    if (rc) { sh_fail_context("safetensors: " NAME_FMT ": tensor '" NAME_FMT "': ", path, name); return rc; }
     if (t->device != -1 || !sh_tensor_is_contiguous(t) || !st_dtype_name(t->dtype)) {
       char d[64];
       sh_tensor_describe(t, d, sizeof d);
-      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': save needs a contiguous cpu tensor, got %s", path, name, d);
-      goto done;
+      return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': save needs a contiguous cpu tensor, got %s", path, name, d);
     }
     order[i] = (named){ name, t, i };
   }
   qsort(order, n, sizeof *order, named_cmp);
   for (int i = 1; i < n; i++)
-    if (!strcmp(order[i].name, order[i - 1].name)) {
-      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': duplicate name", path, order[i].name);
-      goto done;
-    }
+    if (!strcmp(order[i].name, order[i - 1].name))
+      return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": tensor '" NAME_FMT "': duplicate name", path, order[i].name);
+  return SH_OK;
+}
+
+/* Checks the metadata (UTF-8 keys and values) and sorts it by key into meta, refusing a
+ * duplicate key. */
+static int order_metadata(const char *path, int nmeta, const char *const *keys, const char *const *values, kv *meta) {
   for (int i = 0; i < nmeta; i++) {
-    if (!keys[i] || !values[i] || !valid_utf8(keys[i]) || !valid_utf8(values[i])) {
-      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": __metadata__ entry %d is missing or not UTF-8", path, i);
-      goto done;
-    }
+    if (!keys[i] || !values[i] || !valid_utf8(keys[i]) || !valid_utf8(values[i]))
+      return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": __metadata__ entry %d is missing or not UTF-8", path, i);
     meta[i] = (kv){ keys[i], values[i] };
   }
   qsort(meta, nmeta, sizeof *meta, kv_cmp);
   for (int i = 1; i < nmeta; i++)
-    if (!strcmp(meta[i].k, meta[i - 1].k)) {
-      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": __metadata__: duplicate key '" NAME_FMT "'", path, meta[i].k);
-      goto done;
-    }
+    if (!strcmp(meta[i].k, meta[i - 1].k))
+      return sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": __metadata__: duplicate key '" NAME_FMT "'", path, meta[i].k);
+  return SH_OK;
+}
 
-  put(h, "\0\0\0\0\0\0\0\0", 8);   /* the length, filled in below */
+/* The header's JSON: __metadata__ first, then each tensor by name with its data_offsets, its
+ * data following the previous one's. */
+static void put_header_json(buf *h, int n, const named *order, int nmeta, const kv *meta) {
   puts_(h, "{");
   if (nmeta) {
     puts_(h, "\"__metadata__\":{");
@@ -728,14 +749,29 @@ static int build_header(const char *what, int n, const char *const *names, sh_te
     offset += nbytes;
   }
   puts_(h, "}");
-  while ((h->n - 8) % 8) puts_(h, " ");
-  if (h->oom) { rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory for the header", path); goto done; }
-  if (h->n - 8 > (size_t)ST_HEADER_LIMIT) {
-    rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": the header would be %zu bytes, above the limit of %lld", path, h->n - 8, ST_HEADER_LIMIT);
-    goto done;
+}
+
+/* Checks the tensors and metadata and builds the file's first bytes into h: the 8-byte
+ * length, then the header (__metadata__ first, the tensors by name, offsets in that order),
+ * padded with spaces to a multiple of 8. order gets the tensors sorted by name: the order of
+ * their data after the header. what names the file in messages. */
+static int build_header(const char *what, int n, const char *const *names, sh_tensor *const *tensors,
+                        int nmeta, const char *const *keys, const char *const *values, named *order, buf *h) {
+  const char *path = what;
+  kv *meta = ST_MALLOC((nmeta ? nmeta : 1) * sizeof *meta);
+  if (!meta) return sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory", path);
+  int rc = order_tensors(path, n, names, tensors, order);
+  if (!rc) rc = order_metadata(path, nmeta, keys, values, meta);
+  if (!rc) {
+    put(h, "\0\0\0\0\0\0\0\0", 8);   /* the length, filled in below */
+    put_header_json(h, n, order, nmeta, meta);
+    while ((h->n - 8) % 8) puts_(h, " ");
+    if (h->oom) rc = sh_fail(SH_ERR_OOM, "safetensors: " NAME_FMT ": out of memory for the header", path);
+    else if (h->n - 8 > (size_t)ST_HEADER_LIMIT)
+      rc = sh_fail(SH_ERR_ARG, "safetensors: " NAME_FMT ": the header would be %zu bytes, above the limit of %lld", path, h->n - 8, ST_HEADER_LIMIT);
+    else
+      for (int i = 0; i < 8; i++) h->p[i] = (char)(unsigned char)((uint64_t)(h->n - 8) >> (8 * i));
   }
-  for (int i = 0; i < 8; i++) h->p[i] = (char)(unsigned char)((uint64_t)(h->n - 8) >> (8 * i));
-done:
   ST_FREE(meta);
   return rc;
 }
