@@ -8,7 +8,7 @@
  * come from memory (best of 15 calls): the case of a model whose activations outgrow the
  * caches. Not a test.
  * Build and run (from the repository root, after `make`):
- *   cc -O2 -Iruntime bench/sgemm_cpu.c build/runtime/*.o build/kernels/*.o -L/usr/local/cuda/lib64 \
+ *   cc -O2 -Iruntime bench/sgemm_cpu.c $(find build/runtime build/kernels -name '*.o') -L/usr/local/cuda/lib64 \
  *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
  *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu && /tmp/sgemm_cpu [cold]
  * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
