@@ -9,13 +9,15 @@
 -- Runs from the project root with bin/shard built (or the binary $SHARD_BIN names); the
 -- Shakespeare corpus where the recipes find it (SHARD_DATA, else ../shared/data). The
 -- strategies sweep takes a minute or two.
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path   -- shard's modules, from the root
 local cjson = require "cjson"
+local files = require "shard.files"
 
 local README = "README.md"
 local SWEEP_DIR = "recipes/sweeps/results"
 local TIMELINE_PNG = "docs/img/memory_timeline_np4.png"
 
-local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local sh_quote = files.shell_quote
 
 -- The binary the commands run: $SHARD_BIN (as the tests take it), else bin/shard.
 local BIN = os.getenv("SHARD_BIN") or (os.getenv("PWD") .. "/bin/shard")
@@ -41,12 +43,7 @@ local function lines(text)
   return t
 end
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function read(path) return assert(files.read_file(path)) end
 
 local TODAY = os.date("!%Y-%m-%d")
 local CPU = (function()
@@ -85,9 +82,10 @@ local function csv_fields(line)
   return t
 end
 
--- One row of the Measured table.
-local function row(what, cmd, cpu, result)
-  return ("| %s | %s | %s | %s |"):format(what, cmd, cpu, result)
+-- The region of one row of the Measured table: the line that starts with `start`, written
+-- anew from its four cells.
+local function row(start, what, cmd, cpu, result)
+  return { { start = start, kind = "line", text = { ("| %s | %s | %s | %s |"):format(what, cmd, cpu, result) } } }
 end
 
 local OFFLOAD = "--data=/usr/share/common-licenses/GPL-3 --strategy=full_shard --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --batch_size=8"
@@ -118,9 +116,9 @@ local FIGURES = {
         off.seconds, mib(off.peak), mib(on.peak), mib(off.host_peak), mib(h.param), mib(h.grad), mib(h.optim),
         mib(off.copy_bytes), OFFLOAD_ESTIMATE, mib(bytes_after(est, "estimated device peak")),
         mib(bytes_after(est, "host memory")), TODAY)
-      return { { start = "| Dry run with CPU offload", kind = "line", text = { row(
+      return row("| Dry run with CPU offload",
         "Dry run with CPU offload, GPT 85.8M (12 layers, n_embd 768, T 1024, batch 8), full_shard, world 8",
-        "`" .. cmd .. "`", "—", result) } } }
+        "`" .. cmd .. "`", "—", result)
     end },
   { name = "llama_dryrun", deterministic = true, make = function()
       local cmd = "bin/shard estimate --dry-run --world=64 recipes/llama_shakespeare_char.lua " .. LLAMA
@@ -132,9 +130,9 @@ local FIGURES = {
       for v, unit in h100:gmatch("([%d.]+) (m?s)%f[%W]") do times[#times + 1] = tonumber(v) * (unit == "s" and 1000 or 1) end
       local result = ("%.2f s; rank 0 peak %s GiB (activations %s) in the %s; %.1f TFLOP per step per rank; estimate %.0f ms per step on H100/H200 (communication-bound, an upper bound), not a measurement (%s)"):format(
         r.seconds, gib(r.peak), gib(r.peak_by_tag.activation), r.at_peak, r.flops / 1e12, times[4], TODAY)
-      return { { start = "| Dry run of an 8B Llama", kind = "line", text = { row(
+      return row("| Dry run of an 8B Llama",
         "Dry run of an 8B Llama (32 layers, 32 heads / 8 k/v, dim 4096, ffn 14336, T 2048, global batch 64, f32, char vocabulary) at world 64",
-        "`" .. cmd .. "`", "—", result) } } }
+        "`" .. cmd .. "`", "—", result)
     end },
   { name = "dryrun_parity", deterministic = true, make = function()
       local cmd = "bin/shard launch --nproc N --all tests/mpi/dryrun_parity.lua " .. PARITY
@@ -146,10 +144,10 @@ local FIGURES = {
         peaks[n] = ("%s / %s%s (%d)"):format(thousands(dry), thousands(real), n == 1 and " B" or "", n)
         comm[n] = thousands(bytes)
       end
-      return { { start = "| Dry run against real runs", kind = "line", text = { row(
+      return row("| Dry run against real runs",
         "Dry run against real runs, the recipe model, full_shard, world 1-4", "`" .. cmd .. "`", "—",
         ("peak per rank dry / real: %s; collective bytes per step equal (%s) (%s)"):format(
-          table.concat(peaks, ", "):gsub(" %(1%)", " (world 1)", 1), table.concat(comm, " / "), TODAY)) } } }
+          table.concat(peaks, ", "):gsub(" %(1%)", " (world 1)", 1), table.concat(comm, " / "), TODAY))
     end },
   { name = "recipe_loss", deterministic = true, make = function()
       local loss = {}
@@ -159,11 +157,11 @@ local FIGURES = {
         assert(train, "no evaluation at iter 2000 in:\n" .. out)
         loss[dtype] = { train = train, val = val }
       end
-      return { { start = "| Shakespeare recipe, nanoGPT's CPU configuration", kind = "line", text = { row(
+      return row("| Shakespeare recipe, nanoGPT's CPU configuration",
         "Shakespeare recipe, nanoGPT's CPU configuration (nanoGPT: val 1.88)",
         "`" .. RECIPE_CMD .. "` (`--dtype=bf16` for bf16)", CPU,
         ("f32: val loss %s at iter 2000 (train %s); bf16: val %s (train %s), within the 0.02 of f32 that the bf16 path promises (%s)"):format(
-          loss.f32.val, loss.f32.train, loss.bf16.val, loss.bf16.train, TODAY)) } } }
+          loss.f32.val, loss.f32.train, loss.bf16.val, loss.bf16.train, TODAY))
     end },
   { name = "recipe_memory", deterministic = true, make = function()
       local alloc, peak = {}, {}
@@ -174,11 +172,11 @@ local FIGURES = {
         assert(line, "no `memory (rank 0)` line from " .. cmd)
         alloc[#alloc + 1], peak[#peak + 1] = mib(bytes_after(line, "allocated")), mib(bytes_after(line, "peak"))
       end
-      return { { start = "| Recipe model, rank 0 memory after training", kind = "line", text = { row(
+      return row("| Recipe model, rank 0 memory after training",
         "Recipe model, rank 0 memory after training (world 1 unwrapped, else full_shard)",
         ("`bin/shard launch --nproc N recipes/gpt_shakespeare_char.lua --strategy=full_shard %s` (world 1: `bin/shard run`)"):format(MEMORY_ITERS),
         "—", ("params + optimizer %s MiB, peak %s MiB at world 1 / 2 / 4 (the `memory (rank 0)` line; %s)"):format(
-          table.concat(alloc, " / "), table.concat(peak, " / "), TODAY)) } } }
+          table.concat(alloc, " / "), table.concat(peak, " / "), TODAY))
     end },
   { name = "sweep", deterministic = true, make = function(check)
       local dir = run("mktemp -d"):match("%S+")

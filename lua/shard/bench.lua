@@ -7,15 +7,15 @@ local function root() return os.getenv("SHARD_HOME") or "." end
 function M.main(args)
   local name = args[1]
   if not name then
-    local p = io.popen("ls " .. require("shard.ffi").shell_quote(root() .. "/bench") .. " 2>/dev/null")
+    local files = require "shard.files"
+    local names = files.lines_of("ls " .. files.shell_quote(root() .. "/bench") .. " 2>/dev/null")
     print("benchmarks (shard bench NAME [--key=value ...]; shard bench NAME --help):")
     local config = require "shard.config"
-    for f in p:lines() do
+    for _, f in ipairs(names) do
       local n = f:match("^(.-)%.lua$")
       local about = n and config.description(root() .. "/bench/" .. f)
       if n then print(("  %-22s %s"):format(n, about and config.summary(about) or "")) end
     end
-    p:close()
     return 0
   end
   local file = root() .. "/bench/" .. name .. ".lua"

@@ -38,6 +38,7 @@ local safetensors = require "shard.io.safetensors"
 local json = require "shard.io.json"
 local random = require "shard.random"
 local fsdp = require "shard.fsdp"
+local files = require "shard.files"
 local C, check = rt.C, rt.check
 
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }
@@ -57,10 +58,8 @@ local function barrier(group) if group and group:size() > 1 then group:barrier()
 local function exists(path) return C.sh_ckpt_exists(path) ~= 0 end
 
 local function read_text(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("checkpoint: cannot open " .. path .. ": " .. tostring(err), 0) end
-  local s = f:read("*a")
-  f:close()
+  local s, err = files.read_file(path)
+  if not s then error("checkpoint: cannot open " .. path .. ": " .. tostring(err), 0) end
   return s
 end
 

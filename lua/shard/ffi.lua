@@ -2,6 +2,7 @@
 -- text (preprocessor lines dropped), so C and Lua cannot drift. Inside bin/shard the symbols
 -- are in the executable; from a plain luajit, lib/libshard.so is loaded.
 local ffi = require "ffi"
+local files = require "shard.files"
 
 local M = {}
 
@@ -16,12 +17,7 @@ M.root = project_root()
 local LAYERS = { "core", "cpu", "ops", "dist", "io" }
 local CORE = { "core/status.h", "core/dtype.h", "core/alloc.h", "core/tensor.h" }
 
-local function read(path)
-  local f = assert(io.open(path, "r"), "shard: cannot read runtime header " .. path)
-  local text = f:read("*a")
-  f:close()
-  return text
-end
+local function read(path) return assert(files.read_file(path), "shard: cannot read runtime header " .. path) end
 
 local function declarations(text)
   local out = {}
@@ -31,21 +27,8 @@ local function declarations(text)
   return (table.concat(out, "\n"):gsub("__attribute__%b()", ""))
 end
 
--- Public headers, layer by layer as runtime/ stacks them (a layer's headers use only those of
--- the layers before it): core's in dependency order first, then in each layer every *.h that
--- is not *_internal.h, in name order.
--- A path as one shell word ('...' with every ' escaped): no path reaches a shell unquoted.
-function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- Runs cmd through the shell: its output (stdout and stderr) and its exit status. LuaJIT's
--- popen close reports no status (true even when the command was not found), so it is echoed.
-function M.shell(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"$?\"")
-  local out = p and p:read("*a") or ""
-  if p then p:close() end
-  local body, status = out:match("^(.-)\n?(%d+)%s*$")
-  return body or out, tonumber(status) or -1
-end
+-- shell_quote(s): a path as one shell word; shell(cmd): its output and exit status (shard.files).
+M.shell_quote, M.shell = files.shell_quote, files.shell
 
 -- Whether the shell finds a program called name.
 function M.have_command(name)
@@ -53,17 +36,19 @@ function M.have_command(name)
   return status == 0
 end
 
+-- Public headers, layer by layer as runtime/ stacks them (a layer's headers use only those of
+-- the layers before it): core's in dependency order first, then in each layer every *.h that
+-- is not *_internal.h, in name order.
 local function header_list()
   local seen, list = {}, {}
   for _, h in ipairs(CORE) do seen[h] = true; list[#list + 1] = h end
   for _, layer in ipairs(LAYERS) do
-    local p = io.popen("ls " .. M.shell_quote(M.root .. "/runtime/" .. layer) .. " 2>/dev/null")
     local rest = {}
-    for name in p:lines() do
+    local names = files.lines_of("ls " .. M.shell_quote(M.root .. "/runtime/" .. layer) .. " 2>/dev/null")
+    for _, name in ipairs(names) do
       local h = layer .. "/" .. name
       if name:match("%.h$") and not name:match("_internal%.h$") and not seen[h] then rest[#rest + 1] = h end
     end
-    p:close()
     table.sort(rest)
     for _, h in ipairs(rest) do list[#list + 1] = h end
   end

@@ -37,6 +37,7 @@ local shard = require "shard"
 local cjson = require "cjson"
 local timer = require "shard.timer"
 local median = require("shard.stats").median
+local readable = require("shard.files").readable
 local units = require "shard.units"
 
 local M = {}
@@ -96,12 +97,6 @@ local function check_combinations(cfg)
   if cfg.hybrid_group ~= "node" and not ((tonumber(cfg.hybrid_group) or 0) >= 1) then
     usage("--hybrid_group=%s: expected a number of ranks (at least 1) or node", cfg.hybrid_group)
   end
-end
-
-local function readable(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
 end
 
 local function corpus(cfg, env)

@@ -7,15 +7,14 @@
 local ffi = require "ffi"
 local rt = require "shard.ffi"
 local tensor = require "shard.tensor"
+local files = require "shard.files"
 local C, check = rt.C, rt.check
 
 local D = {}
 
 local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("data: cannot read " .. tostring(err), 0) end   -- err names the path
-  local s = f:read("*a")
-  f:close()
+  local s, err = files.read_file(path)
+  if not s then error("data: cannot read " .. tostring(err), 0) end   -- err names the path
   return s
 end
 

@@ -25,6 +25,7 @@
 -- byte range of its slice (a Conv1D weight, whose slice is strided in the file, is read
 -- whole, one tensor at a time).
 local ffi = require "ffi"
+local files = require "shard.files"
 local tensor = require "shard.tensor"
 local S = require "shard.io.safetensors"
 local fsdp = require "shard.fsdp"
@@ -54,19 +55,13 @@ end
 ---------------------------------------------------------------------------------------------
 -- files and config
 
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
+local exists = files.readable
 -- A file or a directory.
 local function present(path) return os.rename(path, path) ~= nil end
 
 local function read_all(path)
-  local f, err = io.open(path, "rb")
-  if not f then error(("hf: cannot read %s: %s"):format(path, tostring(err)), 0) end
-  local s = f:read("*a")
-  f:close()
+  local s, err = files.read_file(path)
+  if not s then error(("hf: cannot read %s: %s"):format(path, tostring(err)), 0) end
   return s
 end
 
@@ -103,21 +98,31 @@ function M.read_config(path)
   return cfg
 end
 
--- A Hugging Face GPT2Config table -> nn.GPT's config. Refuses what nn.GPT cannot compute
--- the same way (another activation, an MLP width other than 4 n_embd, unscaled attention...).
-function M.config_from_hf(raw, where)
-  where = where or "config.json"
+-- A config.json table (raw) read for shard's `model` (GPT, Llama): its fields less the nulls;
+-- need(k, default), field k (default when absent) as a positive whole number; refuse(what),
+-- the error that the model cannot load it. A model_type other than `model_type` is refused.
+local function config_fields(raw, where, model, model_type)
   local hc = {}
   for k, v in pairs(raw) do if v ~= NULL then hc[k] = v end end
-  local function need(k)
-    local v = hc[k]
+  local function need(k, default)
+    local v = hc[k] == nil and default or hc[k]
     if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
       error(("hf: %s: %s must be a positive whole number, got %s"):format(where, k, tostring(v)), 0)
     end
     return v
   end
-  local function refuse(what) error(("hf: %s: %s; shard's GPT cannot load it"):format(where, what), 0) end
-  if hc.model_type ~= nil and hc.model_type ~= "gpt2" then refuse(("model_type is '%s', not 'gpt2'"):format(tostring(hc.model_type))) end
+  local function refuse(what) error(("hf: %s: %s; shard's %s cannot load it"):format(where, what, model), 0) end
+  if hc.model_type ~= nil and hc.model_type ~= model_type then
+    refuse(("model_type is '%s', not '%s'"):format(tostring(hc.model_type), model_type))
+  end
+  return hc, need, refuse
+end
+
+-- A Hugging Face GPT2Config table -> nn.GPT's config. Refuses what nn.GPT cannot compute
+-- the same way (another activation, an MLP width other than 4 n_embd, unscaled attention...).
+function M.config_from_hf(raw, where)
+  where = where or "config.json"
+  local hc, need, refuse = config_fields(raw, where, "GPT", "gpt2")
   local act = hc.activation_function or "gelu_new"
   if not TANH_GELU[act] then refuse(("activation_function is '%s' (only GPT-2's tanh GELU, gelu_new, is supported)"):format(tostring(act))) end
   local c = { n_layer = need("n_layer"), n_head = need("n_head"), n_embd = need("n_embd"),
@@ -418,17 +423,7 @@ end
 -- A Hugging Face LlamaConfig table -> nn.Llama's config. Refuses what nn.Llama cannot compute
 -- the same way (another activation, rope scaling, biases, a head size other than dim / heads).
 function M.llama_config_from_hf(raw, where)
-  local hc = {}
-  for k, v in pairs(raw) do if v ~= NULL then hc[k] = v end end
-  local function need(k, default)
-    local v = hc[k] == nil and default or hc[k]
-    if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
-      error(("hf: %s: %s must be a positive whole number, got %s"):format(where, k, tostring(v)), 0)
-    end
-    return v
-  end
-  local function refuse(what) error(("hf: %s: %s; shard's Llama cannot load it"):format(where, what), 0) end
-  if hc.model_type ~= nil and hc.model_type ~= "llama" then refuse(("model_type is '%s', not 'llama'"):format(tostring(hc.model_type))) end
+  local hc, need, refuse = config_fields(raw, where, "Llama", "llama")
   local act = hc.hidden_act or "silu"
   if act ~= "silu" then refuse(("hidden_act is '%s' (SwiGLU's silu only)"):format(tostring(act))) end
   if hc.rope_scaling ~= nil then refuse("rope_scaling is set (only plain rotary embeddings are supported)") end

@@ -14,6 +14,7 @@
 -- ending this process (runtime/host.c), so that the launcher ends its job first.
 local ffi = require "ffi"
 local sys = require "shard.tools.sys"
+local files = require "shard.files"
 
 local C = sys.C
 local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGMASK = 2, 8
@@ -102,11 +103,11 @@ function Job:exited(block)
 end
 
 function Job:processes()
-  local p = io.popen(("grep -lzxF %s /proc/[0-9]*/environ 2>/dev/null"):format(
-    require("shard.ffi").shell_quote("SHARD_LAUNCH_JOB=" .. self.marker)))
   local pids = {}
-  for line in p:lines() do pids[#pids + 1] = tonumber(line:match("^/proc/(%d+)/")) end
-  p:close()
+  for _, line in ipairs(files.lines_of(("grep -lzxF %s /proc/[0-9]*/environ 2>/dev/null"):format(
+      files.shell_quote("SHARD_LAUNCH_JOB=" .. self.marker)))) do
+    pids[#pids + 1] = tonumber(line:match("^/proc/(%d+)/"))
+  end
   return pids
 end
 

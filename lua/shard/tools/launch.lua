@@ -19,6 +19,7 @@
 local argv = require "shard.argv"
 local job = require "shard.tools.job"
 local timer = require "shard.timer"
+local files = require "shard.files"
 
 local M = {}
 
@@ -143,12 +144,7 @@ local function world_size(o)
   return n
 end
 
-local function is_root()
-  local p = io.popen("id -u 2>/dev/null")
-  local uid = p and p:read("*l")
-  if p then p:close() end
-  return uid == "0"
-end
+local function is_root() return files.lines_of("id -u 2>/dev/null")[1] == "0" end
 
 -- The ranks' command; --timeout reaches every rank's collectives as SHARD_COMM_TIMEOUT, and
 -- each rank keeps its flight record (comm.h) in the launch's directory.
@@ -416,12 +412,7 @@ local function parse_record(bytes, offset)
            wait_since = rec.wait_since, active_at = rec.active_at, node = ffi.string(rec.node_name) }
 end
 
-local function slurp(path)
-  local f = io.open(path, "rb")
-  local bytes = f and f:read("*a")
-  if f then f:close() end
-  return bytes
-end
+local function slurp(path) return (files.read_file(path)) end
 
 -- Every rank's record: as the first rank to time out copied them (timeout.flight, before the
 -- job's teardown resumed a stopped rank or moved any other), else as the rank left it.
@@ -599,12 +590,7 @@ local function write_agent(o)
   o.real_agent = real
 end
 
-local function temp_dir()
-  local p = io.popen("mktemp -d 2>/dev/null")
-  local dir = p and p:read("*l")
-  if p then p:close() end
-  return dir
-end
+local function temp_dir() return files.lines_of("mktemp -d 2>/dev/null")[1] end
 
 -- The command that starts the job: its main process (mpirun, or bash for --nnodes) exec'd,
 -- every process of it marked with the launch's directory (job.lua) and told the launcher's pid

@@ -36,6 +36,7 @@ local rt = require "shard.ffi"
 local argv = require "shard.argv"
 local sys = require "shard.tools.sys"
 local units = require "shard.units"
+local files = require "shard.files"
 
 local M = {}
 local quote = rt.shell_quote
@@ -275,13 +276,7 @@ function M.parse_metrics(spec, output, point)
   return out, missing
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function read_file(path) return files.read_file(path) or "" end
 
 local function last_lines(text, n)
   local lines = {}

@@ -17,6 +17,7 @@ local interrupt = require "shard.tools.repl.interrupt"
 local timer = require "shard.timer"
 local launch = require "shard.tools.launch"
 local sys = require "shard.tools.sys"
+local files = require "shard.files"
 local sorted = sys.sorted_keys
 
 local C = sys.C
@@ -34,14 +35,9 @@ local COMMANDS = [[
 :restart   stop every rank and start them again (their values are lost)
 :help      this text]]
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local quote = files.shell_quote
 
-local function shell_line(cmd)
-  local p = io.popen(cmd)
-  local line = p and p:read("*l")
-  if p then p:close() end
-  return line
-end
+local function shell_line(cmd) return files.lines_of(cmd)[1] end
 
 local function alive(pid) return pid and C.kill(pid, 0) == 0 end
 
