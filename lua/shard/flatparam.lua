@@ -112,29 +112,26 @@ local function op_id(op)
   return id
 end
 
--- op "avg" (default) or "sum"; replicate: the Group to all-reduce the shard across (hybrid).
--- The parameters' grads are taken (and freed) by the start.
-function FlatParam:reduce_grad(op, replicate)
-  local rc = C.sh_flatparam_reduce_grad(self.p, op_id(op), group_ptr(replicate))
+-- The end of a call that took the parameters' grads (rc: its status): their Lua side follows,
+-- failed or not; then a failure raises. The methods tail-call it: the error blames their caller.
+local function grads_taken(self, rc)
   grads_changed(self)
   check(rc, 2)
   return self
 end
+
+-- op "avg" (default) or "sum"; replicate: the Group to all-reduce the shard across (hybrid).
+-- The parameters' grads are taken (and freed) by the start.
+function FlatParam:reduce_grad(op, replicate)
+  return grads_taken(self, C.sh_flatparam_reduce_grad(self.p, op_id(op), group_ptr(replicate)))
+end
 function FlatParam:reduce_grad_start(op, replicate)
-  local rc = C.sh_flatparam_reduce_grad_start(self.p, op_id(op), group_ptr(replicate))
-  grads_changed(self)
-  check(rc, 2)
-  return self
+  return grads_taken(self, C.sh_flatparam_reduce_grad_start(self.p, op_id(op), group_ptr(replicate)))
 end
 function FlatParam:reduce_grad_wait() check(C.sh_flatparam_reduce_grad_wait(self.p), 2); return self end
 function FlatParam:zero_grad(free_it) check(C.sh_flatparam_zero_grad(self.p, free_it and 1 or 0), 2); return self end
 -- Drops the grads backwards left on the parameters unreduced (accumulation with sync off).
-function FlatParam:drop_local_grads()
-  local rc = C.sh_flatparam_drop_local_grads(self.p)
-  grads_changed(self)
-  check(rc, 2)
-  return self
-end
+function FlatParam:drop_local_grads() return grads_taken(self, C.sh_flatparam_drop_local_grads(self.p)) end
 
 -- Aliases of the local shards (in-place updates reach the FlatParameter); the caller frees
 -- them. grad_shard is nil while there is no sharded grad.
