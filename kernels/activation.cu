@@ -91,23 +91,23 @@ static int run_act(const char *op, int act, sh_tensor *out0, sh_tensor *out1, co
   return SH_OK;
 }
 
-static int cuda_gelu_forward(sh_tensor *y, const sh_tensor *x) {
+extern "C" int sh_kcuda_gelu_forward(sh_tensor *y, const sh_tensor *x) {
   return run_act("gelu", ACT_GELU_F, y, NULL, x, NULL, NULL);
 }
-static int cuda_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
+extern "C" int sh_kcuda_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   return run_act("gelu_backward", ACT_GELU_B, dx, NULL, x, dy, NULL);
 }
-static int cuda_silu_forward(sh_tensor *y, const sh_tensor *x) {
+extern "C" int sh_kcuda_silu_forward(sh_tensor *y, const sh_tensor *x) {
   return run_act("silu", ACT_SILU_F, y, NULL, x, NULL, NULL);
 }
-static int cuda_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
+extern "C" int sh_kcuda_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   return run_act("silu_backward", ACT_SILU_B, dx, NULL, x, dy, NULL);
 }
-static int cuda_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
+extern "C" int sh_kcuda_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   return run_act("swiglu", ACT_SWIGLU_F, y, NULL, a, b, NULL);
 }
-static int cuda_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
-                                const sh_tensor *b) {
+extern "C" int sh_kcuda_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
+                                        const sh_tensor *b) {
   return run_act("swiglu_backward", ACT_SWIGLU_B, da, db, a, dy, b);
 }
 
@@ -162,8 +162,8 @@ static int softmax_run(const char *op, sh_tensor *out, const sh_tensor *a, const
   return SH_OK;
 }
 
-static int cuda_softmax_forward(sh_tensor *y, const sh_tensor *x) { return softmax_run("softmax", y, x, NULL); }
-static int cuda_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
+extern "C" int sh_kcuda_softmax_forward(sh_tensor *y, const sh_tensor *x) { return softmax_run("softmax", y, x, NULL); }
+extern "C" int sh_kcuda_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
   return softmax_run("softmax_backward", dx, dy, y);
 }
 
@@ -196,23 +196,10 @@ static int dropout(const char *op, sh_tensor *y, const sh_tensor *x, double p, u
   return SH_OK;
 }
 
-static int cuda_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+extern "C" int sh_kcuda_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
   return dropout("dropout", y, x, p, seed, offset);
 }
 
-static int cuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+extern "C" int sh_kcuda_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
   return dropout("dropout_backward", dx, dy, p, seed, offset);
-}
-
-extern "C" void sh_activation_register_cuda(sh_backend *b) {
-  b->gelu_forward = cuda_gelu_forward;
-  b->gelu_backward = cuda_gelu_backward;
-  b->silu_forward = cuda_silu_forward;
-  b->silu_backward = cuda_silu_backward;
-  b->swiglu_forward = cuda_swiglu_forward;
-  b->swiglu_backward = cuda_swiglu_backward;
-  b->softmax_forward = cuda_softmax_forward;
-  b->softmax_backward = cuda_softmax_backward;
-  b->dropout_forward = cuda_dropout_forward;
-  b->dropout_backward = cuda_dropout_backward;
 }

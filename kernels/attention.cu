@@ -633,8 +633,8 @@ static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, c
 }
 
 /* Kernels get the front's outputs and the scale it resolved (> 0). */
-static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
-                                  double scale) {
+extern "C" int sh_kcuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                                          double scale) {
   const char *op = "attention";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
   int G = (int)(H / k->shape[1]);
@@ -673,9 +673,9 @@ static int cuda_attention_forward(sh_tensor *dst, sh_tensor *lse, const sh_tenso
   return out == dst ? SH_OK : sh_kernel_copy_(dst, out);
 }
 
-static int cuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout, const sh_tensor *q,
-                                   const sh_tensor *k, const sh_tensor *v, const sh_tensor *out, const sh_tensor *lse,
-                                   double scale) {
+extern "C" int sh_kcuda_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout, const sh_tensor *q,
+                                           const sh_tensor *k, const sh_tensor *v, const sh_tensor *out, const sh_tensor *lse,
+                                           double scale) {
   const char *op = "attention_backward";
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], rows = B * H * T;
   int64_t Hkv = k->shape[1], kv_rows = B * Hkv * T;
@@ -755,7 +755,7 @@ __global__ void rope_kernel(const T *x, at_view xv, T *y, int64_t pairs, int H, 
   y[row * D + i + half] = from_f<T>(x2 * c + x1 * s);
 }
 
-static int cuda_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
+extern "C" int sh_kcuda_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
   const char *op = inverse ? "rope_backward" : "rope";
   int64_t H = x->shape[1], T = x->shape[2], D = x->shape[3], pairs = sh_tensor_numel(x) / 2;
   cudaStream_t st;
@@ -771,10 +771,4 @@ static int cuda_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse
   });
   CU_LAUNCHED(op);
   return SH_OK;
-}
-
-extern "C" void sh_attention_register_cuda(sh_backend *b) {
-  b->attention_forward = cuda_attention_forward;
-  b->attention_backward = cuda_attention_backward;
-  b->rope = cuda_rope;
 }

@@ -248,16 +248,11 @@ static inline unsigned sh_blocks(int64_t n, int threads) {
   return (unsigned)(b < cap ? b : cap);
 }
 
-/* Each family's registration, one kernels/<family>.cu each (device.cu assembles the table). */
+/* The kernel of slot X (core/backend_internal.h: SH_KERNELS) is sh_kcuda_X, an extern "C"
+ * function of kernels/<family>.cu; its prototype here is made from the slot's entry, and
+ * device.cu's table from the same list. */
 extern "C" {
-void sh_elementwise_register_cuda(sh_backend *b);  /* elementwise.cu: copy_, fill_, elementwise */
-void sh_reduce_register_cuda(sh_backend *b);       /* reduce.cu */
-void sh_matmul_register_cuda(sh_backend *b);       /* matmul.cu: matmul, gemm_, linear and its fusions */
-void sh_random_register_cuda(sh_backend *b);       /* random.cu: arange, random, dropout */
-void sh_norm_register_cuda(sh_backend *b);         /* norm.cu */
-void sh_activation_register_cuda(sh_backend *b);   /* activation.cu */
-void sh_attention_register_cuda(sh_backend *b);    /* attention.cu */
-void sh_embedding_register_cuda(sh_backend *b);    /* embedding.cu */
-void sh_loss_register_cuda(sh_backend *b);         /* loss.cu */
-void sh_optim_register_cuda(sh_backend *b);        /* optim.cu */
+#define SH_KCUDA_DECLARE(name, params) int sh_kcuda_##name params;
+SH_KERNELS(SH_KCUDA_DECLARE)
+#undef SH_KCUDA_DECLARE
 }

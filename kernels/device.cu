@@ -126,24 +126,18 @@ struct stream_uses {
 struct block_rec { size_t bytes; stream_uses uses; };
 static std::map<void *, block_rec> blocks;
 
-/* The CUDA kernel table, filled once from every op family (backend_internal.h). */
-static void register_kernels(void) {
-  static sh_backend table = { "cuda" };
-  static std::once_flag once;
-  std::call_once(once, [] {
-    sh_elementwise_register_cuda(&table);
-    sh_reduce_register_cuda(&table);
-    sh_matmul_register_cuda(&table);
-    sh_random_register_cuda(&table);
-    sh_norm_register_cuda(&table);
-    sh_activation_register_cuda(&table);
-    sh_attention_register_cuda(&table);
-    sh_embedding_register_cuda(&table);
-    sh_loss_register_cuda(&table);
-    sh_optim_register_cuda(&table);
-  });
-  sh_backend_register(SH_BACKEND_CUDA, &table);
-}
+/* The CUDA kernel table, made from SH_KERNELS (core/backend_internal.h): slot X holds
+ * sh_kcuda_X (common.cuh declares them all). A slot CUDA lacks is `#define sh_kcuda_X NULL`
+ * here, with a comment saying why, and named in .absent (the op-table tests check both). */
+#define SH_KCUDA_SLOT(name, params) .name = sh_kcuda_##name,
+static const sh_backend cuda_table = {
+  .name = "cuda",
+  .absent = NULL,
+  SH_KERNELS(SH_KCUDA_SLOT)
+};
+#undef SH_KCUDA_SLOT
+
+static void register_kernels(void) { sh_backend_register(SH_BACKEND_CUDA, &cuda_table); }
 
 static int ensure_device(int device);
 
@@ -304,10 +298,13 @@ static int mark_wait(void *mark) {
 
 static void mark_free(void *mark) { if (mark) cudaEventDestroy((cudaEvent_t)mark); }
 
-static const sh_mem_backend backend = {raw_alloc, raw_free, copy, on_free, on_reuse,
-                                       sh_cuda_host_alloc, sh_cuda_host_free, copy_stream_enter,
-                                       copy_stream_leave, sh_cuda_copy_async, mark_record,
-                                       mark_order, mark_wait, mark_free};
+static const sh_mem_backend backend = {
+  .raw_alloc = raw_alloc, .raw_free = raw_free, .copy = copy, .on_free = on_free, .on_reuse = on_reuse,
+  .host_alloc = sh_cuda_host_alloc, .host_free = sh_cuda_host_free,
+  .copy_stream_enter = copy_stream_enter, .copy_stream_leave = copy_stream_leave,
+  .copy_async = sh_cuda_copy_async,
+  .mark_record = mark_record, .mark_order = mark_order, .mark_wait = mark_wait, .mark_free = mark_free,
+};
 
 /* ---- devices ----------------------------------------------------------------------- */
 

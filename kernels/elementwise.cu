@@ -261,21 +261,21 @@ static void plan_arg(ew_plan *p, int k, const sh_tensor *t) { arg_from(&p->arg[k
 
 /* ---- kernels of the table: outputs planned and allocated by the fronts ---------------------- */
 
-static int cuda_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
+extern "C" int sh_kcuda_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
   ew_plan p = plan_for(out, 2, op, 0);
   plan_arg(&p, 1, a);
   plan_arg(&p, 2, b);
   return run_plan(sh_binop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
 }
 
-static int cuda_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
+extern "C" int sh_kcuda_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
   ew_plan p = plan_for(out, 2, op, 0);
   plan_arg(&p, scalar_first ? 2 : 1, a);
   arg_scalar(&p.arg[scalar_first ? 1 : 2], s);
   return run_plan(sh_binop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
 }
 
-static int cuda_unary(sh_tensor *out, int op, const sh_tensor *a) {
+extern "C" int sh_kcuda_unary(sh_tensor *out, int op, const sh_tensor *a) {
   ew_plan p = plan_for(out, 1, op, 0);
   plan_arg(&p, 1, a);
   return run_plan(sh_unop_name(op), out->device, &p, sh_compute_dtype(out->dtype));
@@ -299,13 +299,13 @@ static int cuda_inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha
   return run_plan(sh_binop_name(op), dst->device, &p, ct);
 }
 
-static int cuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cuda_inplace(dst, op, b, 0); }
+extern "C" int sh_kcuda_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cuda_inplace(dst, op, b, 0); }
 
-static int cuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cuda_inplace(dst, SH_OP_AXPY, x, alpha); }
+extern "C" int sh_kcuda_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cuda_inplace(dst, SH_OP_AXPY, x, alpha); }
 
-static int cuda_copy_(sh_tensor *dst, const sh_tensor *src) { return cuda_inplace(dst, SH_OP_COPY, src, 0); }
+extern "C" int sh_kcuda_copy_(sh_tensor *dst, const sh_tensor *src) { return cuda_inplace(dst, SH_OP_COPY, src, 0); }
 
-static int cuda_scale_(sh_tensor *dst, double alpha) {
+extern "C" int sh_kcuda_scale_(sh_tensor *dst, double alpha) {
   ew_plan p = plan_for(dst, 2, SH_OP_MUL, 0);
   plan_arg(&p, 1, dst);
   arg_scalar(&p.arg[2], alpha);
@@ -313,21 +313,10 @@ static int cuda_scale_(sh_tensor *dst, double alpha) {
 }
 
 /* The value is a scalar operand copied into every element (f64 carries it to integers exactly). */
-static int cuda_fill_(sh_tensor *t, double value) {
+extern "C" int sh_kcuda_fill_(sh_tensor *t, double value) {
   ew_plan p = plan_for(t, 1, SH_OP_COPY, 0);
   arg_scalar(&p.arg[1], value);
   return run_plan("fill_", t->device, &p, sh_dtype_is_float(t->dtype) && t->dtype != SH_F64 ? SH_F32 : SH_F64);
-}
-
-extern "C" void sh_elementwise_register_cuda(sh_backend *b) {
-  b->copy_ = cuda_copy_;
-  b->fill_ = cuda_fill_;
-  b->binary = cuda_binary;
-  b->binary_scalar = cuda_binary_scalar;
-  b->unary = cuda_unary;
-  b->binary_ = cuda_binary_;
-  b->axpy_ = cuda_axpy_;
-  b->scale_ = cuda_scale_;
 }
 
 /* ---- helpers for the other kernels (common.cuh) --------------------------------------------- */
@@ -337,14 +326,13 @@ int sh_cuda_contiguous_as(sh_tensor **out, const sh_tensor *t, int dtype) {
   if (t->dtype == dtype && sh_tensor_is_contiguous(t)) return sh_tensor_alias(out, t);
   sh_tguard o;
   SH_TRY(sh_tensor_empty(o.out(), t->ndim, t->shape, dtype, t->device));
-  SH_TRY(cuda_copy_(o.t, t));
+  SH_TRY(sh_kcuda_copy_(o.t, t));
   *out = o.take();
   return SH_OK;
 }
 
 int sh_cuda_accumulate(const char *op, sh_tensor *dst, const sh_tensor *src) {
   dst->version++;
-  int rc = cuda_axpy_(dst, 1.0, src);
+  int rc = sh_kcuda_axpy_(dst, 1.0, src);
   return rc ? sh_fail_context("%s: ", op) : SH_OK;
 }
-

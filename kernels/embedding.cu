@@ -52,7 +52,7 @@ __global__ void embedding_bwd_kernel(const int32_t *keys, const int32_t *rows, i
 }
 
 /* Outputs come from runtime/nn_embedding.c's front, which checked shapes and dtypes. */
-static int cuda_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
+extern "C" int sh_kcuda_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, w->device, &st));
@@ -75,7 +75,7 @@ static int cuda_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_t
   return SH_OK;
 }
 
-static int cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
+extern "C" int sh_kcuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
   const char *op = "embedding_backward";
   int64_t V = dw->shape[0], C = dw->shape[1], n = sh_tensor_numel(idx);
   if (n > INT32_MAX || V > INT32_MAX) return sh_fail(SH_ERR_ARG, "%s: %s is too large for the cuda kernel", op, sh_desc(idx));
@@ -115,9 +115,4 @@ static int cuda_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_
   if (direct) dw->version++;
   else SH_TRY(sh_kernel_copy_(dw, g));   /* which counts dw's version */
   return SH_OK;
-}
-
-extern "C" void sh_embedding_register_cuda(sh_backend *b) {
-  b->embedding_forward = cuda_embedding_forward;
-  b->embedding_backward = cuda_embedding_backward;
 }

@@ -119,8 +119,8 @@ static int check_rows(const char *op, int64_t n) {
 
 /* Outputs come from runtime/nn_loss.c's front, which checked shapes and dtypes (and that
  * logits has classes when there are rows). */
-static int cuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits, const sh_tensor *targets,
-                                      int64_t ignore_index) {
+extern "C" int sh_kcuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits, const sh_tensor *targets,
+                                              int64_t ignore_index) {
   const char *op = "cross_entropy";
   int64_t V = logits->shape[logits->ndim - 1], n = sh_tensor_numel(targets);
   SH_TRY(check_rows(op, n));
@@ -152,8 +152,8 @@ static int cuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_
   return SH_OK;
 }
 
-static int cuda_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
-                                       const sh_tensor *lse, double dloss, int64_t ignore_index) {
+extern "C" int sh_kcuda_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                                               const sh_tensor *lse, double dloss, int64_t ignore_index) {
   const char *op = "cross_entropy_backward";
   int64_t V = logits->shape[logits->ndim - 1], n = sh_tensor_numel(targets);
   SH_TRY(check_rows(op, n));
@@ -182,9 +182,4 @@ static int cuda_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logi
   });
   CU_LAUNCHED(op);
   return SH_OK;
-}
-
-extern "C" void sh_loss_register_cuda(sh_backend *b) {
-  b->cross_entropy_forward = cuda_cross_entropy_forward;
-  b->cross_entropy_backward = cuda_cross_entropy_backward;
 }

@@ -313,7 +313,7 @@ static int64_t rows_of(const sh_tensor *t) { int64_t n = 1; for (int d = 0; d + 
 /* y = gelu(pre) by the CUDA table's kernel: the composition the fused epilogue equals. */
 static int gelu_into(sh_tensor *y, const sh_tensor *pre) {
   y->version++;
-  return sh_backend_of(y->device)->gelu_forward(y, pre);
+  return sh_kcuda_gelu_forward(y, pre);
 }
 
 /* y = x w^T + b, or with pre: pre = x w^T + b and y = gelu(pre); y and pre are x's dtype. */
@@ -360,12 +360,12 @@ static int linear_fwd(const char *op, sh_tensor *y, sh_tensor *pre, const sh_ten
   return SH_OK;
 }
 
-static int cuda_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+extern "C" int sh_kcuda_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   return linear_fwd("linear", y, NULL, x, w, b);
 }
 
-static int cuda_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
-                                    const sh_tensor *b) {
+extern "C" int sh_kcuda_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
+                                            const sh_tensor *b) {
   return linear_fwd("linear_gelu", y, pre, x, w, b);
 }
 
@@ -414,7 +414,7 @@ static int linear_param_grads(const char *op, cudaStream_t st, sh_tensor *dw, sh
     const sh_tensor *sums = v.t;
     if (rows > 1) {
       SH_TRY(sh_tensor_empty(s.out(), 2, s2o, sh_reduce_result_dtype(SH_OP_SUM, v.t->dtype), v.t->device));
-      SH_TRY(sh_backend_of(v.t->device)->sum_to_shape(s.t, v.t));
+      SH_TRY(sh_kcuda_sum_to_shape(s.t, v.t));
       sums = s.t;
     }
     SH_TRY(sh_view_reshape(s1v.out(), sums, 1, s1));
@@ -451,7 +451,7 @@ static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *d
       SH_TRY(lt_gemm_epi(op, dev, st, g, &fused));
       if (pre && !fused) {
         dx->version++;
-        SH_TRY(sh_backend_of(dx->device)->gelu_backward(dx, dx, pc.t));
+        SH_TRY(sh_kcuda_gelu_backward(dx, dx, pc.t));
       }
     }
   }
@@ -459,13 +459,13 @@ static int linear_bwd(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor *d
   return SH_OK;
 }
 
-static int cuda_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                const sh_tensor *x, const sh_tensor *w, int set_dw) {
+extern "C" int sh_kcuda_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                        const sh_tensor *x, const sh_tensor *w, int set_dw) {
   return linear_bwd("linear_backward", dx, dw, db, dy, x, w, NULL, set_dw);
 }
 
-static int cuda_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                      const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
+extern "C" int sh_kcuda_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                              const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   return linear_bwd("linear_backward_dgelu", dpre, dw, db, dy, x, w, pre, set_dw);
 }
 
@@ -481,8 +481,8 @@ static bool lt_operand(const sh_tensor *t, int64_t *ld, int *trans) {
   return false;
 }
 
-static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
-                      double alpha, double beta) {
+extern "C" int sh_kcuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+                              double alpha, double beta) {
   const char *op = "gemm_";
   int64_t M = c->shape[0], N = c->shape[1], K = trans_a ? a->shape[0] : a->shape[1];
   int dev = c->device;
@@ -503,7 +503,7 @@ static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int 
   if (K == 0) {
     sh_tensor *cs = c_direct ? c : cc.t;
     cs->version++;
-    SH_TRY(sh_backend_of(cs->device)->scale_(cs, beta));
+    SH_TRY(sh_kcuda_scale_(cs, beta));
   } else {
     lt_gemm g;
     memset(&g, 0, sizeof g);
@@ -523,7 +523,7 @@ static int cuda_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int 
  * leading dims are the batch dims the front broadcast: one strided-batched call when each
  * side's batch is either full or a single matrix (stride 0); otherwise the operands are
  * expanded into dense copies first. */
-static int cuda_matmul(sh_tensor *o, const sh_tensor *a, const sh_tensor *b) {
+extern "C" int sh_kcuda_matmul(sh_tensor *o, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "matmul";
   int dt = o->dtype, dev = a->device;
   /* 1-D operands become [1, K] and [K, 1]; their unit dim is dropped from the result. */
@@ -582,13 +582,4 @@ static int cuda_matmul(sh_tensor *o, const sh_tensor *a, const sh_tensor *b) {
   }
   int fused;
   return lt_gemm_epi(op, dev, st, g, &fused);
-}
-
-extern "C" void sh_matmul_register_cuda(sh_backend *b) {
-  b->matmul = cuda_matmul;
-  b->gemm_ = cuda_gemm_;
-  b->linear_forward = cuda_linear_forward;
-  b->linear_backward = cuda_linear_backward;
-  b->linear_gelu_forward = cuda_linear_gelu_forward;
-  b->linear_backward_dgelu = cuda_linear_backward_dgelu;
 }

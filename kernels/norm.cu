@@ -273,36 +273,28 @@ static int norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_tensor
   return SH_OK;
 }
 
-static int cuda_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
-                                  const sh_tensor *w, const sh_tensor *b, double eps) {
+extern "C" int sh_kcuda_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
+                                          const sh_tensor *w, const sh_tensor *b, double eps) {
   return norm_forward("layernorm", y, NULL, mean, rstd, x, NULL, w, b, eps, 0);
 }
 
-static int cuda_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
-                                           const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
-                                           const sh_tensor *b, double eps) {
+extern "C" int sh_kcuda_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
+                                                   const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                                   const sh_tensor *b, double eps) {
   return norm_forward("layernorm_residual", y, r, mean, rstd, x, res, w, b, eps, 0);
 }
 
-static int cuda_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                   const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
-                                   const sh_tensor *rstd) {
+extern "C" int sh_kcuda_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                           const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                                           const sh_tensor *rstd) {
   return norm_backward("layernorm_backward", dx, dw, db, dy, x, w, mean, rstd, 0);
 }
 
-static int cuda_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+extern "C" int sh_kcuda_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
   return norm_forward("rmsnorm", y, NULL, NULL, rstd, x, NULL, w, NULL, eps, 1);
 }
 
-static int cuda_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
-                                 const sh_tensor *w, const sh_tensor *rstd) {
+extern "C" int sh_kcuda_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
+                                         const sh_tensor *w, const sh_tensor *rstd) {
   return norm_backward("rmsnorm_backward", dx, dw, NULL, dy, x, w, NULL, rstd, 1);
-}
-
-extern "C" void sh_norm_register_cuda(sh_backend *b) {
-  b->layernorm_forward = cuda_layernorm_forward;
-  b->layernorm_residual_forward = cuda_layernorm_residual_forward;
-  b->layernorm_backward = cuda_layernorm_backward;
-  b->rmsnorm_forward = cuda_rmsnorm_forward;
-  b->rmsnorm_backward = cuda_rmsnorm_backward;
 }

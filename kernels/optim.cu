@@ -161,8 +161,8 @@ static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, cudaStream_t st
 
 /* The table's kernel: runtime/optim.c checked every buffer (flat, param's numel, one device)
  * and hyper-parameter, and bumps the versions. One launch per MT_MAX non-empty parameters. */
-static int cuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
-                                  double eps, int64_t step, double grad_scale) {
+extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
+                                          double eps, int64_t step, double grad_scale) {
   sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step, grad_scale);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter("adamw", ps[0].param->device, &st));
@@ -254,7 +254,7 @@ static int norm_launch(norm_table *t, int kind, double *partial, int64_t *done, 
 /* The table's kernel (optim.c checked the float tensors, on out's device): strided tensors
  * are made contiguous, the partials of all chunks go to one device buffer (one launch per
  * MT_MAX tensors), and one more launch sums them into out. */
-static int cuda_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *ts, const double *weights, int kind) {
+extern "C" int sh_kcuda_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *ts, const double *weights, int kind) {
   const char *op = "grad_norm";
   int device = out->device;
   cudaStream_t st;
@@ -294,7 +294,7 @@ __global__ void clip_coef_kernel(float *coef, double *norm, const double *part, 
   *coef = sh_clip_coef_of(n, max_norm);
 }
 
-static int cuda_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
+extern "C" int sh_kcuda_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
   cudaStream_t st;
   SH_TRY(sh_cuda_enter("grad_clip_coef", part->device, &st));
   clip_coef_kernel<<<1, 1, 0, st>>>((float *)sh_tensor_data(coef), (double *)sh_tensor_data(norm),
@@ -317,9 +317,9 @@ __global__ void sgd_kernel(float *p, const void *gp, int g_bf16, float *buf, int
   }
 }
 
-static int cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
-                          double momentum, double dampening, double weight_decay, int nesterov, int first_step,
-                          double grad_scale) {
+extern "C" int sh_kcuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
+                                  double momentum, double dampening, double weight_decay, int nesterov, int first_step,
+                                  double grad_scale) {
   const char *op = "sgd";
   sh_sgd_hyper h = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
   int64_t n = sh_tensor_numel(param);
@@ -334,11 +334,4 @@ static int cuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *mo
     CU_LAUNCHED(op);
   }
   return SH_OK;
-}
-
-extern "C" void sh_optim_register_cuda(sh_backend *b) {
-  b->adamw_step_multi_ = cuda_adamw_step_multi_;
-  b->sgd_step_ = cuda_sgd_step_;
-  b->grad_norm_part = cuda_grad_norm_part;
-  b->grad_clip_coef = cuda_grad_clip_coef;
 }

@@ -39,11 +39,11 @@ static int random_fill(const char *op, sh_tensor *t, uint64_t seed, uint64_t off
   return SH_OK;
 }
 
-static int cuda_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+extern "C" int sh_kcuda_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   return random_fill("normal_", t, seed, offset, mean, std, RNG_NORMAL);
 }
 
-static int cuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
+extern "C" int sh_kcuda_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
   return random_fill("uniform_", t, seed, offset, low, high, RNG_UNIFORM);
 }
 
@@ -54,7 +54,7 @@ __global__ void arange_kernel(char *base, int dtype, int64_t n, double start, do
     ew_store<double>(base, dtype, i, start + (double)i * step);
 }
 
-static int cuda_arange(sh_tensor *out, double start, double step) {
+extern "C" int sh_kcuda_arange(sh_tensor *out, double start, double step) {
   const char *op = "arange";
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, out->device, &st));
@@ -63,10 +63,4 @@ static int cuda_arange(sh_tensor *out, double start, double step) {
   arange_kernel<<<sh_blocks(n, RNG_THREADS), RNG_THREADS, 0, st>>>((char *)sh_tensor_data(out), out->dtype, n, start, step);
   CU_LAUNCHED(op);
   return SH_OK;
-}
-
-extern "C" void sh_random_register_cuda(sh_backend *b) {
-  b->arange = cuda_arange;
-  b->random_normal_ = cuda_random_normal_;
-  b->random_uniform_ = cuda_random_uniform_;
 }

@@ -137,13 +137,13 @@ static int reduce_into(const char *name, sh_tensor *out, int op, const sh_tensor
                      (char *)sh_tensor_data(out), out->dtype);
 }
 
-static int cuda_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
+extern "C" int sh_kcuda_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
   int64_t outer, inner;
   split_at(a->ndim, a->shape, dim, &outer, &inner);
   return reduce_into(sh_reduce_name(op), out, op, a, outer, a->shape[dim], inner);
 }
 
-static int cuda_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
+extern "C" int sh_kcuda_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
   return reduce_into(sh_reduce_name(op), out, op, a, 1, sh_tensor_numel(a), 1);
 }
 
@@ -196,7 +196,7 @@ __global__ void argmax_cols_kernel(const T *x, int64_t outer, int64_t R, int64_t
   }
 }
 
-static int cuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
+extern "C" int sh_kcuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
   const char *name = "argmax";
   int64_t outer, inner, R = a->shape[dim];
   split_at(a->ndim, a->shape, dim, &outer, &inner);
@@ -229,7 +229,7 @@ static int cuda_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
 /* out and a have the same dims (the front's runs of kept and summed dims, so [B,T,C] -> [C]
  * is one column reduction of [B*T, C]); each dim where out is 1 and a is not is reduced in
  * turn into a double buffer, and the last pass writes out. */
-static int cuda_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
+extern "C" int sh_kcuda_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
   const char *name = "sum_to_shape";
   int64_t size[SH_MAX_DIMS];
   int nsummed = 0;
@@ -259,7 +259,7 @@ static int cuda_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
 
 /* ---- sumsq (global gradient norm) ---------------------------------------------------------- */
 
-static int cuda_sumsq(const sh_tensor *a, double *out) {
+extern "C" int sh_kcuda_sumsq(const sh_tensor *a, double *out) {
   const char *name = "sumsq";
   cudaStream_t st;
   sh_tguard x, o;
@@ -270,12 +270,4 @@ static int cuda_sumsq(const sh_tensor *a, double *out) {
   CU_TRY(name, cudaMemcpyAsync(out, sh_tensor_data(o.t), sizeof *out, cudaMemcpyDeviceToHost, st));
   CU_TRY(name, cudaStreamSynchronize(st));
   return SH_OK;
-}
-
-extern "C" void sh_reduce_register_cuda(sh_backend *b) {
-  b->reduce = cuda_reduce;
-  b->reduce_all = cuda_reduce_all;
-  b->argmax = cuda_argmax;
-  b->sum_to_shape = cuda_sum_to_shape;
-  b->sumsq = cuda_sumsq;
 }

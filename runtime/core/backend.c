@@ -52,9 +52,12 @@ void sh_backend_register(int kind, const sh_backend *b) {
   if (kind >= 0 && kind < SH_BACKEND_KINDS) __atomic_store_n(&tables[kind], b, __ATOMIC_RELEASE);
 }
 
+int sh_backend_kind(int device) {
+  return sh_is_meta(device) ? SH_BACKEND_META : device < 0 ? SH_BACKEND_CPU : SH_BACKEND_CUDA;
+}
+
 const sh_backend *sh_backend_of(int device) {
-  int kind = sh_is_meta(device) ? SH_BACKEND_META : device < 0 ? SH_BACKEND_CPU : SH_BACKEND_CUDA;
-  return __atomic_load_n(&tables[kind], __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&tables[sh_backend_kind(device)], __ATOMIC_ACQUIRE);
 }
 
 /* The table of t's device; fails naming op when none is registered or it lacks the kernel. */

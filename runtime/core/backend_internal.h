@@ -10,15 +10,24 @@
  * every element of each output it is given. It may stage inputs (the CPU converts to f32, CUDA
  * makes strided inputs contiguous) and use scratch tensors of its own.
  *
- * Each op family registers its kernels in its own file, under one family name on every side
- * (runtime/cpu/<family>.c's sh_<family>_register_cpu, kernels/<family>.cu's
- * sh_<family>_register_cuda; the front is runtime/ops/<family>.c). cpu/backend.c assembles the
- * CPU table, kernels/device.cu the CUDA one and ops/meta_backend.c the meta device's; each is
- * handed down here by registration (sh_backend_register), so no layer calls up to find one. A build without CUDA
- * has no CUDA table, so a CUDA tensor cannot be made and no op reaches one. A backend that
- * lacks a kernel says so by naming the slot in its `absent` list; the front then fails naming
- * op and device, and sh_backend_unfilled (checked by the op-table test for every backend)
- * finds a slot left NULL without being named.
+ * Every table is made from the list by one naming rule: the kernel of slot X is sh_kcpu_X
+ * (runtime/cpu/<family>.c), sh_kcuda_X (kernels/<family>.cu, extern "C") or sh_kmeta_X
+ * (ops/meta_backend.c); one header per backend declares them all from the list
+ * (cpu/backend_cpu_internal.h, kernels/common.cuh, ops/meta_backend_internal.h), so a kernel
+ * whose parameters differ from its slot's does not compile, and one designated initializer
+ * per backend fills the table (cpu/backend.c, kernels/device.cu, ops/meta_backend.c). A
+ * family has one name on every side: runtime/ops/<family>.c (the front), runtime/cpu/<family>.c,
+ * kernels/<family>.cu. Each table is handed down here by registration (sh_backend_register),
+ * so no layer calls up to find one. A build without CUDA has no CUDA table, so a CUDA tensor
+ * cannot be made and no op reaches one. A backend that lacks a kernel says so twice: its
+ * table's file defines the name to NULL (`#define sh_kcuda_X NULL`, with the reason) and its
+ * `absent` list names the slot; the front then fails naming op and device, and
+ * sh_backend_unfilled (checked by the op-table tests for every backend) finds a slot left NULL
+ * without being named.
+ *
+ * Adding a kernel slot: its entry below, its front in runtime/ops/<family>.c (and public
+ * header), sh_kcpu_X, sh_kcuda_X (or the NULL define and absent entry), sh_kmeta_X, and a row
+ * in tests/ops/op_table.h (the op-table tests fail on a slot no row reaches).
  *
  * Conventions: outputs first, as non-const tensors, already of the planned shape and dtype
  * (NULL where the op's front allows the caller to skip one, e.g. dx); "_" kernels update
@@ -159,6 +168,8 @@ int sh_backend_missing(const sh_backend *b, const char *op, const char *kernel);
 enum { SH_BACKEND_CPU = 0, SH_BACKEND_CUDA = 1, SH_BACKEND_META = 2, SH_BACKEND_KINDS = 3 };
 void sh_backend_register(int kind, const sh_backend *b);
 const sh_backend *sh_backend_of(int device);
+/* The kind (SH_BACKEND_*) of a device id. */
+int sh_backend_kind(int device);
 
 /* What a kernel may ask of its own device's kernels, with no front's checks (kernels trust
  * their arguments): a copy into dst of a same-device src that broadcasts to it (dst's version

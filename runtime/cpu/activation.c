@@ -181,37 +181,37 @@ static int run_unary(sh_tensor *out, const char *op, sh_nn_range_fn fn, ew_args 
   return rc;
 }
 
-static int cpu_gelu_forward(sh_tensor *y, const sh_tensor *x) {
+int sh_kcpu_gelu_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
   return run_unary(y, "gelu", gelu_fwd, &a, x, "x", NULL, 0);
 }
 
-static int cpu_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
+int sh_kcpu_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   ew_args a = {0};
   return run_unary(dx, "gelu_backward", gelu_bwd, &a, x, "x", dy, 0);
 }
 
-static int cpu_silu_forward(sh_tensor *y, const sh_tensor *x) {
+int sh_kcpu_silu_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
   return run_unary(y, "silu", silu_fwd, &a, x, "x", NULL, 0);
 }
 
-static int cpu_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
+int sh_kcpu_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
   ew_args a = {0};
   return run_unary(dx, "silu_backward", silu_bwd, &a, x, "x", dy, 0);
 }
 
-static int cpu_softmax_forward(sh_tensor *y, const sh_tensor *x) {
+int sh_kcpu_softmax_forward(sh_tensor *y, const sh_tensor *x) {
   ew_args a = {0};
   return run_unary(y, "softmax", softmax_fwd, &a, x, "x", NULL, 1);
 }
 
-static int cpu_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
+int sh_kcpu_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
   ew_args a = {0};
   return run_unary(dx, "softmax_backward", softmax_bwd, &a, y, "y", dy, 1);
 }
 
-static int cpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
+int sh_kcpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "swiglu";
   sh_tensor *bc = NULL;
   SH_TRY(sh_nn_f32(&bc, b, op, "b"));
@@ -222,8 +222,8 @@ static int cpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor 
 }
 
 /* da and db may each be NULL. */
-static int cpu_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
-                               const sh_tensor *b) {
+int sh_kcpu_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, const sh_tensor *a,
+                            const sh_tensor *b) {
   const char *op = "swiglu_backward";
   sh_tensor *ac = NULL, *bc = NULL, *dyc = NULL;
   sh_nn_accum oa = {0}, ob = {0};
@@ -246,20 +246,11 @@ static int cpu_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy
 }
 
 /* Forward and backward alike: the mask depends only on (seed, offset + i). */
-static int cpu_dropout(sh_tensor *out, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
+int sh_kcpu_dropout_forward(sh_tensor *y, const sh_tensor *x, double p, uint64_t seed, uint64_t offset) {
   ew_args a = {.p = (float)p, .scale = (float)(1.0 / (1.0 - p)), .seed = seed, .offset = offset};
-  return run_unary(out, "dropout", p == 0.0 ? copy_range : dropout_range, &a, x, "x", NULL, 0);
+  return run_unary(y, "dropout", p == 0.0 ? copy_range : dropout_range, &a, x, "x", NULL, 0);
 }
 
-void sh_activation_register_cpu(sh_backend *b) {
-  b->gelu_forward = cpu_gelu_forward;
-  b->gelu_backward = cpu_gelu_backward;
-  b->silu_forward = cpu_silu_forward;
-  b->silu_backward = cpu_silu_backward;
-  b->swiglu_forward = cpu_swiglu_forward;
-  b->swiglu_backward = cpu_swiglu_backward;
-  b->softmax_forward = cpu_softmax_forward;
-  b->softmax_backward = cpu_softmax_backward;
-  b->dropout_forward = cpu_dropout;
-  b->dropout_backward = cpu_dropout;
+int sh_kcpu_dropout_backward(sh_tensor *dx, const sh_tensor *dy, double p, uint64_t seed, uint64_t offset) {
+  return sh_kcpu_dropout_forward(dx, dy, p, seed, offset);
 }

@@ -298,8 +298,8 @@ static int64_t attn_work(const attn_args *a) {
   return a->B * a->H * a->T * (a->T < BK ? a->T : BK) * (a->D + 1);
 }
 
-static int cpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
-                                 const sh_tensor *v, double scale) {
+int sh_kcpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q, const sh_tensor *k,
+                              const sh_tensor *v, double scale) {
   const char *op = "attention";
   sh_tensor *st[3] = {0};
   sh_nn_accum o = {0};
@@ -326,9 +326,9 @@ static int grad_begin(sh_nn_accum *g, sh_tensor *dst, const int64_t *shape) {
   return dst ? sh_nn_out_rows_begin(g, dst) : sh_nn_new_f32(&g->buf, 4, shape);
 }
 
-static int cpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
-                                  const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
-                                  const sh_tensor *out, const sh_tensor *lse, double scale) {
+int sh_kcpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
+                               const sh_tensor *q, const sh_tensor *k, const sh_tensor *v,
+                               const sh_tensor *out, const sh_tensor *lse, double scale) {
   const char *op = "attention_backward";
   sh_tensor *st[6] = {0}, *dst[3] = {dq, dk, dv};
   sh_nn_accum g[3] = {{0}};
@@ -380,7 +380,7 @@ SH_CPU_KERNEL(rope_range, (const void *arg, int64_t r0, int64_t r1), (arg, r0, r
 
 /* y = x rotated (inverse: rotated back) at positions 0..T-1; y is the front's output. The
  * angles t * theta^(-2i/D) are computed in double, once per (t, i). */
-static int cpu_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
+int sh_kcpu_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
   const char *op = inverse ? "rope_backward" : "rope";
   int64_t T = x->shape[2], D = x->shape[3], half = D / 2;
   float *cs = malloc(sizeof(float) * (size_t)(2 * T * half + 1));
@@ -406,10 +406,4 @@ static int cpu_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse)
   sh_tensor_destroy(xs);
   free(cs);
   return rc;
-}
-
-void sh_attention_register_cpu(sh_backend *b) {
-  b->attention_forward = cpu_attention_forward;
-  b->attention_backward = cpu_attention_backward;
-  b->rope = cpu_rope;
 }

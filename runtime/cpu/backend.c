@@ -1,26 +1,16 @@
-/* backend.c: the CPU kernel table (cpu/backend_cpu_internal.h), assembled once from every
- * family's registration, as kernels/device.cu assembles the CUDA one. */
-#include <pthread.h>
+/* backend.c: the CPU kernel table, made from SH_KERNELS (core/backend_internal.h): slot X holds
+ * sh_kcpu_X (backend_cpu_internal.h), as kernels/device.cu's CUDA table holds sh_kcuda_X. A
+ * slot the CPU lacked would be `#define sh_kcpu_X NULL` here, with a comment saying why, and
+ * named in .absent. */
+#include <stddef.h>
 #include "backend_cpu_internal.h"
 
-static sh_backend cpu_backend = { .name = "cpu" };
-static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+#define SH_KCPU_SLOT(name, params) .name = sh_kcpu_##name,
+static const sh_backend cpu_backend = {
+  .name = "cpu",
+  .absent = NULL,
+  SH_KERNELS(SH_KCPU_SLOT)
+};
+#undef SH_KCPU_SLOT
 
-static void cpu_register(void) {
-  sh_elementwise_register_cpu(&cpu_backend);
-  sh_reduce_register_cpu(&cpu_backend);
-  sh_matmul_register_cpu(&cpu_backend);
-  sh_random_register_cpu(&cpu_backend);
-  sh_linear_register_cpu(&cpu_backend);
-  sh_norm_register_cpu(&cpu_backend);
-  sh_activation_register_cpu(&cpu_backend);
-  sh_attention_register_cpu(&cpu_backend);
-  sh_embedding_register_cpu(&cpu_backend);
-  sh_loss_register_cpu(&cpu_backend);
-  sh_optim_register_cpu(&cpu_backend);
-}
-
-const sh_backend *sh_cpu_backend(void) {
-  pthread_once(&cpu_once, cpu_register);
-  return &cpu_backend;
-}
+const sh_backend *sh_cpu_backend(void) { return &cpu_backend; }

@@ -1,20 +1,15 @@
-/* backend_cpu_internal.h: the CPU kernel table (cpu/backend.c), assembled from each family's
- * registration (not in the FFI). */
+/* backend_cpu_internal.h: the CPU kernel table (cpu/backend.c) and its kernels (not in the FFI).
+ *
+ * The kernel of slot X (core/backend_internal.h: SH_KERNELS) is sh_kcpu_X, a non-static
+ * function in runtime/cpu/<family>.c; its prototype below is made from the slot's entry, so a
+ * kernel whose parameters differ from its slot's does not compile. cpu/backend.c's table is
+ * made from the same list. */
 #pragma once
 #include "core/backend_internal.h"
 
-/* The CPU table, filled from every family on first use. */
+/* The CPU table. */
 const sh_backend *sh_cpu_backend(void);
 
-/* Each family's registration, one runtime/cpu/<family>.c each. */
-void sh_elementwise_register_cpu(sh_backend *b);   /* copy_, fill_, elementwise */
-void sh_reduce_register_cpu(sh_backend *b);
-void sh_matmul_register_cpu(sh_backend *b);        /* matmul, gemm_ */
-void sh_random_register_cpu(sh_backend *b);        /* arange, random fills, dropout */
-void sh_linear_register_cpu(sh_backend *b);        /* linear and its GELU fusions */
-void sh_norm_register_cpu(sh_backend *b);
-void sh_activation_register_cpu(sh_backend *b);    /* activations, softmax */
-void sh_attention_register_cpu(sh_backend *b);     /* attention, rope */
-void sh_embedding_register_cpu(sh_backend *b);
-void sh_loss_register_cpu(sh_backend *b);
-void sh_optim_register_cpu(sh_backend *b);
+#define SH_KCPU_DECLARE(name, params) int sh_kcpu_##name params;
+SH_KERNELS(SH_KCPU_DECLARE)
+#undef SH_KCPU_DECLARE

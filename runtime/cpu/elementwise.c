@@ -352,7 +352,7 @@ static ew_plan plan_for(const sh_tensor *out, int nin, int op, int ct) {
 
 static void plan_arg(ew_plan *p, int k, const sh_tensor *t) { arg_from(&p->arg[k], t, p->ndim, p->shape); }
 
-static int cpu_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
+int sh_kcpu_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tensor *b) {
   ew_plan p = plan_for(out, 2, op, sh_compute_dtype(out->dtype));
   plan_arg(&p, 1, a);
   plan_arg(&p, 2, b);
@@ -360,7 +360,7 @@ static int cpu_binary(sh_tensor *out, int op, const sh_tensor *a, const sh_tenso
   return SH_OK;
 }
 
-static int cpu_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
+int sh_kcpu_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double s, int scalar_first) {
   ew_plan p = plan_for(out, 2, op, sh_compute_dtype(out->dtype));
   plan_arg(&p, scalar_first ? 2 : 1, a);
   arg_scalar(&p.arg[scalar_first ? 1 : 2], &s);
@@ -368,7 +368,7 @@ static int cpu_binary_scalar(sh_tensor *out, int op, const sh_tensor *a, double 
   return SH_OK;
 }
 
-static int cpu_unary(sh_tensor *out, int op, const sh_tensor *a) {
+int sh_kcpu_unary(sh_tensor *out, int op, const sh_tensor *a) {
   ew_plan p = plan_for(out, 1, op, sh_compute_dtype(out->dtype));
   plan_arg(&p, 1, a);
   run_plan(&p);
@@ -386,11 +386,11 @@ static int cpu_inplace(sh_tensor *dst, int op, const sh_tensor *b, double alpha)
   return SH_OK;
 }
 
-static int cpu_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cpu_inplace(dst, op, b, 0); }
+int sh_kcpu_binary_(sh_tensor *dst, int op, const sh_tensor *b) { return cpu_inplace(dst, op, b, 0); }
 
-static int cpu_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cpu_inplace(dst, SH_OP_AXPY, x, alpha); }
+int sh_kcpu_axpy_(sh_tensor *dst, double alpha, const sh_tensor *x) { return cpu_inplace(dst, SH_OP_AXPY, x, alpha); }
 
-static int cpu_scale_(sh_tensor *dst, double alpha) {
+int sh_kcpu_scale_(sh_tensor *dst, double alpha) {
   ew_plan p = plan_for(dst, 2, SH_OP_MUL, sh_compute_dtype(dst->dtype));
   plan_arg(&p, 1, dst);
   arg_scalar(&p.arg[2], &alpha);
@@ -468,7 +468,7 @@ static void copy_rows(const copy_plan *p, int64_t r0, int64_t r1) {
 
 static void copy_task(void *p, int64_t r0, int64_t r1) { copy_rows(p, r0, r1); }
 
-static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
+int sh_kcpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   int64_t n = sh_tensor_numel(dst);
   int same_shape = dst->ndim == src->ndim && memcmp(dst->shape, src->shape, sizeof(int64_t) * dst->ndim) == 0;
   if (same_shape && sh_tensor_is_contiguous(dst) && sh_tensor_is_contiguous(src)) {
@@ -487,7 +487,7 @@ static int cpu_copy_(sh_tensor *dst, const sh_tensor *src) {
   return SH_OK;
 }
 
-static int cpu_fill_(sh_tensor *t, double value) {
+int sh_kcpu_fill_(sh_tensor *t, double value) {
   int64_t n = sh_tensor_numel(t);
   if (sh_tensor_is_contiguous(t)) {
     void *d = sh_tensor_data(t);
@@ -504,15 +504,4 @@ static int cpu_fill_(sh_tensor *t, double value) {
   sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
   for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) sh_store(t->storage->data, t->dtype, it.off[0], value);
   return SH_OK;
-}
-
-void sh_elementwise_register_cpu(sh_backend *b) {
-  b->copy_ = cpu_copy_;
-  b->fill_ = cpu_fill_;
-  b->binary = cpu_binary;
-  b->binary_scalar = cpu_binary_scalar;
-  b->unary = cpu_unary;
-  b->binary_ = cpu_binary_;
-  b->axpy_ = cpu_axpy_;
-  b->scale_ = cpu_scale_;
 }

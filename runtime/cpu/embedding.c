@@ -7,6 +7,7 @@
 #include "core/backend_internal.h"
 #include "nn_internal.h"
 #include "core/rules_internal.h"
+#include "backend_cpu_internal.h"
 
 typedef struct emb_args {
   const sh_tensor *idx;
@@ -31,7 +32,7 @@ SH_CPU_KERNEL(scatter_columns, (const void *arg, int64_t c0, int64_t c1), (arg, 
   }
 }
 
-static int cpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
+int sh_kcpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
   sh_tensor *ic = NULL, *wc = NULL;
   sh_nn_accum o = {0};
@@ -48,7 +49,7 @@ static int cpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_te
   return rc;
 }
 
-static int cpu_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
+int sh_kcpu_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
   const char *op = "embedding_backward";
   sh_tensor *ic = NULL, *dyc = NULL;
   sh_nn_accum acc = {0};
@@ -65,9 +66,4 @@ static int cpu_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_t
   sh_nn_accum_drop(&acc);
   sh_tensor_destroy(ic); sh_tensor_destroy(dyc);
   return rc;
-}
-
-void sh_embedding_register_cpu(sh_backend *b) {
-  b->embedding_forward = cpu_embedding_forward;
-  b->embedding_backward = cpu_embedding_backward;
 }

@@ -116,7 +116,7 @@ static void column_sums(float *db, const float *dy, int64_t rows, int64_t n) {
   }
 }
 
-static int cpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
+int sh_kcpu_linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, const sh_tensor *b) {
   return linear_forward(y, x, w, b, NULL);
 }
 
@@ -161,8 +161,8 @@ done:
   return rc;
 }
 
-static int cpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                               const sh_tensor *x, const sh_tensor *w, int set_dw) {
+int sh_kcpu_linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                            const sh_tensor *x, const sh_tensor *w, int set_dw) {
   return linear_backward(dx, dw, db, dy, x, w, NULL, set_dw);
 }
 
@@ -190,30 +190,23 @@ static int fusable(const sh_tensor *a, const sh_tensor *b, const sh_tensor *out,
          a->shape[a->ndim - 1] > 0;
 }
 
-static int cpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
-                                   const sh_tensor *b) {
+int sh_kcpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
+                                const sh_tensor *b) {
   if (fusable(x, w, pre, y)) {
     gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(y), w->shape[0]};
     return linear_forward(pre, x, w, b, &(sh_sgemm_rows){gelu_fwd_rows, &g});
   }
-  SH_TRY(cpu_linear_forward(pre, x, w, b));
-  return sh_backend_of(-1)->gelu_forward(y, pre);
+  SH_TRY(sh_kcpu_linear_forward(pre, x, w, b));
+  return sh_kcpu_gelu_forward(y, pre);
 }
 
 /* The gelu backward runs in place on dpre: it is elementwise, each element read then written. */
-static int cpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                     const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
+int sh_kcpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                                  const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   if (dpre && fusable(dy, w, dpre, pre)) {
     gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(dpre), w->shape[1]};
     return linear_backward(dpre, dw, db, dy, x, w, &(sh_sgemm_rows){gelu_bwd_rows, &g}, set_dw);
   }
-  SH_TRY(cpu_linear_backward(dpre, dw, db, dy, x, w, set_dw));   /* dpre holds dy @ w */
-  return sh_backend_of(-1)->gelu_backward(dpre, dpre, pre);
-}
-
-void sh_linear_register_cpu(sh_backend *b) {
-  b->linear_forward = cpu_linear_forward;
-  b->linear_backward = cpu_linear_backward;
-  b->linear_gelu_forward = cpu_linear_gelu_forward;
-  b->linear_backward_dgelu = cpu_linear_backward_dgelu;
+  SH_TRY(sh_kcpu_linear_backward(dpre, dw, db, dy, x, w, set_dw));   /* dpre holds dy @ w */
+  return sh_kcpu_gelu_backward(dpre, dpre, pre);
 }

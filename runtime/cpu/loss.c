@@ -82,8 +82,8 @@ static int stage_ce(sh_tensor **xc, sh_tensor **tc, ce_args *a, int64_t *count, 
 }
 
 /* loss and lse are the front's f32 outputs (0-dim and targets' shape): written in place. */
-static int cpu_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits,
-                                     const sh_tensor *targets, int64_t ignore_index) {
+int sh_kcpu_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits,
+                                  const sh_tensor *targets, int64_t ignore_index) {
   const char *op = "cross_entropy";
   sh_tensor *xc = NULL, *tc = NULL;
   ce_args a = {0};
@@ -104,8 +104,8 @@ static int cpu_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_t
 }
 
 /* dlogits may be logits itself (sh_cross_entropy_backward_): ce_bwd writes each element after reading it. */
-static int cpu_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
-                                      const sh_tensor *lse, double dloss, int64_t ignore_index) {
+int sh_kcpu_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, const sh_tensor *targets,
+                                   const sh_tensor *lse, double dloss, int64_t ignore_index) {
   const char *op = "cross_entropy_backward";
   sh_tensor *xc = NULL, *tc = NULL, *lc = NULL;
   sh_nn_accum dx = {0};
@@ -125,9 +125,4 @@ static int cpu_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logit
   sh_nn_accum_drop(&dx);
   sh_tensor_destroy(xc); sh_tensor_destroy(tc); sh_tensor_destroy(lc);
   return rc;
-}
-
-void sh_loss_register_cpu(sh_backend *b) {
-  b->cross_entropy_forward = cpu_cross_entropy_forward;
-  b->cross_entropy_backward = cpu_cross_entropy_backward;
 }

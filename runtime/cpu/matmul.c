@@ -216,7 +216,7 @@ static int run_batches(sh_tensor *c, const operand *a, const operand *b, const b
 /* out = a @ b; out is dense in the promoted dtype, which BLAS computes in unless it is
  * bf16/f16 (then through an f32 product converted at the end; two bf16 operands are read as
  * they are). */
-static int cpu_matmul(sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
+int sh_kcpu_matmul(sh_tensor *out, const sh_tensor *a, const sh_tensor *b) {
   operand oa = operand_of(a, 0), ob = operand_of(b, 1);
   if (!fits_int(oa.rows) || !fits_int(oa.cols) || !fits_int(ob.cols))
     return sh_fail(SH_ERR_ARG, "matmul: dims beyond 2^31 are not supported (%s @ %s)", sh_desc(a), sh_desc(b));
@@ -253,8 +253,8 @@ static int blas_input(const sh_tensor *t, int dt, sh_tensor **own, const sh_tens
   return SH_OK;
 }
 
-static int cpu_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
-                     double alpha, double beta) {
+int sh_kcpu_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int trans_a, int trans_b,
+                  double alpha, double beta) {
   mat la = mat_2d(a, trans_a), lb = mat_2d(b, trans_b);
   if (!fits_int(la.rows) || !fits_int(la.cols) || !fits_int(lb.cols))
     return sh_fail(SH_ERR_ARG, "gemm_: dims beyond 2^31 are not supported (c %s)", sh_desc(c));
@@ -275,9 +275,4 @@ static int cpu_gemm_(sh_tensor *c, const sh_tensor *a, const sh_tensor *b, int t
   sh_tensor_destroy(cb);
   sh_tensor_destroy(cc);
   return rc;
-}
-
-void sh_matmul_register_cpu(sh_backend *b) {
-  b->matmul = cpu_matmul;
-  b->gemm_ = cpu_gemm_;
 }

@@ -185,23 +185,23 @@ static int cpu_norm_forward(const char *op, sh_nn_range_fn fn, sh_tensor *y, sh_
   return rc;
 }
 
-static int cpu_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
-                                 const sh_tensor *w, const sh_tensor *b, double eps) {
+int sh_kcpu_layernorm_forward(sh_tensor *y, sh_tensor *mean, sh_tensor *rstd, const sh_tensor *x,
+                              const sh_tensor *w, const sh_tensor *b, double eps) {
   return cpu_norm_forward("layernorm", layernorm_fwd, y, mean, rstd, x, w, b, eps);
 }
 
-static int cpu_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
+int sh_kcpu_rmsnorm_forward(sh_tensor *y, sh_tensor *rstd, const sh_tensor *x, const sh_tensor *w, double eps) {
   return cpu_norm_forward("rmsnorm", rmsnorm_fwd, y, NULL, rstd, x, w, NULL, eps);
 }
 
 /* The composition: r = x + res rounded to r's dtype (res first taken in that dtype, as the
  * fused CUDA kernel reads it), then layernorm(r). */
-static int cpu_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
-                                          const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
-                                          const sh_tensor *b, double eps) {
+int sh_kcpu_layernorm_residual_forward(sh_tensor *y, sh_tensor *r, sh_tensor *mean, sh_tensor *rstd,
+                                       const sh_tensor *x, const sh_tensor *res, const sh_tensor *w,
+                                       const sh_tensor *b, double eps) {
   SH_TRY(sh_kernel_copy_(r, res));
-  SH_TRY(sh_backend_of(-1)->binary_(r, SH_OP_ADD, x));
-  return cpu_layernorm_forward(y, mean, rstd, r, w, b, eps);
+  SH_TRY(sh_kcpu_binary_(r, SH_OP_ADD, x));
+  return sh_kcpu_layernorm_forward(y, mean, rstd, r, w, b, eps);
 }
 
 /* mean is NULL for rmsnorm (no centring); dx, dw and db may each be NULL. */
@@ -234,22 +234,13 @@ static int cpu_norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_te
   return rc;
 }
 
-static int cpu_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
-                                  const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
-                                  const sh_tensor *rstd) {
+int sh_kcpu_layernorm_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
+                               const sh_tensor *x, const sh_tensor *w, const sh_tensor *mean,
+                               const sh_tensor *rstd) {
   return cpu_norm_backward("layernorm_backward", dx, dw, db, dy, x, w, mean, rstd);
 }
 
-static int cpu_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
-                                const sh_tensor *w, const sh_tensor *rstd) {
+int sh_kcpu_rmsnorm_backward(sh_tensor *dx, sh_tensor *dw, const sh_tensor *dy, const sh_tensor *x,
+                             const sh_tensor *w, const sh_tensor *rstd) {
   return cpu_norm_backward("rmsnorm_backward", dx, dw, NULL, dy, x, w, NULL, rstd);
 }
-
-void sh_norm_register_cpu(sh_backend *b) {
-  b->layernorm_forward = cpu_layernorm_forward;
-  b->layernorm_residual_forward = cpu_layernorm_residual_forward;
-  b->layernorm_backward = cpu_layernorm_backward;
-  b->rmsnorm_forward = cpu_rmsnorm_forward;
-  b->rmsnorm_backward = cpu_rmsnorm_backward;
-}
-

@@ -170,8 +170,8 @@ static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
   return b;
 }
 
-static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
-                                 double eps, int64_t step, double grad_scale) {
+int sh_kcpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
+                              double eps, int64_t step, double grad_scale) {
   sh_adamw_buf *bufs = malloc(sizeof *bufs * (size_t)n);
   int64_t *start = malloc(sizeof *start * (size_t)(n + 1));
   if (!bufs || !start) {
@@ -188,9 +188,9 @@ static int cpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, dou
   return SH_OK;
 }
 
-static int cpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
-                         double momentum, double dampening, double weight_decay, int nesterov,
-                         int first_step, double grad_scale) {
+int sh_kcpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *momentum_buf, double lr,
+                      double momentum, double dampening, double weight_decay, int nesterov,
+                      int first_step, double grad_scale) {
   int64_t n = sh_tensor_numel(param);
   opt_args a = {0};
   if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad);
@@ -221,12 +221,12 @@ static int cpu_abs_part(const sh_tensor *t, int kind, double *out) {
 
 /* Tensor by tensor: the sum of squares is ops.h's sumsq (the runtime's vectorized reduction),
  * the rarer norms 1 and inf a plain loop. */
-static int cpu_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, const double *weights, int kind) {
+int sh_kcpu_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, const double *weights, int kind) {
   double acc = 0;
   for (int i = 0; i < n; i++) {
     double part;
     int rc = SH_OK;
-    if (kind == SH_NORM_L2) rc = sh_backend_of(-1)->sumsq(t[i], &part);
+    if (kind == SH_NORM_L2) rc = sh_kcpu_sumsq(t[i], &part);
     else rc = cpu_abs_part(t[i], kind, &part);
     SH_TRY(rc);
     if (kind == SH_NORM_MAX) acc = nan_max(acc, part);
@@ -236,16 +236,9 @@ static int cpu_grad_norm_part(sh_tensor *out, int n, const sh_tensor *const *t, 
   return SH_OK;
 }
 
-static int cpu_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
+int sh_kcpu_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *part, int kind, double max_norm) {
   double n = sh_clip_norm_of(*(const double *)sh_tensor_data(part), kind);
   *(double *)sh_tensor_data(norm) = n;
   *(float *)sh_tensor_data(coef) = sh_clip_coef_of(n, max_norm);
   return SH_OK;
-}
-
-void sh_optim_register_cpu(sh_backend *b) {
-  b->adamw_step_multi_ = cpu_adamw_step_multi_;
-  b->sgd_step_ = cpu_sgd_step_;
-  b->grad_norm_part = cpu_grad_norm_part;
-  b->grad_clip_coef = cpu_grad_clip_coef;
 }

@@ -14,7 +14,7 @@
 #include "core/backend_internal.h"
 #include "backend_cpu_internal.h"
 
-static int cpu_arange(sh_tensor *out, double start, double step) {
+int sh_kcpu_arange(sh_tensor *out, double start, double step) {
   void *d = sh_tensor_data(out);
   for (int64_t i = 0; i < out->shape[0]; i++) sh_store(d, out->dtype, i, start + (double)i * step);
   return SH_OK;
@@ -98,18 +98,12 @@ static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, f
   sh_parallel_for((n + CHUNK - 1) / CHUNK, n > 2 * CHUNK, random_chunks, &job);
 }
 
-static int cpu_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+int sh_kcpu_random_normal_(sh_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   fill_random(t, normal_run, seed, offset, (float)std, (float)mean);
   return SH_OK;
 }
 
-static int cpu_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
+int sh_kcpu_random_uniform_(sh_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
   fill_random(t, uniform_run, seed, offset, (float)high - (float)low, (float)low);
   return SH_OK;
-}
-
-void sh_random_register_cpu(sh_backend *b) {
-  b->arange = cpu_arange;
-  b->random_normal_ = cpu_random_normal_;
-  b->random_uniform_ = cpu_random_uniform_;
 }

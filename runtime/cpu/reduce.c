@@ -230,13 +230,13 @@ static int reduce_into(sh_tensor *out, int op, const sh_tensor *a, int64_t outer
   return rc;
 }
 
-static int cpu_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
+int sh_kcpu_reduce(sh_tensor *out, int op, const sh_tensor *a, int dim) {
   int64_t outer, inner;
   split_at(a->ndim, a->shape, dim, &outer, &inner);
   return reduce_into(out, op, a, outer, a->shape[dim], inner);
 }
 
-static int cpu_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
+int sh_kcpu_reduce_all(sh_tensor *out, int op, const sh_tensor *a) {
   return reduce_into(out, op, a, 1, sh_tensor_numel(a), 1);
 }
 
@@ -269,7 +269,7 @@ static void argmax_tasks(void *arg, int64_t t0, int64_t t1) {
   }
 }
 
-static int cpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
+int sh_kcpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
   int64_t outer, inner, R = a->shape[dim];
   split_at(a->ndim, a->shape, dim, &outer, &inner);
   sh_tensor *x = NULL;
@@ -285,7 +285,7 @@ static int cpu_argmax(sh_tensor *out, const sh_tensor *a, int dim) {
 /* out and a have the same dims; each dim where out is 1 and a is not is summed in turn
  * (the front merged neighbouring dims into runs, so [B,T,C] -> [C] is one column reduction
  * of [B*T, C]), into double buffers, and the last pass writes out. */
-static int cpu_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
+int sh_kcpu_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
   sh_tensor *x = NULL;
   SH_TRY(sh_kernel_contiguous_as(&x, a, dense_dtype(a->dtype)));
   int64_t size[SH_MAX_DIMS];
@@ -313,19 +313,11 @@ static int cpu_sum_to_shape(sh_tensor *out, const sh_tensor *a) {
   return rc;
 }
 
-static int cpu_sumsq(const sh_tensor *a, double *out) {
+int sh_kcpu_sumsq(const sh_tensor *a, double *out) {
   sh_tensor *x = NULL;
   SH_TRY(sh_kernel_contiguous_as(&x, a, dense_dtype(a->dtype)));
   red_plan p = {.x = sh_tensor_data(x), .dt = x->dtype, .outer = 1, .R = sh_tensor_numel(x), .inner = 1, .op = SH_OP_SUMSQ};
   int rc = reduce_core(&p, out);
   sh_tensor_destroy(x);
   return rc;
-}
-
-void sh_reduce_register_cpu(sh_backend *b) {
-  b->reduce = cpu_reduce;
-  b->reduce_all = cpu_reduce_all;
-  b->argmax = cpu_argmax;
-  b->sum_to_shape = cpu_sum_to_shape;
-  b->sumsq = cpu_sumsq;
 }

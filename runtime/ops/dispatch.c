@@ -22,7 +22,16 @@ int sh_backend_for(const sh_backend **out, int device, const char *op) {
   return SH_OK;
 }
 
-static int64_t calls[SH_SLOT_COUNT];
+static int64_t calls[SH_BACKEND_KINDS][SH_SLOT_COUNT];
 
-void sh_kernel_count(int slot) { __atomic_fetch_add(&calls[slot], 1, __ATOMIC_RELAXED); }
-int64_t sh_kernel_calls(int slot) { return slot >= 0 && slot < SH_SLOT_COUNT ? __atomic_load_n(&calls[slot], __ATOMIC_RELAXED) : 0; }
+void sh_kernel_count(int device, int slot) {
+  __atomic_fetch_add(&calls[sh_backend_kind(device)][slot], 1, __ATOMIC_RELAXED);
+}
+
+int64_t sh_kernel_calls(int kind, int slot) {
+  if (slot < 0 || slot >= SH_SLOT_COUNT || kind >= SH_BACKEND_KINDS) return 0;
+  if (kind >= 0) return __atomic_load_n(&calls[kind][slot], __ATOMIC_RELAXED);
+  int64_t n = 0;
+  for (int k = 0; k < SH_BACKEND_KINDS; k++) n += __atomic_load_n(&calls[k][slot], __ATOMIC_RELAXED);
+  return n;
+}

@@ -12,13 +12,15 @@ int sh_backend_for(const sh_backend **out, int device, const char *op);
 #define SH_KERNEL(op, device, field, ...)                                                       \
   ({                                                                                           \
     const sh_backend *sh_be_;                                                                  \
-    sh_kernel_count(SH_SLOT_##field);                                                          \
-    int sh_rc_ = sh_backend_for(&sh_be_, (device), (op));                                      \
+    int sh_dev_ = (device);                                                                    \
+    sh_kernel_count(sh_dev_, SH_SLOT_##field);                                                 \
+    int sh_rc_ = sh_backend_for(&sh_be_, sh_dev_, (op));                                       \
     if (!sh_rc_) sh_rc_ = sh_be_->field ? sh_be_->field(__VA_ARGS__)                           \
                                         : sh_backend_missing(sh_be_, (op), #field);            \
     sh_rc_;                                                                                    \
   })
 
-/* Calls through SH_KERNEL of a slot (SH_SLOT_*) since start-up, on any device. */
-void sh_kernel_count(int slot);
-int64_t sh_kernel_calls(int slot);
+/* Calls through SH_KERNEL of a slot (SH_SLOT_*) since start-up, on devices of one kind
+ * (SH_BACKEND_CPU, _CUDA, _META), or on any device where kind is -1. */
+void sh_kernel_count(int device, int slot);
+int64_t sh_kernel_calls(int kind, int slot);

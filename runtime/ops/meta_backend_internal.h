@@ -4,8 +4,13 @@
 #include "core/meta_internal.h"
 #include "core/backend_internal.h"
 
-/* The kernel table of the meta device and its host side (backend.c hands it out for both). */
+/* The kernel table of the meta device and its host side (backend.c hands it out for both):
+ * slot X (core/backend_internal.h: SH_KERNELS) holds sh_kmeta_X, declared here from the
+ * slot's entry. */
 const sh_backend *sh_meta_backend(void);
+#define SH_KMETA_DECLARE(name, params) int sh_kmeta_##name params;
+SH_KERNELS(SH_KMETA_DECLARE)
+#undef SH_KMETA_DECLARE
 /* A copy between the meta device and another one (tensor_copy.c): into meta it moves nothing;
  * out of meta the destination is filled with zeros; between the meta device and its host side
  * it counts SH_META_COPY_BYTES. */

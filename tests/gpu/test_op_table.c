@@ -11,9 +11,12 @@
  * of 3) and the linear rows with its cuBLASLt refusing fused epilogues at run time.
  *   build/tests/gpu/test_op_table             every row
  *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
+ * Unfiltered, it also checks the CUDA kernel table (core/backend_internal.h): every slot of
+ * SH_KERNELS filled or named in its absent list, and every slot reached on cuda by some row.
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include "core/cuda.h"
+#include "ops/dispatch_internal.h"
 #include "gpu_test.h"
 
 static const int DEV = 0;
@@ -24,6 +27,24 @@ static void synchronized(const char *label) {
   CHECK(sync == 0, "%s: the device failed after the op: %s", label, sh_last_error());
 }
 
+/* The CUDA table fills every slot or names it in its absent list. */
+static void check_table_filled(void) {
+  const sh_backend *cuda = NULL;
+  CHECK(sh_backend_for(&cuda, DEV, "test") == SH_OK && cuda, "cuda backend table: %s", sh_last_error());
+  if (!cuda) return;
+  const char *gap = sh_backend_unfilled(cuda);
+  CHECK(!gap, "the %s backend leaves kernel slot %s empty without naming it in its absent list", cuda->name, gap);
+}
+
+/* After the whole table ran: every slot the CUDA table fills was reached on cuda by some row. */
+static void check_slots_covered(void) {
+  const sh_backend *cuda = sh_backend_of(DEV);
+  for (int s = 0; s < SH_SLOT_COUNT; s++)
+    CHECK(!cuda || !sh_backend_has(cuda, s) || sh_kernel_calls(SH_BACKEND_CUDA, s) > 0,
+          "no row of tests/ops/op_table.h reaches kernel slot %s on cuda (add a row for its op)",
+          sh_backend_slot_name(s));
+}
+
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
   int rc = cuda_test_start("test_op_table (cuda)", DEV);
@@ -32,6 +53,7 @@ int main(int argc, char **argv) {
   printf("test_op_table (cuda:%d): seed %llu (SHARD_TEST_SEED=%llu replays), lt epilogues %s\n", DEV,
          (unsigned long long)base, (unsigned long long)base, getenv("SHARD_NO_LT_EPILOGUE") ? "off" : "on");
   double t0 = ot_now();
+  if (!filter) check_table_filled();
   char on_dev[32];
   snprintf(on_dev, sizeof on_dev, " on cuda:%d", DEV);
   const ot_pass cuda = { DEV, 0, -1, 0, 1, 0, on_dev, " on the cpu", synchronized };
@@ -40,5 +62,6 @@ int main(int argc, char **argv) {
   CHECK_OK(sh_cuda_synchronize(DEV));
   printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, ot_now() - t0);
   if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);
+  if (!filter) check_slots_covered();
   return check_summary("test_op_table (cuda)");
 }
