@@ -399,6 +399,12 @@ __device__ __forceinline__ int64_t kv_head(int64_t bh, int H, int G) { return bh
 
 enum { SD = SIMPLE_MAX_D / 32 };
 
+/* A warp's share of a row of D values: lane holds element lane + 32 u in f[u] (0 past D). */
+template <typename T> __device__ __forceinline__ void warp_row_f32(float (&f)[SD], const T *r, int lane, int D) {
+#pragma unroll
+  for (int u = 0; u < SD; u++) { int d = lane + 32 * u; f[u] = d < D ? to_f(r[d]) : 0.0f; }
+}
+
 /* Forward: warp per query row; lane owns elements lane + 32 u of q and of the accumulator. */
 template <typename T>
 __global__ void attn_fwd_simple_kernel(const T *q, const T *k, const T *v, T *out, float *lse, int64_t rows, int H, int G,
@@ -408,9 +414,8 @@ __global__ void attn_fwd_simple_kernel(const T *q, const T *k, const T *v, T *ou
   if (row >= rows) return;
   int64_t bh = row / Tn, qi = row % Tn, bkv = kv_head(bh, H, G);
   const T *kh = k + bkv * Tn * D, *vh = v + bkv * Tn * D, *qr = q + row * D;
-  float qf[SD], acc[SD];
-#pragma unroll
-  for (int u = 0; u < SD; u++) { int d = lane + 32 * u; qf[u] = d < D ? to_f(qr[d]) : 0.0f; acc[u] = 0.0f; }
+  float qf[SD], acc[SD] = {};
+  warp_row_f32(qf, qr, lane, D);
   float m = -INFINITY, l = 0;
   for (int64_t j = 0; j <= qi; j++) {
     const T *kr = kh + j * D, *vr = vh + j * D;
@@ -439,14 +444,9 @@ __global__ void attn_bwd_q_simple_kernel(const T *q, const T *k, const T *v, con
   if (row >= rows) return;
   int64_t bh = row / Tn, qi = row % Tn, bkv = kv_head(bh, H, G);
   const T *kh = k + bkv * Tn * D, *vh = v + bkv * Tn * D;
-  float qf[SD], dof[SD], acc[SD];
-#pragma unroll
-  for (int u = 0; u < SD; u++) {
-    int d = lane + 32 * u;
-    qf[u] = d < D ? to_f(q[row * D + d]) : 0.0f;
-    dof[u] = d < D ? to_f(dout[row * D + d]) : 0.0f;
-    acc[u] = 0.0f;
-  }
+  float qf[SD], dof[SD], acc[SD] = {};
+  warp_row_f32(qf, q + row * D, lane, D);
+  warp_row_f32(dof, dout + row * D, lane, D);
   float l = lse[row], dd = Dq[row];
   for (int64_t j = 0; j <= qi; j++) {
     float s = 0, dp = 0;
@@ -474,15 +474,9 @@ __global__ void attn_bwd_kv_simple_kernel(const T *q, const T *k, const T *v, co
   int lane = threadIdx.x & 31;
   if (row >= rows) return;
   int64_t bkv = row / Tn, kj = row % Tn, Hkv = H / G;
-  float kf[SD], vf[SD], ak[SD], av[SD];
-#pragma unroll
-  for (int u = 0; u < SD; u++) {
-    int d = lane + 32 * u;
-    kf[u] = d < D ? to_f(k[row * D + d]) : 0.0f;
-    vf[u] = d < D ? to_f(v[row * D + d]) : 0.0f;
-    ak[u] = 0.0f;
-    av[u] = 0.0f;
-  }
+  float kf[SD], vf[SD], ak[SD] = {}, av[SD] = {};
+  warp_row_f32(kf, k + row * D, lane, D);
+  warp_row_f32(vf, v + row * D, lane, D);
   for (int64_t bh = bkv / Hkv * H + bkv % Hkv * G; bh < bkv / Hkv * H + (bkv % Hkv + 1) * G; bh++) {
     const T *qh = q + bh * Tn * D, *doh = dout + bh * Tn * D;
     for (int64_t i = kj; i < Tn; i++) {

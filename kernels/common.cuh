@@ -188,34 +188,27 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
- * `shared` holds 32 floats. Contains __syncthreads: call from all threads. */
+/* A reduction over the block (blockDim.x a multiple of 32, at most 1024) from the warp one,
+ * warp(v); `empty` is its identity; every thread gets it. `shared` holds 32 values. Contains
+ * __syncthreads: call from all threads. */
+template <typename T, typename W>
+__device__ __forceinline__ T block_reduce(T v, T *shared, T empty, W warp) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp(v);
+  __syncthreads();
+  if (lane == 0) shared[w] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : empty;
+  return warp(v);
+}
 __device__ __forceinline__ float block_sum(float v, float *shared) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < nw ? shared[lane] : 0.0f;
-  return warp_sum(v);
+  return block_reduce(v, shared, 0.0f, [](float x) { return warp_sum(x); });
 }
 __device__ __forceinline__ float block_max(float v, float *shared) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < nw ? shared[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce(v, shared, -INFINITY, [](float x) { return warp_max(x); });
 }
 __device__ __forceinline__ double block_sum_d(double v, double *shared) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum_d(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < nw ? shared[lane] : 0.0;
-  return warp_sum_d(v);
+  return block_reduce(v, shared, 0.0, [](double x) { return warp_sum_d(x); });
 }
 
 /* GPT-2's tanh gelu and its derivative, as the CPU reference computes them. */
@@ -252,7 +245,7 @@ static inline unsigned sh_blocks(int64_t n, int threads) {
  * function of kernels/<family>.cu; its prototype here is made from the slot's entry, and
  * device.cu's table from the same list. */
 extern "C" {
-#define SH_KCUDA_DECLARE(name, params) int sh_kcuda_##name params;
-SH_KERNELS(SH_KCUDA_DECLARE)
-#undef SH_KCUDA_DECLARE
+#define SH_KERNEL_OF(slot) sh_kcuda_##slot
+SH_KERNEL_PROTOTYPES
+#undef SH_KERNEL_OF
 }

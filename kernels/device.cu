@@ -129,13 +129,9 @@ static std::map<void *, block_rec> blocks;
 /* The CUDA kernel table, made from SH_KERNELS (core/backend_internal.h): slot X holds
  * sh_kcuda_X (common.cuh declares them all). A slot CUDA lacks is `#define sh_kcuda_X NULL`
  * here, with a comment saying why, and named in .absent (the op-table tests check both). */
-#define SH_KCUDA_SLOT(name, params) .name = sh_kcuda_##name,
-static const sh_backend cuda_table = {
-  .name = "cuda",
-  .absent = NULL,
-  SH_KERNELS(SH_KCUDA_SLOT)
-};
-#undef SH_KCUDA_SLOT
+#define SH_KERNEL_OF(slot) sh_kcuda_##slot
+SH_KERNEL_TABLE(cuda_table, "cuda", NULL);
+#undef SH_KERNEL_OF
 
 static void register_kernels(void) { sh_backend_register(SH_BACKEND_CUDA, &cuda_table); }
 

@@ -21,13 +21,17 @@ enum { EW_THREADS = 256 };
 
 /* ---- the math, per compute type -------------------------------------------------------- */
 
+/* pow in the compute type: f32 through powf, f64 (and the integers' double path) through pow. */
+template <typename C> __device__ __forceinline__ C ew_pow(C x, C y) { return (C)pow((double)x, (double)y); }
+template <> __device__ __forceinline__ float ew_pow<float>(float x, float y) { return powf(x, y); }
+
 template <typename C> __device__ __forceinline__ C ew_binary(int op, C x, C y, C alpha) {
   switch (op) {
     case SH_OP_ADD: return x + y;
     case SH_OP_SUB: return x - y;
     case SH_OP_MUL: return x * y;
     case SH_OP_DIV: return x / y;
-    case SH_OP_POW: return y == (C)2 ? x * x : (C)pow((double)x, (double)y);
+    case SH_OP_POW: return y == (C)2 ? x * x : ew_pow(x, y);
     case SH_OP_MAXIMUM: return (x > y || x != x) ? x : y;
     case SH_OP_MINIMUM: return (x < y || x != x) ? x : y;
     case SH_OP_EQ: return (C)(x == y);
@@ -37,22 +41,7 @@ template <typename C> __device__ __forceinline__ C ew_binary(int op, C x, C y, C
     default: return y;   /* SH_OP_COPY: the second operand */
   }
 }
-template <> __device__ __forceinline__ float ew_binary<float>(int op, float x, float y, float alpha) {
-  switch (op) {
-    case SH_OP_ADD: return x + y;
-    case SH_OP_SUB: return x - y;
-    case SH_OP_MUL: return x * y;
-    case SH_OP_DIV: return x / y;
-    case SH_OP_POW: return y == 2.0f ? x * x : powf(x, y);
-    case SH_OP_MAXIMUM: return (x > y || x != x) ? x : y;
-    case SH_OP_MINIMUM: return (x < y || x != x) ? x : y;
-    case SH_OP_EQ: return (float)(x == y);
-    case SH_OP_LT: return (float)(x < y);
-    case SH_OP_GT: return (float)(x > y);
-    case SH_OP_AXPY: return x + alpha * y;
-    default: return y;
-  }
-}
+
 /* Integer pow by squaring, wrapping like the CPU's. */
 __device__ __forceinline__ int64_t ew_ipow(int64_t x, int64_t y) {
   if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;

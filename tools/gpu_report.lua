@@ -57,8 +57,8 @@ M.LAUNCH = {
   argmax_cols_kernel = { threads = 256 },
 }
 
--- Files whose kernels must not spill (issue 35): attention, matmul's epilogues, the optimizers.
-M.GUARDED = { attention = true, matmul = true, optim = true }
+-- Files whose kernels must not spill (issue 35): attention, the products (matmul, linear's epilogues), the optimizers.
+M.GUARDED = { attention = true, matmul = true, linear = true, optim = true }
 
 -- sm_90 as the occupancy calculator models it (CUDA's cuda_occupancy.h): registers are
 -- allocated per warp in units of 256 within each of the 4 sub-partitions; every block also

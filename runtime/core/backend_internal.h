@@ -153,6 +153,15 @@ enum {
 #undef SH_KERNEL_SLOT
   SH_SLOT_COUNT
 };
+/* A backend's kernels and table by the naming rule: with SH_KERNEL_OF(slot) defined to the
+ * kernel's name (sh_kcpu_##slot), SH_KERNEL_PROTOTYPES declares every kernel from its slot's
+ * entry and SH_KERNEL_TABLE(var, "cpu", absent) defines the table `var` (a static const). */
+#define SH_KERNEL_PROTOTYPE_(slot, params) int SH_KERNEL_OF(slot) params;
+#define SH_KERNEL_PROTOTYPES SH_KERNELS(SH_KERNEL_PROTOTYPE_)
+#define SH_KERNEL_ENTRY_(slot, params) .slot = SH_KERNEL_OF(slot),
+#define SH_KERNEL_TABLE(var, device_name, absent_slots)                                         \
+  static const sh_backend var = {.name = device_name, .absent = absent_slots, SH_KERNELS(SH_KERNEL_ENTRY_)}
+
 const char *sh_backend_slot_name(int slot);
 int sh_backend_has(const sh_backend *b, int slot);
 /* The first slot b leaves NULL without naming it in b->absent, or NULL when there is none. */

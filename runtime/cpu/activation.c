@@ -1,12 +1,12 @@
 /* activation.c: gelu (GPT-2's tanh form), silu, swiglu's gate, softmax over the last
  * dim, and seeded dropout; forward and backward. Each kernel is a range function run by
- * sh_nn_parallel_for, with exp/tanh from nn_internal.h so the loops vectorize. Outputs take
+ * sh_stage_parallel_for, with exp/tanh from staging_internal.h so the loops vectorize. Outputs take
  * the dtype of the input they are the result or gradient of; math is f32.
  * The public ops at the end check, allocate on the input's device and dispatch
- * (backend_internal.h); the cpu_ kernels above them stage through f32 (nn_internal.h).
+ * (backend_internal.h); the sh_kcpu_ kernels above them stage through f32 (staging_internal.h).
  * The fronts are ops/activation.c. */
 #include <math.h>
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "core/philox_internal.h"
 #include "core/backend_internal.h"
@@ -47,12 +47,12 @@ SH_CPU_KERNEL(gelu_bwd, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1)
   }
 }
 
-void sh_nn_gelu_f32(const float *x, float *y, int64_t n) {
+void sh_stage_gelu_f32(const float *x, float *y, int64_t n) {
   ew_args a = {.x = x, .out = y};
   gelu_fwd(&a, 0, n);
 }
 
-void sh_nn_gelu_backward_f32(const float *dy, const float *x, float *dx, int64_t n) {
+void sh_stage_gelu_backward_f32(const float *dy, const float *x, float *dx, int64_t n) {
   ew_args a = {.x = x, .dy = dy, .out = dx};
   gelu_bwd(&a, 0, n);
 }
@@ -159,63 +159,49 @@ static void copy_range(const void *arg, int64_t i0, int64_t i1) {
 
 /* out = fn(x) elementwise, or per row of length c when rows; x (named xname) and dy, when
  * given, are staged in f32, and out (x's shape, any float dtype) is written through f32. */
-static int run_unary(sh_tensor *out, const char *op, sh_nn_range_fn fn, ew_args *a, const sh_tensor *x,
+static int run_unary(sh_tensor *out, const char *op, sh_stage_range_fn fn, ew_args *a, const sh_tensor *x,
                      const char *xname, const sh_tensor *dy, int rows) {
   sh_tensor *xc = NULL, *dyc = NULL;
-  sh_nn_accum o = {0};
-  int rc = sh_nn_f32(&xc, x, op, xname);
-  if (!rc && dy) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc) rc = sh_nn_out_begin(&o, out);
+  sh_stage_accum o = {0};
+  int rc = sh_stage_f32(&xc, x, op, xname);
+  if (!rc && dy) rc = sh_stage_f32(&dyc, dy, op, "dy");
+  if (!rc) rc = sh_stage_out_begin(&o, out);
   if (!rc) {
     int64_t n = sh_tensor_numel(x);
-    a->x = a->y = sh_nn_ptr(xc);
-    a->dy = dyc ? sh_nn_ptr(dyc) : NULL;
-    a->out = sh_nn_ptr(o.buf);
+    a->x = a->y = sh_stage_ptr(xc);
+    a->dy = dyc ? sh_stage_ptr(dyc) : NULL;
+    a->out = sh_stage_ptr(o.buf);
     a->c = rows ? x->shape[x->ndim - 1] : 1;
     int64_t units = a->c > 0 ? n / a->c : 0;
-    sh_nn_parallel_for(units, n * (rows ? 4 : 16), fn, a);
-    rc = sh_nn_accum_end(&o);
+    sh_stage_parallel_for(units, n * (rows ? 4 : 16), fn, a);
+    rc = sh_stage_accum_end(&o);
   }
-  sh_nn_accum_drop(&o);
+  sh_stage_accum_drop(&o);
   sh_tensor_destroy(xc); sh_tensor_destroy(dyc);
   return rc;
 }
 
-int sh_kcpu_gelu_forward(sh_tensor *y, const sh_tensor *x) {
-  ew_args a = {0};
-  return run_unary(y, "gelu", gelu_fwd, &a, x, "x", NULL, 0);
-}
+/* The kernels of an activation `name` whose backward reads `saved` (x, or softmax's y), its
+ * range functions name_fwd and name_bwd; rows: per row of the last dim. */
+#define ACTIVATION_KERNELS(name, saved, rows)                                                    \
+  int sh_kcpu_##name##_forward(sh_tensor *y, const sh_tensor *x) {                              \
+    ew_args a = {0};                                                                            \
+    return run_unary(y, #name, name##_fwd, &a, x, "x", NULL, rows);                             \
+  }                                                                                             \
+  int sh_kcpu_##name##_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *saved) {   \
+    ew_args a = {0};                                                                            \
+    return run_unary(dx, #name "_backward", name##_bwd, &a, saved, #saved, dy, rows);           \
+  }
 
-int sh_kcpu_gelu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
-  ew_args a = {0};
-  return run_unary(dx, "gelu_backward", gelu_bwd, &a, x, "x", dy, 0);
-}
-
-int sh_kcpu_silu_forward(sh_tensor *y, const sh_tensor *x) {
-  ew_args a = {0};
-  return run_unary(y, "silu", silu_fwd, &a, x, "x", NULL, 0);
-}
-
-int sh_kcpu_silu_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *x) {
-  ew_args a = {0};
-  return run_unary(dx, "silu_backward", silu_bwd, &a, x, "x", dy, 0);
-}
-
-int sh_kcpu_softmax_forward(sh_tensor *y, const sh_tensor *x) {
-  ew_args a = {0};
-  return run_unary(y, "softmax", softmax_fwd, &a, x, "x", NULL, 1);
-}
-
-int sh_kcpu_softmax_backward(sh_tensor *dx, const sh_tensor *dy, const sh_tensor *y) {
-  ew_args a = {0};
-  return run_unary(dx, "softmax_backward", softmax_bwd, &a, y, "y", dy, 1);
-}
+ACTIVATION_KERNELS(gelu, x, 0)
+ACTIVATION_KERNELS(silu, x, 0)
+ACTIVATION_KERNELS(softmax, y, 1)
 
 int sh_kcpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "swiglu";
   sh_tensor *bc = NULL;
-  SH_TRY(sh_nn_f32(&bc, b, op, "b"));
-  ew_args e = {.b = sh_nn_ptr(bc)};
+  SH_TRY(sh_stage_f32(&bc, b, op, "b"));
+  ew_args e = {.b = sh_stage_ptr(bc)};
   int rc = run_unary(y, op, swiglu_fwd, &e, a, "a", NULL, 0);
   sh_tensor_destroy(bc);
   return rc;
@@ -226,21 +212,21 @@ int sh_kcpu_swiglu_backward(sh_tensor *da, sh_tensor *db, const sh_tensor *dy, c
                             const sh_tensor *b) {
   const char *op = "swiglu_backward";
   sh_tensor *ac = NULL, *bc = NULL, *dyc = NULL;
-  sh_nn_accum oa = {0}, ob = {0};
-  int rc = sh_nn_f32(&ac, a, op, "a");
-  if (!rc) rc = sh_nn_f32(&bc, b, op, "b");
-  if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc && da) rc = sh_nn_out_begin(&oa, da);
-  if (!rc && db) rc = sh_nn_out_begin(&ob, db);
+  sh_stage_accum oa = {0}, ob = {0};
+  int rc = sh_stage_f32(&ac, a, op, "a");
+  if (!rc) rc = sh_stage_f32(&bc, b, op, "b");
+  if (!rc) rc = sh_stage_f32(&dyc, dy, op, "dy");
+  if (!rc && da) rc = sh_stage_out_begin(&oa, da);
+  if (!rc && db) rc = sh_stage_out_begin(&ob, db);
   if (!rc) {
-    ew_args e = {.x = sh_nn_ptr(ac), .b = sh_nn_ptr(bc), .dy = sh_nn_ptr(dyc),
-                 .out = da ? sh_nn_ptr(oa.buf) : NULL, .out2 = db ? sh_nn_ptr(ob.buf) : NULL};
+    ew_args e = {.x = sh_stage_ptr(ac), .b = sh_stage_ptr(bc), .dy = sh_stage_ptr(dyc),
+                 .out = da ? sh_stage_ptr(oa.buf) : NULL, .out2 = db ? sh_stage_ptr(ob.buf) : NULL};
     int64_t n = sh_tensor_numel(a);
-    sh_nn_parallel_for(n, n * 16, swiglu_bwd, &e);
+    sh_stage_parallel_for(n, n * 16, swiglu_bwd, &e);
   }
-  if (!rc && da) rc = sh_nn_accum_end(&oa);
-  if (!rc && db) rc = sh_nn_accum_end(&ob);
-  sh_nn_accum_drop(&oa); sh_nn_accum_drop(&ob);
+  if (!rc && da) rc = sh_stage_accum_end(&oa);
+  if (!rc && db) rc = sh_stage_accum_end(&ob);
+  sh_stage_accum_drop(&oa); sh_stage_accum_drop(&ob);
   sh_tensor_destroy(ac); sh_tensor_destroy(bc); sh_tensor_destroy(dyc);
   return rc;
 }

@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include "attn_blocks_internal.h"
 #include "blas_internal.h"
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "core/backend_internal.h"
 #include "backend_cpu_internal.h"
@@ -55,7 +55,7 @@ enum { BQ = 32, BK = 64 };
 typedef struct view4 { float *p; int64_t s0, s1, s2; } view4;
 
 static view4 view_of(const sh_tensor *t) {
-  return (view4){sh_nn_ptr(t), t->stride[0], t->stride[1], t->stride[2]};
+  return (view4){sh_stage_ptr(t), t->stride[0], t->stride[1], t->stride[2]};
 }
 
 static inline float *row_at(const view4 *v, int64_t b, int64_t h, int64_t t) {
@@ -270,7 +270,7 @@ SH_CPU_KERNEL(attn_bwd_range, (const void *arg, int64_t t0, int64_t t1), (arg, t
 /* A [B, H, T, D] operand as f32 rows that sgemm can read with leading dim stride[2]:
  * kept as a view when its rows are unit-stride and do not overlap, else copied. */
 static int stage_rows(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
-  SH_TRY(sh_nn_f32_rows(out, t, op, name));
+  SH_TRY(sh_stage_f32_rows(out, t, op, name));
   if ((*out)->stride[2] >= t->shape[3] && (*out)->stride[2] < INT32_MAX) return SH_OK;
   sh_tensor *c = NULL;
   int rc = sh_kernel_contiguous_as(&c, *out, (*out)->dtype);
@@ -302,28 +302,28 @@ int sh_kcpu_attention_forward(sh_tensor *out, sh_tensor *lse, const sh_tensor *q
                               const sh_tensor *v, double scale) {
   const char *op = "attention";
   sh_tensor *st[3] = {0};
-  sh_nn_accum o = {0};
+  sh_stage_accum o = {0};
   attn_args a = {0};
   int rc = stage_qkv(st, &a, op, q, k, v, scale);
-  if (!rc) rc = sh_nn_out_rows_begin(&o, out);
+  if (!rc) rc = sh_stage_out_rows_begin(&o, out);
   if (!rc) {
     a.out = view_of(o.buf);
-    a.lse = sh_nn_ptr(lse);   /* the front's f32 [B, H, T] */
-    sh_nn_parallel_for(a.B * a.H * ((a.T + BQ - 1) / BQ), attn_work(&a), attn_fwd_range, &a);
+    a.lse = sh_stage_ptr(lse);   /* the front's f32 [B, H, T] */
+    sh_stage_parallel_for(a.B * a.H * ((a.T + BQ - 1) / BQ), attn_work(&a), attn_fwd_range, &a);
     if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
   }
-  if (!rc) rc = sh_nn_accum_end(&o);
-  sh_nn_accum_drop(&o);
+  if (!rc) rc = sh_stage_accum_end(&o);
+  sh_stage_accum_drop(&o);
   sh_tensors_destroy(st, 3);
   return rc;
 }
 
 /* The f32 rows a gradient is summed into (zeroed by the kernel's tasks): dst itself when
  * it is f32 with rows the kernel can write (a strided head view of a fused dqkv included),
- * else scratch that sh_nn_accum_end writes into dst; scratch only when dst is NULL (all
+ * else scratch that sh_stage_accum_end writes into dst; scratch only when dst is NULL (all
  * three gradients are computed together). */
-static int grad_begin(sh_nn_accum *g, sh_tensor *dst, const int64_t *shape) {
-  return dst ? sh_nn_out_rows_begin(g, dst) : sh_nn_new_f32(&g->buf, 4, shape);
+static int grad_begin(sh_stage_accum *g, sh_tensor *dst, const int64_t *shape) {
+  return dst ? sh_stage_out_rows_begin(g, dst) : sh_stage_new_f32(&g->buf, 4, shape);
 }
 
 int sh_kcpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, const sh_tensor *dout,
@@ -331,22 +331,22 @@ int sh_kcpu_attention_backward(sh_tensor *dq, sh_tensor *dk, sh_tensor *dv, cons
                                const sh_tensor *out, const sh_tensor *lse, double scale) {
   const char *op = "attention_backward";
   sh_tensor *st[6] = {0}, *dst[3] = {dq, dk, dv};
-  sh_nn_accum g[3] = {{0}};
+  sh_stage_accum g[3] = {{0}};
   attn_args a = {0};
   int rc = stage_qkv(st, &a, op, q, k, v, scale);
   if (!rc) rc = stage_rows(&st[3], dout, op, "dout");
   if (!rc) rc = stage_rows(&st[4], out, op, "out");
-  if (!rc) rc = sh_nn_f32(&st[5], lse, op, "lse");
+  if (!rc) rc = sh_stage_f32(&st[5], lse, op, "lse");
   for (int i = 0; i < 3 && !rc; i++) rc = grad_begin(&g[i], dst[i], i ? k->shape : q->shape);
   if (!rc) {
-    a.dout = view_of(st[3]); a.out = view_of(st[4]); a.lse = sh_nn_ptr(st[5]);
+    a.dout = view_of(st[3]); a.out = view_of(st[4]); a.lse = sh_stage_ptr(st[5]);
     a.dq = view_of(g[0].buf); a.dk = view_of(g[1].buf); a.dv = view_of(g[2].buf);
-    sh_nn_parallel_for(a.B * (a.H / a.G), attn_work(&a), attn_bwd_range, &a);
+    sh_stage_parallel_for(a.B * (a.H / a.G), attn_work(&a), attn_bwd_range, &a);
     if (a.failed) rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for per-thread scratch", op);
   }
   for (int i = 0; i < 3 && !rc; i++)
-    if (dst[i]) rc = sh_nn_accum_end(&g[i]);
-  for (int i = 0; i < 3; i++) sh_nn_accum_drop(&g[i]);
+    if (dst[i]) rc = sh_stage_accum_end(&g[i]);
+  for (int i = 0; i < 3; i++) sh_stage_accum_drop(&g[i]);
   sh_tensors_destroy(st, 6);
   return rc;
 }
@@ -393,16 +393,16 @@ int sh_kcpu_rope(sh_tensor *y, const sh_tensor *x, double theta, int inverse) {
       cs[T * half + t * half + i] = (float)sin(ang);
     }
   sh_tensor *xs = NULL;
-  sh_nn_accum o = {0};
-  int rc = sh_nn_f32_rows(&xs, x, op, "x");
-  if (!rc) rc = sh_nn_out_begin(&o, y);
+  sh_stage_accum o = {0};
+  int rc = sh_stage_f32_rows(&xs, x, op, "x");
+  if (!rc) rc = sh_stage_out_begin(&o, y);
   if (!rc) {
-    rope_args a = {view_of(xs), sh_nn_ptr(o.buf), cs, cs + T * half, x->shape[1], T, D, inverse ? -1.0f : 1.0f};
+    rope_args a = {view_of(xs), sh_stage_ptr(o.buf), cs, cs + T * half, x->shape[1], T, D, inverse ? -1.0f : 1.0f};
     int64_t rows = sh_tensor_rows(x);
-    sh_nn_parallel_for(rows, rows * D * 4, rope_range, &a);
-    rc = sh_nn_accum_end(&o);
+    sh_stage_parallel_for(rows, rows * D * 4, rope_range, &a);
+    rc = sh_stage_accum_end(&o);
   }
-  sh_nn_accum_drop(&o);
+  sh_stage_accum_drop(&o);
   sh_tensor_destroy(xs);
   free(cs);
   return rc;

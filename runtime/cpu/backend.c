@@ -5,12 +5,8 @@
 #include <stddef.h>
 #include "backend_cpu_internal.h"
 
-#define SH_KCPU_SLOT(name, params) .name = sh_kcpu_##name,
-static const sh_backend cpu_backend = {
-  .name = "cpu",
-  .absent = NULL,
-  SH_KERNELS(SH_KCPU_SLOT)
-};
-#undef SH_KCPU_SLOT
+#define SH_KERNEL_OF(slot) sh_kcpu_##slot
+SH_KERNEL_TABLE(cpu_backend, "cpu", NULL);
+#undef SH_KERNEL_OF
 
 const sh_backend *sh_cpu_backend(void) { return &cpu_backend; }

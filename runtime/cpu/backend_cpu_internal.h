@@ -10,6 +10,6 @@
 /* The CPU table. */
 const sh_backend *sh_cpu_backend(void);
 
-#define SH_KCPU_DECLARE(name, params) int sh_kcpu_##name params;
-SH_KERNELS(SH_KCPU_DECLARE)
-#undef SH_KCPU_DECLARE
+#define SH_KERNEL_OF(slot) sh_kcpu_##slot
+SH_KERNEL_PROTOTYPES
+#undef SH_KERNEL_OF

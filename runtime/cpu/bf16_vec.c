@@ -27,24 +27,22 @@ static int64_t widen_vectors(float *d, const uint16_t *s, int64_t n) { return 0;
 static int64_t round_vectors(uint16_t *d, const float *s, int64_t n) { return 0; }
 #endif
 
+/* dst[i * ds] = CONVERT(src[i * ss]) for i < n: a contiguous run starts with VECTORS (AVX-512,
+ * when the CPU has it) and finishes in a simd loop. */
+#define CONVERT_N(VECTORS, CONVERT)                                                               \
+  int contiguous = ds == 1 && ss == 1;                                                          \
+  int64_t i = contiguous && use_avx512() ? VECTORS(dst, src, n) : 0;                            \
+  if (contiguous) {                                                                             \
+    _Pragma("omp simd")                                                                         \
+    for (int64_t j = i; j < n; j++) dst[j] = CONVERT(src[j]);                                   \
+    return;                                                                                     \
+  }                                                                                             \
+  for (; i < n; i++) dst[i * ds] = CONVERT(src[i * ss]);
+
 void sh_bf16_to_f32_n(float *dst, int64_t ds, const uint16_t *src, int64_t ss, int64_t n) {
-  int contiguous = ds == 1 && ss == 1;
-  int64_t i = contiguous && use_avx512() ? widen_vectors(dst, src, n) : 0;
-  if (contiguous) {
-#pragma omp simd
-    for (int64_t j = i; j < n; j++) dst[j] = sh_bf16_to_f32_inline(src[j]);
-    return;
-  }
-  for (; i < n; i++) dst[i * ds] = sh_bf16_to_f32_inline(src[i * ss]);
+  CONVERT_N(widen_vectors, sh_bf16_to_f32_inline)
 }
 
 void sh_f32_to_bf16_n(uint16_t *dst, int64_t ds, const float *src, int64_t ss, int64_t n) {
-  int contiguous = ds == 1 && ss == 1;
-  int64_t i = contiguous && use_avx512() ? round_vectors(dst, src, n) : 0;
-  if (contiguous) {
-#pragma omp simd
-    for (int64_t j = i; j < n; j++) dst[j] = sh_f32_to_bf16_inline(src[j]);
-    return;
-  }
-  for (; i < n; i++) dst[i * ds] = sh_f32_to_bf16_inline(src[i * ss]);
+  CONVERT_N(round_vectors, sh_f32_to_bf16_inline)
 }

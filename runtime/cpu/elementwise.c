@@ -100,34 +100,27 @@ static void binary_i64(int op, int64_t alpha, int64_t *o, const int64_t *a, int 
 
 #define UN_LOOP(EXPR) do { _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { __typeof__(a[0]) x = a[i]; o[i] = (EXPR); } } while (0)
 
-SH_CPU_KERNEL(unary_f32, (int op, float *o, const float *a, int64_t n), (op, o, a, n)) {
-  switch (op) {
-    case SH_OP_NEG: UN_LOOP(-x); break;
-    case SH_OP_EXP: UN_LOOP(sh_expf(x)); break;
-    case SH_OP_LOG: UN_LOOP(logf(x)); break;
-    case SH_OP_SQRT: UN_LOOP(sqrtf(x)); break;
-    case SH_OP_RSQRT: UN_LOOP(1.0f / sqrtf(x)); break;
-    case SH_OP_TANH: UN_LOOP(sh_tanhf(x)); break;
-    case SH_OP_ABS: UN_LOOP(fabsf(x)); break;
-    case SH_OP_SQUARE: UN_LOOP(x * x); break;
-    case SH_OP_RECIPROCAL: UN_LOOP(1.0f / x); break;
-    case SH_OP_SIGN: UN_LOOP((float)((x > 0) - (x < 0))); break;
+/* The unary ops over n elements of type T, with that type's exp, log, sqrt, tanh and fabs. */
+#define UN_SWITCH(T, EXP, LOG, SQRT, TANH, ABS)                                                  \
+  switch (op) {                                                                                 \
+    case SH_OP_NEG: UN_LOOP(-x); break;                                                         \
+    case SH_OP_EXP: UN_LOOP(EXP(x)); break;                                                     \
+    case SH_OP_LOG: UN_LOOP(LOG(x)); break;                                                     \
+    case SH_OP_SQRT: UN_LOOP(SQRT(x)); break;                                                   \
+    case SH_OP_RSQRT: UN_LOOP((T)1 / SQRT(x)); break;                                           \
+    case SH_OP_TANH: UN_LOOP(TANH(x)); break;                                                   \
+    case SH_OP_ABS: UN_LOOP(ABS(x)); break;                                                     \
+    case SH_OP_SQUARE: UN_LOOP(x * x); break;                                                   \
+    case SH_OP_RECIPROCAL: UN_LOOP((T)1 / x); break;                                            \
+    case SH_OP_SIGN: UN_LOOP((T)((x > 0) - (x < 0))); break;                                    \
   }
+
+SH_CPU_KERNEL(unary_f32, (int op, float *o, const float *a, int64_t n), (op, o, a, n)) {
+  UN_SWITCH(float, sh_expf, logf, sqrtf, sh_tanhf, fabsf)
 }
 
 SH_CPU_KERNEL(unary_f64, (int op, double *o, const double *a, int64_t n), (op, o, a, n)) {
-  switch (op) {
-    case SH_OP_NEG: UN_LOOP(-x); break;
-    case SH_OP_EXP: UN_LOOP(exp(x)); break;
-    case SH_OP_LOG: UN_LOOP(log(x)); break;
-    case SH_OP_SQRT: UN_LOOP(sqrt(x)); break;
-    case SH_OP_RSQRT: UN_LOOP(1.0 / sqrt(x)); break;
-    case SH_OP_TANH: UN_LOOP(tanh(x)); break;
-    case SH_OP_ABS: UN_LOOP(fabs(x)); break;
-    case SH_OP_SQUARE: UN_LOOP(x * x); break;
-    case SH_OP_RECIPROCAL: UN_LOOP(1.0 / x); break;
-    case SH_OP_SIGN: UN_LOOP((double)((x > 0) - (x < 0))); break;
-  }
+  UN_SWITCH(double, exp, log, sqrt, tanh, fabs)
 }
 
 /* Integer results only come from neg, abs, square and sign (unary_result). */

@@ -5,7 +5,7 @@
  * out in the same order on every run.
  * The front is ops/embedding.c. */
 #include "core/backend_internal.h"
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "backend_cpu_internal.h"
 
@@ -35,16 +35,16 @@ SH_CPU_KERNEL(scatter_columns, (const void *arg, int64_t c0, int64_t c1), (arg, 
 int sh_kcpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
   sh_tensor *ic = NULL, *wc = NULL;
-  sh_nn_accum o = {0};
+  sh_stage_accum o = {0};
   int rc = sh_kernel_contiguous_as(&ic, idx, (idx)->dtype);
-  if (!rc) rc = sh_nn_f32(&wc, w, op, "w");
-  if (!rc) rc = sh_nn_out_begin(&o, y);
+  if (!rc) rc = sh_stage_f32(&wc, w, op, "w");
+  if (!rc) rc = sh_stage_out_begin(&o, y);
   if (!rc) {
-    emb_args a = {.idx = ic, .w = sh_nn_ptr(wc), .y = sh_nn_ptr(o.buf), .n = sh_tensor_numel(ic), .C = w->shape[1]};
-    sh_nn_parallel_for(a.n, a.n * a.C, gather_rows, &a);
-    rc = sh_nn_accum_end(&o);
+    emb_args a = {.idx = ic, .w = sh_stage_ptr(wc), .y = sh_stage_ptr(o.buf), .n = sh_tensor_numel(ic), .C = w->shape[1]};
+    sh_stage_parallel_for(a.n, a.n * a.C, gather_rows, &a);
+    rc = sh_stage_accum_end(&o);
   }
-  sh_nn_accum_drop(&o);
+  sh_stage_accum_drop(&o);
   sh_tensor_destroy(ic); sh_tensor_destroy(wc);
   return rc;
 }
@@ -52,18 +52,18 @@ int sh_kcpu_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tenso
 int sh_kcpu_embedding_backward(sh_tensor *dw, const sh_tensor *dy, const sh_tensor *idx) {
   const char *op = "embedding_backward";
   sh_tensor *ic = NULL, *dyc = NULL;
-  sh_nn_accum acc = {0};
+  sh_stage_accum acc = {0};
   int rc = sh_kernel_contiguous_as(&ic, idx, (idx)->dtype);
-  if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc) rc = sh_nn_accum_begin(&acc, dw, op, "dw");
+  if (!rc) rc = sh_stage_f32(&dyc, dy, op, "dy");
+  if (!rc) rc = sh_stage_accum_begin(&acc, dw, op, "dw");
   if (!rc) {
-    emb_args a = {.idx = ic, .dy = sh_nn_ptr(dyc), .dw = sh_nn_ptr(acc.buf), .n = sh_tensor_numel(ic), .C = dw->shape[1]};
+    emb_args a = {.idx = ic, .dy = sh_stage_ptr(dyc), .dw = sh_stage_ptr(acc.buf), .n = sh_tensor_numel(ic), .C = dw->shape[1]};
     /* at least 16 columns per thread: narrower slices would share cache lines */
     int64_t work = a.C >= 32 ? a.n * a.C : 0;
-    sh_nn_parallel_for(a.C, work, scatter_columns, &a);
-    rc = sh_nn_accum_end(&acc);
+    sh_stage_parallel_for(a.C, work, scatter_columns, &a);
+    rc = sh_stage_accum_end(&acc);
   }
-  sh_nn_accum_drop(&acc);
+  sh_stage_accum_drop(&acc);
   sh_tensor_destroy(ic); sh_tensor_destroy(dyc);
   return rc;
 }

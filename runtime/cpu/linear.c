@@ -1,5 +1,5 @@
-/* linear.c: y = x @ w^T + b, its backward, and their fusions with gelu: the fronts (checks
- * and outputs for every device) and the CPU kernels.
+/* linear.c: the CPU kernels of y = x @ w^T + b, its backward, and their fusions with gelu
+ * (the fronts are ops/linear.c).
  * The CPU runs one sgemm over all rows of x (x seen as [rows, in]). w keeps PyTorch's
  * [out, in] layout so checkpoints load as they are; sgemm reads it transposed for free.
  * Backward: dx = dy @ w (new), dw += dy^T @ x through sgemm's beta = 1, db += column sums of
@@ -11,7 +11,7 @@
  * The fronts are ops/linear.c. */
 #include <cblas.h>
 #include "blas_internal.h"
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "core/backend_internal.h"
 #include "backend_cpu_internal.h"
@@ -33,25 +33,25 @@ typedef struct operand { const sh_tensor *src; sh_tensor *f32; } operand;
 static int operand_stage(operand *o, const sh_tensor *t, int bf16, const char *op, const char *name) {
   o->src = t;
   o->f32 = NULL;
-  return bf16 ? SH_OK : sh_nn_f32(&o->f32, t, op, name);
+  return bf16 ? SH_OK : sh_stage_f32(&o->f32, t, op, name);
 }
 
 /* Where a product lands: in place when the product runs in bf16 and the output is dense
  * bf16 (rounded once, at the kernel's store), else an f32 buffer copied back at the end
- * (sh_nn_accum; accumulate: it starts as the output's values). */
-typedef struct dest { sh_tensor *direct; sh_nn_accum acc; } dest;
+ * (sh_stage_accum; accumulate: it starts as the output's values). */
+typedef struct dest { sh_tensor *direct; sh_stage_accum acc; } dest;
 
 static int dest_begin(dest *d, sh_tensor *t, int low, int accumulate, const char *op, const char *name) {
   d->direct = NULL;
-  d->acc = (sh_nn_accum){0};
+  d->acc = (sh_stage_accum){0};
   if (low && dense_bf16(t)) { d->direct = t; return SH_OK; }
-  return accumulate ? sh_nn_accum_begin(&d->acc, t, op, name) : sh_nn_out_begin(&d->acc, t);
+  return accumulate ? sh_stage_accum_begin(&d->acc, t, op, name) : sh_stage_out_begin(&d->acc, t);
 }
 
 static sh_tensor *dest_tensor(const dest *d) { return d->direct ? d->direct : d->acc.buf; }
 
 static int dest_end(dest *d) {
-  if (!d->direct) return sh_nn_accum_end(&d->acc);
+  if (!d->direct) return sh_stage_accum_end(&d->acc);
   d->direct->version++;
   return SH_OK;
 }
@@ -61,15 +61,15 @@ static int dest_end(dest *d) {
 static int product(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const operand *a,
                    int64_t lda, const operand *b, int64_t ldb, float beta, sh_tensor *c, const sh_sgemm_rows *rows) {
   if (a->f32) {
-    sh_sgemm_then(ta, tb, (int)m, (int)n, (int)k, 1.0f, sh_nn_ptr(a->f32), (int)lda, sh_nn_ptr(b->f32), (int)ldb, beta,
-                  sh_nn_ptr(c), (int)n, rows);
+    sh_sgemm_then(ta, tb, (int)m, (int)n, (int)k, 1.0f, sh_stage_ptr(a->f32), (int)lda, sh_stage_ptr(b->f32), (int)ldb, beta,
+                  sh_stage_ptr(c), (int)n, rows);
     return SH_OK;
   }
   const uint16_t *ap = bf16_ptr(a->src), *bp = bf16_ptr(b->src);
   if (c->dtype == SH_BF16)
     return sh_gemm_bf16_out16(ta, tb, (int)m, (int)n, (int)k, 1.0f, ap, (int)lda, bp, (int)ldb, beta,
                               (uint16_t *)sh_tensor_data(c), (int)n);
-  return sh_gemm_bf16(ta, tb, (int)m, (int)n, (int)k, 1.0f, ap, (int)lda, bp, (int)ldb, beta, sh_nn_ptr(c), (int)n);
+  return sh_gemm_bf16(ta, tb, (int)m, (int)n, (int)k, 1.0f, ap, (int)lda, bp, (int)ldb, beta, sh_stage_ptr(c), (int)n);
 }
 
 /* y[r, :] = b for every row, so that the product can add x w^T with beta = 1: in y's dtype,
@@ -92,7 +92,7 @@ static int linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, 
   if (!rc) rc = operand_stage(&ow, w, low, op, "w");
   /* y in place needs b on its grid already: a bf16 b */
   if (!rc) rc = dest_begin(&dy, y, low && (!b || dense_bf16(b)), 0, op, "y");
-  if (!rc && b && !dy.direct) rc = sh_nn_f32(&bc, b, op, "b");
+  if (!rc && b && !dy.direct) rc = sh_stage_f32(&bc, b, op, "b");
   if (!rc) {
     sh_tensor *c = dest_tensor(&dy);
     if (rows > 0 && nout > 0) {
@@ -102,7 +102,7 @@ static int linear_forward(sh_tensor *y, const sh_tensor *x, const sh_tensor *w, 
     }
     if (!rc) rc = dest_end(&dy);
   }
-  sh_nn_accum_drop(&dy.acc);
+  sh_stage_accum_drop(&dy.acc);
   sh_tensor_destroy(ox.f32); sh_tensor_destroy(ow.f32); sh_tensor_destroy(bc);
   return rc;
 }
@@ -133,13 +133,13 @@ static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh
   int dy32 = (dx && !lowx) || (dw && !loww) || db;
   operand ody = {0}, ody16 = {dy, NULL}, ox = {0}, ow = {0};
   dest dx_ = {0}, dw_ = {0};
-  sh_nn_accum ab = {0};
+  sh_stage_accum ab = {0};
   int rc = operand_stage(&ody, dy, !dy32, op, "dy");
   if (!rc && dw) rc = operand_stage(&ox, x, loww, op, "x");
   if (!rc && dx) rc = operand_stage(&ow, w, lowx, op, "w");
   if (!rc && dx) rc = dest_begin(&dx_, dx, lowx, 0, op, "dx");
   if (!rc && dw) rc = dest_begin(&dw_, dw, loww, !set_dw, op, "dw");
-  if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
+  if (!rc && db) rc = sh_stage_accum_begin(&ab, db, op, "db");
   if (rc) goto done;
   /* the dx product writes every element (beta 0) unless a dim is empty */
   if (dx && full)
@@ -151,12 +151,12 @@ static int linear_backward(sh_tensor *dx, sh_tensor *dw, sh_tensor *db, const sh
     rc = product(CblasTrans, CblasNoTrans, nout, in, rows, loww ? &ody16 : &ody, nout, &ox, in, set_dw ? 0.0f : 1.0f,
                  dest_tensor(&dw_), NULL);
   if (rc) goto done;
-  if (db) column_sums(sh_nn_ptr(ab.buf), sh_nn_ptr(ody.f32), rows, nout);
+  if (db) column_sums(sh_stage_ptr(ab.buf), sh_stage_ptr(ody.f32), rows, nout);
   if (dx) rc = dest_end(&dx_);
   if (!rc && dw) rc = dest_end(&dw_);
-  if (!rc && db) rc = sh_nn_accum_end(&ab);
+  if (!rc && db) rc = sh_stage_accum_end(&ab);
 done:
-  sh_nn_accum_drop(&dx_.acc); sh_nn_accum_drop(&dw_.acc); sh_nn_accum_drop(&ab);
+  sh_stage_accum_drop(&dx_.acc); sh_stage_accum_drop(&dw_.acc); sh_stage_accum_drop(&ab);
   sh_tensor_destroy(ody.f32); sh_tensor_destroy(ox.f32); sh_tensor_destroy(ow.f32);
   return rc;
 }
@@ -172,13 +172,13 @@ typedef struct gelu_rows { const float *pre; float *out; int64_t n; } gelu_rows;
 
 static void gelu_fwd_rows(const void *ctx, int r0, int r1) {
   const gelu_rows *g = ctx;
-  sh_nn_gelu_f32(g->pre + r0 * g->n, g->out + r0 * g->n, (r1 - r0) * g->n);
+  sh_stage_gelu_f32(g->pre + r0 * g->n, g->out + r0 * g->n, (r1 - r0) * g->n);
 }
 
 static void gelu_bwd_rows(const void *ctx, int r0, int r1) {
   const gelu_rows *g = ctx;
   float *d = g->out + r0 * g->n;
-  sh_nn_gelu_backward_f32(d, g->pre + r0 * g->n, d, (r1 - r0) * g->n);
+  sh_stage_gelu_backward_f32(d, g->pre + r0 * g->n, d, (r1 - r0) * g->n);
 }
 
 /* An f32 product whose [rows, n] output is dense f32 (so the product writes it in place)
@@ -193,7 +193,7 @@ static int fusable(const sh_tensor *a, const sh_tensor *b, const sh_tensor *out,
 int sh_kcpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x, const sh_tensor *w,
                                 const sh_tensor *b) {
   if (fusable(x, w, pre, y)) {
-    gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(y), w->shape[0]};
+    gelu_rows g = {sh_stage_ptr(pre), sh_stage_ptr(y), w->shape[0]};
     return linear_forward(pre, x, w, b, &(sh_sgemm_rows){gelu_fwd_rows, &g});
   }
   SH_TRY(sh_kcpu_linear_forward(pre, x, w, b));
@@ -204,7 +204,7 @@ int sh_kcpu_linear_gelu_forward(sh_tensor *y, sh_tensor *pre, const sh_tensor *x
 int sh_kcpu_linear_backward_dgelu(sh_tensor *dpre, sh_tensor *dw, sh_tensor *db, const sh_tensor *dy,
                                   const sh_tensor *x, const sh_tensor *w, const sh_tensor *pre, int set_dw) {
   if (dpre && fusable(dy, w, dpre, pre)) {
-    gelu_rows g = {sh_nn_ptr(pre), sh_nn_ptr(dpre), w->shape[1]};
+    gelu_rows g = {sh_stage_ptr(pre), sh_stage_ptr(dpre), w->shape[1]};
     return linear_backward(dpre, dw, db, dy, x, w, &(sh_sgemm_rows){gelu_bwd_rows, &g}, set_dw);
   }
   SH_TRY(sh_kcpu_linear_backward(dpre, dw, db, dy, x, w, set_dw));   /* dpre holds dy @ w */

@@ -11,7 +11,7 @@
  * The fronts are ops/loss.c. */
 #include <math.h>
 #include <stdlib.h>
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "core/backend_internal.h"
 #include "backend_cpu_internal.h"
@@ -76,8 +76,8 @@ static int stage_ce(sh_tensor **xc, sh_tensor **tc, ce_args *a, int64_t *count, 
   int64_t n = sh_tensor_numel(targets);
   *count = 0;
   for (int64_t r = 0; r < n; r++) *count += target_at(a, r) != ignore;
-  SH_TRY(sh_nn_f32(xc, logits, op, "logits"));
-  a->x = sh_nn_ptr(*xc);
+  SH_TRY(sh_stage_f32(xc, logits, op, "logits"));
+  a->x = sh_stage_ptr(*xc);
   return SH_OK;
 }
 
@@ -92,11 +92,11 @@ int sh_kcpu_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tens
   if (!rc && !(a.row_loss = malloc(sizeof(double) * (size_t)(n + 1))))
     rc = sh_fail(SH_ERR_OOM, "%s: out of host memory for %lld row losses", op, (long long)n);
   if (!rc) {
-    a.lse = sh_nn_ptr(lse);
-    sh_nn_parallel_for(n, n * a.V * 4, ce_fwd, &a);
+    a.lse = sh_stage_ptr(lse);
+    sh_stage_parallel_for(n, n * a.V * 4, ce_fwd, &a);
     double sum = 0.0;
     for (int64_t r = 0; r < n; r++) sum += a.row_loss[r];
-    *sh_nn_ptr(loss) = count ? (float)(sum / (double)count) : 0.0f;
+    *sh_stage_ptr(loss) = count ? (float)(sum / (double)count) : 0.0f;
   }
   free(a.row_loss);
   sh_tensor_destroy(xc); sh_tensor_destroy(tc);
@@ -108,21 +108,21 @@ int sh_kcpu_cross_entropy_backward(sh_tensor *dlogits, const sh_tensor *logits, 
                                    const sh_tensor *lse, double dloss, int64_t ignore_index) {
   const char *op = "cross_entropy_backward";
   sh_tensor *xc = NULL, *tc = NULL, *lc = NULL;
-  sh_nn_accum dx = {0};
+  sh_stage_accum dx = {0};
   ce_args a = {0};
   int64_t count = 0;
   int rc = stage_ce(&xc, &tc, &a, &count, op, logits, targets, ignore_index);
-  if (!rc) rc = sh_nn_f32(&lc, lse, op, "lse");
-  if (!rc) rc = sh_nn_out_begin(&dx, dlogits);
+  if (!rc) rc = sh_stage_f32(&lc, lse, op, "lse");
+  if (!rc) rc = sh_stage_out_begin(&dx, dlogits);
   if (!rc) {
     int64_t n = sh_tensor_numel(targets);
-    a.lse = sh_nn_ptr(lc);
-    a.dx = sh_nn_ptr(dx.buf);
+    a.lse = sh_stage_ptr(lc);
+    a.dx = sh_stage_ptr(dx.buf);
     a.g = count ? (float)(dloss / (double)count) : 0.0f;
-    sh_nn_parallel_for(n, n * a.V * 4, ce_bwd, &a);
-    rc = sh_nn_accum_end(&dx);
+    sh_stage_parallel_for(n, n * a.V * 4, ce_bwd, &a);
+    rc = sh_stage_accum_end(&dx);
   }
-  sh_nn_accum_drop(&dx);
+  sh_stage_accum_drop(&dx);
   sh_tensor_destroy(xc); sh_tensor_destroy(tc); sh_tensor_destroy(lc);
   return rc;
 }

@@ -6,11 +6,11 @@
  * Backward runs rows in parallel; the parameter gradients are summed per thread into
  * private rows, then added to dw/db in thread order.
  * The public ops at the end check, allocate on x's device and dispatch (backend_internal.h);
- * the cpu_ kernels above them stage through f32 (nn_internal.h).
+ * the sh_kcpu_ kernels above them stage through f32 (staging_internal.h).
  * The fronts are ops/norm.c. */
 #include <math.h>
 #include <stdlib.h>
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "core/parallel.h"
 #include "core/backend_internal.h"
@@ -113,7 +113,7 @@ static void norm_bwd_task(void *arg, int t, int n) {
 
 /* Runs norm_bwd_rows over all rows on the team and adds the private sums into dw/db. */
 static int norm_bwd(const norm_args *a, int centered, float *dw, float *db) {
-  int nt = a->rows * a->c >= SH_NN_PAR_MIN ? sh_parallel_threads() : 1;
+  int nt = a->rows * a->c >= SH_STAGE_PAR_MIN ? sh_parallel_threads() : 1;
   if (nt > a->rows) nt = a->rows > 0 ? (int)a->rows : 1;
   float *part = NULL;
   int nacc = (dw != NULL) + (db != NULL);
@@ -144,18 +144,18 @@ static int stage_norm(norm_stage *st, norm_args *a, const char *op, const sh_ten
   int64_t c = x->shape[x->ndim - 1];
   a->rows = sh_tensor_rows(x);
   a->c = c;
-  SH_TRY(sh_nn_f32(&st->x, x, op, "x"));
-  a->x = sh_nn_ptr(st->x);
+  SH_TRY(sh_stage_f32(&st->x, x, op, "x"));
+  a->x = sh_stage_ptr(st->x);
   /* one [2, C] buffer: row 0 ones (missing w), row 1 zeros (missing b) */
   if (!w || !b) {
-    SH_TRY(sh_nn_zeros_f32(&st->ones, 2, (int64_t[]){2, c}));
-    float *o = sh_nn_ptr(st->ones);
+    SH_TRY(sh_stage_zeros_f32(&st->ones, 2, (int64_t[]){2, c}));
+    float *o = sh_stage_ptr(st->ones);
     for (int64_t i = 0; i < c; i++) o[i] = 1.0f;
   }
-  if (w) SH_TRY(sh_nn_f32(&st->w, w, op, "w"));
-  if (b) SH_TRY(sh_nn_f32(&st->b, b, op, "b"));
-  a->w = w ? sh_nn_ptr(st->w) : sh_nn_ptr(st->ones);
-  a->b = b ? sh_nn_ptr(st->b) : sh_nn_ptr(st->ones) + c;
+  if (w) SH_TRY(sh_stage_f32(&st->w, w, op, "w"));
+  if (b) SH_TRY(sh_stage_f32(&st->b, b, op, "b"));
+  a->w = w ? sh_stage_ptr(st->w) : sh_stage_ptr(st->ones);
+  a->b = b ? sh_stage_ptr(st->b) : sh_stage_ptr(st->ones) + c;
   return SH_OK;
 }
 
@@ -164,23 +164,23 @@ static void unstage_norm(norm_stage *st) {
 }
 
 /* fn (layernorm_fwd or rmsnorm_fwd) over the rows into y, mean (NULL: not kept) and rstd. */
-static int cpu_norm_forward(const char *op, sh_nn_range_fn fn, sh_tensor *y, sh_tensor *mean, sh_tensor *rstd,
+static int cpu_norm_forward(const char *op, sh_stage_range_fn fn, sh_tensor *y, sh_tensor *mean, sh_tensor *rstd,
                             const sh_tensor *x, const sh_tensor *w, const sh_tensor *b, double eps) {
   norm_stage st = {0};
   norm_args a = {.eps = (float)eps};
-  sh_nn_accum oy = {0}, om = {0}, os = {0};
+  sh_stage_accum oy = {0}, om = {0}, os = {0};
   int rc = stage_norm(&st, &a, op, x, w, b);
-  if (!rc) rc = sh_nn_out_begin(&oy, y);
-  if (!rc && mean) rc = sh_nn_out_begin(&om, mean);
-  if (!rc) rc = sh_nn_out_begin(&os, rstd);
+  if (!rc) rc = sh_stage_out_begin(&oy, y);
+  if (!rc && mean) rc = sh_stage_out_begin(&om, mean);
+  if (!rc) rc = sh_stage_out_begin(&os, rstd);
   if (!rc) {
-    a.y = sh_nn_ptr(oy.buf); a.mean = mean ? sh_nn_ptr(om.buf) : NULL; a.rstd = sh_nn_ptr(os.buf);
-    sh_nn_parallel_for(a.rows, a.rows * a.c, fn, &a);
-    rc = sh_nn_accum_end(&oy);
+    a.y = sh_stage_ptr(oy.buf); a.mean = mean ? sh_stage_ptr(om.buf) : NULL; a.rstd = sh_stage_ptr(os.buf);
+    sh_stage_parallel_for(a.rows, a.rows * a.c, fn, &a);
+    rc = sh_stage_accum_end(&oy);
   }
-  if (!rc && mean) rc = sh_nn_accum_end(&om);
-  if (!rc) rc = sh_nn_accum_end(&os);
-  sh_nn_accum_drop(&oy); sh_nn_accum_drop(&om); sh_nn_accum_drop(&os);
+  if (!rc && mean) rc = sh_stage_accum_end(&om);
+  if (!rc) rc = sh_stage_accum_end(&os);
+  sh_stage_accum_drop(&oy); sh_stage_accum_drop(&om); sh_stage_accum_drop(&os);
   unstage_norm(&st);
   return rc;
 }
@@ -210,25 +210,25 @@ static int cpu_norm_backward(const char *op, sh_tensor *dx, sh_tensor *dw, sh_te
   norm_stage st = {0};
   norm_args a = {0};
   sh_tensor *dyc = NULL, *mc = NULL, *rsc = NULL;
-  sh_nn_accum odx = {0}, aw = {0}, ab = {0};
+  sh_stage_accum odx = {0}, aw = {0}, ab = {0};
   int rc = stage_norm(&st, &a, op, x, w, NULL);
-  if (!rc) rc = sh_nn_f32(&dyc, dy, op, "dy");
-  if (!rc && mean) rc = sh_nn_f32(&mc, mean, op, "mean");
-  if (!rc) rc = sh_nn_f32(&rsc, rstd, op, "rstd");
-  if (!rc && dx) rc = sh_nn_out_begin(&odx, dx);
-  if (!rc && dw) rc = sh_nn_accum_begin(&aw, dw, op, "dw");
-  if (!rc && db) rc = sh_nn_accum_begin(&ab, db, op, "db");
+  if (!rc) rc = sh_stage_f32(&dyc, dy, op, "dy");
+  if (!rc && mean) rc = sh_stage_f32(&mc, mean, op, "mean");
+  if (!rc) rc = sh_stage_f32(&rsc, rstd, op, "rstd");
+  if (!rc && dx) rc = sh_stage_out_begin(&odx, dx);
+  if (!rc && dw) rc = sh_stage_accum_begin(&aw, dw, op, "dw");
+  if (!rc && db) rc = sh_stage_accum_begin(&ab, db, op, "db");
   if (!rc) {
-    a.dy = sh_nn_ptr(dyc);
-    a.mean = mc ? sh_nn_ptr(mc) : NULL;
-    a.rstd = sh_nn_ptr(rsc);
-    a.dx = dx ? sh_nn_ptr(odx.buf) : NULL;
-    rc = norm_bwd(&a, mean != NULL, dw ? sh_nn_ptr(aw.buf) : NULL, db ? sh_nn_ptr(ab.buf) : NULL);
+    a.dy = sh_stage_ptr(dyc);
+    a.mean = mc ? sh_stage_ptr(mc) : NULL;
+    a.rstd = sh_stage_ptr(rsc);
+    a.dx = dx ? sh_stage_ptr(odx.buf) : NULL;
+    rc = norm_bwd(&a, mean != NULL, dw ? sh_stage_ptr(aw.buf) : NULL, db ? sh_stage_ptr(ab.buf) : NULL);
   }
-  if (!rc && dx) rc = sh_nn_accum_end(&odx);
-  if (!rc && dw) rc = sh_nn_accum_end(&aw);
-  if (!rc && db) rc = sh_nn_accum_end(&ab);
-  sh_nn_accum_drop(&odx); sh_nn_accum_drop(&aw); sh_nn_accum_drop(&ab);
+  if (!rc && dx) rc = sh_stage_accum_end(&odx);
+  if (!rc && dw) rc = sh_stage_accum_end(&aw);
+  if (!rc && db) rc = sh_stage_accum_end(&ab);
+  sh_stage_accum_drop(&odx); sh_stage_accum_drop(&aw); sh_stage_accum_drop(&ab);
   unstage_norm(&st);
   sh_tensor_destroy(dyc); sh_tensor_destroy(mc); sh_tensor_destroy(rsc);
   return rc;

@@ -19,7 +19,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/rules_internal.h"
 #include "optim_internal.h"
 #include "core/parallel.h"
@@ -82,12 +82,12 @@ static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
  * cache lines) that the threads take in turn as they finish: dynamic scheduling, so that on a
  * shared machine a thread that loses its core delays only the blocks it holds, not a fixed
  * share of the step. Every element is updated on its own, so the bits do not depend on the
- * split. One thread when the step is too small to wake the team (SH_NN_PAR_MIN). */
+ * split. One thread when the step is too small to wake the team (SH_STAGE_PAR_MIN). */
 enum { OPTIM_BLOCK = 1 << 16 };
 
 typedef struct optim_blocks {
   int64_t total;
-  sh_nn_range_fn fn;
+  sh_stage_range_fn fn;
   const void *arg;
   _Atomic int64_t next;   /* the next block nobody took */
 } optim_blocks;
@@ -100,9 +100,9 @@ static void optim_task(void *arg, int t, int nt) {
   }
 }
 
-static void optim_parallel(int64_t total, sh_nn_range_fn fn, const void *arg) {
+static void optim_parallel(int64_t total, sh_stage_range_fn fn, const void *arg) {
   int64_t blocks = (total + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
-  int nt = total * 4 >= SH_NN_PAR_MIN ? sh_parallel_threads() : 1;
+  int nt = total * 4 >= SH_STAGE_PAR_MIN ? sh_parallel_threads() : 1;
   if (nt > blocks) nt = (int)blocks;
   if (nt <= 1) {
     if (total > 0) fn(arg, 0, total);
@@ -161,8 +161,8 @@ SH_CPU_KERNEL(sgd_range, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1
 
 /* One parameter's buffers, as the loops see them. */
 static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
-  sh_adamw_buf b = {.p = sh_nn_ptr(e->param), .m = sh_nn_ptr(e->m), .v = sh_nn_ptr(e->v), .h = h};
-  if (e->grad->dtype == SH_F32) b.g32 = sh_nn_ptr(e->grad);
+  sh_adamw_buf b = {.p = sh_stage_ptr(e->param), .m = sh_stage_ptr(e->m), .v = sh_stage_ptr(e->v), .h = h};
+  if (e->grad->dtype == SH_F32) b.g32 = sh_stage_ptr(e->grad);
   else b.g16 = sh_tensor_data(e->grad);
   b.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
   b.shadow_dtype = e->shadow ? e->shadow->dtype : SH_F32;
@@ -193,11 +193,11 @@ int sh_kcpu_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_tensor *moment
                       int first_step, double grad_scale) {
   int64_t n = sh_tensor_numel(param);
   opt_args a = {0};
-  if (grad->dtype == SH_F32) a.g32 = sh_nn_ptr(grad);
+  if (grad->dtype == SH_F32) a.g32 = sh_stage_ptr(grad);
   else a.g16 = sh_tensor_data(grad);
-  a.p = sh_nn_ptr(param);
+  a.p = sh_stage_ptr(param);
   a.s = sh_sgd_hyper_of(lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale);
-  a.buf = a.s.has_buf ? sh_nn_ptr(momentum_buf) : NULL;
+  a.buf = a.s.has_buf ? sh_stage_ptr(momentum_buf) : NULL;
   optim_parallel(n, sgd_range, &a);
   return SH_OK;
 }

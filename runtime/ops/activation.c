@@ -21,48 +21,26 @@ static int unary_front(sh_tensor **o, sh_tensor **out, const char *op, const sh_
   return sh_tensor_empty(o, x->ndim, x->shape, x->dtype, x->device);
 }
 
-int sh_gelu_forward(sh_tensor **y, const sh_tensor *x) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, y, "gelu", x, "x", NULL, 0);
-  if (!rc) rc = SH_KERNEL("gelu", x->device, gelu_forward, o, x);
-  return sh_nn_give(rc, o, y);
-}
+/* The fronts of an activation `name` whose backward reads `saved` (x, or softmax's y): the
+ * forward y and the backward dx take that tensor's shape and dtype; rows: it works on the
+ * last dim, so it needs at least 1. */
+#define ACTIVATION_FRONTS(name, saved, rows)                                                     \
+  int sh_##name##_forward(sh_tensor **y, const sh_tensor *x) {                                  \
+    sh_tensor *o = NULL;                                                                        \
+    int rc = unary_front(&o, y, #name, x, "x", NULL, rows);                                     \
+    if (!rc) rc = SH_KERNEL(#name, x->device, name##_forward, o, x);                            \
+    return sh_nn_give(rc, o, y);                                                                \
+  }                                                                                             \
+  int sh_##name##_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *saved) {       \
+    sh_tensor *o = NULL;                                                                        \
+    int rc = unary_front(&o, dx, #name "_backward", saved, #saved, dy, rows);                   \
+    if (!rc) rc = SH_KERNEL(#name "_backward", saved->device, name##_backward, o, dy, saved);    \
+    return sh_nn_give(rc, o, dx);                                                               \
+  }
 
-int sh_gelu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, dx, "gelu_backward", x, "x", dy, 0);
-  if (!rc) rc = SH_KERNEL("gelu_backward", x->device, gelu_backward, o, dy, x);
-  return sh_nn_give(rc, o, dx);
-}
-
-int sh_silu_forward(sh_tensor **y, const sh_tensor *x) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, y, "silu", x, "x", NULL, 0);
-  if (!rc) rc = SH_KERNEL("silu", x->device, silu_forward, o, x);
-  return sh_nn_give(rc, o, y);
-}
-
-int sh_silu_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *x) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, dx, "silu_backward", x, "x", dy, 0);
-  if (!rc) rc = SH_KERNEL("silu_backward", x->device, silu_backward, o, dy, x);
-  return sh_nn_give(rc, o, dx);
-}
-
-int sh_softmax_forward(sh_tensor **y, const sh_tensor *x) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, y, "softmax", x, "x", NULL, 1);
-  if (!rc) rc = SH_KERNEL("softmax", x->device, softmax_forward, o, x);
-  return sh_nn_give(rc, o, y);
-}
-
-/* dx takes y's dtype. */
-int sh_softmax_backward(sh_tensor **dx, const sh_tensor *dy, const sh_tensor *y) {
-  sh_tensor *o = NULL;
-  int rc = unary_front(&o, dx, "softmax_backward", y, "y", dy, 1);
-  if (!rc) rc = SH_KERNEL("softmax_backward", y->device, softmax_backward, o, dy, y);
-  return sh_nn_give(rc, o, dx);
-}
+ACTIVATION_FRONTS(gelu, x, 0)
+ACTIVATION_FRONTS(silu, x, 0)
+ACTIVATION_FRONTS(softmax, y, 1)
 
 /* a and b: float tensors of one shape, b on a's device. */
 static int check_swiglu(const char *op, const sh_tensor *a, const sh_tensor *b) {

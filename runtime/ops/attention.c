@@ -90,6 +90,17 @@ static int check_bwd(const char *op, const sh_tensor *dout, const sh_tensor *q, 
   return sh_nn_check_shape(lse, op, "lse", 3, q->shape);
 }
 
+/* A backward's start: the outputs asked for (dst[i] non-NULL) cleared, q, k, v and scale
+ * checked (*sc the scale resolved), then dout, out and lse. */
+static int bwd_begin(const char *op, sh_tensor **const *dst, const sh_tensor *dout, const sh_tensor *q,
+                     const sh_tensor *k, const sh_tensor *v, const sh_tensor *out, const sh_tensor *lse, double scale,
+                     double *sc) {
+  for (int i = 0; i < 3; i++)
+    if (dst[i]) *dst[i] = NULL;
+  SH_TRY(check_qkv(op, q, k, v, scale, sc));
+  return check_bwd(op, dout, q, out, lse);
+}
+
 /* The gradients asked for (dst[i] non-NULL) of checked inputs, each in its input's dtype
  * and shape; g[i] is NULL for the others. */
 static int attention_bwd(const char *op, sh_tensor **g, sh_tensor **const *dst, const sh_tensor *dout,
@@ -109,11 +120,8 @@ int sh_attention_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, const 
                           const sh_tensor *out, const sh_tensor *lse, double scale) {
   const char *op = "attention_backward";
   sh_tensor **dst[3] = {dq, dk, dv};
-  for (int i = 0; i < 3; i++)
-    if (dst[i]) *dst[i] = NULL;
   double sc;
-  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
-  SH_TRY(check_bwd(op, dout, q, out, lse));
+  SH_TRY(bwd_begin(op, dst, dout, q, k, v, out, lse, scale, &sc));
   sh_tensor *g[3] = {0};
   SH_TRY(attention_bwd(op, g, dst, dout, q, k, v, out, lse, sc));
   for (int i = 0; i < 3; i++)
@@ -177,12 +185,9 @@ int sh_attention_rope_backward(sh_tensor **dq, sh_tensor **dk, sh_tensor **dv, c
                                const sh_tensor *out, const sh_tensor *lse, double scale, double theta) {
   const char *op = "attention_rope_backward";
   sh_tensor **dst[3] = {dq, dk, dv};
-  for (int i = 0; i < 3; i++)
-    if (dst[i]) *dst[i] = NULL;
   double sc;
-  SH_TRY(check_qkv(op, q, k, v, scale, &sc));
+  SH_TRY(bwd_begin(op, dst, dout, q, k, v, out, lse, scale, &sc));
   SH_TRY(check_rope(op, q, theta));
-  SH_TRY(check_bwd(op, dout, q, out, lse));
   sh_tensor *r[2] = {0}, *g[3] = {0}, *back[2] = {0};
   int rc = rope_into(op, &r[0], q, theta, 0);
   if (!rc) rc = rope_into(op, &r[1], k, theta, 0);

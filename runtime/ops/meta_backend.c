@@ -176,13 +176,9 @@ int sh_kmeta_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const sh_tensor *p
 }
 
 /* Slot X holds sh_kmeta_X, made from SH_KERNELS as the CPU and CUDA tables are. */
-#define SH_KMETA_SLOT(name, params) .name = sh_kmeta_##name,
-static const sh_backend meta_backend = {
-  .name = "meta",
-  .absent = NULL,
-  SH_KERNELS(SH_KMETA_SLOT)
-};
-#undef SH_KMETA_SLOT
+#define SH_KERNEL_OF(slot) sh_kmeta_##slot
+SH_KERNEL_TABLE(meta_backend, "meta", NULL);
+#undef SH_KERNEL_OF
 
 const sh_backend *sh_meta_backend(void) { return &meta_backend; }
 

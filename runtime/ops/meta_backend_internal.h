@@ -8,9 +8,9 @@
  * slot X (core/backend_internal.h: SH_KERNELS) holds sh_kmeta_X, declared here from the
  * slot's entry. */
 const sh_backend *sh_meta_backend(void);
-#define SH_KMETA_DECLARE(name, params) int sh_kmeta_##name params;
-SH_KERNELS(SH_KMETA_DECLARE)
-#undef SH_KMETA_DECLARE
+#define SH_KERNEL_OF(slot) sh_kmeta_##slot
+SH_KERNEL_PROTOTYPES
+#undef SH_KERNEL_OF
 /* A copy between the meta device and another one (tensor_copy.c): into meta it moves nothing;
  * out of meta the destination is filled with zeros; between the meta device and its host side
  * it counts SH_META_COPY_BYTES. */

@@ -1,19 +1,19 @@
-/* nn_common.c: argument checks, f32 staging and gradient accumulation shared by the nn and
- * optimizer kernels (see nn_internal.h for why they stage through f32). */
+/* staging.c: the f32 staging, gradient accumulation and parallel_for every CPU kernel family
+ * shares (see staging_internal.h for why they stage through f32). */
 #include <stdio.h>
-#include "nn_internal.h"
+#include "staging_internal.h"
 #include "core/parallel.h"
 
-typedef struct nn_range_job { sh_nn_range_fn fn; const void *arg; } nn_range_job;
+typedef struct stage_range_job { sh_stage_range_fn fn; const void *arg; } stage_range_job;
 
-static void nn_range_task(void *job, int64_t i0, int64_t i1) {
-  const nn_range_job *j = job;
+static void stage_range_task(void *job, int64_t i0, int64_t i1) {
+  const stage_range_job *j = job;
   j->fn(j->arg, i0, i1);
 }
 
-void sh_nn_parallel_for(int64_t n, int64_t work, sh_nn_range_fn fn, const void *arg) {
-  nn_range_job job = { fn, arg };
-  sh_parallel_for(n, work >= SH_NN_PAR_MIN, nn_range_task, &job);
+void sh_stage_parallel_for(int64_t n, int64_t work, sh_stage_range_fn fn, const void *arg) {
+  stage_range_job job = { fn, arg };
+  sh_parallel_for(n, work >= SH_STAGE_PAR_MIN, stage_range_task, &job);
 }
 
 static int stage(sh_tensor **out, const sh_tensor *t, const char *op, const char *name, int rows_only) {
@@ -26,25 +26,25 @@ static int stage(sh_tensor **out, const sh_tensor *t, const char *op, const char
   return rc ? sh_fail_context("%s: staging %s: ", op, name) : SH_OK;
 }
 
-int sh_nn_f32(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
+int sh_stage_f32(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
   return stage(out, t, op, name, 0);
 }
 
-int sh_nn_f32_rows(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
+int sh_stage_f32_rows(sh_tensor **out, const sh_tensor *t, const char *op, const char *name) {
   return stage(out, t, op, name, 1);
 }
 
-int sh_nn_new_f32(sh_tensor **out, int ndim, const int64_t *shape) {
+int sh_stage_new_f32(sh_tensor **out, int ndim, const int64_t *shape) {
   return sh_tensor_empty(out, ndim, shape, SH_F32, -1);
 }
 
-int sh_nn_zeros_f32(sh_tensor **out, int ndim, const int64_t *shape) {
+int sh_stage_zeros_f32(sh_tensor **out, int ndim, const int64_t *shape) {
   SH_TRY(sh_tensor_empty(out, ndim, shape, SH_F32, -1));
   memset(sh_tensor_data(*out), 0, (size_t)sh_tensor_numel(*out) * sizeof(float));
   return SH_OK;
 }
 
-int sh_nn_finish(sh_tensor **t, int dtype) {
+int sh_stage_finish(sh_tensor **t, int dtype) {
   if (dtype == SH_F32) return SH_OK;
   sh_tensor *conv = NULL;
   int rc = sh_kernel_to(&conv, *t, dtype);
@@ -53,7 +53,7 @@ int sh_nn_finish(sh_tensor **t, int dtype) {
   return rc;
 }
 
-int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char *name) {
+int sh_stage_accum_begin(sh_stage_accum *a, sh_tensor *dst, const char *op, const char *name) {
   a->dst = dst;
   a->buf = NULL;
   SH_TRY(sh_nn_check_float(dst, op, name));
@@ -62,7 +62,7 @@ int sh_nn_accum_begin(sh_nn_accum *a, sh_tensor *dst, const char *op, const char
   return rc ? sh_fail_context("%s: staging %s: ", op, name) : SH_OK;
 }
 
-int sh_nn_out_begin(sh_nn_accum *a, sh_tensor *dst) {
+int sh_stage_out_begin(sh_stage_accum *a, sh_tensor *dst) {
   a->dst = dst;
   a->buf = NULL;
   if (dst->dtype == SH_F32 && sh_tensor_is_contiguous(dst)) return sh_tensor_alias(&a->buf, dst);
@@ -87,16 +87,16 @@ static int non_overlapping(const sh_tensor *t) {
   return 1;
 }
 
-int sh_nn_out_rows_begin(sh_nn_accum *a, sh_tensor *dst) {
+int sh_stage_out_rows_begin(sh_stage_accum *a, sh_tensor *dst) {
   int rows = dst->ndim > 0 && dst->stride[dst->ndim - 1] == 1 && non_overlapping(dst);
   if (dst->dtype == SH_F32 && rows) {
     a->dst = dst;
     return sh_tensor_alias(&a->buf, dst);
   }
-  return sh_nn_out_begin(a, dst);
+  return sh_stage_out_begin(a, dst);
 }
 
-int sh_nn_accum_end(sh_nn_accum *a) {
+int sh_stage_accum_end(sh_stage_accum *a) {
   int rc = SH_OK;
   if (a->buf && a->buf->storage != a->dst->storage) rc = sh_kernel_copy_(a->dst, a->buf);
   else a->dst->version++;
@@ -105,7 +105,7 @@ int sh_nn_accum_end(sh_nn_accum *a) {
   return rc;
 }
 
-void sh_nn_accum_drop(sh_nn_accum *a) {
+void sh_stage_accum_drop(sh_stage_accum *a) {
   sh_tensor_destroy(a->buf);
   a->buf = NULL;
 }
