@@ -299,6 +299,6 @@ void sh_parallel_for(int64_t n, int split, sh_range_fn fn, void *ctx) {
   int nt = split ? sh_parallel_threads() : 1;
   if (nt > n) nt = (int)n;
   if (nt <= 1) { fn(ctx, 0, n); return; }
-  range_job job = { n, fn, ctx };
+  range_job job = {.n = n, .fn = fn, .ctx = ctx};
   sh_parallel(nt, run_range, &job);
 }

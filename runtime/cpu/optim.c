@@ -108,7 +108,7 @@ static void optim_parallel(int64_t total, sh_stage_range_fn fn, const void *arg)
     if (total > 0) fn(arg, 0, total);
     return;
   }
-  optim_blocks job = { total, fn, arg, 0 };
+  optim_blocks job = {.total = total, .fn = fn, .arg = arg, .next = 0};
   sh_parallel(nt, optim_task, &job);
 }
 

@@ -94,7 +94,7 @@ static void random_chunks(void *arg, int64_t c0, int64_t c1) {
 static void fill_random(sh_tensor *t, void (*run)(uint64_t, uint64_t, int64_t, float *), uint64_t seed,
                         uint64_t offset, float scale, float shift) {
   int64_t n = sh_tensor_numel(t);
-  random_job job = { t, run, seed, offset, scale, shift };
+  random_job job = {.t = t, .run = run, .seed = seed, .offset = offset, .scale = scale, .shift = shift};
   sh_parallel_for((n + CHUNK - 1) / CHUNK, n > 2 * CHUNK, random_chunks, &job);
 }
 
