@@ -157,21 +157,19 @@ function M.busy() return pending ~= nil and C.sh_ckpt_job_done(pending.job) == 0
 ---------------------------------------------------------------------------------------------
 -- save
 
--- s: model (required), optim, step (required, a whole number), data (a loader with
--- :state()), config, extra (JSON-able tables stored in the index), rank_extra (per rank),
--- keep (prune to this many step directories; nil or 0 keeps all), async.
-function M.save(dir, s)
-  if type(dir) ~= "string" or dir == "" then error("checkpoint.save: dir must be a path", 2) end
-  if type(s) ~= "table" or not s.model then error("checkpoint.save: expected { model =, step =, ... }", 2) end
+-- The save's arguments, checked; rank 0 makes dir and an empty temporary directory for it.
+local function begin_save(dir, s)
+  if type(dir) ~= "string" or dir == "" then error("checkpoint.save: dir must be a path", 3) end
+  if type(s) ~= "table" or not s.model then error("checkpoint.save: expected { model =, step =, ... }", 3) end
   local step = s.step
   if type(step) ~= "number" or step ~= math.floor(step) or step < 0 then
-    error("checkpoint.save: step must be a whole number >= 0, got " .. tostring(step), 2)
+    error("checkpoint.save: step must be a whole number >= 0, got " .. tostring(step), 3)
   end
   local rank, world, group = where()
   if pending then M.wait{ barrier = false } end
   local name = "step-" .. step
   local tmpdir, final = dir .. "/.tmp-" .. name, dir .. "/" .. name
-  if exists(final) and M.latest(dir) == final then error(("checkpoint.save: %s already exists and is the latest (rank %d)"):format(final, rank), 2) end
+  if exists(final) and M.latest(dir) == final then error(("checkpoint.save: %s already exists and is the latest (rank %d)"):format(final, rank), 3) end
   if rank == 0 then
     check(C.sh_ckpt_mkdirs(dir))
     check(C.sh_ckpt_remove_tree(final))    -- renamed by a save killed before `latest` moved to it
@@ -179,9 +177,13 @@ function M.save(dir, s)
     check(C.sh_ckpt_mkdirs(tmpdir))
   end
   barrier(group)
+  return { dir = dir, step = step, name = name, tmpdir = tmpdir, final = final, rank = rank, world = world, group = group }
+end
 
-  -- this rank's slices: live views, or host copies when the write goes on in the background
-  -- (or the slice is not host memory)
+-- This rank's slices (the parameters it owns, then their optimizer states): entries describing
+-- them for the index and the tensors to write, live views or host copies when the write goes
+-- on in the background (or the slice is not host memory). Also the optimizer's metadata.
+local function collect_slices(s, name)
   local entries, tensors = {}, {}
   local function add(key, view, desc)
     local t = view
@@ -202,94 +204,115 @@ function M.save(dir, s)
           { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count })
     end
   end
-  local optim_meta
-  if s.optim then
-    local sd = s.optim:state_dict(name_of(s.model))
-    optim_meta = { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }
-    for _, e in ipairs(sd.entries) do
-      if owned[slice_key(e.name, e.start)] then
-        local states = {}
-        for k in pairs(e.state) do states[#states + 1] = k end
-        table.sort(states)
-        for _, k in ipairs(states) do
-          local st = e.state[k]
-          add(("optim/%s/%s"):format(k, slice_key(e.name, e.start)), st:view({ st:numel() }),
-              { kind = "optim", state = k, name = e.name, start = e.start, count = e.numel })
-        end
+  if not s.optim then return entries, tensors, nil end
+  local sd = s.optim:state_dict(name_of(s.model))
+  for _, e in ipairs(sd.entries) do
+    if owned[slice_key(e.name, e.start)] then
+      local states = {}
+      for k in pairs(e.state) do states[#states + 1] = k end
+      table.sort(states)
+      for _, k in ipairs(states) do
+        local st = e.state[k]
+        add(("optim/%s/%s"):format(k, slice_key(e.name, e.start)), st:view({ st:numel() }),
+            { kind = "optim", state = k, name = e.name, start = e.start, count = e.numel })
       end
     end
   end
+  return entries, tensors, { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }
+end
 
-  -- the rank file: the safetensors header (runtime/safetensors.c builds it), then the
-  -- slices' bytes in the order it gives (by name)
+-- The rank file's chunks: the safetensors header (runtime/io/safetensors.c builds it), then
+-- the slices' bytes in the order it gives (by name). Returns the header string (kept alive
+-- until written) and the chunk pointers and sizes.
+local function rank_file_chunks(sv, entries, tensors)
   local n = #tensors
   local names_c, tensors_c = ffi.new("const char*[?]", math.max(n, 1)), ffi.new("sh_tensor*[?]", math.max(n, 1))
   for i, e in ipairs(entries) do names_c[i - 1], tensors_c[i - 1] = e.tensor, tensors[i].p end
-  local meta = { format = M.FORMAT, rank = tostring(rank), step = tostring(step), world = tostring(world) }
+  local meta = { format = M.FORMAT, rank = tostring(sv.rank), step = tostring(sv.step), world = tostring(sv.world) }
   local mkeys, mvalues, nmeta = ffi.new("const char*[4]"), ffi.new("const char*[4]"), 0
   for _, k in ipairs { "format", "rank", "step", "world" } do
     mkeys[nmeta], mvalues[nmeta] = k, meta[k]
     nmeta = nmeta + 1
   end
   local out, len, order = ffi.new("char*[1]"), ffi.new("int64_t[1]"), ffi.new("int32_t[?]", math.max(n, 1))
-  check(C.sh_st_header(rank_file(rank, world), n, names_c, tensors_c, nmeta, mkeys, mvalues, out, len, order))
+  check(C.sh_st_header(rank_file(sv.rank, sv.world), n, names_c, tensors_c, nmeta, mkeys, mvalues, out, len, order))
   local head = ffi.string(out[0], len[0])
   C.sh_st_free(out[0])
-  local strings = { head }
-  local nchunks = n + 1
-  local ptrs, sizes = ffi.new("const void*[?]", nchunks), ffi.new("int64_t[?]", nchunks)
+  local ptrs, sizes = ffi.new("const void*[?]", n + 1), ffi.new("int64_t[?]", n + 1)
   ptrs[0], sizes[0] = head, #head
   for k = 0, n - 1 do
     local t = tensors[order[k] + 1]
     ptrs[k + 1], sizes[k + 1] = C.sh_tensor_data(t.p), t:numel() * elem_size(t:dtype())
   end
+  return head, n + 1, ptrs, sizes
+end
 
+-- Rank 0's index: every rank's pieces (from descs, one JSON string per rank) by parameter and
+-- by optimizer state, every rank's own state, the layout and the caller's config and extras.
+-- Waits for each rank's file as it goes, so the index is written after every piece it names.
+local function build_index(sv, s, descs, optim_meta, job)
+  local index = { format = M.FORMAT, version = M.VERSION, step = sv.step, checksum = CHECKSUM, files = {}, params = {},
+                  ranks = {}, world = fsdp.layout(s.model), config = s.config, extra = s.extra,
+                  lr = s.optim and s.optim.lr or nil }
+  index.world.size = sv.world
+  if optim_meta then optim_meta.state = {}; index.optim = optim_meta end
+  for r = 0, sv.world - 1 do
+    local d = json.decode(descs[r + 1])
+    index.files[r + 1] = rank_file(r, sv.world)
+    index.ranks[r + 1] = d.state
+    for _, e in ipairs(d.pieces) do
+      local piece = { file = rank_file(r, sv.world), tensor = e.tensor, start = e.start, count = e.count, crc32c = e.crc32c }
+      if e.kind == "param" then
+        local p = index.params[e.name]
+        if not p then p = { shape = e.shape, dtype = e.dtype, pieces = {} }; index.params[e.name] = p end
+        table.insert(p.pieces, piece)
+      else
+        local by_name = optim_meta.state[e.state] or {}
+        optim_meta.state[e.state] = by_name
+        by_name[e.name] = by_name[e.name] or {}
+        table.insert(by_name[e.name], piece)
+      end
+    end
+    if r > 0 then check(C.sh_ckpt_job_wait_file(job, sv.tmpdir .. "/" .. rank_file(r, sv.world), M.timeout_s)) end
+  end
+  return index
+end
+
+-- Queues rank 0's last writes on job: the index, the rename of the temporary directory to its
+-- final name, `latest`, and the pruning to s.keep step directories. Returns their strings,
+-- which must stay alive until written.
+local function queue_index(sv, s, job, index)
+  local itext, latest = json.encode(index), sv.name .. "\n"
+  check(C.sh_ckpt_job_write(job, sv.tmpdir .. "/index.json", 1, ffi.new("const void*[1]", { itext }), ffi.new("int64_t[1]", { #itext })))
+  check(C.sh_ckpt_job_rename(job, sv.tmpdir, sv.final))
+  check(C.sh_ckpt_job_write(job, sv.dir .. "/latest", 1, ffi.new("const void*[1]", { latest }), ffi.new("int64_t[1]", { #latest })))
+  check(C.sh_ckpt_job_prune(job, sv.dir, s.keep or 0, sv.name))
+  return itext, latest
+end
+
+-- s: model (required), optim, step (required, a whole number), data (a loader with
+-- :state()), config, extra (JSON-able tables stored in the index), rank_extra (per rank),
+-- keep (prune to this many step directories; nil or 0 keeps all), async.
+function M.save(dir, s)
+  local sv = begin_save(dir, s)
+  local entries, tensors, optim_meta = collect_slices(s, sv.name)
+  local head, nchunks, ptrs, sizes = rank_file_chunks(sv, entries, tensors)
+  local strings = { head }
   -- what every rank holds and its own state, gathered for the index
   local rank_state = { rng = random.get_state(), data = s.data and s.data:state() or nil, extra = s.rank_extra }
-  local descs = gather_strings(group, json.encode{ pieces = entries, state = rank_state })
-
+  local descs = gather_strings(sv.group, json.encode{ pieces = entries, state = rank_state })
   local box = ffi.new("sh_ckpt_job*[1]")
   check(C.sh_ckpt_job_create(box))
   local job = ffi.gc(box[0], C.sh_ckpt_job_destroy)
-  check(C.sh_ckpt_job_write(job, tmpdir .. "/" .. rank_file(rank, world), nchunks, ptrs, sizes))
-  if rank == 0 then
-    local index = { format = M.FORMAT, version = M.VERSION, step = step, checksum = CHECKSUM, files = {}, params = {}, ranks = {},
-                    world = fsdp.layout(s.model), config = s.config, extra = s.extra,
-                    lr = s.optim and s.optim.lr or nil }
-    index.world.size = world
-    if optim_meta then optim_meta.state = {}; index.optim = optim_meta end
-    for r = 0, world - 1 do
-      local d = json.decode(descs[r + 1])
-      index.files[r + 1] = rank_file(r, world)
-      index.ranks[r + 1] = d.state
-      for _, e in ipairs(d.pieces) do
-        local piece = { file = rank_file(r, world), tensor = e.tensor, start = e.start, count = e.count, crc32c = e.crc32c }
-        if e.kind == "param" then
-          local p = index.params[e.name]
-          if not p then p = { shape = e.shape, dtype = e.dtype, pieces = {} }; index.params[e.name] = p end
-          table.insert(p.pieces, piece)
-        else
-          local by_name = optim_meta.state[e.state] or {}
-          optim_meta.state[e.state] = by_name
-          by_name[e.name] = by_name[e.name] or {}
-          table.insert(by_name[e.name], piece)
-        end
-      end
-      if r > 0 then check(C.sh_ckpt_job_wait_file(job, tmpdir .. "/" .. rank_file(r, world), M.timeout_s)) end
-    end
-    local itext = json.encode(index)
-    local latest = name .. "\n"
-    strings[#strings + 1], strings[#strings + 2] = itext, latest
-    check(C.sh_ckpt_job_write(job, tmpdir .. "/index.json", 1, ffi.new("const void*[1]", { itext }), ffi.new("int64_t[1]", { #itext })))
-    check(C.sh_ckpt_job_rename(job, tmpdir, final))
-    check(C.sh_ckpt_job_write(job, dir .. "/latest", 1, ffi.new("const void*[1]", { latest }), ffi.new("int64_t[1]", { #latest })))
-    check(C.sh_ckpt_job_prune(job, dir, s.keep or 0, name))
+  check(C.sh_ckpt_job_write(job, sv.tmpdir .. "/" .. rank_file(sv.rank, sv.world), nchunks, ptrs, sizes))
+  if sv.rank == 0 then
+    strings[2], strings[3] = queue_index(sv, s, job, build_index(sv, s, descs, optim_meta, job))
   end
   -- host copies, or live views of the shards (aliases: nothing copied), freed once written
-  pending = { job = job, tensors = tensors, strings = strings, name = final, rank = rank }
+  pending = { job = job, tensors = tensors, strings = strings, name = sv.final, rank = sv.rank }
   check(C.sh_ckpt_job_run(job, s.async and 1 or 0))
   if not s.async then M.wait() end
-  return final
+  return sv.final
 end
 
 ---------------------------------------------------------------------------------------------
@@ -327,120 +350,145 @@ end
 -- SHARD_VERIFY_CHECKSUMS=0: check the checksums of what is read). Returns the index: step, lr,
 -- config, extra, world, and rank_extra (this rank's, or rank 0's when the saved world was
 -- smaller).
+-- The newest complete checkpoint under dir: its path and its decoded index (errors blame the
+-- caller of M.load).
+local function open_index(dir, rank)
+  local path = M.latest(dir)
+  if not path then error(("checkpoint.load: %s holds no checkpoint (no index.json, no latest) (rank %d)"):format(dir, rank), 3) end
+  local index_path = path .. "/index.json"
+  if not exists(index_path) then
+    error(("checkpoint.load: %s/latest names %s, which is not a complete checkpoint (no index.json) (rank %d)"):format(dir, path, rank), 3)
+  end
+  local ok, index = pcall(json.decode, read_text(index_path))
+  if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 3) end
+  if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 3) end
+  return path, index_path, index
+end
+
+-- Reads saved pieces into live slices: the rank files opened once each (validated safetensors
+-- handles), every piece's checksum checked when verifying.
+local Reader = {}
+Reader.__index = Reader
+
+local function reader(path, verify, rank)
+  return setmetatable({ path = path, verify = verify, rank = rank, files = {} }, Reader)
+end
+
+function Reader:file(name)
+  if not self.files[name] then self.files[name] = safetensors.open(self.path .. "/" .. name) end
+  return self.files[name]
+end
+
+function Reader:close() for _, h in pairs(self.files) do h:close() end end
+
+-- Reads elements [first, first + n) of piece p from its file h into dst, checking the whole
+-- piece's checksum when verifying.
+function Reader:read(h, p, dst, first, n)
+  if not self.verify then return h:read(p.tensor, dst, first, n) end
+  local _, got = h:read_crc32c(p.tensor, dst, first, n)
+  if got ~= p.crc32c then
+    error(("checkpoint.load: %s/%s: tensor '%s' fails its checksum (its bytes give CRC32C %s, index.json says %s): the file "
+      .. "is corrupt; checkpoint.load(dir, { verify = false, ... }) or SHARD_VERIFY_CHECKSUMS=0 loads it anyway (rank %d)")
+      :format(self.path, p.file, p.tensor, got, tostring(p.crc32c), self.rank), 0)
+  end
+end
+
+-- The handle of piece p's file, checked against the index's element count.
+function Reader:piece_file(p)
+  local h = self:file(p.file)
+  local info = h:info(p.tensor)
+  if not info then error(("checkpoint.load: %s/%s has no tensor %s (rank %d)"):format(self.path, p.file, p.tensor, self.rank), 0) end
+  if info.numel ~= p.count then
+    error(("checkpoint.load: %s/%s: tensor %s has %d elements, the index says %d (rank %d)"):format(self.path, p.file,
+      p.tensor, info.numel, p.count, self.rank), 0)
+  end
+  return h, info
+end
+
+-- Fills dst (a live 1-D slice of count elements, holding [start, start + count) of `what`)
+-- from the saved pieces that overlap it, reading just their byte ranges.
+function Reader:fill(what, pieces, dst, start, count)
+  local covered, stop = 0, start + count
+  local direct = dst:device() == "cpu" and dst:is_contiguous()
+  for _, p in ipairs(pieces) do
+    local a, b = math.max(start, p.start), math.min(stop, p.start + p.count)
+    if a < b then
+      local h, info = self:piece_file(p)
+      local n, first = b - a, a - p.start
+      local sub = dst:narrow(1, a - start + 1, n)
+      if direct and info.dtype == dst:dtype() then
+        self:read(h, p, sub, first, n)
+      else
+        local tmp = tensor.empty({ n }, { dtype = info.dtype, device = "cpu" })
+        self:read(h, p, tmp, first, n)
+        sub:copy_(tmp)
+        tmp:free()
+      end
+      sub:free()
+      covered = covered + n
+    end
+  end
+  if covered ~= count then
+    error(("checkpoint.load: %s: %s elements [%d, %d) are not all in the checkpoint (found %d of %d) (rank %d)"):format(
+      self.path, what, start, stop, covered, count, self.rank), 0)
+  end
+end
+
+-- The model's slices from the index's parameters; strict (the default) refuses parameters the
+-- model lacks.
+local function load_params(rd, index, model, strict)
+  local path, rank = rd.path, rd.rank
+  for _, sl in ipairs(held_slices(model)) do
+    local p = index.params[sl.name]
+    if not p then error(("checkpoint.load: %s has no parameter '%s' (rank %d)"):format(path, sl.name, rank), 3) end
+    local a, b = table.concat(p.shape, "x"), table.concat(sl.shape, "x")
+    if a ~= b then error(("checkpoint.load: %s: '%s' is %s in the checkpoint but %s in the model (rank %d)"):format(path, sl.name, a, b, rank), 3) end
+    local v = sl:view()
+    rd:fill(sl.name, p.pieces, v, sl.start, sl.count)
+    v:free()
+  end
+  fsdp.mark_stale(model)
+  if strict == false then return end
+  -- every parameter's name: a rank may hold no element of a small parameter
+  local known = {}
+  for _, sl in ipairs(fsdp.local_slices(model)) do known[sl.name] = true end
+  local extra = {}
+  for nm in pairs(index.params) do if not known[nm] then extra[#extra + 1] = nm end end
+  table.sort(extra)
+  if #extra > 0 then error(("checkpoint.load: %s holds parameters the model lacks: %s (rank %d)"):format(path, table.concat(extra, ", "), rank), 3) end
+end
+
+-- The optimizer's state for the slices this rank holds, then its step count and hyper-parameters.
+local function load_optim(rd, index, optim, model)
+  local path, rank, o = rd.path, rd.rank, index.optim
+  if not o then error(("checkpoint.load: %s holds no optimizer state (rank %d)"):format(path, rank), 3) end
+  local sd = optim:state_dict(name_of(model))
+  if o.kind ~= sd.kind then error(("checkpoint.load: %s holds %s state, the optimizer is %s (rank %d)"):format(path, tostring(o.kind), sd.kind, rank), 3) end
+  for _, e in ipairs(sd.entries) do
+    for k, t in pairs(e.state) do
+      local pieces = o.state[k] and o.state[k][e.name]
+      if not pieces then error(("checkpoint.load: %s has no optimizer state %s for '%s' (rank %d)"):format(path, k, e.name, rank), 3) end
+      local v = t:view({ t:numel() })
+      rd:fill(k .. " of " .. e.name, pieces, v, e.start, e.numel)
+      v:free()
+    end
+  end
+  optim:load_state_dict{ kind = o.kind, step_count = o.step_count, hyper = o.hyper }
+end
+
 function M.load(dir, s)
   s = s or {}
   local rank = where()
-  local path = M.latest(dir)
-  if not path then error(("checkpoint.load: %s holds no checkpoint (no index.json, no latest) (rank %d)"):format(dir, rank), 2) end
-  local index_path = path .. "/index.json"
-  if not exists(index_path) then
-    error(("checkpoint.load: %s/latest names %s, which is not a complete checkpoint (no index.json) (rank %d)"):format(dir, path, rank), 2)
-  end
-  local ok, index = pcall(json.decode, read_text(index_path))
-  if not ok then error(("checkpoint.load: %s: %s (rank %d)"):format(index_path, tostring(index), rank), 2) end
-  if index.format ~= M.FORMAT then error(("checkpoint.load: %s is not a shard checkpoint index (rank %d)"):format(index_path, rank), 2) end
-
-  local verify = checks_checksums(index, index_path, s.verify, rank)
-
-  local files = {}   -- rank file -> an open, validated safetensors handle
-  local function file(name)
-    if not files[name] then files[name] = safetensors.open(path .. "/" .. name) end
-    return files[name]
-  end
-  -- Reads elements [first, first + n) of piece p from its file h into dst, checking the
-  -- whole piece's checksum when verifying.
-  local function read(h, p, dst, first, n)
-    if not verify then return h:read(p.tensor, dst, first, n) end
-    local _, got = h:read_crc32c(p.tensor, dst, first, n)
-    if got ~= p.crc32c then
-      error(("checkpoint.load: %s/%s: tensor '%s' fails its checksum (its bytes give CRC32C %s, index.json says %s): the file "
-        .. "is corrupt; checkpoint.load(dir, { verify = false, ... }) or SHARD_VERIFY_CHECKSUMS=0 loads it anyway (rank %d)")
-        :format(path, p.file, p.tensor, got, tostring(p.crc32c), rank), 0)
-    end
-  end
-  -- Fills dst (a live 1-D slice of count elements, holding [start, start + count) of `what`)
-  -- from the saved pieces that overlap it, reading just their byte ranges.
-  local function fill(what, pieces, dst, start, count)
-    local covered = 0
-    local stop = start + count
-    local direct = dst:device() == "cpu" and dst:is_contiguous()
-    for _, p in ipairs(pieces) do
-      local a, b = math.max(start, p.start), math.min(stop, p.start + p.count)
-      if a < b then
-        local h = file(p.file)
-        local info = h:info(p.tensor)
-        if not info then error(("checkpoint.load: %s/%s has no tensor %s (rank %d)"):format(path, p.file, p.tensor, rank), 0) end
-        if info.numel ~= p.count then
-          error(("checkpoint.load: %s/%s: tensor %s has %d elements, the index says %d (rank %d)"):format(path, p.file,
-            p.tensor, info.numel, p.count, rank), 0)
-        end
-        local n, first = b - a, a - p.start
-        local sub = dst:narrow(1, a - start + 1, n)
-        if direct and info.dtype == dst:dtype() then
-          read(h, p, sub, first, n)
-        else
-          local tmp = tensor.empty({ n }, { dtype = info.dtype, device = "cpu" })
-          read(h, p, tmp, first, n)
-          sub:copy_(tmp)
-          tmp:free()
-        end
-        sub:free()
-        covered = covered + n
-      end
-    end
-    if covered ~= count then
-      error(("checkpoint.load: %s: %s elements [%d, %d) are not all in the checkpoint (found %d of %d) (rank %d)"):format(
-        path, what, start, stop, covered, count, rank), 0)
-    end
-  end
-
-  if s.model then
-    local seen = {}
-    for _, sl in ipairs(held_slices(s.model)) do
-      local p = index.params[sl.name]
-      if not p then error(("checkpoint.load: %s has no parameter '%s' (rank %d)"):format(path, sl.name, rank), 2) end
-      local a, b = table.concat(p.shape, "x"), table.concat(sl.shape, "x")
-      if a ~= b then error(("checkpoint.load: %s: '%s' is %s in the checkpoint but %s in the model (rank %d)"):format(path, sl.name, a, b, rank), 2) end
-      seen[sl.name] = true
-      local v = sl:view()
-      fill(sl.name, p.pieces, v, sl.start, sl.count)
-      v:free()
-    end
-    fsdp.mark_stale(s.model)
-    if s.strict ~= false then
-      -- every parameter's name: a rank may hold no element of a small parameter
-      local known = {}
-      for _, sl in ipairs(fsdp.local_slices(s.model)) do known[sl.name] = true end
-      local extra = {}
-      for nm in pairs(index.params) do if not known[nm] then extra[#extra + 1] = nm end end
-      table.sort(extra)
-      if #extra > 0 then error(("checkpoint.load: %s holds parameters the model lacks: %s (rank %d)"):format(path, table.concat(extra, ", "), rank), 2) end
-    end
-  end
-
-  if s.optim then
-    local o = index.optim
-    if not o then error(("checkpoint.load: %s holds no optimizer state (rank %d)"):format(path, rank), 2) end
-    local sd = s.optim:state_dict(name_of(s.model))
-    if o.kind ~= sd.kind then error(("checkpoint.load: %s holds %s state, the optimizer is %s (rank %d)"):format(path, tostring(o.kind), sd.kind, rank), 2) end
-    for _, e in ipairs(sd.entries) do
-      for k, t in pairs(e.state) do
-        local pieces = o.state[k] and o.state[k][e.name]
-        if not pieces then error(("checkpoint.load: %s has no optimizer state %s for '%s' (rank %d)"):format(path, k, e.name, rank), 2) end
-        local v = t:view({ t:numel() })
-        fill(k .. " of " .. e.name, pieces, v, e.start, e.numel)
-        v:free()
-      end
-    end
-    s.optim:load_state_dict{ kind = o.kind, step_count = o.step_count, hyper = o.hyper }
-  end
-
+  local path, index_path, index = open_index(dir, rank)
+  local rd = reader(path, checks_checksums(index, index_path, s.verify, rank), rank)
+  if s.model then load_params(rd, index, s.model, s.strict) end
+  if s.optim then load_optim(rd, index, s.optim, s.model) end
   local mine = index.ranks[rank + 1] or index.ranks[1] or {}
   if mine.rng and s.rng ~= false then random.set_state(mine.rng) end
   if s.data and mine.data then s.data:set_state(mine.data) end
   index.rank_extra = mine.extra
   index.path = path
-  for _, h in pairs(files) do h:close() end
+  rd:close()
   return index
 end
 
