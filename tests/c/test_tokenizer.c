@@ -170,8 +170,31 @@ static void test_random_texts_round_trip(void) {
   CHECK(bad == 0, "%d of 6000 texts failed to split, encode or round-trip", bad);
 }
 
+/* A pair whose rank changes after it was queued: with merges bc, ab, bcd, abc, "abcd" is
+ * a + bcd (ab's rank is stale once bc merged), in the short loop and in the long words' heap. */
+static void test_stale_pairs(void) {
+  static const char *tokens[] = { "bc", "ab", "bcd", "abc" }, *merges[][2] = { { "b", "c" }, { "a", "b" }, { "bc", "d" }, { "a", "bc" } };
+  sh_bpe *t = NULL;
+  char buf[8], raw[2] = { 0, 0 };
+  CHECK_OK(sh_bpe_create(&t, SH_BPE_SPLIT_GPT2, 0));
+  for (int b = 0; b < 256; b++) { raw[0] = (char)b; CHECK_OK(sh_bpe_add_token(t, buf, spell(raw, 1, buf), b)); }
+  for (int k = 0; k < 4; k++) CHECK_OK(sh_bpe_add_token(t, tokens[k], (int64_t)strlen(tokens[k]), 256 + k));
+  for (int k = 0; k < 4; k++) CHECK_OK(sh_bpe_add_merge(t, merges[k][0], (int64_t)strlen(merges[k][0]), merges[k][1], (int64_t)strlen(merges[k][1])));
+  static char text[400];
+  static int32_t ids[400];
+  for (int reps = 1; reps <= 100; reps += 99) {
+    for (int k = 0; k < reps; k++) memcpy(text + 4 * k, "abcd", 4);
+    int64_t n = 0, good = 1;
+    CHECK_OK(sh_bpe_encode(t, text, 4 * reps, SH_BPE_SPECIAL_ALLOW, ids, 400, &n));
+    for (int k = 0; k < reps; k++) good &= ids[2 * k] == 'a' && ids[2 * k + 1] == 258;
+    CHECK(n == 2 * reps && good, "abcd x %d: %lld ids, the first %d %d", reps, (long long)n, ids[0], ids[1]);
+  }
+  sh_bpe_free(t);
+}
+
 int main(int argc, char **argv) {
   check_args(argc, argv);
+  RUN(test_stale_pairs);
   RUN(test_random_texts_round_trip);
   RUN(test_words_against_naive);
   RUN(test_special_and_errors);
