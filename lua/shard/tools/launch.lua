@@ -443,6 +443,131 @@ local function by_node(ranks, node_of)
   return table.concat(parts, ", ")
 end
 
+local function wait_key(rec) return ("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind)) end
+
+-- Each host of a record (node_of: rank -> host, from the records where they say, else layout),
+-- and the hosts at least one record came from; nil, {} on one host.
+local function hosts_of(recs, world, layout)
+  if not layout then return nil, {} end
+  local node_of, recorded = {}, {}
+  for r = 0, world - 1 do node_of[r] = recs[r] and recs[r].node ~= "" and recs[r].node or layout[r] end
+  for r = 0, world - 1 do if recs[r] then recorded[node_of[r]] = true end end
+  return node_of, recorded
+end
+
+-- The newest moment a record moved, per host (each host's clock: the records were read at
+-- about then), and whether any rank timed out.
+local function latest_by_host(recs, world)
+  local latest, timed_out = {}, false
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec then latest[rec.node] = math.max(latest[rec.node] or 0, rec.active_at) end
+    timed_out = timed_out or (rec ~= nil and rec.wait_state == 2)
+  end
+  return latest, timed_out
+end
+
+-- The stuck collective's record: the collective most waiting ranks are in (ties: the longest
+-- wait), so that a rank waiting in another one is the one out of step, not the other way round.
+local function stuck_record(recs, world, seconds_waited)
+  local votes = {}
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec and rec.wait_state >= 1 then votes[wait_key(rec)] = (votes[wait_key(rec)] or 0) + 1 end
+  end
+  local stuck, best
+  for r = 0, world - 1 do
+    local rec = recs[r]
+    if rec and rec.wait_state >= 1 then
+      local v = votes[wait_key(rec)]
+      if not stuck or v > best or (v == best and seconds_waited(rec) > seconds_waited(stuck)) then stuck, best = rec, v end
+    end
+  end
+  return stuck
+end
+
+-- Sorts every rank by where it stands against the stuck collective (kind #n on group g):
+-- waited (reached it), behind (never did), ahead (finished it and went on), unknown (no
+-- record from its host), and lines for the others; also the longest wait in it.
+local function classify_ranks(c)
+  local recs, stuck, g, n, kind = c.recs, c.stuck, c.stuck.wait_group, c.stuck.wait_seq, c.stuck.wait_kind
+  local out = { waited = {}, behind = {}, other = {}, unknown = {}, ahead = {}, longest = 0 }
+  for r = 0, c.world - 1 do
+    local rec = recs[r]
+    local mine = rec and rec.groups[g]
+    local idle = rec and c.still(rec)
+    local in_it = rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind
+    -- issued the same collective without waiting in it yet (an async one) when the records
+    -- were copied: it reached it
+    local issued_it = not in_it and mine and mine.issued == n and mine.kind == kind
+    if not rec and c.node_of and not c.recorded[c.node_of[r]] then
+      out.unknown[#out.unknown + 1] = r
+    elseif (in_it or issued_it) and not idle then
+      out.waited[#out.waited + 1] = r
+      if in_it then out.longest = math.max(out.longest, c.seconds_waited(rec)) end
+    elseif not rec or (mine and mine.issued < n) or (not mine and c.world == (stuck.groups[g] or {}).size) then
+      out.behind[#out.behind + 1] = r
+    elseif idle then
+      out.other[#out.other + 1] = ("rank %d %s %s #%d on group %s but its record has not moved for %.3g s: it is stopped, or busy outside collectives"):format(
+        r, in_it and "waits in" or "issued", kind, n, g, idle)
+    elseif mine and mine.issued > n and rec.wait_seq ~= n then
+      out.ahead[#out.ahead + 1] = r       -- finished it and went on
+    elseif mine and mine.issued == n and rec.wait_seq ~= n then
+      out.other[#out.other + 1] = ("rank %d issued %s #%d on %s instead"):format(r, mine.kind, n, g)
+    elseif mine and mine.issued == n and mine.kind ~= kind then
+      out.other[#out.other + 1] = ("rank %d issued %s #%d on %s"):format(r, mine.kind, n, g)
+    end
+  end
+  return out
+end
+
+-- The hosts of the ranks that reached the collective, and of those that finished it on other
+-- hosts; apart when some finished it only on hosts none of the waiting ones is on.
+local function split_hosts(k, node_of)
+  local hosts, seen = {}, {}
+  for _, r in ipairs(k.waited) do
+    local h = node_of and node_of[r]
+    if h and not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
+  end
+  local ahead_hosts, apart = {}, #k.ahead > 0 and node_of ~= nil
+  for _, r in ipairs(k.ahead) do
+    local h = node_of and node_of[r]
+    if seen[h] then apart = false elseif h and not ahead_hosts[h] then ahead_hosts[h] = true; ahead_hosts[#ahead_hosts + 1] = h end
+  end
+  table.sort(hosts); table.sort(ahead_hosts)
+  return hosts, ahead_hosts, apart
+end
+
+-- The diagnosis line from the classified ranks.
+local function diagnosis_line(k, node_of, kind, n, g)
+  local parts = {}
+  if #k.behind > 0 then
+    parts[#parts + 1] = ("rank%s %s never reached %s #%d on group %s"):format(#k.behind > 1 and "s" or "", by_node(k.behind, node_of), kind, n, g)
+  end
+  for _, line in ipairs(k.other) do parts[#parts + 1] = line end
+  if #k.unknown > 0 then
+    parts[#parts + 1] = ("no flight record from rank%s %s (SHARD_FLIGHT_DIR is not shared with that host)"):format(
+      #k.unknown > 1 and "s" or "", by_node(k.unknown, node_of))
+  end
+  local hosts, ahead_hosts, apart = split_hosts(k, node_of)
+  -- ranks that finished the collective on other nodes than the ones still in it: its last
+  -- data did not get from those nodes to these
+  if #parts == 0 and apart then
+    return ("ranks %s finished %s #%d on group %s and went on, ranks %s still waited %.3g s in it: its data did not get between them; check the network between nodes %s and %s"):format(
+      by_node(k.ahead, node_of), kind, n, g, by_node(k.waited, node_of), k.longest, table.concat(ahead_hosts, ", "), table.concat(hosts, ", "))
+  end
+  if #k.ahead > 0 then
+    parts[#parts + 1] = ("rank%s %s finished %s #%d on group %s and went on"):format(#k.ahead > 1 and "s" or "", by_node(k.ahead, node_of), kind, n, g)
+  end
+  if #parts == 0 and #hosts > 1 then
+    -- everyone arrived and still nothing moved: the data did not get between the nodes
+    return ("ranks %s all reached %s #%d on group %s and timed out after %.3g s: no rank is behind, so its data did not get between them; check the network between nodes %s"):format(
+      by_node(k.waited, node_of), kind, n, g, k.longest, table.concat(hosts, " and "))
+  end
+  if #parts == 0 then parts[1] = ("no rank is behind %s #%d on group %s"):format(kind, n, g) end
+  return ("%s; rank%s %s waited %.3g s in it"):format(table.concat(parts, "; "), #k.waited > 1 and "s" or "", by_node(k.waited, node_of), k.longest)
+end
+
 -- One line naming the rank that never reached (or mismatched) the collective the others
 -- timed out in, as PyTorch's desync debug does; nil when no rank timed out.
 -- Across hosts (layout: rank -> host) ranks are named with their nodes; a node none of whose
@@ -451,47 +576,15 @@ end
 -- nodes is named.
 function M.diagnose(dir, world, layout)
   local recs = read_records(dir, world)
-  local node_of
-  if layout then
-    node_of = {}
-    for r = 0, world - 1 do node_of[r] = recs[r] and recs[r].node ~= "" and recs[r].node or layout[r] end
-  end
-  local recorded = {}   -- hosts with at least one record
-  for r = 0, world - 1 do if recs[r] and node_of then recorded[node_of[r]] = true end end
-  -- The collective most waiting ranks are in (ties: the longest wait) is the reference; a
-  -- rank waiting in another one is then the one out of step, not the other way round.
-  local votes = {}
-  for r = 0, world - 1 do
-    local rec = recs[r]
-    if rec and rec.wait_state >= 1 then
-      local key = ("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind))
-      votes[key] = (votes[key] or 0) + 1
-    end
-  end
-  -- The records were read at about the newest moment one of them moved, by each host's clock.
-  local latest, timed_out = {}, false
-  for r = 0, world - 1 do
-    local rec = recs[r]
-    if rec then latest[rec.node] = math.max(latest[rec.node] or 0, rec.active_at) end
-    timed_out = timed_out or (rec ~= nil and rec.wait_state == 2)
-  end
+  local node_of, recorded = hosts_of(recs, world, layout)
+  local latest, timed_out = latest_by_host(recs, world)
   if not timed_out then return nil end
   -- How long a rank had waited in its collective then: its whole wait if it timed out, else
   -- up to that moment (the first rank to time out copies the records while the others wait).
   local function seconds_waited(rec)
     return rec.wait_state == 2 and rec.wait_for or math.max(0, (latest[rec.node] or 0) - rec.wait_since)
   end
-  local stuck, best
-  for r = 0, world - 1 do
-    local rec = recs[r]
-    if rec and rec.wait_state >= 1 then
-      local v = votes[("%s\0%d\0%s"):format(rec.wait_group, rec.wait_seq, tostring(rec.wait_kind))]
-      if not stuck or v > best or (v == best and seconds_waited(rec) > seconds_waited(stuck)) then stuck, best = rec, v end
-    end
-  end
-  local g, n, kind = stuck.wait_group, stuck.wait_seq, stuck.wait_kind
-  local waited, behind, other, unknown, ahead = {}, {}, {}, {}, {}
-  local longest = 0
+  local stuck = stuck_record(recs, world, seconds_waited)
   -- Seconds since a rank's record last moved, when on the stuck rank's host (the clock is the
   -- host's): a rank that waits polls its record every millisecond, so one still for a second
   -- or more is stopped, or busy outside any collective.
@@ -500,69 +593,9 @@ function M.diagnose(dir, world, layout)
     local idle = rec.node == stuck.node and rec.active_at > 0 and now - rec.active_at
     return idle and idle >= 1 and idle or nil
   end
-  for r = 0, world - 1 do
-    local rec = recs[r]
-    local mine = rec and rec.groups[g]
-    local idle = rec and still(rec)
-    local in_it = rec and rec.wait_state >= 1 and rec.wait_group == g and rec.wait_seq == n and rec.wait_kind == kind
-    -- issued the same collective without waiting in it yet (an async one) when the records
-    -- were copied: it reached it
-    local issued_it = not in_it and mine and mine.issued == n and mine.kind == kind
-    if not rec and node_of and not recorded[node_of[r]] then
-      unknown[#unknown + 1] = r
-    elseif (in_it or issued_it) and not idle then
-      waited[#waited + 1] = r
-      if in_it then longest = math.max(longest, seconds_waited(rec)) end
-    elseif not rec or (mine and mine.issued < n) or (not mine and world == (stuck.groups[g] or {}).size) then
-      behind[#behind + 1] = r
-    elseif idle then
-      other[#other + 1] = ("rank %d %s %s #%d on group %s but its record has not moved for %.3g s: it is stopped, or busy outside collectives"):format(
-        r, in_it and "waits in" or "issued", kind, n, g, idle)
-    elseif mine and mine.issued > n and rec.wait_seq ~= n then
-      ahead[#ahead + 1] = r       -- finished it and went on
-    elseif mine and mine.issued == n and rec.wait_seq ~= n then
-      other[#other + 1] = ("rank %d issued %s #%d on %s instead"):format(r, mine.kind, n, g)
-    elseif mine and mine.issued == n and mine.kind ~= kind then
-      other[#other + 1] = ("rank %d issued %s #%d on %s"):format(r, mine.kind, n, g)
-    end
-  end
-  local parts = {}
-  if #behind > 0 then
-    parts[#parts + 1] = ("rank%s %s never reached %s #%d on group %s"):format(#behind > 1 and "s" or "", by_node(behind, node_of), kind, n, g)
-  end
-  for _, line in ipairs(other) do parts[#parts + 1] = line end
-  if #unknown > 0 then
-    parts[#parts + 1] = ("no flight record from rank%s %s (SHARD_FLIGHT_DIR is not shared with that host)"):format(
-      #unknown > 1 and "s" or "", by_node(unknown, node_of))
-  end
-  local hosts, seen = {}, {}
-  for _, r in ipairs(waited) do
-    local h = node_of and node_of[r]
-    if h and not seen[h] then seen[h] = true; hosts[#hosts + 1] = h end
-  end
-  -- ranks that finished the collective on other nodes than the ones still in it: its last
-  -- data did not get from those nodes to these
-  local ahead_hosts, apart = {}, #ahead > 0 and node_of ~= nil
-  for _, r in ipairs(ahead) do
-    local h = node_of and node_of[r]
-    if seen[h] then apart = false elseif h and not ahead_hosts[h] then ahead_hosts[h] = true; ahead_hosts[#ahead_hosts + 1] = h end
-  end
-  if #parts == 0 and apart then
-    table.sort(ahead_hosts); table.sort(hosts)
-    return ("ranks %s finished %s #%d on group %s and went on, ranks %s still waited %.3g s in it: its data did not get between them; check the network between nodes %s and %s"):format(
-      by_node(ahead, node_of), kind, n, g, by_node(waited, node_of), longest, table.concat(ahead_hosts, ", "), table.concat(hosts, ", "))
-  end
-  if #ahead > 0 then
-    parts[#parts + 1] = ("rank%s %s finished %s #%d on group %s and went on"):format(#ahead > 1 and "s" or "", by_node(ahead, node_of), kind, n, g)
-  end
-  if #parts == 0 and #hosts > 1 then
-    -- everyone arrived and still nothing moved: the data did not get between the nodes
-    table.sort(hosts)
-    return ("ranks %s all reached %s #%d on group %s and timed out after %.3g s: no rank is behind, so its data did not get between them; check the network between nodes %s"):format(
-      by_node(waited, node_of), kind, n, g, longest, table.concat(hosts, " and "))
-  end
-  if #parts == 0 then parts[1] = ("no rank is behind %s #%d on group %s"):format(kind, n, g) end
-  return ("%s; rank%s %s waited %.3g s in it"):format(table.concat(parts, "; "), #waited > 1 and "s" or "", by_node(waited, node_of), longest)
+  local k = classify_ranks{ recs = recs, world = world, stuck = stuck, node_of = node_of, recorded = recorded,
+                            still = still, seconds_waited = seconds_waited }
+  return diagnosis_line(k, node_of, stuck.wait_kind, stuck.wait_seq, stuck.wait_group)
 end
 
 -- The agent wrapper (see mpirun_command), written into the launch's directory.
