@@ -9,6 +9,9 @@
 --   3. no circle of calls among runtime/ files is longer than two files (strongly connected
 --      components of that call graph).
 -- Then one line per layer: files, and the arrows that leave it, for the note and docs.
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path   -- shard's modules, from the root
+local files = require "shard.files"
+
 local M = {}
 
 M.RANK = { core = 0, cpu = 1, kernels = 1, ops = 2, dist = 3, io = 4, host = 5 }
@@ -21,16 +24,8 @@ function M.layer_of(path)
   return path:match("^runtime/(%a+)/")
 end
 
-local function lines_of(cmd)
-  local p = assert(io.popen(cmd))
-  local out = {}
-  for l in p:lines() do out[#out + 1] = l end
-  p:close()
-  return out
-end
-
 local function sources()
-  return lines_of("ls runtime/*/*.c runtime/*/*.h runtime/host.c kernels/*.cu kernels/*.cuh 2>/dev/null")
+  return files.lines_of("ls runtime/*/*.c runtime/*/*.h runtime/host.c kernels/*.cu kernels/*.cuh 2>/dev/null")
 end
 
 -- The folder a quoted include resolves to: "dir/x.h" names it, a bare "x.h" is beside the file.
@@ -132,12 +127,7 @@ function M.circle_violations(edges)
   return bad, #comps
 end
 
-local function read_file(path)
-  local f = assert(io.open(path, "r"))
-  local t = f:read("*a")
-  f:close()
-  return t
-end
+local function read_file(path) return assert(files.read_file(path)) end
 
 -- The objects of BUILD whose sources exist (a stale object of a moved file is left out).
 local function objects_of(build)
@@ -155,15 +145,15 @@ end
 
 function M.main(args)
   local build = args[1] or "build"
-  local files = sources()
+  local srcs = sources()
   local objects = objects_of(build)
   if #objects == 0 then
     io.stderr:write("check_layers: no objects under " .. build .. "/runtime (run make first)\n")
     return 1
   end
-  local edges = M.call_graph(objects, function(p) return lines_of("nm " .. p) end)
+  local edges = M.call_graph(objects, function(p) return files.lines_of("nm " .. p) end)
   local bad, checked = {}, 0
-  for _, rule in ipairs({ function() return M.include_violations(files, read_file) end,
+  for _, rule in ipairs({ function() return M.include_violations(srcs, read_file) end,
                           function() return M.call_violations(edges) end,
                           function() return M.circle_violations(edges) end }) do
     local list, n = rule()
@@ -171,12 +161,12 @@ function M.main(args)
     for _, l in ipairs(list) do bad[#bad + 1] = l end
   end
   local per = {}
-  for _, f in ipairs(files) do local l = M.layer_of(f); per[l] = (per[l] or 0) + 1 end
+  for _, f in ipairs(srcs) do local l = M.layer_of(f); per[l] = (per[l] or 0) + 1 end
   for _, l in ipairs({ "core", "cpu", "kernels", "ops", "dist", "io" }) do
     print(string.format("layer %-8s %3d files", l, per[l] or 0))
   end
   for _, l in ipairs(bad) do print("not ok " .. l) end
-  print(string.format("check_layers: %d files, %d objects", #files, #objects))
+  print(string.format("check_layers: %d files, %d objects", #srcs, #objects))
   print(string.format("C check_layers: %d passed, %d failed", checked - #bad, #bad))
   return #bad == 0 and 0 or 1
 end
