@@ -193,9 +193,9 @@ static int run_unary(sh_tensor *out, const char *op, sh_stage_range_fn fn, ew_ar
     return run_unary(dx, #name "_backward", name##_bwd, &a, saved, #saved, dy, rows);           \
   }
 
-ACTIVATION_KERNELS(gelu, x, 0)
-ACTIVATION_KERNELS(silu, x, 0)
-ACTIVATION_KERNELS(softmax, y, 1)
+ACTIVATION_KERNELS(gelu, x, 0)      /* sh_kcpu_gelu_forward, sh_kcpu_gelu_backward */
+ACTIVATION_KERNELS(silu, x, 0)      /* sh_kcpu_silu_forward, sh_kcpu_silu_backward */
+ACTIVATION_KERNELS(softmax, y, 1)   /* sh_kcpu_softmax_forward, sh_kcpu_softmax_backward */
 
 int sh_kcpu_swiglu_forward(sh_tensor *y, const sh_tensor *a, const sh_tensor *b) {
   const char *op = "swiglu";

@@ -38,9 +38,9 @@ static int unary_front(sh_tensor **o, sh_tensor **out, const char *op, const sh_
     return sh_nn_give(rc, o, dx);                                                               \
   }
 
-ACTIVATION_FRONTS(gelu, x, 0)
-ACTIVATION_FRONTS(silu, x, 0)
-ACTIVATION_FRONTS(softmax, y, 1)
+ACTIVATION_FRONTS(gelu, x, 0)      /* sh_gelu_forward, sh_gelu_backward */
+ACTIVATION_FRONTS(silu, x, 0)      /* sh_silu_forward, sh_silu_backward */
+ACTIVATION_FRONTS(softmax, y, 1)   /* sh_softmax_forward, sh_softmax_backward */
 
 /* a and b: float tensors of one shape, b on a's device. */
 static int check_swiglu(const char *op, const sh_tensor *a, const sh_tensor *b) {
