@@ -8,6 +8,10 @@
 --     block = nn.Block,                                    -- the wrap policy's unit
 --     flops_per_token = function(cfg, n_params) return 6 * n_params + ... end,
 --   }
+-- Two more fields replace the character corpus and the built model: data = function(cfg, env)
+-- returning the tokenizer ({ vocab_size, decode(ids), prompt = ids }) and the train and val
+-- tokens (shard.data.load_tokens tables), and from_pretrained = function(cfg, wrap, vocab_size)
+-- returning the model, sharded by fsdp.wrap's options `wrap` (nil: plain) (gpt2_finetune.lua).
 -- Settings every recipe takes (see COMMON): the corpus (--data, else tinyshakespeare.txt in
 -- $SHARD_DATA; only `make run`'s --demo falls back to a text every Debian machine has), the
 -- batch and schedule, --strategy (FSDP, any world size), checkpoints (--save_interval,
@@ -114,7 +118,7 @@ end
 
 -- --data is read before any work: a path that cannot be read is a wrong command line.
 local function check_data(cfg)
-  if cfg.data == "" then return end
+  if cfg.data == "" or readable(cfg.data .. "/meta.json") then return end   -- a text, or shard.data.prepare's folder
   local f, err = io.open(cfg.data, "rb")
   if not f then usage("--data=%s: cannot read it (%s)", cfg.data, err:match(": ([^:]*)$") or err) end
   local ok = f:read(0)   -- nil for a directory or an empty file
@@ -138,7 +142,8 @@ end
 -- characters -> OUT_DIR/data/CORPUS/{train.bin, val.bin, meta.lua}: rank 0 prepares, the
 -- others wait. Returns the tokenizer and the train and val sources (paths, or in a dry run
 -- the token arrays themselves: a dry run writes no file that a run reads).
-local function prepare_data(cfg, env)
+local function prepare_data(recipe, cfg, env)
+  if recipe.data then return recipe.data(cfg, env) end
   if env.device == "meta" then
     local c = shard.data.char_corpus(cfg.data)
     return c.tok, c.train, c.val
@@ -162,7 +167,16 @@ local function make_model(recipe, cfg, env, vocab_size)
   if cfg.offload and (cfg.strategy == "none" or cfg.strategy == "no_shard") then
     error(("--offload needs a sharding strategy (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2), not --strategy=%s"):format(cfg.strategy), 0)
   end
-  if cfg.strategy == "none" and not mixed then
+  if recipe.from_pretrained then   -- the recipe loads its weights, plain or sharded as wrap's options say
+    local wrap = nil
+    if cfg.strategy ~= "none" or mixed then
+      wrap = { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy == "none" and "full_shard" or cfg.strategy,
+               hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group, mixed_precision = mixed,
+               offload = cfg.offload and { params = true } or nil }
+    end
+    model = recipe.from_pretrained(cfg, wrap, vocab_size)
+    if wrap and env.rank == 0 then print(shard.fsdp.summary(model)) end
+  elseif cfg.strategy == "none" and not mixed then
     model = build()
   else
     -- given the constructor, wrap initialises each rank's shard only (same values as eager init);
@@ -334,7 +348,7 @@ function M.run(recipe)
     usage("--batch_size=%d: the global batch does not split over %d ranks", cfg.batch_size, env.world)
   end
   cfg.data = corpus(cfg, env)
-  local tok, train_src, val_src = prepare_data(cfg, env)
+  local tok, train_src, val_src = prepare_data(recipe, cfg, env)
   local model = make_model(recipe, cfg, env, tok.vocab_size)
 
   local optim = shard.optim
@@ -390,7 +404,7 @@ function M.run(recipe)
   if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end
 
   if cfg.sample_tokens > 0 and model.generate then   -- every rank runs it: a sharded model's forward is collective
-    local first = shard.tensor({ { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
+    local first = shard.tensor({ tok.prompt or { tok.stoi["\n"] or 0 } }, { dtype = "i64" })
     local out = model:generate(first, cfg.sample_tokens, 0.8, 200)
     if env.rank == 0 then
       print("---- sample ----")

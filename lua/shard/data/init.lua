@@ -1,6 +1,7 @@
 -- shard.data: token files and batches.
--- Token files are nanoGPT's format: raw little-endian uint16 token ids (train.bin, val.bin),
--- with meta.lua holding the vocabulary, its source and the text's fingerprint; a run keeps
+-- Token files are nanoGPT's format: raw little-endian uint16 token ids (train.bin, val.bin;
+-- uint32 from shard.data.prepare for a vocabulary beyond 65536). The character corpus's have
+-- meta.lua holding the vocabulary, its source and the text's fingerprint; a run keeps
 -- them in OUT_DIR/data/CORPUS (corpus_dir), one folder per corpus. Batches draw random windows whose offsets come from
 -- the counter-based generator keyed by (seed, rank, step), so a run is reproducible and
 -- every rank draws different windows.
@@ -129,14 +130,43 @@ function D.load_meta(path)
   return tok
 end
 
--- A uint16 token file in memory (owned by the returned table).
-function D.load_tokens(path)
-  local bytes = read_file(path)
-  if #bytes % 2 ~= 0 then error("data: " .. path .. " has an odd number of bytes; expected uint16 tokens", 2) end
-  local n = #bytes / 2
-  local buf = ffi.new("uint16_t[?]", n)
-  ffi.copy(buf, bytes, #bytes)
-  return { buf = buf, n = n, path = path }
+-- A token file (dtype "uint16", the default, or "uint32"), memory-mapped read-only: the
+-- pages come from the file as the batches touch them (unmapped when the table is collected).
+for _, decl in ipairs { "void *mmap(void *addr, size_t len, int prot, int flags, int fd, long off);",
+                        "int munmap(void *addr, size_t len);", "int open(const char *path, int flags, ...);",
+                        "int close(int fd);" } do
+  pcall(ffi.cdef, decl)   -- one declared already (by another module) is no error
+end
+function D.load_tokens(path, dtype)
+  dtype = dtype or "uint16"
+  local size = ({ uint16 = 2, uint32 = 4 })[dtype]
+  if not size then error(("data: dtype %s: expected uint16 or uint32"):format(tostring(dtype)), 2) end
+  local f, err = io.open(path, "rb")
+  if not f then error("data: cannot read " .. tostring(err), 2) end
+  local bytes = f:seek("end")
+  f:close()
+  if bytes % size ~= 0 then
+    error(("data: %s has %d bytes, not a whole number of %s tokens"):format(path, bytes, dtype), 2)
+  end
+  local ctype = dtype == "uint16" and "uint16_t*" or "uint32_t*"
+  if bytes == 0 then return { buf = ffi.new(ctype:sub(1, -2) .. "[1]"), n = 0, path = path, dtype = dtype } end
+  local fd = C.open(path, 0)   -- O_RDONLY
+  if fd < 0 then error("data: cannot open " .. path, 2) end
+  local p = C.mmap(nil, bytes, 1, 2, fd, 0)   -- PROT_READ, MAP_PRIVATE
+  C.close(fd)
+  if ffi.cast("intptr_t", p) == -1 then error("data: cannot map " .. path, 2) end
+  local map = ffi.gc(ffi.cast("char*", p), function(q) C.munmap(q, bytes) end)
+  return { buf = ffi.cast(ctype, map), map = map, n = bytes / size, path = path, dtype = dtype }
+end
+
+-- shard.data.prepare{ text = PATH, tokenizer = DIR, ... }: BPE token files (shard.data.prepare).
+function D.prepare(o) return require("shard.data.prepare").prepare(o) end
+
+-- A folder written by prepare: its meta (meta.json) and its train and val tokens, mapped.
+function D.load_prepared(dir)
+  local meta = require("shard.data.prepare").read_meta(dir)
+  if not meta then error(("data: %s has no meta.json: not a folder shard.data.prepare wrote"):format(dir), 2) end
+  return meta, D.load_tokens(dir .. "/train.bin", meta.dtype), D.load_tokens(dir .. "/val.bin", meta.dtype)
 end
 
 -- Random windows of `block` tokens: x = tokens[o, o+block), y = tokens[o+1, o+block+1).
