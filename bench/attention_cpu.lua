@@ -3,9 +3,9 @@
 -- best of `rounds` rounds of `iters` calls, in us per call: forward + backward, and forward
 -- alone (no grad). Thread count: OMP_NUM_THREADS.
 --   shard run bench/attention_cpu.lua [--iters=300 --batch_size=12 --block_size=64 --n_embd=128 --n_head=4]
-local shard = require "shard"
-local F = require "shard.functional"
-local timer = require "shard.timer"
+local shard = require("shard")
+local F = require("shard.functional")
+local timer = require("shard.timer")
 local cfg = shard.config({ iters = 300, rounds = 7, warmup = 10, batch_size = 12, block_size = 64, n_embd = 128,
                           n_head = 4, seed = 1337 }, { warmup = { min = 0 } })
 shard.manual_seed(cfg.seed)

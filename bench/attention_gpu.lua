@@ -5,8 +5,8 @@
 -- backward 2.5x that), the same lines as bench/peers/attention_torch.py:
 --   attention_fwd_ms N, attention_fwd_bwd_ms N, attention_fwd_tflops N, attention_fwd_bwd_tflops N
 --   shard run bench/attention_gpu.lua [--batch_size=16 --block_size=1024 --n_embd=768 --n_head=12]
-local shard = require "shard"
-local F = require "shard.functional"
+local shard = require("shard")
+local F = require("shard.functional")
 local timing = dofile("bench/gpu_timing.lua")
 
 local cfg = shard.config({ iters = 20, warmup = 3, batch_size = 16, block_size = 1024, n_embd = 768, n_head = 12,

@@ -7,13 +7,13 @@
 -- writes, and checkpoint.load and shard.load with and without verification (the files in the
 -- page cache); the fastest of --reps runs (the verified and unverified loads alternate), so a
 -- machine shared with other jobs still gives the cost itself; world 1.
-local shard = require "shard"
+local shard = require("shard")
 local cfg = shard.config({ mib = 256, n_layer = 6, n_head = 6, n_embd = 384, block_size = 64, vocab_size = 65, reps = 7,
                            dir = "/tmp/checksum_bench" }, { mib = { min = 1 }, reps = { min = 1 } })
-local ffi = require "ffi"
-local S = require "shard.io.safetensors"
+local ffi = require("ffi")
+local S = require("shard.io.safetensors")
 local ck = shard.checkpoint
-local timer = require "shard.timer"
+local timer = require("shard.timer")
 local C = shard.C
 
 -- The fastest of --reps runs of each function, run in turn.

@@ -4,13 +4,13 @@
 -- Trains the same GPT three times: no saves, a synchronous save every `every` steps, an
 -- asynchronous one; prints the mean step time, the mean time the save call blocks the step,
 -- and the bytes written per save.
-local shard = require "shard"
+local shard = require("shard")
 local cfg = shard.config({ n_layer = 6, n_head = 6, n_embd = 384, block_size = 64, batch_size = 8, vocab_size = 65,
                           steps = 30, every = 10, dir = "/tmp/ckpt_bench", strategy = "full_shard" },
                         { steps = { min = 1 }, every = { min = 1 },
                           strategy = { oneof = { "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" } } })
 local env = shard.init{ device = "cpu" }
-local nn, timer, ck = shard.nn, require "shard.timer", shard.checkpoint
+local nn, timer, ck = shard.nn, require("shard.timer"), shard.checkpoint
 
 local function build()
   local make = function() shard.manual_seed(1); return nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,

@@ -7,8 +7,8 @@
 -- --dtype=bf16: the same model wrapped as FSDP full_shard of one process with mixed precision
 -- (bf16 compute, f32 master weights and optimizer), as the recipe's --dtype=bf16 runs it.
 --   shard run bench/cpu_train.lua [--iters=50] [--dtype=bf16]
-local shard = require "shard"
-local timer = require "shard.timer"
+local shard = require("shard")
+local timer = require("shard.timer")
 local cfg = shard.config({ iters = 50, warmup = 5, profile = false, n_layer = 4, n_head = 4, n_embd = 128, block_size = 64,
                           batch_size = 12, vocab_size = 65, seed = 1337, dtype = "f32" },
                         { warmup = { min = 0 }, dtype = { oneof = { "f32", "bf16" } } })

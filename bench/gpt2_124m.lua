@@ -11,9 +11,9 @@
 -- the default device (sh_cuda_init), nn.GPT(cfg) builds its parameters there, fsdp.wrap
 -- takes mixed_precision = {param = "bf16", reduce = "f32"}, and sh_gemm_ dispatches CUDA
 -- tensors to cuBLASLt.
-local shard = require "shard"
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local shard = require("shard")
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 local nn, fsdp, optim = shard.nn, shard.fsdp, shard.optim
 

@@ -1,8 +1,8 @@
 -- bench/gpu_timing.lua: device-side timing for the GPU benchmarks. Kernels are queued
 -- asynchronously, so a region is timed by two events recorded on the compute stream around
 -- it, then one synchronisation. Loaded with dofile("bench/gpu_timing.lua") from the root.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 
 local M = {}

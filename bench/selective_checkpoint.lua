@@ -5,8 +5,8 @@
 -- memory peak, and the median time of a forward + backward, wall and process CPU time (the
 -- CPU time is what to compare on a shared machine; recompute = CPU time - none's).
 --   OMP_NUM_THREADS=1 shard run bench/selective_checkpoint.lua [--n_layer=6 --n_embd=256 --block_size=256 --batch_size=8 --iters=5]
-local shard = require "shard"
-local timer = require "shard.timer"
+local shard = require("shard")
+local timer = require("shard.timer")
 local nn, memory = shard.nn, shard.memory
 local cfg = shard.config{ n_layer = 6, n_head = 4, n_embd = 256, block_size = 256, batch_size = 8, vocab_size = 65,
                           iters = 5, seed = 1337 }

@@ -3,8 +3,8 @@
 -- Each round encodes the whole file once on one thread with a freshly loaded tokenizer (its word
 -- cache empty: "cold") and once more with the same one ("warm"); prints MB/s (10^6 bytes) of
 -- the best round and the spread over rounds, and the number of ids.
-local T = require "shard.tokenizer"
-local timer = require "shard.timer"
+local T = require("shard.tokenizer")
+local timer = require("shard.timer")
 local dir, file, rounds = arg[1], arg[2], tonumber(arg[3] or 5)
 local f = assert(io.open(file, "rb"))
 local text = f:read("*a")

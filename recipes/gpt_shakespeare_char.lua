@@ -4,7 +4,7 @@
 --   shard launch --nproc 4 recipes/gpt_shakespeare_char.lua --strategy=full_shard
 -- The loop, its settings (data, schedule, --strategy, checkpoints with --save_interval /
 -- --resume, --grad_accum, the metrics file) and its progress line are shard.train's.
-local shard = require "shard"
+local shard = require("shard")
 local nn = shard.nn
 
 shard.train.run{

@@ -6,7 +6,7 @@
 --   shard run recipes/llama_shakespeare_char.lua [--max_iters=2000 ...]
 --   shard launch --nproc 4 recipes/llama_shakespeare_char.lua --strategy=full_shard
 -- The loop and its settings are shard.train's (see the GPT recipe).
-local shard = require "shard"
+local shard = require("shard")
 local nn = shard.nn
 
 shard.train.run{

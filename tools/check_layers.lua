@@ -10,7 +10,7 @@
 --      components of that call graph).
 -- Then one line per layer: files, and the arrows that leave it, for the note and docs.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path   -- shard's modules, from the root
-local files = require "shard.files"
+local files = require("shard.files")
 
 local M = {}
 

@@ -10,8 +10,8 @@
 -- Shakespeare corpus where the recipes find it (SHARD_DATA, else ../shared/data). The
 -- strategies sweep takes a minute or two.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path   -- shard's modules, from the root
-local cjson = require "cjson"
-local files = require "shard.files"
+local cjson = require("cjson")
+local files = require("shard.files")
 
 local README = "README.md"
 local SWEEP_DIR = "recipes/sweeps/results"

@@ -15,9 +15,9 @@
 -- the world, and every rank skips the same step and halves the same scale. The state (the
 -- scale and the clean steps since the last change) lives on the optimizer as two of its
 -- hyperparameters, so opt:state_dict() and shard.checkpoint save and restore it with the rest.
-local comm = require "shard.comm"
-local optim = require "shard.optim"
-local tensor = require "shard.tensor"
+local comm = require("shard.comm")
+local optim = require("shard.optim")
+local tensor = require("shard.tensor")
 
 local M = {}
 local GradScaler = {}

@@ -7,14 +7,14 @@
 --
 -- Ownership: the tape owns every tensor an op produced while recording. Tensors the user
 -- keeps past backward (besides the loss) must be kept with t:retain().
-local tensor = require "shard.tensor"
-local memory = require "shard.memory"
+local tensor = require("shard.tensor")
+local memory = require("shard.memory")
 local Tensor = tensor.Tensor
 
 local A = {}
 local tape = {}
 A.tape = tape
-local R = require "shard.random"
+local R = require("shard.random")
 A.grad_enabled = true
 
 local produced = setmetatable({}, { __mode = "k" })  -- non-leaf tensors (made by a node)

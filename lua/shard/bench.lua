@@ -7,10 +7,10 @@ local function root() return os.getenv("SHARD_HOME") or "." end
 function M.main(args)
   local name = args[1]
   if not name then
-    local files = require "shard.files"
+    local files = require("shard.files")
     local names = files.lines_of("ls " .. files.shell_quote(root() .. "/bench") .. " 2>/dev/null")
     print("benchmarks (shard bench NAME [--key=value ...]; shard bench NAME --help):")
-    local config = require "shard.config"
+    local config = require("shard.config")
     for _, f in ipairs(names) do
       local n = f:match("^(.-)%.lua$")
       local about = n and config.description(root() .. "/bench/" .. f)

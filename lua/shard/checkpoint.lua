@@ -29,16 +29,16 @@
 -- refused naming the file and the tensor. A checkpoint without them (written before they were
 -- kept) loads unverified, with a note; load's verify = false or SHARD_VERIFY_CHECKSUMS=0
 -- skips the check.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local safetensors = require "shard.io.safetensors"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local safetensors = require("shard.io.safetensors")
 -- Our own JSON module, not lua-cjson: Debian's lua-cjson writes numbers with at most 14
 -- significant digits, which cannot carry the exact integers and doubles a bitwise resume needs.
-local json = require "shard.io.json"
-local random = require "shard.random"
-local fsdp = require "shard.fsdp"
-local files = require "shard.files"
+local json = require("shard.io.json")
+local random = require("shard.random")
+local fsdp = require("shard.fsdp")
+local files = require("shard.files")
 local C, check = rt.C, rt.check
 
 local M = { FORMAT = "shard.checkpoint", VERSION = 1, timeout_s = 600 }

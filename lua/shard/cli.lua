@@ -89,7 +89,7 @@ local function run(args)
   local script_args = { [0] = file, [-1] = "shard" }
   for i = 2, #args do script_args[i - 1] = args[i] end
   _G.arg = script_args
-  local config = require "shard.config"
+  local config = require("shard.config")
   local overrides, stray = config.parse_args(script_args)
   config.set_overrides(overrides, stray, file)
   source = file

@@ -9,9 +9,9 @@
 --   local sub = world:split(color, key)        -- nil on ranks that pass a negative color
 --   local node = world:split_node()            -- the ranks on this process's node
 --   world:node(), world:nodes(), world:local_size(), world:node_name()
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
 local C, check = rt.C, rt.check
 
 local M = {}

@@ -19,7 +19,7 @@
 -- MiB, GiB): allocations past it fail with an out-of-memory error.
 -- A wrong override, or a value outside its declared range, raises a usage error (a table { usage = message }), which bin/shard turns
 -- into exit code 2; --help raises { help = text } (exit 0).
-local argv = require "shard.argv"
+local argv = require("shard.argv")
 
 local M = {}
 
@@ -54,7 +54,7 @@ end
 local function apply_memory_limit(raw, from)
   local bytes = M.parse_bytes(raw)
   if not bytes then usage("config: %s=%s is not a size (e.g. 512MiB, 2GiB or a number of bytes)", from, raw) end
-  local memory = require "shard.memory"
+  local memory = require("shard.memory")
   memory.set_limit(bytes)
   local cuda = require("shard.tensor").default_device
   if cuda and cuda ~= "cpu" then memory.set_limit(bytes, cuda) end

@@ -1,8 +1,8 @@
 -- shard.ffi: the C runtime seen from Lua. The declarations are the runtime headers' own
 -- text (preprocessor lines dropped), so C and Lua cannot drift. Inside bin/shard the symbols
 -- are in the executable; from a plain luajit, lib/libshard.so is loaded.
-local ffi = require "ffi"
-local files = require "shard.files"
+local ffi = require("ffi")
+local files = require("shard.files")
 
 local M = {}
 

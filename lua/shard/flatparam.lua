@@ -8,9 +8,9 @@
 --   opt_step(fp:shard(), fp:grad_shard())
 -- fp:set_offload() right after new moves the shard (and the grads to come) to pinned host
 -- memory: shard() and grad_shard() are then CPU tensors.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
 local C, check = rt.C, rt.check
 
 local M = {}

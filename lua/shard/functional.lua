@@ -8,11 +8,11 @@
 -- node's own, so a producer may free a temporary one right after the forward. A backward
 -- formula runs in a per-node scope (shard.autograd): every temporary it makes through the
 -- tracked helpers below is released when it returns, except the gradients it returns.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local ops = require "shard.ops"
-local A = require "shard.autograd"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local ops = require("shard.ops")
+local A = require("shard.autograd")
 local C, check = rt.C, rt.check
 local Tensor, new_from, wrap = tensor.Tensor, tensor.new_from, tensor.wrap
 local requires, track = A.requires, A.track

@@ -3,9 +3,9 @@
 -- so every output element contributes with its own weight. The difference quotient is
 -- formed in f64 from the outputs; the ops themselves run in the inputs' dtype, so with f32
 -- kernels the step h is 1e-3 and the tolerance is set for f32 rounding (about 1e-7 * |L| / h).
-local tensor = require "shard.tensor"
-local A = require "shard.autograd"
-local R = require "shard.random"
+local tensor = require("shard.tensor")
+local A = require("shard.autograd")
+local R = require("shard.random")
 
 local G = {}
 

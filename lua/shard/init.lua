@@ -1,6 +1,6 @@
--- shard: require "shard" gives the runtime's Lua front-end.
-local tensor = require "shard.tensor"
-local rt = require "shard.ffi"
+-- shard: require("shard") gives the runtime's Lua front-end.
+local tensor = require("shard.tensor")
+local rt = require("shard.ffi")
 
 local shard = {
   version = "0.1.0",
@@ -12,17 +12,17 @@ local shard = {
 }
 
 -- Differentiable versions replace the raw tensor methods (after shard.ops defines those).
-local ops = require "shard.ops"
+local ops = require("shard.ops")
 shard.randn, shard.rand, shard.arange = ops.randn, ops.rand, ops.arange
 shard.normal_, shard.uniform_ = ops.normal_, ops.uniform_
-local autograd = require "shard.autograd"
-shard.F = require "shard.functional"
+local autograd = require("shard.autograd")
+shard.F = require("shard.functional")
 shard.autograd = autograd
 shard.no_grad = autograd.no_grad
 shard.scope = autograd.scope
-shard.random = require "shard.random"
+shard.random = require("shard.random")
 shard.manual_seed = shard.random.manual_seed
-shard.log = require "shard.log"
+shard.log = require("shard.log")
 function shard.save(model, path, metadata) return require("shard.io.state_dict").save(model, path, metadata) end
 -- A directory opens for reading on Linux and only fails on the first read; say so here
 -- rather than let the reader meet a nil.
@@ -58,7 +58,7 @@ env_memory_limit()
 -- "cpu" or "cuda". New tensors go to that device unless told otherwise.
 function shard.init(opts)
   opts = opts or {}
-  local comm = require "shard.comm"
+  local comm = require("shard.comm")
   local group = comm.init()
   local env = { rank = group:rank(), world = group:size(), local_rank = group:local_rank(), group = group }
   local want = opts.device or "auto"
@@ -102,7 +102,7 @@ function shard.init(opts)
   return env
 end
 
--- Modules load on first use, so `require "shard"` stays cheap.
+-- Modules load on first use, so `require("shard")` stays cheap.
 local lazy = { memory = "shard.memory", config = "shard.config",
                nn = "shard.nn", optim = "shard.optim", data = "shard.data",
                comm = "shard.comm", flatparam = "shard.flatparam", fsdp = "shard.fsdp",

@@ -1,5 +1,5 @@
 -- shard.log(it, {key = value, ...}): one line per call on rank 0, tensors read with :item().
-local tensor = require "shard.tensor"
+local tensor = require("shard.tensor")
 
 local M = { rank = 0 }
 

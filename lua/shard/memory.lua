@@ -5,10 +5,10 @@
 --   local tl = shard.memory.timeline(function() ...a step... end)   -- allocator events, by tag
 --   shard.memory.timeline_png(tl, "mem.png")                          -- stacked by tag, peak marked
 -- Devices are named as for tensors ("cpu", "cuda", "cuda:N"); the default is the CPU.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local timer = require "shard.timer"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local timer = require("shard.timer")
 local C, check = rt.C, rt.check
 
 local M = {}

@@ -4,9 +4,9 @@
 -- built on these bindings; ops.raw holds their non-recording forms. Dims are 1-based
 -- (negative counts from the end) and become 0-based for C; indices that are data (argmax's
 -- result) stay 0-based, as token ids are. Random numbers come from shard.random's generator.
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local random = require "shard.random"
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local random = require("shard.random")
 local C, check = rt.C, rt.check
 local Tensor, new_from, is_tensor = tensor.Tensor, tensor.new_from, tensor.is_tensor
 

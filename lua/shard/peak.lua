@@ -4,8 +4,8 @@
 -- matched by the device's name. On the CPU nobody publishes a figure that this machine reaches,
 -- so the peak is measured: the best of a few f32 GEMMs of a square large enough to run at the
 -- BLAS's full rate, with the threads the run uses (measured once per process).
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 
 local M = {}
 
@@ -34,7 +34,7 @@ local cpu_measured
 -- 30 ms at 2 threads here): with 5 (8 ms), a burst of other load once halved the figure, and
 -- `make run` printed an MFU of 1.32.
 function M.measure_cpu(n, rounds)
-  local timer, ops = require "shard.timer", require "shard.ops"
+  local timer, ops = require("shard.timer"), require("shard.ops")
   n, rounds = n or 512, rounds or 20
   local a = ops.randn({ n, n }, { device = "cpu" })
   local b = ops.randn({ n, n }, { device = "cpu" })

@@ -6,8 +6,8 @@
 --   [[ 0.1234, -1.5000],
 --    [ 2.0000,  3.0000]]
 --   [f32 2x2, cpu]
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 
 local M = {}

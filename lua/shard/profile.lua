@@ -2,10 +2,10 @@
 --   shard.profile.start(); ...steps...; print(shard.profile.report()); shard.profile.stop()
 -- Wall time around each op of shard.functional (and the tensor methods that are those ops)
 -- and around each recorded backward; ops run synchronously on the CPU, so the times add up.
-local timer = require "shard.timer"
-local F = require "shard.functional"
-local A = require "shard.autograd"
-local tensor = require "shard.tensor"
+local timer = require("shard.timer")
+local F = require("shard.functional")
+local A = require("shard.autograd")
+local tensor = require("shard.tensor")
 local Tensor = tensor.Tensor
 
 local P = { stats = {} }

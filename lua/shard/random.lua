@@ -2,7 +2,7 @@
 -- Philox stream: a draw of n numbers takes counters [offset, offset + n) of the seed and
 -- advances the offset (rounded up to a whole Philox block), so the same seed gives the same
 -- numbers on every backend and every rank, and a draw never depends on how the others ran.
-local rt = require "shard.ffi"
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 
 local R = { seed = 1337, offset = 0 }

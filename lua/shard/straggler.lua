@@ -10,7 +10,7 @@
 -- a row is named, with how much slower it was over those windows; it is named again only
 -- after it recovered. (The others' median, not everyone's: at world 2 the median of both
 -- would sit halfway to the straggler.)
-local tensor = require "shard.tensor"
+local tensor = require("shard.tensor")
 local median = require("shard.stats").median
 
 local Watch = {}

@@ -2,8 +2,8 @@
 -- pointer to its C sh_tensor; the struct's metatype gives it methods, operators, indexing
 -- and a __gc that is only a backstop: :free() releases the storage at once. Who owns what,
 -- and when it is freed: docs/OWNERSHIP.md.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 
 ffi.cdef "typedef struct sh_handle { sh_tensor *p; } sh_handle;"
@@ -424,8 +424,8 @@ function mt.__index(self, k)
   if m ~= nil then return m end
   if not complete then
     complete = true
-    require "shard.ops"
-    require "shard.functional"
+    require("shard.ops")
+    require("shard.functional")
     m = Tensor[k]
     if m ~= nil then return m end
   end

@@ -1,5 +1,5 @@
 -- shard.timer: wall-clock seconds from clock_gettime(CLOCK_MONOTONIC).
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, [[
   struct sh_timespec { long tv_sec; long tv_nsec; };
   int clock_gettime(int clk_id, struct sh_timespec *tp);

@@ -9,9 +9,9 @@
 -- encode_ordinary); with "none", disallowed_special = "raise" makes such text an error instead
 -- (tiktoken's default). tensor = true returns an i32 shard tensor instead of a Lua table.
 -- A tokenizer caches words it has encoded: one per thread (Lua state) is the rule.
-local ffi = require "ffi"
-local cjson = require "cjson"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local cjson = require("cjson")
+local rt = require("shard.ffi")
 local C, check = rt.C, rt.check
 
 local M = {}

@@ -18,16 +18,16 @@
 -- ranks of one node (each rank's own track stays exact across nodes).
 -- On a CUDA device the host spans time the launches, and the summary comes from the device
 -- tracks instead (see summarize).
-local ffi = require "ffi"
-local cjson = require "cjson"
-local rt = require "shard.ffi"
-local timer = require "shard.timer"
-local profile = require "shard.profile"
-local memory = require "shard.memory"
-local A = require "shard.autograd"
-local tensor = require "shard.tensor"
-local trace_device = require "shard.trace_device"
-local units = require "shard.units"
+local ffi = require("ffi")
+local cjson = require("cjson")
+local rt = require("shard.ffi")
+local timer = require("shard.timer")
+local profile = require("shard.profile")
+local memory = require("shard.memory")
+local A = require("shard.autograd")
+local tensor = require("shard.tensor")
+local trace_device = require("shard.trace_device")
+local units = require("shard.units")
 local C, check = rt.C, rt.check
 
 local M = {}
@@ -177,7 +177,7 @@ end
 -- recording
 
 local function world()
-  local comm = require "shard.comm"
+  local comm = require("shard.comm")
   return comm.world()
 end
 

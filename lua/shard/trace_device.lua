@@ -4,9 +4,9 @@
 -- runtime/comm.c on the caller's and the collective's streams (sh_comm_event.device_events).
 -- Device times become host times through one reference event recorded on an idle device:
 -- t = host time at the reference + cudaEventElapsedTime(reference, event).
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local timer = require "shard.timer"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local timer = require("shard.timer")
 local C, check = rt.C, rt.check
 
 local M = {}

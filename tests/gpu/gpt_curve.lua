@@ -4,8 +4,8 @@
 -- state of each CUDA run: from step 2 on a step calls no cudaMalloc (the emulator's counter;
 -- skipped on a real GPU), the bytes reserved do not grow and the step's peak (reset at each
 -- step's start) is the same every step. Prints "N passed, N failed".
-local ffi = require "ffi"
-local shard = require "shard"
+local ffi = require("ffi")
+local shard = require("shard")
 local nn, optim, memory, fsdp = shard.nn, shard.optim, shard.memory, shard.fsdp
 
 local STEPS = 20

@@ -4,9 +4,9 @@
 -- The AdamW step runs on the CPU's gradients on both sides: part of c_attn.bias (the key
 -- bias) has a gradient that is zero in exact arithmetic, and AdamW divides rounding noise by
 -- eps there, so two correct backends' steps differ by 1e-4 relative on their own gradients.
-local shard = require "shard"
+local shard = require("shard")
 local nn, optim = shard.nn, shard.optim
-local tensor = require "shard.tensor"
+local tensor = require("shard.tensor")
 
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
 local check, rel = support.check, support.rel

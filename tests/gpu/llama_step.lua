@@ -3,9 +3,9 @@
 -- SwiGLU) and the parameters after one AdamW step, in f32; then bf16 mixed precision under
 -- FSDP (policy on LlamaBlock) at world 1 against the f32 CPU loss curve, which takes the
 -- tensor-core attention kernels with D = 16. Prints "N passed, N failed".
-local shard = require "shard"
+local shard = require("shard")
 local nn, optim = shard.nn, shard.optim
-local tensor = require "shard.tensor"
+local tensor = require("shard.tensor")
 
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
 local check, rel = support.check, support.rel

@@ -1,6 +1,6 @@
 -- FSDP at world 1 over NCCL (run under mpirun -np 1 by tests/run_gpu.sh, so CUDA collectives
 -- take the NCCL backend): full_shard must follow a plain CUDA model step for step (f32).
-local shard = require "shard"
+local shard = require("shard")
 local nn, optim = shard.nn, shard.optim
 local env = shard.init{ device = "cuda" }
 local CFG = { n_layer = 2, n_head = 4, n_embd = 64, vocab_size = 100, block_size = 32, bias = false }

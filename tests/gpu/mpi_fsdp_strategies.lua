@@ -16,9 +16,9 @@
 -- The counters, the record and the graph come from the emulator (bin/shard-emu); on a real
 -- GPU those checks are skipped and the parity checks remain (run at world 1 there).
 -- SHARD_FSDP_CASES="full_shard/f32/ckpt,..." narrows the matrix.
-local shard = require "shard"
-local ffi = require "ffi"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local shard = require("shard")
+local ffi = require("ffi")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local support = dofile("tests/gpu/support.lua")
 
 local env = shard.init{ device = "cpu" }

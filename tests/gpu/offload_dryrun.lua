@@ -12,9 +12,9 @@
 -- tagged other; printed). Then the strategies: full_shard, shard_grad_op and (2 ranks)
 -- hybrid_shard over shard groups of one; bf16 mixed precision under full_shard (the pinned
 -- copy in the param dtype).
-local dryrun = require "shard.tools.dryrun"
-local cjson = require "cjson"
-local comm = require "shard.comm"
+local dryrun = require("shard.tools.dryrun")
+local cjson = require("cjson")
+local comm = require("shard.comm")
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
 local RECIPE = "recipes/gpt_shakespeare_char.lua"

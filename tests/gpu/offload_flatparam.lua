@@ -12,9 +12,9 @@
 --     emulator runs a copy only when the host waits for something behind it); and under bf16
 --     compute queued before the host changed the shard sees the old values;
 --   * the errors: no_shard, a grad already there, undoing it; on the CPU it does nothing.
-local shard = require "shard"
-local flatparam = require "shard.flatparam"
-local rt = require "shard.ffi"
+local shard = require("shard")
+local flatparam = require("shard.flatparam")
+local rt = require("shard.ffi")
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
 assert(rt.cuda_device_count() > 0, "offload_flatparam: no CUDA device")

@@ -21,10 +21,10 @@
 -- A checkpoint saved and loaded with offload resumes the same training, the optimizer's
 -- prefetch notwithstanding. Then the options: no_shard refuses offload naming the unit, a malformed option is named, and
 -- on the CPU offload is accepted, does nothing (the same losses) and says so once.
-local shard = require "shard"
-local ffi = require "ffi"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
-local estimate = require "shard.tools.estimate"
+local shard = require("shard")
+local ffi = require("ffi")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
+local estimate = require("shard.tools.estimate")
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
 local env = shard.init{ device = "cpu" }
@@ -300,7 +300,7 @@ if not only or only:find("sgd", 1, true) then sgd_case() end
 -- the next step's first units is in flight: steps 2 and 3 again give the same losses
 
 local function resume_case()
-  local checkpoint = require "shard.checkpoint"
+  local checkpoint = require("shard.checkpoint")
   local dir = ("/tmp/shard_offload_ckpt.%s"):format(os.getenv("PMIX_NAMESPACE") or tostring(ffi.C.getpid()))
   require("shard.tensor").default_device = cuda
   local model = fsdp.wrap(function() shard.manual_seed(7); return nn.GPT(CFG) end, {

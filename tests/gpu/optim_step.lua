@@ -4,10 +4,10 @@
 -- wait, and a clip (plain, and FSDP's at world 1) reads one number back from the device.
 -- Launches and waits are the emulator's counters (tests/cuda_emu/emu_counters.cpp); with a
 -- real GPU those checks are skipped. Prints "N passed, N failed".
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 local nn, optim = shard.nn, shard.optim
-local tensor = require "shard.tensor"
+local tensor = require("shard.tensor")
 
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")  -- tests/gpu/support.lua
 local check, rel = support.check, support.rel

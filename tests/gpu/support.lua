@@ -19,7 +19,7 @@ end
 -- rank draws the same global batch): x and y, each [rows, block] on device, from a global
 -- [rows * size, block] with ids below vocab.
 function T.rank_batch(step, device, rank, size, rows, block, vocab)
-  local shard = require "shard"
+  local shard = require("shard")
   shard.manual_seed(1000 + step)
   local function ids()
     local u = shard.rand({ rows * size, block }, { device = "cpu" })

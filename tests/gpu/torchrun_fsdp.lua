@@ -4,7 +4,7 @@
 -- must follow one process training the whole global batch on the same device (f32, 1e-5).
 -- tests/cuda_emu/run.sh (and tests/run_gpu.sh) start the ranks; with SHARD_HOLD_PORT=1 this
 -- script instead holds MASTER_PORT (listening, as a store would) until killed.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 if os.getenv("SHARD_HOLD_PORT") == "1" then
   ffi.cdef [[
@@ -24,7 +24,7 @@ if os.getenv("SHARD_HOLD_PORT") == "1" then
   os.exit(0)
 end
 
-local shard = require "shard"
+local shard = require("shard")
 local nn, optim = shard.nn, shard.optim
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 local env = shard.init{ device = "cuda" }

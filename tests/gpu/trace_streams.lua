@@ -5,7 +5,7 @@
 -- track, and the summary (from the device tracks) adds up. Prints "N passed, N failed".
 -- Under mpirun (tests/cuda_emu/run.sh runs it at 2 ranks, SHARD_TEST_DIR shared) each rank
 -- checks its own tracks in the merged file.
-local shard = require "shard"
+local shard = require("shard")
 local here = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or ""
 local support = dofile(here .. "support.lua")
 local T = dofile(here .. "../spec/trace_check.lua")

@@ -8,10 +8,10 @@
 -- the scale), the losses follow the reference (which skips the same step) within 1%, and the
 -- scaler's state comes back through opt:state_dict() and through shard.checkpoint. And from a
 -- scale of 2^24 real f16 overflows skip steps and halve the scale until steps go through.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
-local fsdp, nn, optim, amp = shard.fsdp, shard.nn, shard.optim, require "shard.amp"
-local ck = require "shard.checkpoint"
+local fsdp, nn, optim, amp = shard.fsdp, shard.nn, shard.optim, require("shard.amp")
+local ck = require("shard.checkpoint")
 local rank, size = env.rank, env.world
 local CFG = { n_layer = 2, n_head = 2, n_embd = 32, vocab_size = 16, block_size = 16, bias = false }
 local B, STEPS, FORCED, INIT = 2, 6, 3, 2 ^ 8

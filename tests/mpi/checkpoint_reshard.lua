@@ -1,7 +1,7 @@
 -- shard.save / shard.load across world sizes and strategies: a plain model's file loads into
 -- FSDP units at this world size (each rank takes its slice), and what FSDP saves back is the
 -- same file; a mixed-precision model saves its exact f32 masters.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
 local CFG = { n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 11, block_size = 8, bias = true }

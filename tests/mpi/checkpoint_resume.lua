@@ -9,11 +9,11 @@
 --   CKPT_FROM dir (resume from its latest)  CKPT_SAVE_DIR dir  CKPT_SAVE_AT step (or "each")
 --   CKPT_OUT path: rank 0 writes the per-step losses and the final f32 parameters there
 --   CKPT_DROPOUT p  CKPT_MARK path: touched just before the save of CKPT_SAVE_AT (kill test)
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn, fsdp, optim, data = shard.nn, shard.fsdp, shard.optim, shard.data
-local ck = require "shard.checkpoint"
-local S = require "shard.io.safetensors"
+local ck = require("shard.checkpoint")
+local S = require("shard.io.safetensors")
 local full_state = require("shard.io.state_dict").state_dict
 
 local function getenv(k, default) local v = os.getenv(k); if v == nil or v == "" then return default end; return v end
@@ -25,7 +25,7 @@ local CFG = { n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 11, block_size 
 local TMP = getenv("SHARD_TEST_TMP", "/tmp")
 
 -- a fixed token stream (no file needed)
-local ffi = require "ffi"
+local ffi = require("ffi")
 local NTOK = 4000
 local TOKENS = { buf = ffi.new("uint16_t[?]", NTOK), n = NTOK, path = "synthetic" }
 for i = 0, NTOK - 1 do TOKENS.buf[i] = (i * 7 + math.floor(i / 13)) % 11 end

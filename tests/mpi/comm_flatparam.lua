@@ -1,7 +1,7 @@
 -- tests/mpi/comm_flatparam.lua: the Lua bindings of shard.comm and shard.flatparam under
 -- mpirun -np 1..4 (tests/run.sh; pass = exit 0). Values are formulas of (rank, i), so every
 -- rank computes the expected results itself.
-local shard = require "shard"
+local shard = require("shard")
 local comm, flatparam = shard.comm, shard.flatparam
 
 local info = comm.info()

@@ -7,9 +7,9 @@
 -- as the same rank of the same world in a child process and compares: every collective
 -- kind's count and bytes exact, the sharded state (param, grad, optim) at the peak exact,
 -- the peak within 5%.
-local dryrun = require "shard.tools.dryrun"
-local cjson = require "cjson"
-local comm = require "shard.comm"
+local dryrun = require("shard.tools.dryrun")
+local cjson = require("cjson")
+local comm = require("shard.comm")
 
 local RECIPE = "recipes/gpt_shakespeare_char.lua"
 local world, rank = comm.size(), comm.rank()

@@ -11,7 +11,7 @@
 -- batches is exactly the sharded grads (every, replica) or every unit's unsharded flat grad
 -- (no_sync, sync_off); the optimizer refuses grads still owed a reduction; and zero_grad
 -- after an abandoned accumulation drops the unreduced grads it left.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim, comm = shard.fsdp, shard.nn, shard.optim, shard.comm
 local rank, size = env.rank, env.world

@@ -3,7 +3,7 @@
 -- plain model's elements [start, start + count), every rank lists the same parameters in the
 -- same order, the owners together write each element exactly once, and fsdp.gather_full
 -- gives every rank the plain model's values; Slice:set then mark_stale loads new values.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn = shard.fsdp, shard.nn
 local rank, size = env.rank, env.world

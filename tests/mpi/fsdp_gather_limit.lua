@@ -5,7 +5,7 @@
 -- Checked for each: the most units gathered at once (shard.memory's in-flight count), the
 -- step's memory peak (lower with the limit than without), and the losses and gradients of
 -- one process on the whole batch (a limit changes when gathers run, never the numbers).
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim = shard.fsdp, shard.nn, shard.optim
 local rank, size = env.rank, env.world
@@ -55,8 +55,8 @@ end
 
 -- The trace of a step shows it too: how far this rank's parameter memory (shard.trace's memory
 -- counter, tag param) rose above its level at the step's start: the gathered buffers.
-local cjson = require "cjson"
-local trace = require "shard.trace"
+local cjson = require("cjson")
+local trace = require("shard.trace")
 local TMP = os.getenv("SHARD_TEST_TMP") or "/tmp"
 local function traced_param_peak(path)
   env.barrier()                          -- rank 0 has merged every rank's part

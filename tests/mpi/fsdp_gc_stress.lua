@@ -4,7 +4,7 @@
 -- hooks, around every t.grad. The GC only decides when host structs go, never a value, so
 -- losses, gradient norms and final parameters must be the same bit for bit; a handle whose
 -- only reference was dropped while its pointer is still in use would show up here.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
 local CFG = { n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 16, block_size = 8, bias = false }

@@ -1,6 +1,6 @@
 -- Gradient norms across shards (2, 1 and inf) with one all-reduce each, against the norms of
 -- one process's gradients on the same global batch, for every strategy that fits the world.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn, optim, C = shard.nn, shard.optim, shard.C
 local CFG = { n_layer = 2, n_head = 2, n_embd = 16, vocab_size = 16, block_size = 8, bias = true }

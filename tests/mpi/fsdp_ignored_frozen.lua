@@ -8,7 +8,7 @@
 --   and send nothing: the step's reduce-scatter bytes scale with the trainable padded elements
 --   only (against the same model with nothing frozen), and a block frozen whole issues no
 --   reduce-scatter at all. Trainable grads and parameters match the reference.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim, comm = shard.fsdp, shard.nn, shard.optim, shard.comm
 local rank, size = env.rank, env.world

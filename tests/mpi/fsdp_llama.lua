@@ -5,9 +5,9 @@
 -- relative, absolute below 1, as fsdp_parity.lua: AdamW turns last-bit differences of the
 -- ranks' summation order into ~1e-6 steps on elements with tiny gradients) must equal one
 -- process training on the whole batch. Also: one unit per LlamaBlock plus the root.
-local shard = require "shard"
-local ffi = require "ffi"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local shard = require("shard")
+local ffi = require("ffi")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local C = shard.C
 
 local world = fsdp.world().p

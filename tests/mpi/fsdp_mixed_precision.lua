@@ -1,7 +1,7 @@
 -- FSDP mixed precision: bf16 compute copies of f32 master shards, grads reduced in f32.
 -- The loss curve must follow f32 training within bf16's resolution, the parameters seen in
 -- forward must be bf16, and the optimizer's shards and grads f32.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
 local CFG = { n_layer = 2, n_head = 2, n_embd = 32, vocab_size = 16, block_size = 16, bias = false }

@@ -6,9 +6,9 @@
 -- padding, within 1%), and a peak below the unsharded model's on the same per-rank batch.
 -- lr is nanoGPT's 1e-3: AdamW divides by sqrt(v), so for elements with tiny gradients it turns
 -- the last-bit differences of a sharded reduction order into visible ones at larger rates.
-local shard = require "shard"
-local ffi = require "ffi"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local shard = require("shard")
+local ffi = require("ffi")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local C = shard.C
 
 local world = fsdp.world().p   -- the raw sh_comm* for the C calls below

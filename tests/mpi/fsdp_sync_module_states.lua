@@ -1,5 +1,5 @@
 -- sync_module_states: ranks that initialised differently all start from rank 0's parameters.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
 local function build(seed)

@@ -5,7 +5,7 @@
 -- optimizer), the losses and the final parameters of one process on the global batch.
 -- Before: the first step stopped in gpt.lua with "w f32[16,32] cpu (freed) was used after
 -- :free()", wte's unit having resharded the weight the head still needed.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim = shard.fsdp, shard.nn, shard.optim
 local rank, size = env.rank, env.world

@@ -6,7 +6,7 @@
 -- first at step 1, then at step 3 after two steps where every rank ran it (the forward order
 -- recorded and prefetching). Where every rank runs both units, check_schedule training
 -- matches one process on the global batch (parameters, 1e-5).
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim = shard.fsdp, shard.nn, shard.optim
 local rank, size = env.rank, env.world

@@ -3,11 +3,11 @@
 -- PyTorch's logits and loss (reference.safetensors, float64). Also: hf.load_into an already
 -- wrapped model, a bad file refused on every rank with the tensor's name (no hang), and
 -- export_hf gathering the shards into the fixture's own tensors.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
-local S = require "shard.io.safetensors"
-local hf = require "shard.io.hf"
+local S = require("shard.io.safetensors")
+local hf = require("shard.io.hf")
 
 local FIXTURE = "tests/fixtures/hf_gpt2_tiny"
 local TMP = os.getenv("SHARD_TEST_TMP") or "/tmp"

@@ -7,11 +7,11 @@
 -- the limit (half the model) must make the same load fail with an out-of-memory error that
 -- says so: the limit bites. (The limit is the allocator's, --memory_limit's: it counts every
 -- tensor a rank holds, not the interpreter's own memory.)
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn, fsdp, memory = shard.nn, shard.fsdp, shard.memory
 local rank, world = env.rank, env.world
-local S = require "shard.io.safetensors"
+local S = require("shard.io.safetensors")
 local DIR = (os.getenv("SHARD_TEST_TMP") or "/tmp") .. "/shard_load_limit_" .. world
 local CFG = { n_layer = 6, n_head = 4, n_embd = 192, vocab_size = 512, block_size = 64, bias = true }
 
@@ -34,7 +34,7 @@ end
 
 -- each rank's slice of every parameter equals the file's elements (Conv1D weights are stored
 -- transposed in the file: element (o, i) of the model's [out, in] is the file's (i, o))
-local hf = require "shard.io.hf"
+local hf = require("shard.io.hf")
 local function check_against_file(model, what)
   for _, e in ipairs(model:optim_groups()) do
     local fname = e.name

@@ -5,7 +5,7 @@
 -- whole global batch in one forward: the mean over every valid token of every rank.
 -- Averaging the micro-batch means instead (loss / 3) misses the loss by a third here, and
 -- some gradient elements by 20 times.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local fsdp, nn, optim = shard.fsdp, shard.nn, shard.optim
 local rank, size = env.rank, env.world

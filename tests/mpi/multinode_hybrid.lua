@@ -10,8 +10,8 @@
 --   hybrid_shard and hybrid_shard_zero2 give the losses and final parameters of one process
 --     training on the whole batch (f32, 1e-5 relative), as tests/mpi/fsdp_parity.lua does.
 -- Rank 0 prints one "layout:" line per node (tests/netns/run.sh reads them).
-local shard = require "shard"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local shard = require("shard")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 
 local w = fsdp.world()
 local rank, size = w:rank(), w:size()

@@ -4,10 +4,10 @@
 -- works 24 ms a step: the others now wait ~20 ms in the all-reduce, so every rank's step takes
 -- as long; shard.straggler must name the last rank, and only it, after exactly `windows`
 -- windows, on every rank, with how much slower its own work was.
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 ffi.cdef "int usleep(unsigned int usec);"
-local timer, straggler = require "shard.timer", require "shard.straggler"
+local timer, straggler = require("shard.timer"), require("shard.straggler")
 local env = shard.init()
 local rank, world = env.rank, env.world
 local STEPS, WINDOWS = 4, 3

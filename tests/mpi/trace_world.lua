@@ -2,14 +2,14 @@
 -- each rank's collectives are the ones its own counters saw (count and bytes per kind), its
 -- waits add up to the seconds sh_comm_wait blocked, spans nest, the summary adds up, and each
 -- rank's memory timeline PNG has its allocator's peak.
-local shard = require "shard"
+local shard = require("shard")
 local T = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/trace_check.lua")
 local comm = shard.comm
 local env = shard.init{ device = "cpu" }
 local rank, world = env.rank, env.world
 
 -- one directory for every rank: rank 0's pid, broadcast
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int getpid(void);")
 local id = shard.tensor({ rank == 0 and ffi.C.getpid() or 0 }, { dtype = "f64" })
 comm.broadcast(id, 0)

@@ -1,7 +1,7 @@
 -- Ranks with different numbers of batches (rank r has 2 + r) train under FSDP until the
 -- shortest runs out: env.all_true ends every rank's loop at the same step, so nobody waits
 -- in a collective that the others will never issue.
-local shard = require "shard"
+local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
 local model = shard.fsdp.wrap(function()

@@ -2,8 +2,8 @@
 -- (tests/netns/run.sh loses a node or cuts the link under it). Every rank all-reduces on the
 -- world and all-gathers inside its node, every 20 ms, for at most 120 s; rank 0 prints
 -- "ready" once every rank has been through a few rounds.
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 pcall(ffi.cdef, "int usleep(unsigned int usec);")
 local w = shard.comm.init()
 local node = w:split_node("node group")

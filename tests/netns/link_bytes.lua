@@ -2,8 +2,8 @@
 -- (hybrid_group = "node"), so that tests/netns/run.sh can count the bytes that cross the link
 -- between the two "hosts" under each strategy: full_shard gathers every parameter across it,
 -- hybrid_shard only all-reduces gradient shards across it.
-local shard = require "shard"
-local fsdp, nn, optim = require "shard.fsdp", shard.nn, shard.optim
+local shard = require("shard")
+local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local strategy = "full_shard"
 for _, a in ipairs(arg or {}) do strategy = a:match("^%-%-strategy=(.*)$") or strategy end
 local w = fsdp.world()

@@ -1,8 +1,8 @@
 -- shard.amp.GradScaler on one process (tests/mpi/amp_fp16.lua covers FSDP and the ranks
 -- agreeing): unscaled gradients are the true ones, an inf or NaN skips the step and halves the
 -- scale, growth_interval clean steps double it, and bad arguments are refused by name.
-local shard = require "shard"
-local amp, optim, nn = require "shard.amp", shard.optim, shard.nn
+local shard = require("shard")
+local amp, optim, nn = require("shard.amp"), shard.optim, shard.nn
 
 local function setup(opts)
   shard.manual_seed(4)

@@ -2,7 +2,7 @@
 -- with dims and indices counted from 1 as the API counts them: never a raw Lua error from
 -- inside shard ("attempt to index a nil value"), a crash, or a silent wrong answer
 -- (issue 12, items 12 and 13).
-local shard = require "shard"
+local shard = require("shard")
 local nn = shard.nn
 
 -- The message of the error fn raises; fails the test if it raises none.

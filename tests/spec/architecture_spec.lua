@@ -2,7 +2,7 @@
 -- section names an example (`silu_forward`, `SH_COLL_ALL_GATHER`) and lists, one numbered item
 -- each, the files it lives in. Every listed file exists and names the example, and no other
 -- file under the section's roots names it, so the list can be followed to add the next one.
-local rt = require "shard.ffi"
+local rt = require("shard.ffi")
 
 local ROOTS = {
   op = { "runtime", "kernels", "lua", "tests/ops" },

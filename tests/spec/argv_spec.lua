@@ -1,7 +1,7 @@
 -- shard.argv: the one command-line parser of bin/shard's commands (launch, sweep, repl,
 -- estimate --dry-run) and of shard.config's overrides, its grammar and its errors; then each
 -- command's own parse over it, for the behaviours each parser had before it.
-local argv = require "shard.argv"
+local argv = require("shard.argv")
 
 -- The usage message argv.parse raises for args under spec (fails if it raises none).
 local function usage(args, spec)
@@ -127,7 +127,7 @@ end)
 
 describe("the commands' parsers over shard.argv", function()
   it("shard.config: --no-flag sets a boolean default false; overrides type against the defaults", function()
-    local config = require "shard.config"
+    local config = require("shard.config")
     local saved = { config.overrides, config.stray, config.script }
     config.set_overrides(config.parse_args({ "--no-bias", "--lr=0.5", "--name=x" }))
     local cfg = config({ bias = true, lr = 1, name = "" })
@@ -144,7 +144,7 @@ describe("the commands' parsers over shard.argv", function()
   end)
 
   it("shard launch: its flags in either spelling, FILE and the recipe's flags after it", function()
-    local launch = require "shard.tools.launch"
+    local launch = require("shard.tools.launch")
     local o = launch.parse({ "--nproc", "2", "--node_rank=0", "--master-port", "29501", "--all", "--timeout=5",
                              "r.lua", "--lr=1", "--nproc=7" })
     assert.equal(2, o.nproc)
@@ -163,7 +163,7 @@ describe("the commands' parsers over shard.argv", function()
   end)
 
   it("shard sweep: one FILE anywhere among its flags, --out DIR or --out=DIR", function()
-    local sweep = require "shard.tools.sweep"
+    local sweep = require("shard.tools.sweep")
     local o = sweep.parse_args({ "--retry-failed", "s.lua", "--out", "d", "--dry-run" })
     assert.same({ retry_failed = true, file = "s.lua", out = "d", dry_run = true }, o)
     local ok, err = pcall(sweep.parse_args, { "a.lua", "b.lua" })
@@ -177,7 +177,7 @@ describe("the commands' parsers over shard.argv", function()
   end)
 
   it("shard repl: --nproc N, --timeout, help; anything else named", function()
-    local repl = require "shard.tools.repl"
+    local repl = require("shard.tools.repl")
     assert.same({ nproc = 2, timeout = 3 }, repl.parse({ "--nproc=2", "--timeout", "3" }))
     assert.is_true(repl.parse({ "help" }).help)
     assert.is_true(repl.parse({ "-h" }).help)

@@ -1,8 +1,8 @@
 -- Every differentiable op's backward against central finite differences (shard.gradcheck),
 -- plus the tape's bookkeeping: accumulation, release of saved tensors, no_grad scopes.
-local shard = require "shard"
+local shard = require("shard")
 local F = shard.F
-local gradcheck = require "shard.gradcheck"
+local gradcheck = require("shard.gradcheck")
 
 local function randn(shape, seed, scale)
   shard.manual_seed(seed or 1)

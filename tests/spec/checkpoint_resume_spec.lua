@@ -4,8 +4,8 @@
 -- hybrid_shard and at world 1 unwrapped to 1e-6; a save killed with SIGKILL at random moments
 -- always leaves `latest` naming a complete checkpoint equal to the state it was saved from.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-local S = require "shard.io.safetensors"
-local shard = require "shard"
+local S = require("shard.io.safetensors")
+local shard = require("shard")
 
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 local SCRIPT = support.ROOT .. "/tests/mpi/checkpoint_resume.lua"
@@ -150,7 +150,7 @@ describe("checkpoint resume", function()
 end)
 
 describe("checkpoint files and bad input", function()
-  local ck = require "shard.checkpoint"
+  local ck = require("shard.checkpoint")
   local function tiny(vocab, seed)
     shard.manual_seed(seed or 1)
     return shard.nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = vocab or 5, block_size = 4 }

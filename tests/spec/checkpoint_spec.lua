@@ -1,7 +1,7 @@
 -- Saving is atomic: the file is written under a temporary name and renamed when complete, so
 -- a save that fails leaves the previous file as it was and no temporary behind.
-local shard = require "shard"
-local S = require "shard.io.safetensors"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
 
 describe("checkpoint files", function()
   it("round-trips a model through shard.save / shard.load", function()

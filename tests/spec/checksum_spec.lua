@@ -4,11 +4,11 @@
 -- checksums were kept still load. A rank that reads only part of a piece (another layout)
 -- still checks the whole piece. Clean round trips: checkpoint_spec, checkpoint_resume_spec.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-local shard = require "shard"
-local ck = require "shard.checkpoint"
-local S = require "shard.io.safetensors"
-local json = require "shard.io.json"
-local ffi = require "ffi"
+local shard = require("shard")
+local ck = require("shard.checkpoint")
+local S = require("shard.io.safetensors")
+local json = require("shard.io.json")
+local ffi = require("ffi")
 local C = shard.C
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")

@@ -1,6 +1,6 @@
 -- bin/shard from the outside: exit codes, run with overrides, and the REPL through a pipe.
 -- tests/run.sh exports SHARD_BIN (bin/shard, or bin/shard-asan under make test-asan).
-local shard = require "shard"
+local shard = require("shard")
 
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh, script = support.BIN, support.quote, support.sh, support.script
@@ -68,7 +68,7 @@ describe("bin/shard", function()
 
   it("runs a recipe with --key=value overrides reaching shard.config, and lua's arg", function()
     local path = script [[
-      local shard = require "shard"
+      local shard = require("shard")
       local cfg = shard.config{ lr = 1e-3, n_layer = 6, name = "base", compile = false }
       print(cfg.lr, cfg.n_layer, cfg.name, cfg.compile, math.type and "" or type(cfg.lr))
       print(arg[0] ~= nil, arg[1], select("#", ...))
@@ -140,7 +140,7 @@ describe("bin/shard", function()
 
   it("limits memory from --memory_limit and SHARD_MEMORY_LIMIT in every recipe", function()
     local path = script [[
-      local shard = require "shard"
+      local shard = require("shard")
       shard.init()
       shard.config{ n = 1 }
       print(shard.memory.stats().limit)

@@ -2,11 +2,11 @@
 -- sh_comm_kind_name): shard.comm reads it, and every tool that names a collective (the step
 -- trace, the dry run, the launcher's diagnosis from the flight records) must give each code
 -- the name the runtime gives it. A list of names kept anywhere else fails here.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local C = rt.C
-local shard = require "shard"
-local comm = require "shard.comm"
+local shard = require("shard")
+local comm = require("shard.comm")
 
 -- The runtime's list: code -> name, walked from C alone.
 local function runtime_kinds()
@@ -54,7 +54,7 @@ describe("the collective kinds", function()
   end)
 
   it("are the dry run's: the counters it probes per step", function()
-    local dryrun = require "shard.tools.dryrun"
+    local dryrun = require("shard.tools.dryrun")
     assert.equal(C.SH_COLL_N, #dryrun.KINDS)
     for code = 0, C.SH_COLL_N - 1 do assert.equal(kinds[code], dryrun.KINDS[code + 1]) end
   end)
@@ -96,7 +96,7 @@ describe("the collective kinds", function()
   -- records in the runtime's own layout (comm.h's sh_flight_record) where ranks 0-2 timed
   -- out in collective #12 of each kind and rank 3 stopped at #11
   it("name the collective in the launcher's diagnosis from the flight records", function()
-    local launch = require "shard.tools.launch"
+    local launch = require("shard.tools.launch")
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. rt.shell_quote(dir)))

@@ -1,5 +1,5 @@
 -- Character data: nanoGPT's shakespeare_char preparation and the batch sampler.
-local shard = require "shard"
+local shard = require("shard")
 local data = shard.data
 
 local function write(path, text) local f = assert(io.open(path, "wb")); f:write(text); f:close() end

@@ -6,7 +6,7 @@
 -- host side, and a dry run with --offload against the analytic `shard estimate --offload` and
 -- against the same dry run without offload (the dry run against the emulated GPU's real offload
 -- is tests/gpu/offload_dryrun.lua).
-local shard = require "shard"
+local shard = require("shard")
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local C = shard.C
 
@@ -109,7 +109,7 @@ describe("the meta device's host side (CPU offload)", function()
   end)
 
   it("takes an offloaded FlatParameter's shard and grad, the rest of it running as on a GPU", function()
-    local fp_mod = require "shard.flatparam"
+    local fp_mod = require("shard.flatparam")
     local w = shard.empty({ 10, 7 }, { device = "meta" })
     local b = shard.empty({ 10 }, { device = "meta" })
     w.requires_grad, b.requires_grad = true, true
@@ -270,7 +270,7 @@ describe("shard estimate --dry-run", function()
     assert.equal(one.host_peak_by_tag.optim, r.host_peak_by_tag.optim)   -- sharded over the node's 8 ranks
     assert.is_true(r.count.all_reduce > one.count.all_reduce)            -- and the grads all-reduced across nodes
     local script = support.script([[
-      local shard = require "shard"
+      local shard = require("shard")
       shard.init{ device = "meta" }
       shard.fsdp.wrap(shard.nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 11, block_size = 4 },
         { policy = shard.fsdp.policy.transformer{ shard.nn.Block }, strategy = "no_shard", offload = { params = true } }) ]])
@@ -293,7 +293,7 @@ describe("shard estimate --dry-run", function()
     -- hybrid_group = 2 splits by rank / 2: the other ranks' colors are unknowable from one rank
     -- (rank 0's first split, color 0 and key 0, looks like a node layout's: it must fail too)
     local script = support.script([[
-      local shard = require "shard"
+      local shard = require("shard")
       shard.init{ device = "meta" }
       shard.fsdp.wrap(shard.nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 11, block_size = 4 },
         { policy = shard.fsdp.policy.transformer{ shard.nn.Block }, strategy = "hybrid_shard", hybrid_group = 2 }) ]])

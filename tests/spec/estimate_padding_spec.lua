@@ -5,7 +5,7 @@
 -- process), on meta tensors, with odd sizes, and their padded and shard sizes are checked
 -- against the estimate's.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-local estimate = require "shard.tools.estimate"
+local estimate = require("shard.tools.estimate")
 
 -- parameter sizes of one unit each: odd, and odd sums of several (a tied weight counts once)
 local UNITS = { { 1 }, { 3 }, { 7 }, { 9 }, { 15 }, { 97 }, { 1001 }, { 65537 }, { 5, 8 }, { 4, 5, 6 }, { 11, "tied" } }
@@ -13,13 +13,13 @@ local UNITS = { { 1 }, { 3 }, { 7 }, { 9 }, { 15 }, { 97 }, { 1001 }, { 65537 },
 -- A script that makes a dry world of SHARD_TEST_GROUP ranks and prints, per unit of UNITS,
 -- its FlatParameter's numel, padded_numel and shard_numel.
 local SCRIPT = [[
-local ffi = require "ffi"
-local rt = require "shard.ffi"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
 local g = tonumber(os.getenv("SHARD_TEST_GROUP"))
 local box = ffi.new("sh_comm*[1]")
 rt.check(rt.C.sh_comm_init_dry(box, g - 1, g, g))
 rt.C.sh_comm_destroy(box[0])
-local shard = require "shard"
+local shard = require("shard")
 local world = shard.comm.init()
 for _, unit in ipairs(]] .. "%s" .. [[) do
   local params = {}

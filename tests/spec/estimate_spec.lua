@@ -1,7 +1,7 @@
 -- shard estimate against a measured FSDP step at world 1: exact parameter and state bytes,
 -- and a peak within 25% of what the allocator reports (it assumes the worst overlap).
-local shard = require "shard"
-local estimate = require "shard.tools.estimate"
+local shard = require("shard")
+local estimate = require("shard.tools.estimate")
 
 describe("shard estimate", function()
   local o = { n_layer = 2, n_head = 2, n_embd = 64, vocab_size = 65, block_size = 32, bias = false,

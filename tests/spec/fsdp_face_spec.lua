@@ -4,7 +4,7 @@
 -- _children. The first cases read every .lua file under lua/shard for such reads (comments and
 -- strings left out) and name each one as file:line; the rest check the face's values against
 -- the plain model's in one process (tests/mpi/fsdp_face.lua does so across ranks).
-local shard = require "shard"
+local shard = require("shard")
 local fsdp, nn = shard.fsdp, shard.nn
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 

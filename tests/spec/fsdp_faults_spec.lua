@@ -1,5 +1,5 @@
 -- FSDP's bad input and faults: clear errors, never a crash or a hang.
-local shard = require "shard"
+local shard = require("shard")
 local fsdp, nn = shard.fsdp, shard.nn
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"

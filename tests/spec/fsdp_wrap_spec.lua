@@ -1,6 +1,6 @@
 -- fsdp.wrap's policies, manual nesting and per-unit strategies: which modules become units,
 -- and that the units together hold every parameter exactly once.
-local shard = require "shard"
+local shard = require("shard")
 local fsdp, nn = shard.fsdp, shard.nn
 
 local function tiny(n_layer)

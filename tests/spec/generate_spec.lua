@@ -1,6 +1,6 @@
 -- GPT.generate: appends n sampled tokens, reproducibly for a seed, within the vocabulary;
 -- top_k = 1 is greedy decoding.
-local shard = require "shard"
+local shard = require("shard")
 
 describe("GPT:generate", function()
   shard.manual_seed(3)

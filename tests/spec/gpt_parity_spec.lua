@@ -1,8 +1,8 @@
 -- nn.GPT against PyTorch: tests/fixtures/gpt_tiny.safetensors holds a tiny GPT's weights, a
 -- batch, its logits, loss, every gradient and the losses of 5 AdamW steps, written by
 -- tests/fixtures/make_gpt_fixture.py with Debian's torch 1.13.
-local shard = require "shard"
-local S = require "shard.io.safetensors"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
 
 local FIX = (os.getenv("SHARD_HOME") or ".") .. "/tests/fixtures/gpt_tiny.safetensors"
 local CFG = { n_layer = 2, n_head = 2, n_embd = 32, vocab_size = 65, block_size = 16, bias = true, dropout = 0 }

@@ -1,10 +1,10 @@
 -- Hugging Face GPT-2 import/export against tests/fixtures/hf_gpt2_tiny (written by
 -- tests/fixtures/make_hf_gpt2_fixture.py: GPT-2 by hand in PyTorch 1.13, saved in the layout
 -- transformers' GPT2LMHeadModel uses, with float64 reference logits and loss).
-local shard = require "shard"
-local S = require "shard.io.safetensors"
-local json = require "cjson"
-local hf = require "shard.io.hf"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
+local json = require("cjson")
+local hf = require("shard.io.hf")
 local nn = shard.nn
 
 local FIXTURE = "tests/fixtures/hf_gpt2_tiny"

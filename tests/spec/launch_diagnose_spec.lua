@@ -2,9 +2,9 @@
 -- on records written here by hand in the runtime's own layout (comm.h's sh_flight_record):
 -- which rank never reached the collective the others timed out in, and, across nodes, the
 -- network when the ranks of one node finished a collective that those of another still wait in.
-local ffi = require "ffi"
-require "shard.ffi"
-local launch = require "shard.tools.launch"
+local ffi = require("ffi")
+require("shard.ffi")
+local launch = require("shard.tools.launch")
 
 local ALL_REDUCE = 2
 local dir = os.tmpname()
@@ -70,8 +70,8 @@ describe("shard launch's diagnosis of a stopped job", function()
   local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
   local function stopped_job(body)
     local path = support.script([[
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 pcall(ffi.cdef, "int getpid(void); int kill(int pid, int sig);")
 local info = shard.comm.info()
 local world = info.group

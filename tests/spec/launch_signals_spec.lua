@@ -4,13 +4,13 @@
 -- processes are found by a marker in their environment, which every one of them inherits.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, script = support.BIN, support.quote, support.script
-local job = require "shard.tools.job"
-local timer = require "shard.timer"
-local ffi = require "ffi"
+local job = require("shard.tools.job")
+local timer = require("shard.timer")
+local ffi = require("ffi")
 
 -- Ranks that say they are up, then meet in a barrier every 0.2 s for a minute.
 local LOOP = script [[
-local shard = require "shard"
+local shard = require("shard")
 local info = shard.comm.info()
 info.group:barrier()
 if info.rank == 0 then print("ranks up"); io.stdout:flush() end

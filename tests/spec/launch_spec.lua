@@ -4,12 +4,12 @@
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh, script = support.BIN, support.quote, support.sh, support.script
 
-local launch_mod = require "shard.tools.launch"
+local launch_mod = require("shard.tools.launch")
 
 local function launch(args) return sh(quote(BIN) .. " launch " .. args) end
 
 local HELLO = script [[
-local shard = require "shard"
+local shard = require("shard")
 local info = shard.comm.info()
 local t = shard.tensor { info.rank + 1 }
 info.group:all_reduce(t, "sum")
@@ -17,7 +17,7 @@ print(("hello from rank %d of %d, sum %g, lr %s"):format(info.rank, info.world, 
 ]]
 
 local FAIL = script [[
-local shard = require "shard"
+local shard = require("shard")
 local info = shard.comm.info()
 if info.rank == 1 then error("rank one exploded on purpose") end
 local t = shard.tensor { 1 }
@@ -26,8 +26,8 @@ print("unreachable on rank " .. info.rank)
 ]]
 
 local KILLED = script [[
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 ffi.cdef "int getpid(void); int kill(int pid, int sig);"
 local info = shard.comm.info()
 if info.rank == 1 then ffi.C.kill(ffi.C.getpid(), 9) end
@@ -37,7 +37,7 @@ print("unreachable on rank " .. info.rank)
 
 -- Rank 1's writes without a newline, between rank 0's lines (barriers and pauses order them).
 local PARTIAL = script [[
-local shard = require "shard"
+local shard = require("shard")
 local info = shard.comm.info()
 local function step() io.stdout:flush(); io.stderr:flush(); os.execute("sleep 0.2"); info.group:barrier() end
 if info.rank == 1 then io.stdout:write("partial from rank 1") end
@@ -55,8 +55,8 @@ info.group:barrier()
 -- Rank 1 is sent SIGSEGV from outside while it sends data: Open MPI's handler, printing its
 -- backtrace, may abort (signal 6), which is what mpirun then reports.
 local SEGV = script [[
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 pcall(ffi.cdef, "int getpid(void);")
 local info = shard.comm.info()
 if info.rank == 1 then os.execute(("(sleep 1; kill -SEGV %d) &"):format(ffi.C.getpid())) end
@@ -65,12 +65,12 @@ for _ = 1, 100000 do info.group:all_reduce(t, "sum") end
 ]]
 
 local TABLE_ERROR = script [[
-local shard = require "shard"
+local shard = require("shard")
 if shard.comm.info().rank == 1 then error({ code = 1, why = "disk full" }) end
 ]]
 
 local STUCK = script [[
-local shard = require "shard"
+local shard = require("shard")
 local info = shard.comm.info()
 if info.rank == 1 then os.execute("sleep 60") end
 local t = shard.tensor { 1 }
@@ -80,8 +80,8 @@ info.group:all_reduce(t, "sum")
 -- Rank 1 stops itself (SIGSTOP) in the second step of a full_shard model: rank 0 times out
 -- with a prefetched all-gather still pending.
 local STOPPED = script [[
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 ffi.cdef "int getpid(void); int kill(int pid, int sig);"
 local nn = shard.nn
 local env = shard.init()

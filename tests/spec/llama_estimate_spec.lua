@@ -1,8 +1,8 @@
 -- shard estimate for Llama shapes: parameter counts and units from nn.Llama's own shapes
 -- (exact against a built model, and Llama 3 8B's published 8,030,261,248), per-rank state
 -- bytes at world 8 and 64, and the command line on a tiny Llama.
-local shard = require "shard"
-local estimate = require "shard.tools.estimate"
+local shard = require("shard")
+local estimate = require("shard.tools.estimate")
 
 local function opts(t)
   local o = { model = "llama", n_layer = 2, n_head = 4, n_kv_head = 2, n_embd = 32, ffn_dim = 0, multiple_of = 16,

@@ -2,9 +2,9 @@
 -- tests/fixtures/make_llama_fixture.py: a Llama by hand in PyTorch 1.13, saved as
 -- LlamaForCausalLM lays it out, in two shards with model.safetensors.index.json, and the
 -- logits of a batch).
-local shard = require "shard"
-local S = require "shard.io.safetensors"
-local json = require "cjson"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
+local json = require("cjson")
 local nn = shard.nn
 
 local FIXTURE = "tests/fixtures/hf_llama_tiny"

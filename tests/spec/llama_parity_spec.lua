@@ -2,8 +2,8 @@
 -- (grouped-query attention, rotary embeddings, SwiGLU, untied head), a batch, its logits, loss,
 -- every gradient and the losses of 5 AdamW steps, written by
 -- tests/fixtures/make_llama_fixture.py (its own PyTorch Llama) with Debian's torch 1.13.
-local shard = require "shard"
-local S = require "shard.io.safetensors"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
 
 local FIX = (os.getenv("SHARD_HOME") or ".") .. "/tests/fixtures/llama_tiny.safetensors"
 local CFG = { n_layer = 2, n_head = 4, n_kv_head = 2, dim = 32, ffn_dim = 96, vocab_size = 65, max_seq_len = 16,

@@ -1,6 +1,6 @@
 -- shard.memory: the allocator's statistics rise and fall with tensors, tags split them,
 -- the peak is remembered until reset, and a limit gives a clean out-of-memory error.
-local shard = require "shard"
+local shard = require("shard")
 local memory = shard.memory
 
 -- `allocated` counts the bytes asked for, 64-byte aligned.
@@ -132,7 +132,7 @@ describe("shard.memory", function()
     assert.matches("memory limit reached", err)
     assert.matches("f32%[1024%]", err)
     -- every figure as shard.units prints bytes, as the memory line and the estimate do
-    local units = require "shard.units"
+    local units = require("shard.units")
     local now = memory.stats()
     for _, figure in ipairs { "allocating 4.0 KiB (tag other)", "allocated " .. units.bytes(now.allocated),
                               "reserved " .. units.bytes(now.reserved), "limit " .. units.bytes(now.limit),

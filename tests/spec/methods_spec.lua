@@ -1,7 +1,7 @@
 -- Tensor methods are each defined once, by the module that owns them (shard.tensor,
 -- shard.ops, shard.functional, shard.autograd), so what a method does cannot depend on the
 -- order those modules were loaded in.
-local shard = require "shard"
+local shard = require("shard")
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 
 local function run(script)
@@ -13,7 +13,7 @@ end
 
 describe("Tensor methods", function()
   it("the differentiable ones are shard.functional's; the raw bindings are not methods", function()
-    local ops = require "shard.ops"
+    local ops = require("shard.ops")
     for _, name in ipairs { "add", "mul", "pow", "exp", "sum", "argmax", "matmul", "mm", "view", "reshape",
                             "narrow", "select", "transpose", "t", "flatten", "softmax", "gelu" } do
       assert.is_true(rawequal(shard.Tensor[name], shard.F[name]), name)
@@ -23,9 +23,9 @@ describe("Tensor methods", function()
 
   it("record the same whichever module is loaded first", function()
     local out, code = run([[
-      require "shard.functional"   -- before shard.ops, which once redefined a:mul as the raw op
-      require "shard.ops"
-      local shard = require "shard"
+      require("shard.functional")   -- before shard.ops, which once redefined a:mul as the raw op
+      require("shard.ops")
+      local shard = require("shard")
       local a = shard.tensor({ 1, 2, 3 }):requires_grad_()
       local l = (a * a):sum()
       l:backward()
@@ -38,7 +38,7 @@ describe("Tensor methods", function()
 
   it("are all there with only shard.tensor loaded", function()
     local out, code = run([[
-      local tensor = require "shard.tensor"
+      local tensor = require("shard.tensor")
       local t = tensor.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
       assert(t:t():contiguous():view(6):sum():item() == 21)
       assert(t:narrow(2, 2, 2):tolist()[2][2] == 6)

@@ -149,7 +149,7 @@ end)
 
 describe("SHARD_MEMORY_LIMIT", function()
   local script = support.script([[
-local shard = require "shard"
+local shard = require("shard")
 local cfg = shard.config{}
 local ok, err = pcall(shard.empty, { 1024 * 1024 })   -- 4 MiB, never shard.init
 print(ok and "allocated" or err)
@@ -174,7 +174,7 @@ end)
 describe("an API error", function()
   it("names the module's class, not its printed tree (export_hf of a Llama)", function()
     local script = support.script([[
-local shard = require "shard"
+local shard = require("shard")
 local m = shard.nn.Llama{ n_layer = 1, n_head = 2, n_kv_head = 1, dim = 16, ffn_dim = 32, vocab_size = 10, max_seq_len = 8 }
 shard.export_hf(m, "/tmp/shard_new_user_hf")
 ]])

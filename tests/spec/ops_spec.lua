@@ -3,7 +3,7 @@
 -- in-place forms, arange and the seeded generator, and runtime errors as Lua errors.
 -- The methods are the differentiable ops of shard.functional; `raw` (shard.ops) reaches the bindings
 -- themselves where their behaviour is the point (tensor exponents, argmax over everything).
-local shard = require "shard"
+local shard = require("shard")
 local raw = require("shard.ops").raw
 
 -- Deterministic values: +-{0.5, 1, 1.5, 2} (exact in every float dtype, never 0).

@@ -1,5 +1,5 @@
 -- SGD (torch semantics), the warmup + cosine schedule and clip_grad_norm, against plain Lua.
-local shard = require "shard"
+local shard = require("shard")
 local optim = shard.optim
 
 describe("optim", function()

@@ -1,5 +1,5 @@
 -- shard.profile: per-op forward/backward times, and nothing left wrapped after stop.
-local shard = require "shard"
+local shard = require("shard")
 
 describe("shard.profile", function()
   it("counts every op of a step, forward and backward, and restores the ops", function()

@@ -2,10 +2,10 @@
 -- expectations, and `shard repl --nproc 2` through a pipe: collectives across the ranks, an
 -- error on one rank, and an FSDP-wrapped model stepped and looked at per rank. The terminal
 -- (Ctrl-C, Tab, history) is tests/spec/repl_pty_spec.lua's.
-local shard = require "shard"
-local show = require "shard.show"
-local complete = require "shard.tools.repl.complete"
-local merge = require "shard.tools.repl.merge"
+local shard = require("shard")
+local show = require("shard.show")
+local complete = require("shard.tools.repl.complete")
+local merge = require("shard.tools.repl.merge")
 
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 local BIN, quote, sh = support.BIN, support.quote, support.sh
@@ -112,9 +112,9 @@ end)
 
 describe("shard.tools.repl.interrupt", function()
   it("stops a JIT-hot loop at SIGINT; the next chunk runs in full", function()
-    local ffi = require "ffi"
-    local interrupt = require "shard.tools.repl.interrupt"
-    local timer = require "shard.timer"
+    local ffi = require("ffi")
+    local interrupt = require("shard.tools.repl.interrupt")
+    local timer = require("shard.timer")
     pcall(ffi.cdef, "int getpid(void);")
     assert.is_true(interrupt.install())
     os.execute(("(sleep 0.3; kill -INT %d) &"):format(ffi.C.getpid()))

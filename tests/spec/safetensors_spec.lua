@@ -2,9 +2,9 @@
 -- (the format is the reference), the issue's malformed offsets refused with the file and
 -- tensor named, and shard.load all or nothing: a file that fails any check leaves the model
 -- exactly as it was.
-local shard = require "shard"
-local S = require "shard.io.safetensors"
-local ffi = require "ffi"
+local shard = require("shard")
+local S = require("shard.io.safetensors")
+local ffi = require("ffi")
 
 local function u64le(n)
   local out = {}

@@ -6,7 +6,7 @@
 -- kernel is not re-run (its saved output is used: weights changed between forward and
 -- backward do not reach it, as they do under full checkpointing); a name that cannot be kept
 -- is refused up front.
-local shard = require "shard"
+local shard = require("shard")
 local nn, memory = shard.nn, shard.memory
 local CFG = { n_layer = 2, n_head = 2, n_embd = 32, vocab_size = 16, block_size = 16, bias = true, dropout = 0.1 }
 

@@ -3,8 +3,8 @@
 -- and a timed-out point recorded while the sweep goes on, the table and CSV, the PNG; and the
 -- metric parser on its own.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-local cjson = require "cjson"
-local sweep = require "shard.tools.sweep"
+local cjson = require("cjson")
+local sweep = require("shard.tools.sweep")
 
 local DIR = os.tmpname()
 os.remove(DIR)
@@ -27,7 +27,7 @@ end
 
 write(DIR .. "/tiny.lua", [[
 -- a stand-in recipe for the sweep spec
-local shard = require "shard"
+local shard = require("shard")
 local cfg = shard.config{ mode = "ok", speed = 100, note = "" }
 local env = shard.init{ device = "cpu" }
 if cfg.mode == "fail" then error("this point fails on purpose", 0) end

@@ -1,7 +1,7 @@
 -- The Tensor type from Lua: construction, views against index arithmetic, dtype copies,
 -- indexing, lifetime and printing.
-local shard = require "shard"
-local ffi = require "ffi"
+local shard = require("shard")
+local ffi = require("ffi")
 
 -- A 2x3x4 f64 tensor whose element (i, j, k) (1-based) is 100i + 10j + k.
 local function iota3()
@@ -150,7 +150,7 @@ describe("views", function()
 
   it("as_strided stays inside the storage", function()
     local t = iota3()
-    local tensor = require "shard.tensor"
+    local tensor = require("shard.tensor")
     local s = tensor.new_from(shard.C.sh_view_strided, t.p, 2, ffi.new("int64_t[2]", { 3, 2 }),
                               ffi.new("int64_t[2]", { 8, 1 }), 4)
     local flat = t:tolist_flat()

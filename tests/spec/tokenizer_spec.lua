@@ -4,8 +4,8 @@
 -- with \r\n and tabs, digits of many lengths, contractions in every case, special tokens) with
 -- the ids and the pre-tokenizer splits `tokenizers` gave. The full GPT-2 and cl100k vocabularies
 -- are checked outside make test (tests/tokenizer/check_full.sh).
-local T = require "shard.tokenizer"
-local cjson = require "cjson"
+local T = require("shard.tokenizer")
+local cjson = require("cjson")
 
 local DIR = "tests/fixtures/tokenizer/"
 

@@ -2,7 +2,7 @@
 -- a few FSDP steps of a small GPT traced through shard.trace, with the counters they are
 -- checked against taken independently (shard.comm's collective counters, the seconds
 -- sh_comm_wait blocked, the allocator's stats), and checks of the trace file itself.
-local cjson = require "cjson"
+local cjson = require("cjson")
 local T = {}
 
 -- Steps 0..3 of a 2-layer GPT wrapped full_shard, tracing `steps` (default 1:2) into path.

@@ -1,7 +1,7 @@
 -- shard.trace at world 1: the trace file against the counters the runtime keeps on its own
 -- (collective counts and bytes, seconds blocked in waits, the allocator's peak), spans that
 -- nest, a summary that adds up, and the memory timeline.
-local shard = require "shard"
+local shard = require("shard")
 local T = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/trace_check.lua")
 
 local dir = os.tmpname()
@@ -113,7 +113,7 @@ end)
 
 describe("the runtime's event rings", function()
   it("keep the newest events when full and count the ones dropped", function()
-    local ffi, C = require "ffi", shard.C
+    local ffi, C = require("ffi"), shard.C
     local g = shard.comm.world()
     C.sh_comm_trace_start(4)
     for _ = 1, 6 do g:barrier() end
@@ -197,7 +197,7 @@ describe("shard.memory.timeline", function()
   -- issue 34: on the first GPU node (no gnuplot) the PNG was silently not drawn, though the
   -- line "memory timeline: ... -> mem.png" said it was: LuaJIT's popen close reports no status
   it("without gnuplot: setup refuses the timeline before any step, and drawing fails by name", function()
-    local ffi = require "ffi"
+    local ffi = require("ffi")
     pcall(ffi.cdef, "int setenv(const char *, const char *, int);")
     local path = os.getenv("PATH")
     local tl = shard.memory.timeline(function() shard.zeros({ 10 }):free() end)
@@ -216,7 +216,7 @@ describe("shard.memory.timeline", function()
   end)
 
   it("reads a command's exit status, which LuaJIT's popen close does not give", function()
-    local rt = require "shard.ffi"
+    local rt = require("shard.ffi")
     assert.same({ "out", 0 }, { rt.shell("echo out") })
     assert.same({ "", 3 }, { rt.shell("exit 3") })
     local _, status = rt.shell("no_such_command_for_shard_spec")

@@ -5,8 +5,8 @@
 -- per parameter per token plus attention's 12 * layers * width * context), not read back
 -- from shard.train.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
-local cjson = require "cjson"
-local shard = require "shard"
+local cjson = require("cjson")
+local shard = require("shard")
 local TEXT = "/usr/share/common-licenses/GPL-3"
 local L, H, C, T = 2, 2, 32, 16
 local ARGS = (" --data=%s --n_layer=%d --n_head=%d --n_embd=%d --block_size=%d --batch_size=4"

@@ -1,7 +1,7 @@
 -- shard.units: one format per kind of quantity whatever its size (issue 31, item 8): every
 -- output a person reads prints through it, so these are the formats of the progress line, the
 -- estimate, the dry run, the trace summary, the sweep tables and the memory messages.
-local units = require "shard.units"
+local units = require("shard.units")
 
 describe("shard.units", function()
   it("prints bytes in the largest binary unit that leaves at least 1, to one decimal", function()

@@ -1,8 +1,8 @@
 -- tests/tokenizer/compare.lua OUT: shard.tokenizer against the ids full_vocab.py wrote
 -- (tiktoken's and tokenizers', full cl100k vocabulary); prints one line per file and reference,
 -- the first difference where there is one, and ends with "N passed, N failed".
-local T = require "shard.tokenizer"
-local cjson = require "cjson"
+local T = require("shard.tokenizer")
+local cjson = require("cjson")
 local out = assert(arg[1], "usage: compare.lua OUT")
 local f = assert(io.open(out .. "/expected.json", "rb"))
 local expected = cjson.decode(f:read("*a"))

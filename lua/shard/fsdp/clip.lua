@@ -1,10 +1,10 @@
 -- shard.fsdp.clip: the gradients' total norm over every rank, and clipping by it without
 -- reading it (the coefficient stays on the device for the optimizer's next step). It adds
 -- grad_norm_part, grad_norm, clip_grad_norm and take_clip_coef to fsdp.Unit.
-local optim = require "shard.optim"
-local shard_tensor = require "shard.tensor"
-local mesh = require "shard.fsdp.mesh"
-local grads = require "shard.fsdp.grads"
+local optim = require("shard.optim")
+local shard_tensor = require("shard.tensor")
+local mesh = require("shard.fsdp.mesh")
+local grads = require("shard.fsdp.grads")
 local Unit = require("shard.fsdp.unit").Unit
 
 local M = {}

@@ -1,8 +1,8 @@
 -- shard.fsdp.grads: the optimizer's side of a wrapped model: one entry per parameter slice
 -- a unit owns on this rank (and per trainable ignored parameter), and zero_grad. It adds
 -- optim_groups and zero_grad to fsdp.Unit.
-local shard_tensor = require "shard.tensor"
-local state = require "shard.fsdp.state"
+local shard_tensor = require("shard.tensor")
+local state = require("shard.fsdp.state")
 local Unit = require("shard.fsdp.unit").Unit
 
 local M = {}

@@ -39,14 +39,14 @@
 -- (shared parameters), mesh.lua (process groups), schedule.lua (the forward and backward
 -- hooks, reductions, accumulation, the schedule check), grads.lua (optimizer entries,
 -- zero_grad), clip.lua (norms, clipping), state.lua (the public face), policy.lua.
-local fsdp = { policy = require "shard.fsdp.policy" }
-local mesh = require "shard.fsdp.mesh"
-local unit = require "shard.fsdp.unit"
-local schedule = require "shard.fsdp.schedule"
-local wrap = require "shard.fsdp.wrap"
-local clip = require "shard.fsdp.clip"
-local state = require "shard.fsdp.state"
-require "shard.fsdp.grads"     -- the units' optim_groups and zero_grad
+local fsdp = { policy = require("shard.fsdp.policy") }
+local mesh = require("shard.fsdp.mesh")
+local unit = require("shard.fsdp.unit")
+local schedule = require("shard.fsdp.schedule")
+local wrap = require("shard.fsdp.wrap")
+local clip = require("shard.fsdp.clip")
+local state = require("shard.fsdp.state")
+require("shard.fsdp.grads")     -- the units' optim_groups and zero_grad
 
 fsdp.STRATEGIES, fsdp.Unit = unit.STRATEGIES, unit.Unit
 fsdp.world, fsdp.hybrid_mesh = mesh.world, mesh.hybrid_mesh

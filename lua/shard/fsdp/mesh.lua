@@ -1,6 +1,6 @@
 -- shard.fsdp.mesh: the process groups FSDP's units communicate over: the world, and the shard
 -- and replicate groups of hybrid sharding.
-local comm = require "shard.comm"
+local comm = require("shard.comm")
 
 local M = {}
 

@@ -3,9 +3,9 @@
 -- marker nodes the forward pushes on the autograd tape), the gradient reductions behind the
 -- backward, accumulation over micro-batches, and the check that every rank runs the same
 -- units in the same order. It adds these methods to fsdp.Unit.
-local A = require "shard.autograd"
-local shard_tensor = require "shard.tensor"
-local mesh = require "shard.fsdp.mesh"
+local A = require("shard.autograd")
+local shard_tensor = require("shard.tensor")
+local mesh = require("shard.fsdp.mesh")
 local Unit = require("shard.fsdp.unit").Unit
 
 local M = {}

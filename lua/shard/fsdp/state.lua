@@ -4,8 +4,8 @@
 --   for _, sl in ipairs(fsdp.local_slices(model)) do ... sl:view() ... sl:set(full) end
 --   local dict = fsdp.gather_full(model)   -- name -> CPU f32 tensor, every rank calls it
 --   fsdp.mark_stale(model)                 -- after writing into the shards
-local comm = require "shard.comm"
-local tensor = require "shard.tensor"
+local comm = require("shard.comm")
+local tensor = require("shard.tensor")
 
 local S = {}
 

@@ -2,9 +2,9 @@
 -- (a strategy says how it is sharded), and what it does to its gather state: unshard,
 -- prefetch, reshard. The schedule that drives it is fsdp/schedule.lua; its optimizer entries
 -- and clipping, fsdp/grads.lua and fsdp/clip.lua; wrap builds the units (fsdp/wrap.lua).
-local Module = require "shard.nn.module"
-local flatparam = require "shard.flatparam"
-local mesh = require "shard.fsdp.mesh"
+local Module = require("shard.nn.module")
+local flatparam = require("shard.flatparam")
+local mesh = require("shard.fsdp.mesh")
 
 local M = {}
 
@@ -56,7 +56,7 @@ local function offload_unit(u)
   local ok, moved = pcall(u.fp.set_offload, u.fp)
   if not ok then error(("fsdp: unit %s: %s"):format(label, tostring(moved)), 0) end
   u.offload = moved
-  local fsdp = require "shard.fsdp"    -- the note is the public table's (a test clears it)
+  local fsdp = require("shard.fsdp")    -- the note is the public table's (a test clears it)
   if not moved and not fsdp.offload_noted then
     fsdp.offload_noted = true
     if mesh.world():rank() == 0 then

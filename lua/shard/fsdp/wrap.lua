@@ -1,14 +1,14 @@
 -- shard.fsdp.wrap: fsdp.wrap, which turns the modules a policy picks into units and the root
 -- into a unit over what no child holds, with its options (strategy, limits, ignored and
 -- frozen parameters, offload, the schedule check); and the sharded init of a deferred build.
-local Module = require "shard.nn.module"
-local optim = require "shard.optim"
-local shard_tensor = require "shard.tensor"
-local mesh = require "shard.fsdp.mesh"
-local unit = require "shard.fsdp.unit"
-local shared = require "shard.fsdp.shared"
-local state = require "shard.fsdp.state"
-local clip = require "shard.fsdp.clip"
+local Module = require("shard.nn.module")
+local optim = require("shard.optim")
+local shard_tensor = require("shard.tensor")
+local mesh = require("shard.fsdp.mesh")
+local unit = require("shard.fsdp.unit")
+local shared = require("shard.fsdp.shared")
+local state = require("shard.fsdp.state")
+local clip = require("shard.fsdp.clip")
 
 local M = {}
 local Unit, is_unit, own_params = unit.Unit, unit.is_unit, unit.own_params

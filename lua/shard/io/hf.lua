@@ -24,11 +24,11 @@
 -- transposed or permuted. The rotary_emb.inv_freq buffers of older files are computed, not read. Under FSDP each rank reads just the
 -- byte range of its slice (a Conv1D weight, whose slice is strided in the file, is read
 -- whole, one tensor at a time).
-local ffi = require "ffi"
-local files = require "shard.files"
-local tensor = require "shard.tensor"
-local S = require "shard.io.safetensors"
-local fsdp = require "shard.fsdp"
+local ffi = require("ffi")
+local files = require("shard.files")
+local tensor = require("shard.tensor")
+local S = require("shard.io.safetensors")
+local fsdp = require("shard.fsdp")
 local json = require("cjson").new()     -- a private instance: its settings stay ours
 local NULL = json.null
 local V = tensor.views

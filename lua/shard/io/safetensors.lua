@@ -6,9 +6,9 @@
 --   S.load(path) -> name -> CPU tensor, metadata      S.save(path, tensors, metadata)
 --   S.crc32c(t), f:read_crc32c(name, dst, first, count), S.verifying(opt): the checksums
 --                                  shard's checkpoints keep per tensor (runtime/checksum.h)
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
 local C, check = rt.C, rt.check
 
 local S = {}

@@ -10,10 +10,10 @@
 -- and shard.load checks every tensor against it before anything is copied. A file without
 -- them (older, or from another writer) loads unverified, with a note; opts.verify = false or
 -- SHARD_VERIFY_CHECKSUMS=0 skips the check.
-local tensor = require "shard.tensor"
-local safetensors = require "shard.io.safetensors"
-local json = require "shard.io.json"
-local fsdp = require "shard.fsdp"
+local tensor = require("shard.tensor")
+local safetensors = require("shard.io.safetensors")
+local json = require("shard.io.json")
+local fsdp = require("shard.fsdp")
 
 local M = {}
 

@@ -1,12 +1,12 @@
 -- shard.nn.GPT: nanoGPT's GPT-2 architecture (pre-LN blocks, learned positions, lm_head
 -- tied to wte), with Hugging Face's GPT-2 parameter names (transformer.h.0.attn.c_attn.weight).
 -- Weights are [out, in] like nn.Linear; HF's Conv1D stores the transpose, which io converts.
-local Module = require "shard.nn.module"
-local L = require "shard.nn.layers"
-local F = require "shard.functional"
-local tensor = require "shard.tensor"
-local memory = require "shard.memory"
-local Tr = require "shard.nn.transformer"
+local Module = require("shard.nn.module")
+local L = require("shard.nn.layers")
+local F = require("shard.functional")
+local tensor = require("shard.tensor")
+local memory = require("shard.memory")
+local Tr = require("shard.nn.transformer")
 local C = require("shard.ffi").C
 
 local G = {}

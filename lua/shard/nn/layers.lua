@@ -1,9 +1,9 @@
 -- shard.nn layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, MLP, SwiGLU.
 -- Each is a Module over the differentiable ops of shard.functional.
-local Module = require "shard.nn.module"
-local F = require "shard.functional"
-local R = require "shard.random"
-local rt = require "shard.ffi"
+local Module = require("shard.nn.module")
+local F = require("shard.functional")
+local R = require("shard.random")
+local rt = require("shard.ffi")
 
 local L = {}
 

@@ -2,11 +2,11 @@
 -- attention, SwiGLU MLP, untied lm_head unless tie_embeddings) with Hugging Face's parameter
 -- names (model.layers.0.self_attn.q_proj.weight ...) and rotary layout (rotate_half), so their
 -- checkpoints load without renaming or permuting. Weights are [out, in] like nn.Linear.
-local Module = require "shard.nn.module"
-local L = require "shard.nn.layers"
-local F = require "shard.functional"
-local memory = require "shard.memory"
-local Tr = require "shard.nn.transformer"
+local Module = require("shard.nn.module")
+local L = require("shard.nn.layers")
+local F = require("shard.functional")
+local memory = require("shard.memory")
+local Tr = require("shard.nn.transformer")
 
 local M = {}
 

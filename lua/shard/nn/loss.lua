@@ -10,8 +10,8 @@
 --   for i = 1, 3 do gl:scale(model(x[i], y[i]), i):backward() end
 --   gl:mean(sum of the scaled losses' values)              -- the global batch's loss
 -- Counting is done on the device; the counts of all micro-batches go in one all-reduce.
-local tensor = require "shard.tensor"
-local ops = require "shard.ops"
+local tensor = require("shard.tensor")
+local ops = require("shard.ops")
 
 local GlobalLoss = {}
 GlobalLoss.__index = GlobalLoss

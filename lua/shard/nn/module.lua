@@ -1,8 +1,8 @@
 -- shard.nn.Module: the module protocol. A module registers parameters and children in
 -- order; named_parameters() walks them depth-first with dotted names, counting a tied
 -- parameter once (under its first name). Calling a module calls its forward.
-local tensor = require "shard.tensor"
-local memory = require "shard.memory"
+local tensor = require("shard.tensor")
+local memory = require("shard.memory")
 local C = require("shard.ffi").C
 
 local Module = {}
@@ -137,7 +137,7 @@ end
 -- opts.keep (selective checkpointing, e.g. { "linear", "attention" }), the outputs of those
 -- ops are kept and only the others (norms, activations, residual adds) are recomputed.
 function Module.checkpoint(root, classes, opts)
-  local A = require "shard.autograd"
+  local A = require("shard.autograd")
   local keep = opts and opts.keep
   A.keep_set(keep)    -- names checked now, not at the first backward
   local set = {}

@@ -3,10 +3,10 @@
 -- pre-norm residual step of a block, the forward from the final hidden states to the loss or
 -- the last position's logits, and nanoGPT's sampling. A model using them has
 -- self.config.block_size, self:hidden(idx) [B, T, C] and self.lm_head.weight [V, C].
-local Module = require "shard.nn.module"
-local F = require "shard.functional"
-local tensor = require "shard.tensor"
-local A = require "shard.autograd"
+local Module = require("shard.nn.module")
+local F = require("shard.functional")
+local tensor = require("shard.tensor")
+local A = require("shard.autograd")
 
 local M = {}
 
@@ -84,7 +84,7 @@ end
 -- temperature and top_k as nanoGPT.
 function M.generate(self, idx, n, temperature, top_k)
   temperature = temperature or 1.0
-  local R = require "shard.random"
+  local R = require("shard.random")
   local was = self.training
   self:eval()
   local B = idx:size(1)

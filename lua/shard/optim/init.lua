@@ -5,10 +5,10 @@
 -- back, and a model may leave one for the next step to fold into AdamW's gradient scale.
 -- Entries with a group (FSDP's offloaded units) are stepped one group at a time, each as soon
 -- as its gradients are on the host.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local memory = require "shard.memory"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local memory = require("shard.memory")
 local C, check = rt.C, rt.check
 
 local O = {}

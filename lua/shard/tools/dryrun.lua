@@ -16,10 +16,10 @@
 -- evaluation batch, no sampling, no checkpoints and no progress lines (DRY_SETTINGS). A value
 -- read from a meta tensor is 0, so a recipe must not branch on one. A dry run writes no file a
 -- real run reads: shard.train tokenizes the corpus in memory and writes no metrics file.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local argv = require "shard.argv"
-local units = require "shard.units"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local argv = require("shard.argv")
+local units = require("shard.units")
 local C, check = rt.C, rt.check
 
 local M = {}
@@ -35,7 +35,7 @@ M.KINDS = KINDS
 -- shards: "meta:host" in a dry run, "cpu" in the real runs it is checked against) since the
 -- previous step, by tag.
 local function counters(device, host)
-  local comm, memory = require "shard.comm", require "shard.memory"
+  local comm, memory = require("shard.comm"), require("shard.memory")
   local c = { count = {}, bytes = {} }
   for _, k in ipairs(KINDS) do c.count[k], c.bytes[k] = comm.count(k), comm.bytes(k) end
   c.flops_matmul = tonumber(C.sh_meta_count(C.SH_META_FLOPS_MATMUL))
@@ -114,7 +114,7 @@ end
 -- dry run is checked against); host: where CPU offload puts the shards ("meta:host" with
 -- "meta", else "cpu"). Returns the probe; probe:remove() takes the hooks out.
 function M.probe(device, host)
-  local optim, fsdp = require "shard.optim", require "shard.fsdp"
+  local optim, fsdp = require("shard.optim"), require("shard.fsdp")
   host = host or (device == "meta" and "meta:host" or "cpu")
   local self = setmetatable({ device = device, host = host, device_id = require("shard.tensor").device_id(device),
                               raw = ffi.new("sh_mem_stats"), stack = {}, steps = {}, seen = 0, undo = {} }, Probe)
@@ -164,7 +164,7 @@ M.DRY_SETTINGS = DRY_SETTINGS
 -- Runs the recipe file with its command-line overrides, the given settings forced over them
 -- (only those its defaults have). print is silenced unless verbose.
 function M.run_recipe(path, args, forced, verbose)
-  local config = require "shard.config"
+  local config = require("shard.config")
   local chunk, err = loadfile(path)
   if not chunk then error("dry run: " .. tostring(err), 0) end
   local script_args = { [0] = path, [-1] = "shard" }
@@ -198,7 +198,7 @@ end
 -- This CPU as a device row (shard.peak's shape): its f32 GEMM rate (shard.peak's measurement)
 -- and its copy bandwidth (32 MiB read and written, best of 4) for memory; no link.
 function M.cpu_row()
-  local shard, timer = require "shard", require "shard.timer"
+  local shard, timer = require("shard"), require("shard.timer")
   local m = 8 * 1024 * 1024
   local src, dst = shard.zeros({ m }, { device = "cpu" }), shard.empty({ m }, { device = "cpu" })
   local copy = math.huge

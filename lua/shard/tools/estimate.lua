@@ -13,15 +13,15 @@
 -- given width, batch and sequence length, with parameters in the --param dtype, on this CPU
 -- gives the per-block and fixed parts. Both are linear in the batch (GPT-2 small: 57.1,
 -- 114.1, 228.3 MiB per block at batch 1, 2, 4). Against measured peaks: README.
-local shard = require "shard"
-local config = require "shard.config"
-local Module = require "shard.nn.module"
+local shard = require("shard")
+local config = require("shard.config")
+local Module = require("shard.nn.module")
 local nn = shard.nn
 
 local M = {}
 
-local units = require "shard.units"
-local rt = require "shard.ffi"
+local units = require("shard.units")
+local rt = require("shard.ffi")
 
 -- A FlatParameter of n elements over a group of group_size ranks: its padded size, by the
 -- runtime's own rule (flatparam.h's sh_flatparam_padded_numel), so the estimate lays units out
@@ -102,7 +102,7 @@ local function step_peak(kind, cfg, n_layer, batch, seq, dtype, device)
   for k, v in pairs(cfg) do c[k] = v end
   c.n_layer = n_layer
   shard.manual_seed(1)
-  local tensor = require "shard.tensor"
+  local tensor = require("shard.tensor")
   local default = tensor.default_device
   tensor.default_device = device          -- the model, its grads and the input live there
   local ok, peak = pcall(function()

@@ -12,9 +12,9 @@
 --   j:signal(sig)                       sig to each of them
 -- job.trap(on), job.take() -> sig or nil: SIGTERM, SIGINT and SIGHUP counted instead of
 -- ending this process (runtime/host.c), so that the launcher ends its job first.
-local ffi = require "ffi"
-local sys = require "shard.tools.sys"
-local files = require "shard.files"
+local ffi = require("ffi")
+local sys = require("shard.tools.sys")
+local files = require("shard.files")
 
 local C = sys.C
 local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGMASK = 2, 8

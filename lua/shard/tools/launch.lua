@@ -16,10 +16,10 @@
 --   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
 --   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
 --   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
-local argv = require "shard.argv"
-local job = require "shard.tools.job"
-local timer = require "shard.timer"
-local files = require "shard.files"
+local argv = require("shard.argv")
+local job = require("shard.tools.job")
+local timer = require("shard.timer")
+local files = require("shard.files")
 
 local M = {}
 
@@ -39,7 +39,7 @@ local quote = require("shard.ffi").shell_quote
 -- The shard executable to start the ranks with: this one when it is bin/shard-like,
 -- else $SHARD_HOME/bin/shard.
 function M.shard_exe()
-  local ffi, C = require "ffi", require("shard.tools.sys").C
+  local ffi, C = require("ffi"), require("shard.tools.sys").C
   local buf = ffi.new("char[4096]")
   local ok, n = pcall(function() return tonumber(C.readlink("/proc/self/exe", buf, 4095)) end)
   local exe = ok and n > 0 and ffi.string(buf, n) or nil
@@ -394,7 +394,7 @@ local MAGIC = "shflt03"
 
 -- The record in bytes at offset, or nil.
 local function parse_record(bytes, offset)
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local size = ffi.sizeof("sh_flight_record")
   if not bytes or #bytes < offset + size then return nil end
   local buf = ffi.new("uint8_t[?]", size)
@@ -417,8 +417,8 @@ local function slurp(path) return (files.read_file(path)) end
 -- Every rank's record: as the first rank to time out copied them (timeout.flight, before the
 -- job's teardown resumed a stopped rank or moved any other), else as the rank left it.
 local function read_records(dir, world)
-  local ffi = require "ffi"
-  require "shard.ffi"                        -- declares sh_flight_record
+  local ffi = require("ffi")
+  require("shard.ffi")                        -- declares sh_flight_record
   local size = ffi.sizeof("sh_flight_record")
   local snapshot = slurp(dir .. "/timeout.flight")
   local recs = {}

@@ -11,12 +11,12 @@
 -- or banner, so
 --   echo 'print(shard.randn{2,3})' | shard repl
 -- prints just the tensor; the exit code is then 1 if any chunk raised an error.
-local argv = require "shard.argv"
-local chunk = require "shard.tools.repl.chunk"
-local show = require "shard.show"
-local terminal = require "shard.tools.repl.terminal"
-local interrupt = require "shard.tools.repl.interrupt"
-local complete = require "shard.tools.repl.complete"
+local argv = require("shard.argv")
+local chunk = require("shard.tools.repl.chunk")
+local show = require("shard.show")
+local terminal = require("shard.tools.repl.terminal")
+local interrupt = require("shard.tools.repl.interrupt")
+local complete = require("shard.tools.repl.complete")
 
 local M = {}
 
@@ -85,7 +85,7 @@ function M.loop(term, on_chunk, on_error, prompts, on_command)
 end
 
 local function single()
-  _G.shard = require "shard"
+  _G.shard = require("shard")
   local interactive = terminal.is_terminal()
   interrupt.install()
   local term = terminal.open { complete = function(text) return complete.candidates(text, _G) end }

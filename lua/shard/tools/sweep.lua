@@ -31,12 +31,12 @@
 -- rerun skips every point recorded before (--retry-failed runs failed and timed-out ones
 -- again, --force all of them); a point stopped by Ctrl-C is not recorded and ends the run. At the end OUT/table.md, OUT/table.csv and one PNG per plot
 -- (gnuplot; skipped with a note when it is not installed).
-local cjson = require "cjson"
-local rt = require "shard.ffi"
-local argv = require "shard.argv"
-local sys = require "shard.tools.sys"
-local units = require "shard.units"
-local files = require "shard.files"
+local cjson = require("cjson")
+local rt = require("shard.ffi")
+local argv = require("shard.argv")
+local sys = require("shard.tools.sys")
+local units = require("shard.units")
+local files = require("shard.files")
 
 local M = {}
 local quote = rt.shell_quote

@@ -2,12 +2,12 @@
 -- the FFI (processes and signals for shard launch, pipes and poll, Unix sockets and capture
 -- files for the REPL's ranks), declared here once; the message of a failed call; poll and
 -- read into a buffer; a table's keys in order.
---   local sys = require "shard.tools.sys"
+--   local sys = require("shard.tools.sys")
 --   local C = sys.C
 --   if C.listen(fd, 64) ~= 0 then sys.fail("repl", "listen") end   -- "repl: listen: <strerror>"
 -- Each declaration is tried on its own, so one made already (by LuaJIT or another module) is
 -- no error; sys.declare{ ... } does the same for a module's own (readline's, in the REPL).
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 

@@ -4,7 +4,7 @@
 -- A chunk that is an expression list returns its values (printed by the REPL); statements
 -- return nothing unless they `return` something. Ctrl-C interrupts a running chunk
 -- (shard.tools.repl.interrupt), which then fails with the message "interrupted".
-local interrupt = require "shard.tools.repl.interrupt"
+local interrupt = require("shard.tools.repl.interrupt")
 
 local M = {}
 

@@ -8,7 +8,7 @@
 -- turns the JIT off for fn and every function defined in it (jit.off(fn, true)); the
 -- functions of shard's modules stay compiled and stop at the next instruction they run in the
 -- interpreter (a return into the chunk, a call that leaves the trace).
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 pcall(ffi.cdef, [[
 int shard_sigint_trap(int on);

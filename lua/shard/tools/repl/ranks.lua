@@ -10,14 +10,14 @@
 -- second Ctrl-C) the prompt comes back and says which ranks are still busy: the ranks are
 -- out of step, and chunks are refused until they finish (:wait, or a reply seen at the next
 -- chunk or command) or :restart starts every rank again. A rank that dies is reported with the launcher's last lines; :restart again.
-local wire = require "shard.tools.repl.wire"
-local merge = require "shard.tools.repl.merge"
-local terminal = require "shard.tools.repl.terminal"
-local interrupt = require "shard.tools.repl.interrupt"
-local timer = require "shard.timer"
-local launch = require "shard.tools.launch"
-local sys = require "shard.tools.sys"
-local files = require "shard.files"
+local wire = require("shard.tools.repl.wire")
+local merge = require("shard.tools.repl.merge")
+local terminal = require("shard.tools.repl.terminal")
+local interrupt = require("shard.tools.repl.interrupt")
+local timer = require("shard.timer")
+local launch = require("shard.tools.launch")
+local sys = require("shard.tools.sys")
+local files = require("shard.files")
 local sorted = sys.sorted_keys
 
 local C = sys.C
@@ -247,7 +247,7 @@ function M.main(o)
     print(("shard repl on %d ranks (`rank`, `world` defined) -- Ctrl-C interrupts every rank, :help lists commands, Ctrl-D exits"):format(s.world))
   end
   local failed = false
-  local repl = require "shard.tools.repl"
+  local repl = require("shard.tools.repl")
   repl.loop(term, function(src)
     if not s:run(src) then failed = true end
   end, function(msg)

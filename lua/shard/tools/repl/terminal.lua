@@ -7,9 +7,9 @@
 --   term.read(prompt) -> the line, nil at end of input, or false after Ctrl-C
 --   term.close()
 -- The history file is $SHARD_HISTORY, else ~/.shard_history, kept to HISTORY_LINES lines.
-local ffi = require "ffi"
-local interrupt = require "shard.tools.repl.interrupt"
-local sys = require "shard.tools.sys"
+local ffi = require("ffi")
+local interrupt = require("shard.tools.repl.interrupt")
+local sys = require("shard.tools.sys")
 
 local M = {}
 

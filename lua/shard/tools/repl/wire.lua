@@ -5,8 +5,8 @@
 --   conn:recv() -> fields, or nil at end    conn:fill() reads what has come (false at end),
 --   conn:take() -> a whole message or nil   wire.poll({ fd, ... }, ms) -> { [fd] = true }
 -- A read or poll that a signal interrupts returns; the caller then looks at its Ctrl-C count.
-local ffi = require "ffi"
-local sys = require "shard.tools.sys"
+local ffi = require("ffi")
+local sys = require("shard.tools.sys")
 
 local C = sys.C
 local AF_UNIX, SOCK_STREAM, EINTR = 1, 1, 4

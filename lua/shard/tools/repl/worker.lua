@@ -8,13 +8,13 @@
 -- A chunk's output (Lua's and C's, stdout and stderr) is captured into a file while it runs
 -- and sent back whole with its printed values. Ctrl-C reaches a rank as a SIGINT from the
 -- prompt and interrupts its chunk as in the one-process REPL.
-local ffi = require "ffi"
-local chunk = require "shard.tools.repl.chunk"
-local show = require "shard.show"
-local complete = require "shard.tools.repl.complete"
-local interrupt = require "shard.tools.repl.interrupt"
-local wire = require "shard.tools.repl.wire"
-local sys = require "shard.tools.sys"
+local ffi = require("ffi")
+local chunk = require("shard.tools.repl.chunk")
+local show = require("shard.show")
+local complete = require("shard.tools.repl.complete")
+local interrupt = require("shard.tools.repl.interrupt")
+local wire = require("shard.tools.repl.wire")
+local sys = require("shard.tools.sys")
 
 local C = sys.C
 local SEEK_SET, SEEK_END = 0, 2
@@ -64,7 +64,7 @@ end
 function M.main()
   local path = os.getenv("SHARD_REPL_SOCKET")
   if not path then error("shard.tools.repl.worker: SHARD_REPL_SOCKET is not set (it is started by shard repl --nproc N)") end
-  _G.shard = require "shard"
+  _G.shard = require("shard")
   _G.world = shard.comm.init()
   _G.rank = world:rank()
   interrupt.install()
