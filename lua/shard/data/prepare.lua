@@ -6,7 +6,7 @@
 -- Options: text (a path), tokenizer (a directory, a tokenizer.json, or a loaded tokenizer),
 -- out (the folder; default: beside the text, named after it), val_fraction (0.1: the last
 -- tenth of the tokens is val.bin, nanoGPT's split), workers (processes; default: the CPUs
--- online), chunk_bytes (the text's pieces; default about 4 a worker, 64 KiB to 1 MiB), allowed_special (as tok:encode's, "all").
+-- online), chunk_bytes (the text's pieces; default about 4 a worker, 16 KiB to 1 MiB), allowed_special (as tok:encode's, "all").
 -- Returns meta (the table meta.json holds) and whether the files were up to date already
 -- (the same text by its fingerprint, the same tokenizer and split: nothing is written).
 --
@@ -197,8 +197,8 @@ function M.prepare(o)
   local text, err = read_all(o.text)
   if not text then fail("cannot read the text %s", tostring(err)) end
   if #text == 0 then fail("%s is empty: nothing to encode", o.text) end
-  -- default pieces: about 4 a worker, of 64 KiB to 1 MiB
-  chunk = chunk or math.max(65536, math.min(1048576, math.ceil(#text / (4 * workers))))
+  -- default pieces: about 4 a worker, of 16 KiB to 1 MiB
+  chunk = chunk or math.max(16384, math.min(1048576, math.ceil(#text / (4 * workers))))
   local tok = o.tokenizer
   if type(tok) == "string" then tok = require("shard.tokenizer").load(tok) end
   if type(tok) ~= "table" or not tok.encode_raw then fail("tokenizer: expected a path or a shard.tokenizer, got %s", type(tok)) end
