@@ -45,6 +45,9 @@ shard.train.run{
 
   data = function(cfg, env)
     if cfg.init_from == "" then usage("--init_from=DIR: a Hugging Face GPT-2 directory is needed") end
+    if not require("shard.files").readable(cfg.init_from .. "/config.json") then
+      usage("--init_from=%s: no config.json there (a Hugging Face GPT-2 directory is needed)", cfg.init_from)
+    end
     local tok = require("shard.tokenizer").load(cfg.tokenizer ~= "" and cfg.tokenizer or cfg.init_from)
     local dir = cfg.data
     if not require("shard.files").readable(dir .. "/meta.json") then   -- a text: rank 0 prepares, the others wait
