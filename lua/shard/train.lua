@@ -37,12 +37,12 @@
 -- --trace=FILE writes a Chrome/Perfetto trace of steps --trace_steps=FIRST:LAST (default 1:2)
 -- and prints its summary (shard.trace); --memory_timeline=PNG draws each rank's allocations
 -- over those steps, stacked by tag.
-local shard = require "shard"
-local cjson = require "cjson"
-local timer = require "shard.timer"
+local shard = require("shard")
+local cjson = require("cjson")
+local timer = require("shard.timer")
 local median = require("shard.stats").median
 local readable = require("shard.files").readable
-local units = require "shard.units"
+local units = require("shard.units")
 
 local M = {}
 

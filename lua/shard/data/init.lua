@@ -5,10 +5,10 @@
 -- them in OUT_DIR/data/CORPUS (corpus_dir), one folder per corpus. Batches draw random windows whose offsets come from
 -- the counter-based generator keyed by (seed, rank, step), so a run is reproducible and
 -- every rank draws different windows.
-local ffi = require "ffi"
-local rt = require "shard.ffi"
-local tensor = require "shard.tensor"
-local files = require "shard.files"
+local ffi = require("ffi")
+local rt = require("shard.ffi")
+local tensor = require("shard.tensor")
+local files = require("shard.files")
 local C, check = rt.C, rt.check
 
 local D = {}
