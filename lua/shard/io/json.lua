@@ -1,5 +1,10 @@
--- shard.io.json: the small JSON subset that safetensors headers and checkpoint metadata use
--- (objects, arrays, strings with escapes, numbers, true/false/null).
+-- shard.io.json: the small JSON subset (objects, arrays, strings with escapes, numbers,
+-- true/false/null) of the two places lua-cjson cannot serve: a checkpoint's index (exact
+-- doubles and integers for a bitwise resume: Debian's lua-cjson writes at most 14 significant
+-- digits) and the full state dict's checksum metadata (sorted keys, so the same model gives the
+-- same file's bytes: lua-cjson writes keys in hash order). Everything else reads and writes
+-- JSON with lua-cjson (config.json, tokenizer.json, traces, metrics); safetensors headers are
+-- parsed and built in C (runtime/io/safetensors.c).
 local J = {}
 
 local function fail(s, i, what) error(("json: %s at byte %d near '%s'"):format(what, i, s:sub(i, i + 10)), 0) end
