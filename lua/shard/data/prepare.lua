@@ -23,6 +23,7 @@
 local ffi = require("ffi")
 local cjson = require("cjson")
 local rt = require("shard.ffi")
+local files = require("shard.files")
 
 for _, decl in ipairs { "int fork(void);", "void _exit(int status);", "long sysconf(int name);",
                         "int waitpid(int pid, int *status, int options);", "char *strerror(int errnum);" } do
@@ -90,14 +91,6 @@ local function encode_bytes(tok, text, a, b, dtype, opts)
   return ffi.string(out, n * 2), n
 end
 
-local function read_all(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
 local function write_all(path, s)
   local f, err = io.open(path, "wb")
   if not f then fail("cannot write %s", tostring(err)) end
@@ -153,10 +146,10 @@ function M.encode_parallel(tok, text, o)
     C.waitpid(pid, st, 0)
     local status = st[0]
     if status ~= 0 then
-      local msg = read_all(paths[w] .. ".err")
+      local msg = files.read_file(paths[w] .. ".err")
       errs[#errs + 1] = msg or ("worker %d ended with status %d"):format(w, status)
     else
-      parts[w] = read_all(paths[w])
+      parts[w] = files.read_file(paths[w])
     end
     os.remove(paths[w]); os.remove(paths[w] .. ".err")
   end
@@ -177,7 +170,7 @@ end
 
 -- Reads OUT/meta.json, or nil.
 function M.read_meta(dir)
-  local s = read_all(dir .. "/meta.json")
+  local s = files.read_file(dir .. "/meta.json")
   if not s then return nil end
   local ok, meta = pcall(cjson.decode, s)
   if ok and type(meta) == "table" then return meta end
@@ -194,7 +187,7 @@ function M.prepare(o)
   if type(workers) ~= "number" or workers < 1 or workers % 1 ~= 0 then fail("workers: a whole number >= 1, got %s", tostring(workers)) end
   local chunk = o.chunk_bytes
   if chunk ~= nil and (type(chunk) ~= "number" or chunk < 1) then fail("chunk_bytes: a number >= 1, got %s", tostring(chunk)) end
-  local text, err = read_all(o.text)
+  local text, err = files.read_file(o.text)
   if not text then fail("cannot read the text %s", tostring(err)) end
   if #text == 0 then fail("%s is empty: nothing to encode", o.text) end
   -- default pieces: about 4 a worker, of 16 KiB to 1 MiB
