@@ -158,6 +158,28 @@ describe("Hugging Face GPT-2 import", function()
     has(errmsg(function() nn.GPT.from_pretrained(d) end), "no " .. d .. "/config.json")
   end)
 
+  it("loads the sharded layout (model.safetensors.index.json) as save_pretrained writes it", function()
+    local d = fresh_dir()
+    local dict = S.load(FIXTURE .. "/model.safetensors")
+    local names = {}
+    for name in pairs(dict) do names[#names + 1] = name end
+    table.sort(names)
+    local parts, map = { {}, {} }, {}
+    for i, name in ipairs(names) do
+      local f = ("model-%05d-of-00002.safetensors"):format(i % 2 + 1)
+      parts[i % 2 + 1][name] = dict[name]
+      map[name] = f
+    end
+    for k = 1, 2 do S.save(("%s/model-%05d-of-00002.safetensors"):format(d, k), parts[k]) end
+    write(d .. "/model.safetensors.index.json", json.encode({ metadata = { total_size = 0 }, weight_map = map }))
+    write(d .. "/config.json", read(FIXTURE .. "/config.json"))
+    assert_same_params(nn.GPT.from_pretrained(FIXTURE), nn.GPT.from_pretrained(d))
+    -- an index and its shards that disagree are refused, naming both
+    map[names[2]] = "model-00002-of-00002.safetensors"    -- names[2] is in model-00001
+    write(d .. "/model.safetensors.index.json", json.encode({ weight_map = map }))
+    assert.matches("maps it to model-00002-of-00002.safetensors", errmsg(function() nn.GPT.from_pretrained(d) end), 1, true)
+  end)
+
   it("uses config.json's layer_norm_epsilon and keeps opts.dropout", function()
     local d = variant(nil, function(cfg) cfg.layer_norm_epsilon = 1e-3 end)
     local model = nn.GPT.from_pretrained(d, { dropout = 0.1 })

@@ -1,5 +1,7 @@
--- shard.io.hf: Hugging Face GPT-2 checkpoints (a directory with model.safetensors and
--- config.json, as transformers' GPT2LMHeadModel writes and reads them) in and out of nn.GPT.
+-- shard.io.hf: Hugging Face GPT-2 checkpoints (a directory with config.json and
+-- model.safetensors, or the sharded model.safetensors.index.json and its files, as
+-- transformers' GPT2LMHeadModel writes and reads them) in and out of nn.GPT. make check-hf
+-- (tests/hf/check.sh) checks both directions against transformers itself.
 --
 --   local model = nn.GPT.from_pretrained("gpt2-dir", { dropout = 0.1 })       -- plain
 --   local model = nn.GPT.from_pretrained("gpt2-dir", { fsdp = { strategy = "full_shard" } })
@@ -19,11 +21,13 @@
 --
 -- Llama (nn.Llama.from_pretrained, M.load_llama_into): LlamaForCausalLM directories, with
 -- model.safetensors or the sharded form (model.safetensors.index.json naming a file per
--- tensor). Names are HF's own (shard's Llama uses them), weights [out, in] as nn.Linear, and
--- q_proj/k_proj rows in HF's rotate_half order, which shard's rope uses: nothing is renamed,
--- transposed or permuted. The rotary_emb.inv_freq buffers of older files are computed, not read. Under FSDP each rank reads just the
--- byte range of its slice (a Conv1D weight, whose slice is strided in the file, is read
--- whole, one tensor at a time).
+-- tensor); the rotary base is config.json's rope_theta or, as transformers 5 writes it,
+-- rope_parameters.rope_theta. Names are HF's own (shard's Llama uses them), weights
+-- [out, in] as nn.Linear, and q_proj/k_proj rows in HF's rotate_half order, which shard's
+-- rope uses: nothing is renamed, transposed or permuted. The rotary_emb.inv_freq buffers of
+-- older files are computed, not read. Under FSDP each rank reads just the byte range of its
+-- slice (a Conv1D weight, whose slice is strided in the file, is read whole, one tensor at a
+-- time).
 local ffi = require("ffi")
 local files = require("shard.files")
 local tensor = require("shard.tensor")
@@ -66,7 +70,8 @@ local function read_all(path)
 end
 
 -- path: a checkpoint directory, or its .safetensors file (config.json beside it).
--- Returns the weights file and the config.json path.
+-- Returns the weights file (a directory's model.safetensors, else its sharded
+-- model.safetensors.index.json) and the config.json path.
 function M.resolve(path)
   if type(path) ~= "string" or path == "" then error("hf: expected a checkpoint directory or .safetensors file, got " .. tostring(path), 0) end
   local file, dir
@@ -77,11 +82,12 @@ function M.resolve(path)
     dir = path:gsub("/+$", "")
     file = dir .. "/model.safetensors"
   end
+  if not exists(file) and not path:match("%.safetensors$") and exists(dir .. "/model.safetensors.index.json") then
+    file = dir .. "/model.safetensors.index.json"    -- the sharded form save_pretrained writes
+  end
   if not exists(file) then
     local hint = ""
-    if exists(dir .. "/model.safetensors.index.json") then
-      hint = " (it holds a sharded checkpoint, model.safetensors.index.json; only single-file checkpoints are read)"
-    elseif exists(dir .. "/pytorch_model.bin") then
+    if exists(dir .. "/pytorch_model.bin") then
       hint = " (it holds pytorch_model.bin; convert it to safetensors, e.g. with transformers' save_pretrained(safe_serialization=True))"
     end
     error(("hf: no weights file %s%s"):format(file, hint), 0)
@@ -187,6 +193,14 @@ local function open_reader(file)
   end
   function r.close() f:close() end
   return r
+end
+
+-- open_reader's interface over the shards a model.safetensors.index.json names (below).
+local open_sharded_reader
+-- A reader over a weights file M.resolve gave: one safetensors file, or an index of shards.
+local function open_weights(file)
+  if file:match("%.index%.json$") then return open_sharded_reader(file:match("^(.*)/[^/]*$") or ".", file) end
+  return open_reader(file)
 end
 
 local function dims(shape) return #shape == 0 and "a scalar" or table.concat(shape, "x") end
@@ -380,7 +394,7 @@ function M.load_into(model, path)
     cfg = M.config_from_hf(hc, config_path)
     check_config(model, cfg, config_path)
   end
-  local reader = open_reader(file)
+  local reader = open_weights(file)
   local ok, err = pcall(function() copy_steps(reader, plan(model, reader, file, hc)) end)
   reader.close()
   if not ok then error(err, 0) end
@@ -427,6 +441,25 @@ function M.llama_config_from_hf(raw, where)
   local act = hc.hidden_act or "silu"
   if act ~= "silu" then refuse(("hidden_act is '%s' (SwiGLU's silu only)"):format(tostring(act))) end
   if hc.rope_scaling ~= nil then refuse("rope_scaling is set (only plain rotary embeddings are supported)") end
+  -- transformers 5 writes rope_parameters { rope_type, rope_theta } in place of rope_theta
+  local rp, rope_theta = hc.rope_parameters, nil
+  if rp ~= nil then
+    if type(rp) ~= "table" then refuse("rope_parameters is not an object") end
+    local rtype = rp.rope_type or rp.type or "default"
+    if rtype ~= "default" then refuse(("rope_parameters.rope_type is '%s' (only plain rotary embeddings, 'default', are supported)"):format(tostring(rtype))) end
+    -- the default type reads rope_theta and partial_rotary_factor alone, as transformers does
+    local prf = rp.partial_rotary_factor
+    if prf ~= nil and prf ~= NULL and prf ~= 1 then
+      refuse(("rope_parameters.partial_rotary_factor is %s (only 1 is supported)"):format(tostring(prf)))
+    end
+    if rp.rope_theta ~= NULL then rope_theta = rp.rope_theta end
+    if rope_theta ~= nil and hc.rope_theta ~= nil and rope_theta ~= hc.rope_theta then
+      refuse(("rope_theta %s and rope_parameters.rope_theta %s differ"):format(tostring(hc.rope_theta), tostring(rope_theta)))
+    end
+  end
+  if hc.partial_rotary_factor ~= nil and hc.partial_rotary_factor ~= 1 then
+    refuse(("partial_rotary_factor is %s (only 1 is supported)"):format(tostring(hc.partial_rotary_factor)))
+  end
   if hc.attention_bias == true then refuse("attention_bias is true") end
   if hc.mlp_bias == true then refuse("mlp_bias is true") end
   local c = { n_layer = need("num_hidden_layers"), n_head = need("num_attention_heads"), dim = need("hidden_size"),
@@ -436,7 +469,7 @@ function M.llama_config_from_hf(raw, where)
   if hc.head_dim ~= nil and hc.head_dim * c.n_head ~= c.dim then
     refuse(("head_dim %s is not hidden_size / num_attention_heads = %s"):format(tostring(hc.head_dim), tostring(c.dim / c.n_head)))
   end
-  c.rope_theta = hc.rope_theta or 10000
+  c.rope_theta = hc.rope_theta or rope_theta or 10000
   c.norm_eps = hc.rms_norm_eps or 1e-6
   if type(c.rope_theta) ~= "number" or c.rope_theta <= 0 then refuse("rope_theta is " .. tostring(c.rope_theta)) end
   if type(c.norm_eps) ~= "number" or c.norm_eps <= 0 then refuse("rms_norm_eps is " .. tostring(c.norm_eps)) end
@@ -446,7 +479,7 @@ end
 
 -- One reader (open_reader's interface) over the shards a model.safetensors.index.json names;
 -- the index and the shards must agree tensor for tensor.
-local function open_sharded_reader(dir, index_path)
+function open_sharded_reader(dir, index_path)
   local map = M.read_config(index_path).weight_map
   if type(map) ~= "table" then error(("hf: %s has no weight_map object"):format(index_path), 0) end
   local readers, owner, names = {}, {}, {}
