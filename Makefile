@@ -57,7 +57,7 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report check-layers bench bench-adamw clean check-long check-fresh fuzz readme-figures
+.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report check-layers bench bench-adamw clean check-long check-fresh check-hf fuzz readme-figures
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
@@ -202,6 +202,15 @@ check-long: fuzz
 # HEAD (root, network; the root cached in .fresh/; about 7 minutes on 2 cores): tests/fresh/check.sh.
 check-fresh:
 	@sh tests/fresh/check.sh
+
+# make check-hf: Hugging Face import/export and the checkpoint files against the real clients:
+# tiny random GPT-2 and Llama models saved by transformers load through from_pretrained (one
+# process and FSDP world 2) with its logits within 1e-5; shard.export_hf loads in
+# AutoModelForCausalLM with shard's logits; the safetensors library reads shard.checkpoint's
+# rank files (tests/hf/check.sh). transformers, safetensors and torch go into the git-ignored
+# .venv-hf from PyPI on first use (tests/hf/venv.sh, about 1 minute); then about 20 s.
+check-hf: all
+	@sh tests/hf/check.sh
 
 # make readme-figures: reruns the commands behind README's figures and rewrites them with their
 # command, CPU and date (tools/readme_figures.lua; about 2 minutes, the strategies sweep's
