@@ -40,8 +40,9 @@ function shard.load(model, path, opts)
   end
   return require("shard.io.state_dict").load(model, path, opts)
 end
--- An nn.GPT as a Hugging Face GPT-2 directory (model.safetensors + config.json) that
--- transformers loads as GPT2LMHeadModel; under FSDP every rank calls it. See shard.io.hf.
+-- An nn.GPT or nn.Llama as a Hugging Face directory (model.safetensors + config.json) that
+-- transformers loads as GPT2LMHeadModel or LlamaForCausalLM; under FSDP every rank calls it.
+-- See shard.io.hf.
 function shard.export_hf(model, dir) return require("shard.io.hf").export(model, dir) end
 
 -- SHARD_MEMORY_LIMIT (a recipe's --memory_limit, for every process) holds from the moment

@@ -4,11 +4,12 @@
 --   import  OUT/models.json (tests/hf/make_models.py): every model transformers saved loads
 --           through nn.GPT/nn.Llama.from_pretrained (under FSDP, full_shard, when the world is
 --           larger than one) and gives transformers' logits (float64) on the same ids within TOL
---   export  a tiny GPT trained here (a few AdamW steps, FSDP full_shard at world > 1) is
---           exported with shard.export_hf to OUT/export-wW/gpt2, its logits on fixed ids written
---           to OUT/export-wW/shard.safetensors (input_ids, logits); at world > 1 the model is
---           also saved with shard.checkpoint.save to OUT/export-wW/ckpt and its full state dict
---           with shard.save to OUT/export-wW/full.safetensors. check_shard_files.py reads them.
+--   export  tiny models trained here (a few AdamW steps, FSDP full_shard at world > 1): a GPT,
+--           a Llama with GQA and an untied head, a tied Llama; each exported with
+--           shard.export_hf to OUT/export-wW/NAME, its logits on fixed ids written to
+--           OUT/export-wW/NAME.safetensors (input_ids, logits); at world > 1 the GPT is also
+--           saved with shard.checkpoint.save to OUT/export-wW/ckpt and its full state dict with
+--           shard.save to OUT/export-wW/full.safetensors. check_shard_files.py reads them.
 local shard = require("shard")
 local env = shard.init()
 local nn = shard.nn
@@ -98,52 +99,63 @@ elseif MODE == "export" then
   if env.rank == 0 then os.execute("rm -rf '" .. dir .. "' && mkdir -p '" .. dir .. "'") end
   if env.world > 1 then env.barrier() end
   local fsdp, optim = shard.fsdp, shard.optim
-  local CFG = { n_layer = 2, n_head = 4, n_embd = 32, vocab_size = 97, block_size = 32, bias = true }
-  local function make() shard.manual_seed(21); return nn.GPT(CFG) end
-  local model = env.world > 1 and fsdp.wrap(make, { policy = fsdp.policy.transformer{ nn.Block }, strategy = "full_shard" })
-                or make()
-  local opt = optim.AdamW(model, { lr = 1e-2, weight_decay = 0.1 })
+  local V = 97
   -- every rank its own batch of a fixed token pattern
   local function batch(step)
     local x, y = {}, {}
     for b = 1, 4 do
       x[b], y[b] = {}, {}
       for t = 1, 16 do
-        local v = (7 * t + 13 * b + 5 * step + 31 * env.rank) % CFG.vocab_size
+        local v = (7 * t + 13 * b + 5 * step + 31 * env.rank) % V
         x[b][t] = v
-        y[b][t] = (v * 3 + 1) % CFG.vocab_size
+        y[b][t] = (v * 3 + 1) % V
       end
     end
     return tensor.tensor(x, { dtype = "i64" }), tensor.tensor(y, { dtype = "i64" })
   end
-  local first, last
-  for step = 1, 6 do
-    local x, y = batch(step)
-    local loss = model(x, y)
-    loss:backward()
-    opt:step()
-    opt:zero_grad(true)
-    local l = env.world > 1 and env.all_reduce_mean(loss:item()) or loss:item()
-    first = first or l
-    last = l
-    loss:free(); x:free(); y:free()
-  end
-  say(("note trained %s: loss %.3f -> %.3f in 6 AdamW steps"):format(where, first, last))
-  check("export_hf " .. where, function()
-    shard.export_hf(model, dir .. "/gpt2")
-    local ids = {}
-    for b = 1, 2 do ids[b] = {} for t = 1, 16 do ids[b][t] = (11 * t * t + 17 * b) % CFG.vocab_size end end
-    local x = tensor.tensor(ids, { dtype = "i64" })
-    local l = logits_of(model, x)
-    if env.rank == 0 then S.save(dir .. "/shard.safetensors", { input_ids = x, logits = l:to("f64") }) end
-    say(("note export_hf %s: written"):format(where))
-  end)
-  if env.world > 1 then
-    check("checkpoint.save " .. where, function()
-      shard.checkpoint.save(dir .. "/ckpt", { model = model, optim = opt, step = 6 })
-      shard.save(model, dir .. "/full.safetensors")
-      say(("note checkpoint.save and shard.save %s: written"):format(where))
+  local MODELS = {
+    { name = "gpt2", class = nn.GPT, block = nn.Block,
+      cfg = { n_layer = 2, n_head = 4, n_embd = 32, vocab_size = V, block_size = 32, bias = true } },
+    { name = "llama-gqa-untied", class = nn.Llama, block = nn.LlamaBlock,
+      cfg = { n_layer = 2, n_head = 4, n_kv_head = 2, dim = 32, ffn_dim = 72, vocab_size = V, max_seq_len = 32,
+              rope_theta = 500000, norm_eps = 1e-5 } },
+    { name = "llama-tied", class = nn.Llama, block = nn.LlamaBlock,
+      cfg = { n_layer = 1, n_head = 2, dim = 32, ffn_dim = 48, vocab_size = V, max_seq_len = 32, tie_embeddings = true } },
+  }
+  for i, m in ipairs(MODELS) do
+    local function make() shard.manual_seed(20 + i); return m.class(m.cfg) end
+    local model = env.world > 1 and fsdp.wrap(make, { policy = fsdp.policy.transformer{ m.block }, strategy = "full_shard" })
+                  or make()
+    local opt = optim.AdamW(model, { lr = 1e-2, weight_decay = 0.1 })
+    local first, last
+    for step = 1, 6 do
+      local x, y = batch(step)
+      local loss = model(x, y)
+      loss:backward()
+      opt:step()
+      opt:zero_grad(true)
+      local l = env.world > 1 and env.all_reduce_mean(loss:item()) or loss:item()
+      first = first or l
+      last = l
+      loss:free(); x:free(); y:free()
+    end
+    say(("note trained %s %s: loss %.3f -> %.3f in 6 AdamW steps"):format(m.name, where, first, last))
+    check(("export_hf %s %s"):format(m.name, where), function()
+      shard.export_hf(model, dir .. "/" .. m.name)
+      local ids = {}
+      for b = 1, 2 do ids[b] = {} for t = 1, 16 do ids[b][t] = (11 * t * t + 17 * b) % V end end
+      local x = tensor.tensor(ids, { dtype = "i64" })
+      local l = logits_of(model, x)
+      if env.rank == 0 then S.save(dir .. "/" .. m.name .. ".safetensors", { input_ids = x, logits = l:to("f64") }) end
+      say(("note export_hf %s %s: written"):format(m.name, where))
     end)
+    if env.world > 1 and i == 1 then
+      check("checkpoint.save " .. where, function()
+        shard.checkpoint.save(dir .. "/ckpt", { model = model, optim = opt, step = 6 })
+        shard.save(model, dir .. "/full.safetensors")
+        say(("note checkpoint.save and shard.save %s: written"):format(where))
+      end)
+    end
   end
 else
   error("check.lua: MODE must be import or export, got " .. tostring(MODE), 0)

@@ -2,10 +2,10 @@
 reference libraries, for make check-hf. One line per check, "ok   what (numbers)" or
 "FAIL what (why)"; tests/hf/check.sh counts them.
 
-  * OUT/export-wW/gpt2 (shard.export_hf of a model trained by shard, one process and FSDP
-    world 2) loads with transformers' AutoModelForCausalLM.from_pretrained with no missing,
-    unexpected or mis-shaped tensors, and its logits (run in float64) on the ids of
-    OUT/export-wW/shard.safetensors are shard's within TOL
+  * OUT/export-wW/NAME (shard.export_hf of a GPT, a GQA Llama with an untied head and a tied
+    Llama trained by shard, one process and FSDP world 2) loads with transformers' AutoModelForCausalLM.from_pretrained with no missing,
+    unexpected or mis-shaped tensors, as the class config.json names, and its logits (run in
+    float64) on the ids of OUT/export-wW/NAME.safetensors are shard's within TOL
   * OUT/export-w2/ckpt (shard.checkpoint.save at FSDP world 2): every rank file opens with the
     safetensors reference library (safe_open), its metadata and every tensor readable; each
     piece's CRC32C is index.json's; every parameter and AdamW moment reassembled from the
@@ -64,7 +64,10 @@ def raw_bytes(t):
     return t.contiguous().numpy().tobytes()
 
 
-def check_export(out, world):
+EXPORTS = ("gpt2", "llama-gqa-untied", "llama-tied")   # tests/hf/check.lua's MODELS
+
+
+def check_export(out, world, name):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.set_verbosity_error()
@@ -72,11 +75,11 @@ def check_export(out, world):
     where = "one process" if world == 1 else f"FSDP full_shard world {world}"
 
     def run():
-        model, info = AutoModelForCausalLM.from_pretrained(d + "/gpt2", output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(f"{d}/{name}", output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if bad:
             return False, f"loading info {bad}"
-        with safe_open(d + "/shard.safetensors", "pt") as f:
+        with safe_open(f"{d}/{name}.safetensors", "pt") as f:
             ids, want = f.get_tensor("input_ids"), f.get_tensor("logits")
         model = model.double().eval()
         with torch.no_grad():
@@ -86,7 +89,7 @@ def check_export(out, world):
                   f"max |logit| {want.abs().max().item():.2f}")
         return err <= TOL, detail + ("" if err <= TOL else f" > {TOL:g}")
 
-    check(f"transformers AutoModelForCausalLM.from_pretrained(export_hf, trained {where})", run)
+    check(f"transformers AutoModelForCausalLM.from_pretrained(export_hf of {name} trained {where})", run)
 
 
 def check_checkpoint(out):
@@ -181,7 +184,8 @@ def check_checkpoint(out):
 
 def main(out):
     for world in (1, 2):
-        check_export(out, world)
+        for name in EXPORTS:
+            check_export(out, world, name)
     check_checkpoint(out)
     return 0 if all(results) else 1
 

@@ -112,6 +112,36 @@ describe("nn.Llama.from_pretrained", function()
     assert.matches("rope_theta 10000 and rope_parameters.rope_theta 20000 differ", err, 1, true)
   end)
 
+  it("exports with shard.export_hf as LlamaForCausalLM lays it out, and loads back the same", function()
+    local a = nn.Llama.from_pretrained(FIXTURE)
+    local d = fresh_dir() .. "/out"
+    shard.export_hf(a, d)
+    local cfg = json.decode(read(d .. "/config.json"))
+    assert.same({ "LlamaForCausalLM" }, cfg.architectures)
+    assert.same({ "llama", 32, 96, 2, 4, 2, 8, 65, 16, 1e-5, 10000, false, "silu" },
+      { cfg.model_type, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+        cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, cfg.max_position_embeddings, cfg.rms_norm_eps,
+        cfg.rope_theta, cfg.tie_word_embeddings, cfg.hidden_act })
+    assert.same({ rope_type = "default", rope_theta = 10000 }, cfg.rope_parameters)
+    local got, want = S.load(d .. "/model.safetensors"), all_tensors()
+    for name, t in pairs(want) do assert.same(t:tolist_flat(), got[name]:tolist_flat(), name) end
+    for name in pairs(got) do assert.is_truthy(want[name], name) end
+    local b = nn.Llama.from_pretrained(d)
+    local logits = shard.no_grad(function() return b:logits(ref.x) end)
+    assert.is_true(max_diff(logits, ref.logits) <= 2e-5)
+    -- a tied head is embed_tokens alone in the file, tie_word_embeddings true
+    shard.manual_seed(5)
+    local tied = nn.Llama{ n_layer = 1, n_head = 2, dim = 8, ffn_dim = 12, vocab_size = 11, max_seq_len = 8,
+                           tie_embeddings = true, rope_theta = 500000 }
+    shard.export_hf(tied, d .. "2")
+    cfg = json.decode(read(d .. "2/config.json"))
+    assert.is_true(cfg.tie_word_embeddings)
+    assert.is_nil(S.load(d .. "2/model.safetensors")["lm_head.weight"])
+    local back = nn.Llama.from_pretrained(d .. "2")
+    assert.is_true(back.config.tie_embeddings)
+    assert.equal(500000, back.config.rope_theta)
+  end)
+
   it("refuses an index that disagrees with its shards", function()
     local d = fresh_dir()
     os.execute(("cp %s/* '%s'"):format(FIXTURE, d))

@@ -25,7 +25,9 @@
 -- rope_parameters.rope_theta. Names are HF's own (shard's Llama uses them), weights
 -- [out, in] as nn.Linear, and q_proj/k_proj rows in HF's rotate_half order, which shard's
 -- rope uses: nothing is renamed, transposed or permuted. The rotary_emb.inv_freq buffers of
--- older files are computed, not read. Under FSDP each rank reads just the byte range of its
+-- older files are computed, not read. shard.export_hf writes an nn.Llama back out in the same
+-- layout (model.safetensors, a tied head as embed_tokens alone, config.json for
+-- LlamaForCausalLM). Under FSDP each rank reads just the byte range of its
 -- slice (a Conv1D weight, whose slice is strided in the file, is read whole, one tensor at a
 -- time).
 local ffi = require("ffi")
@@ -588,6 +590,7 @@ function M.load_llama_into(model, path)
   reader.close()
   if not ok then error(err, 0) end
   fsdp.mark_stale(model)    -- the full parameters are stale now
+  if exists(config_path) then model.config.hf_config = M.read_config(config_path) end
   return model
 end
 
@@ -671,13 +674,54 @@ function M.hf_tensors(dict, c)
   return out
 end
 
--- Writes dir/model.safetensors and dir/config.json for transformers' GPT2LMHeadModel.
+-- nn.Llama's config -> LlamaConfig fields for config.json (base: the imported config.json,
+-- whose other fields, such as token ids, are kept). The rotary base goes in both spellings:
+-- rope_theta (transformers 4) and rope_parameters (transformers 5); shard reads either.
+function M.llama_config_to_hf(c, base)
+  local out = {}
+  for k, v in pairs(base or {}) do out[k] = v end
+  out.model_type = "llama"
+  out.architectures = { "LlamaForCausalLM" }
+  out.hidden_act = "silu"
+  out.hidden_size, out.intermediate_size, out.num_hidden_layers = c.dim, c.ffn_dim, c.n_layer
+  out.num_attention_heads, out.num_key_value_heads, out.head_dim = c.n_head, c.n_kv_head, c.dim / c.n_head
+  out.vocab_size, out.max_position_embeddings = c.vocab_size, c.max_seq_len
+  out.rms_norm_eps = c.norm_eps
+  out.rope_theta = c.rope_theta
+  out.rope_parameters = { rope_type = "default", rope_theta = c.rope_theta }
+  out.rope_scaling = nil
+  out.tie_word_embeddings = c.tie_embeddings == true
+  out.attention_bias, out.mlp_bias = false, false
+  out.torch_dtype = "float32"
+  if out.dtype ~= nil then out.dtype = "float32" end
+  return out
+end
+
+-- The HF tensors of a Llama's state dict: the same names (shard's Llama uses HF's), f32 CPU
+-- aliases; a tied head is embed_tokens alone, as save_pretrained writes it.
+local function llama_hf_tensors(dict)
+  local out = {}
+  for name, t in pairs(dict) do out[name] = t:alias() end
+  return out
+end
+
+local function is_llama(model)
+  return type(model) == "table" and type(model.config) == "table" and model.model ~= nil
+         and model.config.n_kv_head ~= nil
+end
+
+-- Writes dir/model.safetensors and dir/config.json for transformers' GPT2LMHeadModel, or,
+-- for an nn.Llama, LlamaForCausalLM.
 -- A new dir is built under a temporary name and renamed into place; into an existing dir
 -- (say one holding tokenizer files) both files are written under temporary names first and
 -- then renamed. Under FSDP every rank calls it (the shards are gathered); rank 0 writes, and
 -- every rank returns once the files are there (or raises the writer's error).
 function M.export(model, dir)
-  check_gpt(model, "export_hf")
+  local llama = is_llama(model)
+  if not llama then
+    local ok = pcall(check_gpt, model, "export_hf")
+    if not ok then error("export_hf: expected an nn.GPT or nn.Llama (plain or FSDP-wrapped), got " .. kind_of(model), 0) end
+  end
   if type(dir) ~= "string" or dir == "" then error("export_hf: expected a directory, got " .. tostring(dir), 0) end
   dir = dir:gsub("/+$", "")
   local c = model.config
@@ -686,8 +730,8 @@ function M.export(model, dir)
   local ok, err = true, nil
   if not env or env.rank == 0 then
     ok, err = pcall(function()
-      local tensors = M.hf_tensors(dict, c)
-      local config = json.encode(M.config_to_hf(c, c.hf_config)) .. "\n"
+      local tensors = llama and llama_hf_tensors(dict) or M.hf_tensors(dict, c)
+      local config = json.encode((llama and M.llama_config_to_hf or M.config_to_hf)(c, c.hf_config)) .. "\n"
       local fresh = not present(dir)
       local target = dir
       if fresh then
