@@ -3,11 +3,12 @@
 # files against the real clients, transformers and the safetensors reference library, in the
 # git-ignored virtual environment .venv-hf (tests/hf/venv.sh installs them on first use, from
 # PyPI; shard itself never needs Python). Not part of make test: it needs the network once.
-#   1. tests/hf/make_models.py: tiny random GPT-2 and Llama models (tied and untied heads, GQA
-#      and MQA, rope_theta, LayerNorm epsilon, single-file and sharded index.json) saved by
-#      save_pretrained, with transformers' float64 logits on fixed ids
+#   1. tests/hf/make_models.py: tiny random GPT-2 and Llama models (Llama's tied and untied
+#      heads, GQA and MQA, rope_theta, LayerNorm epsilon, single-file and sharded index.json)
+#      saved by save_pretrained, with transformers' float64 logits on fixed ids
 #   2. tests/hf/check.lua import: each loads through nn.GPT/nn.Llama.from_pretrained, in one
-#      process and under FSDP full_shard at world 2, with logits within 1e-5 of transformers'
+#      process and under FSDP full_shard at world 2, with logits within 1e-5 of transformers';
+#      a GPT-2 with an untied head (shard's GPT ties it) is refused, naming lm_head
 #   3. tests/hf/check.lua export: a GPT trained by shard (one process; FSDP world 2) written by
 #      shard.export_hf, and at world 2 by shard.checkpoint.save and shard.save
 #   4. tests/hf/check_shard_files.py: transformers' AutoModelForCausalLM loads the exports and

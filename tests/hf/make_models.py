@@ -4,7 +4,8 @@ save_pretrained, and transformers' own logits for them, for make check-hf (tests
 For each model NAME: OUT/models/NAME/ (config.json, model.safetensors or the sharded
 model.safetensors.index.json and its files, as save_pretrained writes them) and
 OUT/ref/NAME.safetensors: input_ids (int64 [B, T]) and logits (float64 [B, T, V], the model
-run in float64 by transformers on those ids). OUT/models.json lists them for check.lua.
+run in float64 by transformers on those ids). OUT/models.json lists them for check.lua
+("refused": a model shard must refuse, an untied GPT-2 head).
 Weights are drawn at a scale that gives logits of a few units (transformers' own init, std
 0.02, gives logits so small that any error would hide), with LayerNorm/RMSNorm gains near 1.
 """
@@ -52,6 +53,10 @@ def main(out):
         ("llama-mha", "llama",
          LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=32), None),
+        # shard's GPT ties lm_head to wte: an untied GPT-2 must be refused, not loaded half-right
+        ("gpt2-untied", "gpt2",
+         GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=53, n_positions=16, bos_token_id=0, eos_token_id=0,
+                    tie_word_embeddings=False), None),
     ]
     listed = []
     for i, (name, kind, config, shard_size) in enumerate(cases):
@@ -72,7 +77,8 @@ def main(out):
             logits = model.double()(input_ids=ids).logits
         save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous()}, f"{out}/ref/{name}.safetensors")
         listed.append({"name": name, "kind": kind, "dir": d, "ref": f"{out}/ref/{name}.safetensors",
-                       "sharded": sharded, "tied": bool(config.tie_word_embeddings)})
+                       "sharded": sharded, "tied": bool(config.tie_word_embeddings),
+                       "refused": kind == "gpt2" and not config.tie_word_embeddings})
     with open(out + "/models.json", "w") as f:
         json.dump(listed, f, indent=1)
 
