@@ -22,8 +22,8 @@ end
 local function line(what, times)
   table.sort(times)
   local mb = #text / 1e6
-  print(("shard     %-5s %7.2f MB/s best, %6.2f-%6.2f over %d rounds, %d ids"):format(what, mb / times[1], mb / times[#times],
-    mb / times[1], #times, n))
+  print(("shard     %-5s %7.2f MB/s best, %6.2f-%6.2f over %d rounds, %d ids, %.2f M tokens/s best"):format(what,
+    mb / times[1], mb / times[#times], mb / times[1], #times, n, n / times[1] / 1e6))
 end
 line("cold", cold)
 line("warm", warm)

@@ -32,8 +32,8 @@ for _ in range(rounds):
     n = len(enc.encode_ordinary(text))
     times.append(time.perf_counter() - t0)
 times.sort()
-print("tiktoken        %7.2f MB/s best, %6.2f-%6.2f over %d rounds, %d ids (tiktoken %s)"
-      % (mb / times[0], mb / times[-1], mb / times[0], rounds, n, tiktoken.__version__))
+print("tiktoken        %7.2f MB/s best, %6.2f-%6.2f over %d rounds, %d ids, %.2f M tokens/s best (tiktoken %s)"
+      % (mb / times[0], mb / times[-1], mb / times[0], rounds, n, n / times[0] / 1e6, tiktoken.__version__))
 PY
   bin/shard run bench/tokenizer.lua "$FULL/$name" "$TEXT" "$ROUNDS"
 done
