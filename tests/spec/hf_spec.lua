@@ -230,6 +230,20 @@ describe("Hugging Face GPT-2 export", function()
     assert.equal(read(d .. "/model.safetensors"), read(d .. "2/model.safetensors"))
   end)
 
+  it("writes GPT-2's token ids only where the vocabulary holds them", function()
+    shard.manual_seed(5)
+    local small = nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 13, block_size = 4 }
+    local d = fresh_dir() .. "/ids"
+    shard.export_hf(small, d)
+    local cfg = json.decode(read(d .. "/config.json"))
+    assert.equal(json.null, cfg.bos_token_id)
+    assert.equal(json.null, cfg.eos_token_id)
+    local big = hf.config_to_hf({ n_layer = 1, n_head = 1, n_embd = 8, vocab_size = 50257, block_size = 4 })
+    assert.same({ 50256, 50256 }, { big.bos_token_id, big.eos_token_id })
+    local kept = hf.config_to_hf({ n_layer = 1, n_head = 1, n_embd = 8, vocab_size = 13, block_size = 4 }, { eos_token_id = 12 })
+    assert.equal(12, kept.eos_token_id)
+  end)
+
   it("writes zero biases for a bias-free model", function()
     shard.manual_seed(4)
     local a = nn.GPT{ n_layer = 1, n_head = 2, n_embd = 8, vocab_size = 7, block_size = 4, bias = false }

@@ -160,6 +160,10 @@ function M.config_to_hf(c, base)
     embd_pdrop = c.dropout or 0, resid_pdrop = c.dropout or 0,
   }
   for k, v in pairs(defaults) do if out[k] == nil then out[k] = v end end
+  -- GPT-2's <|endoftext|> (50256) is no id of a smaller vocabulary: null then, not a dangling id
+  for _, k in ipairs { "bos_token_id", "eos_token_id" } do
+    if base == nil or base[k] == nil then out[k] = c.vocab_size > 50256 and 50256 or NULL end
+  end
   out.model_type = "gpt2"
   out.architectures = { "GPT2LMHeadModel" }
   out.activation_function = "gelu_new"
