@@ -94,7 +94,7 @@ function Unit:forward(...)
   if self == root then root.step = (root.step or 0) + 1 end
   check_schedule(self, 1)
   if self == root then root.recording_order = root.order == nil; root.order = root.order or {} end
-  local order = root.order
+  local order = root.order or {}   -- none yet: a unit run outside the root's first forward
   if root.recording_order then order[#order + 1] = self; self.index = #order end
   self:unshard()
   if not root.recording_order and root.opts.forward_prefetch ~= false then

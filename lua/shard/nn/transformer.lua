@@ -62,8 +62,17 @@ function M.check_tokens(who, idx, targets, limit, max)
   return B, T
 end
 
--- Logits of every position [B, T, V].
-function M.logits(self, idx) return F.linear(self:hidden(idx), self.lm_head.weight) end
+-- Logits of every position [B, T, V]. FSDP gathers a wrapped model's parameters in its
+-- forward only: called on such a model whose root is sharded, this names the two ways out
+-- instead of failing on a freed parameter.
+function M.logits(self, idx)
+  local fsdp = require("shard.fsdp")
+  if fsdp.is_fsdp(self) and fsdp.gather_state(self) == "sharded" then
+    error("logits: the model is FSDP-wrapped and its parameters are sharded outside its forward: call the model "
+      .. "(model(idx) gathers them), or gather them around this call (model:unshard() ... model:reshard())", 2)
+  end
+  return F.linear(self:hidden(idx), self.lm_head.weight)
+end
 
 -- The forward of idx [B, T] after the argument checks: with targets, the mean cross-entropy
 -- loss (0-dim); without, the logits of the last position [B, V].
