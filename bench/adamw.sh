@@ -19,7 +19,7 @@
 # over shard's at its own; then shard's bandwidth (bytes one pass must move: param, grad, m, v
 # read, param, m, v written, over the time) against the best bandwidth the machine showed at
 # the same threads, and the step's distance to that bound (targets: >= 3x PyTorch, within 1.5x
-# of the bound). shard's threads wait their own way (runtime/parallel.h); OpenMP (PyTorch, the
+# of the bound). shard's threads wait their own way (runtime/core/parallel.h); OpenMP (PyTorch, the
 # bandwidth probe) with libgomp's default wait policy unless said otherwise.
 # A system that fails or prints no positive figure is an error (exit 1).
 # Knobs (whole numbers): ADAMW_ROUNDS=2  ADAMW_ITERS=3  THREADS="1 $(nproc)"; ADAMW_PY=PYTHON

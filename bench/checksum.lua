@@ -1,6 +1,6 @@
 -- The cost of checkpoint checksums: CRC32C throughput per CPU kernel set, and what it adds to saves and loads.
 --   shard bench checksum [--mib=256 --n_layer=6 --n_embd=384 --reps=7 --dir=/tmp/checksum_bench]
--- CRC32C (runtime/checksum.h) over a --mib buffer in each kernel set this CPU runs (generic is
+-- CRC32C (runtime/io/checksum.h) over a --mib buffer in each kernel set this CPU runs (generic is
 -- the portable loop, the others the crc32 instruction), beside a copy of the same buffer (a
 -- read and a write: the memory speed the checksum is measured against). Then a GPT with its
 -- AdamW state: shard.checkpoint.save (synchronous: write + fsync), the CRC32C of everything it

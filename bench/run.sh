@@ -11,7 +11,7 @@
 #                 compiled  the same under torch.compile (inductor's C++); if it cannot compile
 #                           here the bench says so in one line and goes on without it
 #               If the 2.x install fails the bench says what failed and compares with 1.13 only.
-#               shard runs with its own wait setting (runtime/parallel.h: idle threads spin
+#               shard runs with its own wait setting (runtime/core/parallel.h: idle threads spin
 #               up to 200 us while they have their cores to themselves, then sleep); PyTorch with
 #               OMP_WAIT_POLICY=passive, and with PEER_SPIN=1 also at each count above 1 with
 #               libgomp's default wait policy (spin, then sleep), the setting "N spin", so that

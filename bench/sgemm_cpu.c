@@ -1,4 +1,4 @@
-/* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/sgemm.c's
+/* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/cpu/sgemm.c's
  * kernel) beside the same split of OpenBLAS (the generic CPU kernel set, cpu.h), on the products of a
  * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
  * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a

@@ -59,7 +59,7 @@ __global__ void act_kernel(int op, const T *x, const T *u, const T *w, T *o0, T 
   }
 }
 
-/* The table's pointwise kernels (runtime/nn_activation.c checked the arguments and
+/* The table's pointwise kernels (runtime/cpu/activation.c checked the arguments and
  * allocated the outputs, contiguous, of x's shape). Stages the inputs to x's dtype and
  * contiguity and launches; out1 may be NULL (one output), and in the swiglu backward either
  * may be. out0 has x's dtype; out1 (swiglu's db) has b's, so it goes through a scratch of

@@ -1,6 +1,6 @@
 /* attention.cu: causal scaled-dot-product attention, forward and backward, flash style:
  * q, k, v [B, H, T, D] -> out [B, H, T, D] and lse [B, H, T] (f32, the row log-sum-exp of the
- * scaled scores), as runtime/nn_attention.c. No T x T matrix ever reaches global memory.
+ * scaled scores), as runtime/cpu/attention.c. No T x T matrix ever reaches global memory.
  *
  * bf16 with D a multiple of 16 up to 128 runs FlashAttention-2's way on the tensor cores
  * (mma.sync m16n8k16, f32 accumulation; kernels/mma_sm80.cuh): 64 x 64 tiles, four warps per
@@ -25,7 +25,7 @@
  * Grouped-query attention: k and v have Hkv heads, G = H / Hkv query heads per k/v head.
  * Query head h reads k/v head h / G in place; the dK/dV kernel runs one block per (key tile,
  * k/v head) and walks the G query heads of the group, so each dk/dv row still has one writer.
- * Rotary embeddings (rope_kernel): the rotation of runtime/nn_attention.c, one thread per
+ * Rotary embeddings (rope_kernel): the rotation of runtime/cpu/attention.c, one thread per
  * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
 #include "core/backend_internal.h"

@@ -1,7 +1,7 @@
 /* device.cu: devices, streams, events, pinned host memory and the CUDA memory backend.
  *
  * The caching allocator itself (size classes, free lists, stats, tags, the OOM report) is
- * runtime/alloc.c, shared with the CPU; this file gives it raw device memory (cudaMalloc,
+ * runtime/core/alloc.c, shared with the CPU; this file gives it raw device memory (cudaMalloc,
  * called only on a cache miss, so a steady-state step never allocates or frees) and makes
  * reuse stream-aware: the free records an event on the stream current for the freeing thread
  * and on every stream sh_cuda_record_stream named since the block was handed out (work there
@@ -19,7 +19,7 @@
  * Each device has three streams created non-blocking (no implicit sync with the legacy
  * default stream): compute, all-gather and reduce-scatter; and a fourth, made after them,
  * for CPU offload's copies between pinned host memory and the device (the allocator's
- * offload hooks below, used by runtime/flatparam.c). */
+ * offload hooks below, used by runtime/dist/flatparam.c). */
 #include "common.cuh"
 #include "core/backend_internal.h"
 #include <map>
@@ -480,7 +480,7 @@ extern "C" int sh_cuda_event_elapsed(sh_cuda_event *start, sh_cuda_event *end, d
 }
 
 /* ---- pinned host memory -------------------------------------------------------------- */
-/* (Also the allocator's pinned blocks: runtime/alloc.c's sh_mem_set_pinned, CPU offload.) */
+/* (Also the allocator's pinned blocks: runtime/core/alloc.c's sh_mem_set_pinned, CPU offload.) */
 
 /* Sizes are rounded to 4 KiB pages; a freed buffer is reused for any request of at least
  * half its size, so a steady state cycles through the same few buffers. An asynchronous copy

@@ -1,5 +1,5 @@
 /* elementwise.cu: binary, unary, in-place, copy/cast and fill on CUDA, with the dtype rules
- * of runtime/ops_elementwise.c (the CPU reference): comparisons give the promoted dtype
+ * of runtime/cpu/elementwise.c (the CPU reference): comparisons give the promoted dtype
  * holding 0/1, integer division and transcendental ops of integers give f32, floats compute
  * in f32 (f64 in f64), integers in i64, and NaN propagates through maximum/minimum.
  *

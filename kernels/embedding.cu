@@ -7,7 +7,7 @@
  *
  * Indices are not range-checked on the device (that would need a host sync per call): an
  * index outside [0, V) gives a zero row forward and is skipped backward, never read or
- * written out of bounds. The front (runtime/nn_embedding.c) checks cpu indices and fails. */
+ * written out of bounds. The front (runtime/cpu/embedding.c) checks cpu indices and fails. */
 #include "common.cuh"
 #include "core/backend_internal.h"
 #include <cub/cub.cuh>
@@ -51,7 +51,7 @@ __global__ void embedding_bwd_kernel(const int32_t *keys, const int32_t *rows, i
   }
 }
 
-/* Outputs come from runtime/nn_embedding.c's front, which checked shapes and dtypes. */
+/* Outputs come from runtime/cpu/embedding.c's front, which checked shapes and dtypes. */
 extern "C" int sh_kcuda_embedding_forward(sh_tensor *y, const sh_tensor *idx, const sh_tensor *w) {
   const char *op = "embedding";
   cudaStream_t st;

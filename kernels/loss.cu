@@ -1,12 +1,12 @@
 /* classifier.cu: cross-entropy of logits [..., V] against integer targets [...], fused
- * with the log-softmax, as runtime/nn_loss.c: forward reads each row once (an online max
+ * with the log-softmax, as runtime/cpu/loss.c: forward reads each row once (an online max
  * and sum give the row log-sum-exp lse, f32, targets' shape) and never stores
  * probabilities; backward rebuilds softmax = exp(x - lse) while writing
  * dlogits = (softmax - onehot(target)) * dloss / count in the logits' dtype.
  * The loss is the mean over rows whose target is not ignore_index, 0 when there are none
  * (and the gradient then is 0). Row losses are summed in f64 by one block in a fixed order,
  * so the loss is the same from run to run. A target outside [0, V) that is not
- * ignore_index makes its row loss NaN (the front, runtime/nn_loss.c, reports it as an
+ * ignore_index makes its row loss NaN (the front, runtime/cpu/loss.c, reports it as an
  * error for cpu targets; checking here would need a host sync). */
 #include "common.cuh"
 #include "core/backend_internal.h"
@@ -117,7 +117,7 @@ static int check_rows(const char *op, int64_t n) {
   return SH_OK;
 }
 
-/* Outputs come from runtime/nn_loss.c's front, which checked shapes and dtypes (and that
+/* Outputs come from runtime/cpu/loss.c's front, which checked shapes and dtypes (and that
  * logits has classes when there are rows). */
 extern "C" int sh_kcuda_cross_entropy_forward(sh_tensor *loss, sh_tensor *lse, const sh_tensor *logits, const sh_tensor *targets,
                                               int64_t ignore_index) {

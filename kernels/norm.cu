@@ -1,5 +1,5 @@
 /* layernorm.cu: layernorm (optionally fused with the residual add before it) and rmsnorm
- * over the last dim, forward and backward, as runtime/nn_norm.c computes them: per-row
+ * over the last dim, forward and backward, as runtime/cpu/norm.c computes them: per-row
  * statistics in f32 (mean and rstd = 1/sqrt(var + eps), two-pass variance; rmsnorm's
  * rstd = 1/sqrt(mean(x^2) + eps)), saved as f32 [rows] for backward; w and b may be NULL.
  *
@@ -178,7 +178,7 @@ __global__ void norm_param_finish_kernel(const float *part, int nblocks, int C, 
   }
 }
 
-/* ---- host side: the table's kernels (runtime/nn_norm.c checked the arguments and
+/* ---- host side: the table's kernels (runtime/cpu/norm.c checked the arguments and
  * allocated the outputs: y and r of x's dtype, mean and rstd f32, all contiguous) -------- */
 
 static const void *data_or_null(const sh_tensor *t) { return t ? sh_tensor_data(t) : nullptr; }

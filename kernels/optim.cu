@@ -1,5 +1,5 @@
 /* optim.cu: AdamW and SGD over flat f32 master buffers on CUDA, and the gradient-norm part,
- * with the formulas and the f32 evaluation order of runtime/optim.c (PyTorch's single-tensor
+ * with the formulas and the f32 evaluation order of runtime/cpu/optim.c (PyTorch's single-tensor
  * path):
  *   AdamW: g = grad * grad_scale;  p *= 1 - lr wd;  m = b1 m + (1 - b1) g;
  *          v = b2 v + (1 - b2) g^2;  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -159,7 +159,7 @@ static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, cudaStream_t st
   return SH_OK;
 }
 
-/* The table's kernel: runtime/optim.c checked every buffer (flat, param's numel, one device)
+/* The table's kernel: runtime/cpu/optim.c checked every buffer (flat, param's numel, one device)
  * and hyper-parameter, and bumps the versions. One launch per MT_MAX non-empty parameters. */
 extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
                                           double eps, int64_t step, double grad_scale) {

@@ -1,5 +1,5 @@
 /* reduce.cu: the CUDA kernels of sum, mean, max, min, argmax, sum_to_shape and sumsq. The
- * fronts in runtime/ops_reduce.c check the arguments and allocate the outputs in the result
+ * fronts in runtime/cpu/reduce.c check the arguments and allocate the outputs in the result
  * dtypes (sum of integers -> i64, mean of integers -> f32, max/min keep the dtype); NaN
  * propagates; argmax points at the first NaN, else the first max.
  *

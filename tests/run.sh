@@ -9,7 +9,7 @@
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
 #   tools/check_layers.lua       runtime/'s layers from its includes and its objects' symbols
 #   tools/gpu_report.lua         the kernels' registers, shared memory and spills (BUILD/kernels/*.ptxas)
-# CPU kernel sets (runtime/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
+# CPU kernel sets (runtime/cpu/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
 # best this CPU runs); then the C tests (the op table among them) and the recipe-loss specs
 # (RECIPE_SPECS) run again under each lower set this CPU runs, with OpenBLAS's kernels of such
 # a CPU (OPENBLAS_CORETYPE), so that one AVX-512 machine proves the AVX2 and baseline x86-64

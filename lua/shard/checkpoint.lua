@@ -21,10 +21,10 @@
 -- then replaces DIR/latest (a one-line file, written and renamed), then prunes to `keep`
 -- step directories. A process killed at any moment leaves `latest` naming a complete one.
 -- async = true: the slices are copied to host memory at the call (the step boundary) and a
--- background thread (runtime/ckpt_io.h) writes them while training goes on; the next save,
+-- background thread (runtime/io/ckpt_io.h) writes them while training goes on; the next save,
 -- checkpoint.wait() or the process's end waits for it.
 -- Checksums: every piece's CRC32C is taken from the bytes handed to the writer (at memory
--- speed, runtime/checksum.h) and a load checks every piece it reads from against it, the
+-- speed, runtime/io/checksum.h) and a load checks every piece it reads from against it, the
 -- whole piece even when it needs a part (a rank of another layout), so a changed byte is
 -- refused naming the file and the tensor. A checkpoint without them (written before they were
 -- kept) loads unverified, with a note; load's verify = false or SHARD_VERIFY_CHECKSUMS=0

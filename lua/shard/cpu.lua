@@ -1,4 +1,4 @@
--- shard.cpu: the CPU kernel set (runtime/cpu.h) from Lua, and the `shard cpu` command.
+-- shard.cpu: the CPU kernel set (runtime/cpu/cpu.h) from Lua, and the `shard cpu` command.
 -- The set in use is the best the CPU runs, or SHARD_CPU_ISA's; M.use switches it in a
 -- running process (the REPL, a comparison script).
 local ffi = require("ffi")

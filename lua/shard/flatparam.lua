@@ -1,4 +1,4 @@
--- shard.flatparam: the FlatParameter (runtime/flatparam.h) seen from Lua, the one binding of
+-- shard.flatparam: the FlatParameter (runtime/dist/flatparam.h) seen from Lua, the one binding of
 -- sh_flatparam_* (shard.fsdp drives its units through it). It keeps the parameter tensors it
 -- was built from alive (the C side re-points their structs in place) and hands out aliases
 -- of the local shards. The gather state lives in C only: fp:state() reads it.
@@ -71,7 +71,7 @@ function FlatParam:info()
            has_grad = i.has_grad ~= 0, device = tensor.device_name(i.device), offload = i.offload ~= 0 }
 end
 
--- CPU offload (runtime/flatparam.h): the shard and the sharded grad move to pinned host
+-- CPU offload (runtime/dist/flatparam.h): the shard and the sharded grad move to pinned host
 -- memory, so shard() and grad_shard() are CPU tensors and the optimizer steps on the CPU.
 -- Returns whether anything moved (false on the CPU, where there is nothing to move).
 function FlatParam:set_offload()

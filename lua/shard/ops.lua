@@ -1,4 +1,4 @@
--- shard.ops: the bindings of runtime/ops.h, one per C entry point, and the tensor math that
+-- shard.ops: the bindings of runtime/ops/ops.h, one per C entry point, and the tensor math that
 -- is not differentiable as Tensor methods (in-place updates, sumsq, sum_to, random fills).
 -- The differentiable methods (a:add(b), a:sum(dim), a:matmul(b), ...) are shard.functional's,
 -- built on these bindings; ops.raw holds their non-recording forms. Dims are 1-based

@@ -33,7 +33,7 @@ function M.dtype_id(name)
 end
 function M.dtype_name(id) return DTYPES[id] end
 
--- Device ids: -1 the CPU, N cuda:N, C.SH_DEVICE_META the meta device (runtime/meta.h: shapes
+-- Device ids: -1 the CPU, N cuda:N, C.SH_DEVICE_META the meta device (runtime/core/meta.h: shapes
 -- and memory accounting without data, for dry runs) and C.SH_DEVICE_META_HOST its host side
 -- ("meta:host", where a dry run's CPU offload keeps what a GPU run keeps in pinned memory).
 local META, META_HOST = C.SH_DEVICE_META, C.SH_DEVICE_META_HOST

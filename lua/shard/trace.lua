@@ -8,9 +8,9 @@
 --     FSDP unit's forward, unshard, prefetch, reshard, pre- and post-backward, the spans the
 --     loop names (data, optimizer), and every wait that blocked on a collective (exposed);
 --   communication (tids 10.. gathers and broadcasts, 20.. reductions): each collective from
---     issue to completion with its bytes, group and the unit it serves (runtime/comm.c's
+--     issue to completion with its bytes, group and the unit it serves (runtime/dist/comm.c's
 --     event ring); overlapping collectives take further lanes;
---   a memory counter by tag (runtime/alloc.c's event ring, shard.memory's timeline);
+--   a memory counter by tag (runtime/core/alloc.c's event ring, shard.memory's timeline);
 --   on a CUDA device, one track per stream (tids 30 compute, 31 all-gather, 32 reduce-scatter)
 --   with each op's and each collective's device time (shard.trace_device).
 -- Every rank writes its part beside the path; rank 0 merges them after a barrier. Times are

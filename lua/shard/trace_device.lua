@@ -1,7 +1,7 @@
 -- shard.trace_device: device times for shard.trace on a CUDA device. Kernels run after the
 -- host queued them, so the host's spans time the launches; these come from timing events
 -- recorded on the stream each op ran on (before and after it) and, for collectives, by
--- runtime/comm.c on the caller's and the collective's streams (sh_comm_event.device_events).
+-- runtime/dist/comm.c on the caller's and the collective's streams (sh_comm_event.device_events).
 -- Device times become host times through one reference event recorded on an idle device:
 -- t = host time at the reference + cudaEventElapsedTime(reference, event).
 local ffi = require("ffi")

@@ -1,4 +1,4 @@
-/* check_cpu.h: for C tests that compare CPU kernel sets (runtime/cpu.h) in one process. */
+/* check_cpu.h: for C tests that compare CPU kernel sets (runtime/cpu/cpu.h) in one process. */
 #pragma once
 #include "check.h"
 #include "cpu/cpu.h"

@@ -1,4 +1,4 @@
-/* test_bf16_vec.c: the array conversions of runtime/bf16_vec.c and the copies, fills and
+/* test_bf16_vec.c: the array conversions of runtime/cpu/bf16_vec.c and the copies, fills and
  * elementwise staging that go through them, under the CPU kernel set in use (AVX-512F in the
  * avx512 sets) and under generic's portable loop, in one process (check.h's check_sets).
  * Reference: each element's bits against the scalar inline conversion (bf16_internal.h's,

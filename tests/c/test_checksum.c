@@ -1,4 +1,4 @@
-/* test_checksum.c: CRC32C (runtime/checksum.h) against published vectors (the check value of
+/* test_checksum.c: CRC32C (runtime/io/checksum.h) against published vectors (the check value of
  * "123456789" from the CRC catalogue, RFC 3720 appendix B.4's five iSCSI vectors), in every
  * kernel set this CPU runs (the crc32-instruction build and the portable one); then, only in
  * addition to the vectors, the two builds against each other on lengths and alignments around

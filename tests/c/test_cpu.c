@@ -1,4 +1,4 @@
-/* test_cpu.c: the CPU kernel sets (runtime/cpu.h). The best set against the CPU's features as
+/* test_cpu.c: the CPU kernel sets (runtime/cpu/cpu.h). The best set against the CPU's features as
  * cpuid reports them (read here, not through cpu.c's __builtin_cpu_supports), the names, and
  * switching: every set up to the best, and a clear error for anything else. SHARD_CPU_ISA's
  * parsing runs through bin/shard (tests/spec/cpu_spec.lua). */

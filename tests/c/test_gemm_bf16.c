@@ -1,4 +1,4 @@
-/* test_gemm_bf16.c: sh_gemm_bf16 (runtime/gemm_bf16.c) against a float64 product of the same
+/* test_gemm_bf16.c: sh_gemm_bf16 (runtime/cpu/gemm_bf16.c) against a float64 product of the same
  * bf16 inputs, under the CPU kernel set in use and under generic in one process (check.h):
  * AVX-512 BF16 in the avx512bf16 set, widened to f32 in the others (and the two against each other);
  * then linear's forward and backward with bf16 x, w and dy (mixed precision), which read

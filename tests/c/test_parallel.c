@@ -1,4 +1,4 @@
-/* test_parallel.c: the CPU thread team (runtime/parallel.c). Every part of a call runs once,
+/* test_parallel.c: the CPU thread team (runtime/core/parallel.c). Every part of a call runs once,
  * each on a thread of its own; nested and concurrent calls run inline with the same split;
  * sh_parallel_for covers its range exactly once; no wake-up is lost over many short calls
  * whether the workers spin, sleep at once or adapt (each wait policy in a forked child,

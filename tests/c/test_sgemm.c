@@ -1,4 +1,4 @@
-/* test_sgemm.c: the CPU's f32 GEMM (runtime/blas.c, runtime/sgemm.c) against a float64
+/* test_sgemm.c: the CPU's f32 GEMM (runtime/cpu/blas.c, runtime/cpu/sgemm.c) against a float64
  * product, under the CPU kernel set in use and under generic in one process (check.h): the
  * avx512 sets run sgemm.c's kernel, the others OpenBLAS.
  * - The kernel itself (sh_sgemm_avx512 on one thread), which sh_sgemm uses only for products

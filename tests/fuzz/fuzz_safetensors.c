@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c: a mutation fuzzer for the safetensors reader (runtime/safetensors.c,
+/* fuzz_safetensors.c: a mutation fuzzer for the safetensors reader (runtime/io/safetensors.c,
  * compiled into this file with a counting allocator). Built with
  * -fsanitize=address,undefined by `make fuzz`; any sanitizer report aborts the run.
  *

@@ -1,4 +1,4 @@
--- A FlatParameter with CPU offload (runtime/flatparam.h's sh_flatparam_set_offload) on a CUDA
+-- A FlatParameter with CPU offload (runtime/dist/flatparam.h's sh_flatparam_set_offload) on a CUDA
 -- device (the emulated one under make test), one process, no group (so no gather stands
 -- between the shard's copy to the device and its use): against values written down here, exact (multiples of 1/4, exact in
 -- bf16 too).

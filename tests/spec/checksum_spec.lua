@@ -1,4 +1,4 @@
--- Checkpoints carry checksums (runtime/checksum.h): one data byte changed in a rank file of
+-- Checkpoints carry checksums (runtime/io/checksum.h): one data byte changed in a rank file of
 -- shard.checkpoint or in a shard.save file is refused on load, naming the file and the
 -- tensor; verify = false or SHARD_VERIFY_CHECKSUMS=0 loads it anyway; files written before
 -- checksums were kept still load. A rank that reads only part of a piece (another layout)

@@ -25,7 +25,7 @@ describe("bin/shard", function()
     end
   end)
 
-  -- runtime/parallel.c: idle workers spin a while when this node's ranks x threads fit the
+  -- runtime/core/parallel.c: idle workers spin a while when this node's ranks x threads fit the
   -- CPUs, else sleep at once; OMP_NUM_THREADS sets the team, OMP_WAIT_POLICY overrides the wait
   it("sizes the thread team and picks its wait by how many ranks and threads share the CPUs", function()
     local probe = script('local C = require("shard.ffi").C; local s = tonumber(C.sh_parallel_spin_ns()); ' ..

@@ -1,4 +1,4 @@
--- The CPU kernel sets from the outside (runtime/cpu.h, lua/shard/cpu.lua): `shard cpu`,
+-- The CPU kernel sets from the outside (runtime/cpu/cpu.h, lua/shard/cpu.lua): `shard cpu`,
 -- SHARD_CPU_ISA choosing the set for a whole run, and the errors for a set that is not one
 -- or that this CPU cannot run, given before anything runs.
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")

@@ -19,7 +19,7 @@
 -- offload = { params = true }: every unit's shard, sharded grad and AdamW state live in host
 -- memory (pinned for the first two); the shard is copied to the device before each gather
 -- and the grad back after each reduction, on their own streams, and the optimizer steps unit
--- by unit on the CPU (runtime/flatparam.h, fsdp/unit.lua). Sharding strategies only.
+-- by unit on the CPU (runtime/dist/flatparam.h, fsdp/unit.lua). Sharding strategies only.
 -- Shared parameters stay with the closest unit over all their users (fsdp/shared.lua).
 -- ignored_params / ignored_modules: left out of every FlatParameter, replicated on every
 -- rank, their grads all-reduced at the end of the backward (none when frozen). Frozen and

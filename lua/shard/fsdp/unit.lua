@@ -42,7 +42,7 @@ local function own_params(module, out)
 end
 M.own_params = own_params
 
--- CPU offload (wrap's offload = { params = true }; runtime/flatparam.h): the unit's shard and
+-- CPU offload (wrap's offload = { params = true }; runtime/dist/flatparam.h): the unit's shard and
 -- sharded grad move to pinned host memory and its optimizer entries step on the CPU. A
 -- sharding strategy only; on the CPU there is nothing to move: noted once per process on
 -- rank 0.

@@ -29,7 +29,7 @@ local function param_names(module, prefix, out)
   return out
 end
 
--- CPU offload (opts.offload = { params = true }; runtime/flatparam.h): the unit's shard and
+-- CPU offload (opts.offload = { params = true }; runtime/dist/flatparam.h): the unit's shard and
 -- sharded grad live in pinned host memory and its optimizer entries step on the CPU. Every
 -- sharding strategy takes it; no_shard refuses it (the full model on every rank would be
 -- copied to the device twice a step). On the CPU there is nothing to move: accepted, noted

@@ -1,11 +1,11 @@
--- shard.io.safetensors: the safetensors format through runtime/safetensors.c, which validates
+-- shard.io.safetensors: the safetensors format through runtime/io/safetensors.c, which validates
 -- the whole header (sizes, dtypes, offsets tiling the data section, duplicate keys) before a
 -- byte of data is used, reads just the byte ranges asked for, and writes atomically.
 --   local f = S.open(path)         f:names(), f:info(name), f:metadata(),
 --                                  f:read(name, dst, first, count), f:close()
 --   S.load(path) -> name -> CPU tensor, metadata      S.save(path, tensors, metadata)
 --   S.crc32c(t), f:read_crc32c(name, dst, first, count), S.verifying(opt): the checksums
---                                  shard's checkpoints keep per tensor (runtime/checksum.h)
+--                                  shard's checkpoints keep per tensor (runtime/io/checksum.h)
 local ffi = require("ffi")
 local rt = require("shard.ffi")
 local tensor = require("shard.tensor")

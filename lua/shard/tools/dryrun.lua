@@ -1,8 +1,8 @@
 -- shard.tools.dryrun: `shard estimate --dry-run --world=N RECIPE [--key=value ...]` runs a recipe as
 -- one rank of an N-rank job, in one process, with nothing computed: the real fsdp.wrap,
--- schedule and caching allocator, over tensors on the meta device (runtime/meta.h: shapes and
+-- schedule and caching allocator, over tensors on the meta device (runtime/core/meta.h: shapes and
 -- memory accounting, no data; kernels count FLOPs and bytes) and a dry-run world
--- (runtime/comm_dry.c: collectives counted as real ones, no data moved). It prints, for the
+-- (runtime/dist/comm_dry.c: collectives counted as real ones, no data moved). It prints, for the
 -- last of --steps training steps (the optimizer's step calls delimit them): the rank's peak
 -- memory by tag and the unit running when it was reached, the collectives and their bytes,
 -- the FLOPs, and the step time that a device's peak figures imply (an estimate: bounds, not
