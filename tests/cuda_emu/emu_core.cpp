@@ -268,6 +268,7 @@ bool check_canaries(const char *what) {
 /* ===================================================================================== */
 
 struct stream_rec;
+struct capture_rec;
 struct dep { stream_rec *s; uint64_t seq; };
 
 struct op {
@@ -293,6 +294,10 @@ struct stream_rec {
   int created = -1;             /* cudaStreamCreate* order in the process; -1: legacy */
   long last_node = 0;           /* graph: the last node queued here while recording, 0 none */
   std::vector<std::pair<long, const void *>> wait_from;   /* graph: edges to the next node */
+  bool lane = false;            /* a graph's own stream (cudaGraphInstantiate), not the program's */
+  capture_rec *cap = nullptr;   /* the capture it takes part in, or null */
+  std::vector<int> cap_deps;    /* while capturing: the nodes the next captured work follows */
+  int cap_lane = 0;             /* while capturing: its place in the capture's streams */
 };
 
 struct event_rec {
@@ -304,6 +309,8 @@ struct event_rec {
   bool timed = false;
   bool destroyed = false;
   long node = 0;                /* graph: the last node before the record (0: none / not recording) */
+  capture_rec *cap = nullptr;   /* last recorded in this capture (a captured event), or null */
+  std::vector<int> cap_nodes;   /* the captured nodes it stands for */
 };
 
 stream_rec *g_legacy[MAX_DEV];
@@ -349,6 +356,127 @@ void host_wait(bool sync, const char *kind, const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   graph_line("hostwait %s %s", kind, buf);
+}
+
+/* ===================================================================================== */
+/* stream capture (Programming Guide "CUDA Graphs", "Creating a Graph Using Stream Capture") */
+/* ===================================================================================== */
+
+/* A node of a captured graph: the work, the lane it runs on at each launch (the capturing
+ * stream it came from: consecutive work of one stream stays in order) and the earlier nodes
+ * it waits for. Event records and waits are not nodes: they become these edges. */
+struct gnode {
+  std::string what;
+  int lane = 0;
+  std::vector<int> deps;
+  std::function<void()> body;
+  relaunch_fn relaunch;          /* emu_api.h: remakes the work at each launch, or empty */
+  bool is_kernel = false;
+};
+
+struct graph_rec { std::vector<gnode> nodes; int lanes = 1; int device = 0; };
+
+/* One capture sequence, cudaStreamBeginCapture .. cudaStreamEndCapture. Kept after its end
+ * (small): an event last recorded in it still names it. */
+struct capture_rec {
+  graph_rec *g = nullptr;
+  unsigned long long id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  stream_rec *origin = nullptr;
+  bool invalid = false, ended = false;
+  std::vector<stream_rec *> streams;   /* in joining order: index = lane; the origin is 0 */
+};
+
+/* An instantiated graph: its own non-blocking streams, one per lane. */
+struct exec_rec {
+  graph_rec g;
+  std::vector<stream_rec *> lanes;
+  dep last_launch = {nullptr, 0};      /* the previous launch's end: launches run one after another */
+};
+
+std::set<capture_rec *> g_captures;    /* active ones */
+std::set<graph_rec *> g_graphs;
+std::set<exec_rec *> g_execs;
+unsigned long long g_capture_ids;
+thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;
+
+/* An invalid operation during capture invalidates it: EndCapture then returns
+ * cudaErrorStreamCaptureInvalidated and no graph. */
+void invalidate(capture_rec *c, const char *why) {
+  if (!c || c->ended || c->invalid) return;
+  c->invalid = true;
+  note("stream capture %llu invalidated: %s", c->id, why);
+}
+
+/* The capture, if any, that makes the legacy stream of `device` unusable: one of the
+ * device's blocking streams is capturing ("the legacy stream handle at all times encompasses
+ * these other streams"). */
+capture_rec *blocking_capture(int device) {
+  for (capture_rec *c : g_captures)
+    for (stream_rec *s : c->streams)
+      if (s->device == device && !(s->flags & cudaStreamNonBlocking)) return c;
+  return nullptr;
+}
+
+/* Whether `s` takes work now: cudaErrorStreamCaptureInvalidated while its capture is
+ * invalidated; cudaErrorStreamCaptureImplicit (the capture invalidated) for the legacy
+ * stream while a blocking stream of its device captures. */
+cudaError_t stream_usable(stream_rec *s, const char *what) {
+  if (s->cap && s->cap->invalid) return cudaErrorStreamCaptureInvalidated;
+  if (s->legacy) {
+    if (capture_rec *c = blocking_capture(s->device)) {
+      invalidate(c, (std::string(what) + " on the legacy stream while a blocking stream captures").c_str());
+      return cudaErrorStreamCaptureImplicit;
+    }
+  }
+  return cudaSuccess;
+}
+
+/* "Potentially unsafe" calls (cudaMalloc, cudaFree, ...; cudaThreadExchangeStreamCaptureMode):
+ * refused with cudaErrorStreamCaptureUnsupported, the capture that forbids them invalidated,
+ * when this thread has a capture not begun relaxed (unless its own mode is relaxed), or
+ * another thread has one begun in global mode (when this thread's mode is global). */
+cudaError_t unsafe_call(const char *what) {
+  if (tl_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  for (capture_rec *c : g_captures) {
+    bool mine = c->thread == std::this_thread::get_id();
+    if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && c->mode == cudaStreamCaptureModeGlobal && tl_capture_mode == cudaStreamCaptureModeGlobal)) {
+      invalidate(c, (std::string(what) + " during capture (a potentially unsafe call in this capture mode)").c_str());
+      return cudaErrorStreamCaptureUnsupported;
+    }
+  }
+  return cudaSuccess;
+}
+
+/* Adds a node for work captured on s (after s's current dependencies and `extra`); s's
+ * next work follows it. Returns its index. */
+int capture_node(stream_rec *s, std::string what, std::function<void()> body, bool kernel, const std::vector<int> &extra,
+                 relaunch_fn relaunch) {
+  graph_rec *g = s->cap->g;
+  gnode n;
+  n.what = std::move(what);
+  n.lane = s->cap_lane;
+  n.deps = s->cap_deps;
+  for (int d : extra)
+    if (std::find(n.deps.begin(), n.deps.end(), d) == n.deps.end()) n.deps.push_back(d);
+  n.body = std::move(body);
+  n.relaunch = std::move(relaunch);
+  n.is_kernel = kernel;
+  g->nodes.push_back(std::move(n));
+  int id = (int)g->nodes.size() - 1;
+  s->cap_deps.assign(1, id);
+  return id;
+}
+
+/* s joins capture c (it waited on an event recorded in c): lane, dependencies. */
+void capture_join(stream_rec *s, capture_rec *c, const std::vector<int> &deps) {
+  s->cap = c;
+  s->cap_lane = (int)c->streams.size();
+  s->cap_deps = deps;
+  c->streams.push_back(s);
+  c->g->lanes = (int)c->streams.size();
 }
 
 double now_ms() {
@@ -473,6 +601,11 @@ void host_complete(stream_rec *s, uint64_t seq) {
 }
 
 void enqueue_op(stream_rec *s, op *o) {
+  if (s->cap) {   /* captured: a node of the graph (records and waits change the edges instead) */
+    if (o->body && !o->is_record) capture_node(s, o->what, o->body, o->is_kernel, {}, {});
+    delete o;
+    return;
+  }
   o->seq = ++s->enq;
   o->issue = ++g_issue;
   o->device = s->device;
@@ -1387,6 +1520,7 @@ void launch_grid(const launch_config &c, const void *func, void (*run)(void *), 
   if (sticky_now() != cudaSuccess) return fail(sticky_now(), "sticky error");
   stream_rec *s = resolve(c.stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle, "invalid stream");
+  if (cudaError_t e = stream_usable(s, "a kernel launch")) return fail(e, "the stream's capture forbids it");
   if (!func) return fail(cudaErrorInvalidDeviceFunction, "null kernel");
   const dim3 &b = c.block, &gd = c.grid;
   if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024)
@@ -1423,6 +1557,7 @@ cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()>
   if (sticky_now() != cudaSuccess) return set_error(sticky_now());
   stream_rec *s = resolve(stream);
   if (!s) return set_error(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = stream_usable(s, what ? what : "library call")) return set_error(e);
   g_count.library_calls++;
   enqueue_fn(s, what ? what : "library call", std::move(work));
   return cudaSuccess;
@@ -1442,13 +1577,34 @@ bool run_ready_work() {
 
 void requeue_work(bool moved) { g_requeued = moved ? 2 : 1; }
 
+/* enqueue_after on a capturing stream: a node after the points of this capture in `after`
+ * (a captured point is {the capture, node index + 1}). */
+cudaError_t capture_after(stream_rec *s, const char *what, std::function<void()> work, const work_ref *after, int n_after,
+                          work_ref *out, relaunch_fn relaunch) {
+  std::vector<int> extra;
+  for (int i = 0; i < n_after; i++) {
+    capture_rec *c = (capture_rec *)after[i].stream;
+    if (c != s->cap || after[i].seq == 0 || after[i].seq > c->g->nodes.size()) {
+      invalidate(s->cap, "captured work was to run after work outside the capture");
+      return set_error(cudaErrorStreamCaptureIsolation);
+    }
+    extra.push_back((int)after[i].seq - 1);
+  }
+  g_count.library_calls++;
+  int id = capture_node(s, what ? what : "library call", std::move(work), false, extra, std::move(relaunch));
+  if (out) *out = work_ref{(cudaStream_t)s->cap, (unsigned long long)id + 1};
+  return cudaSuccess;
+}
+
 cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> work,
-                          const work_ref *after, int n_after, work_ref *out) {
+                          const work_ref *after, int n_after, work_ref *out, relaunch_fn relaunch) {
   guard g_(g_lock);
   init_devices();
   if (sticky_now() != cudaSuccess) return set_error(sticky_now());
   stream_rec *s = resolve(stream);
   if (!s || n_after < 0 || (n_after > 0 && !after)) return set_error(s ? cudaErrorInvalidValue : cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = stream_usable(s, what ? what : "library call")) return set_error(e);
+  if (s->cap) return capture_after(s, what, std::move(work), after, n_after, out, std::move(relaunch));
   op *o = new op;
   for (int i = 0; i < n_after; i++) {   /* a point names its stream record (never freed) */
     stream_rec *a = (stream_rec *)after[i].stream;
@@ -1462,6 +1618,24 @@ cudaError_t enqueue_after(cudaStream_t stream, const char *what, std::function<v
   enqueue_op(s, o);
   if (out) *out = work_ref{(cudaStream_t)s, seq};
   return cudaSuccess;
+}
+
+cudaError_t wait_work(work_ref at) {
+  guard g_(g_lock);
+  init_devices();
+  stream_rec *s = (stream_rec *)at.stream;
+  if (std::find(g_streams.begin(), g_streams.end(), s) == g_streams.end()) return set_error(cudaErrorInvalidResourceHandle);
+  if (s->done < at.seq) {
+    host_wait(true, "work_sync", "stream %d", s->id);
+    host_complete(s, at.seq);
+  }
+  return sticky_now();
+}
+
+bool is_capturing(cudaStream_t stream) {
+  guard g_(g_lock);
+  stream_rec *s = resolve(stream);
+  return s && s->cap;
 }
 
 bool is_device_range(const void *p, size_t bytes) {
@@ -1512,6 +1686,12 @@ void test_reset() {
     s->done = s->enq;
   }
   for (int d = 0; d < MAX_DEV; d++) g_sticky[d] = cudaSuccess;
+  for (capture_rec *c : g_captures) {   /* captures end, unfinished */
+    for (stream_rec *s : c->streams) { s->cap = nullptr; s->cap_deps.clear(); }
+    c->ended = true;
+  }
+  g_captures.clear();
+  tl_capture_mode = cudaStreamCaptureModeGlobal;
   tl_last = cudaSuccess;
   g_report.clear();
 }
@@ -1577,6 +1757,7 @@ std::string graph_end() {
   for (int id : ids) {
     const stream_rec *s = g_streams[id];
     if (s->legacy) snprintf(buf, sizeof buf, "stream %d legacy %u %d\n", id, s->flags, s->device);
+    else if (s->lane) snprintf(buf, sizeof buf, "stream %d graph %u %d\n", id, s->flags, s->device);
     else snprintf(buf, sizeof buf, "stream %d %d %u %d\n", id, s->created, s->flags, s->device);
     out += buf;
   }
@@ -1636,6 +1817,16 @@ static const struct { cudaError_t e; const char *name, *text; } ERRORS[] = {
   {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
   {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
   {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+  {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+  {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+  {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
+  {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge", "operation would result in a merge of separate capture sequences"},
+  {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched", "capture was not ended in the same stream as it began"},
+  {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
+  {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation", "dependency created on uncaptured work in another stream"},
+  {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
+  {cudaErrorCapturedEvent, "cudaErrorCapturedEvent", "operation not permitted on an event last recorded in a capturing stream"},
+  {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another thread"},
   {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -1758,8 +1949,21 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
   return cudaSuccess;
 }
 
+/* "It is also invalid to ... synchronize a broader handle which encompasses an active stream
+ * capture, such as a device": cudaErrorStreamCaptureUnsupported, the device's captures invalidated. */
+static cudaError_t device_capturing(int device, const char *what) {
+  cudaError_t e = cudaSuccess;
+  for (capture_rec *c : std::vector<capture_rec *>(g_captures.begin(), g_captures.end()))
+    if (c->origin->device == device) {
+      invalidate(c, what);
+      e = cudaErrorStreamCaptureUnsupported;
+    }
+  return e;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   API_BEGIN
+  if (cudaError_t e = device_capturing(tl_device, "cudaDeviceSynchronize during capture")) return ret(e);
   host_wait(true, "device_sync", "device %d", tl_device);
   drain(tl_device);
   return ret(sticky_now());
@@ -1799,6 +2003,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
   API_BEGIN
   g_count.mallocs++;
   if (!ptr) return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = unsafe_call("cudaMalloc")) return ret(e);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
   if (size > cfg.mem_limit - g_used[tl_device]) return ret(cudaErrorMemoryAllocation);
@@ -1814,6 +2019,7 @@ cudaError_t cudaFree(void *ptr) {
   API_BEGIN
   g_count.frees++;
   if (!ptr) return cudaSuccess;
+  if (cudaError_t e = unsafe_call("cudaFree")) return ret(e);
   alloc *a = find_live(ptr);
   if (!a || a->data != ptr || a->device < 0) return ret(cudaErrorInvalidValue);
   drain(a->device);   /* cudaFree synchronises the device */
@@ -1827,6 +2033,7 @@ cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags) {
   if (!ptr) return ret(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (flags & ~0xFu) return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = unsafe_call("cudaHostAlloc")) return ret(e);
   if (size == 0) return cudaSuccess;
   alloc *a = new_mapping(size, -1);
   if (!a) return ret(cudaErrorMemoryAllocation);
@@ -1839,6 +2046,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, 
 cudaError_t cudaFreeHost(void *ptr) {
   API_BEGIN
   if (!ptr) return cudaSuccess;
+  if (cudaError_t e = unsafe_call("cudaFreeHost")) return ret(e);
   alloc *a = find_live(ptr);
   if (!a || a->data != ptr || a->device >= 0) return ret(cudaErrorInvalidValue);
   drain(-1);          /* pending copies may still read or write it */
@@ -1886,6 +2094,7 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyK
   if (dst_dev >= 0 && (d.w != W_DEVICE || d.a->device != dst_dev)) return ret(cudaErrorInvalidValue);
   if (src_dev >= 0 && (sr.w != W_DEVICE || sr.a->device != src_dev)) return ret(cudaErrorInvalidValue);
   bool dd = d.w == W_DEVICE, sd = sr.w == W_DEVICE;
+  if (cudaError_t e = stream_usable(s, sync ? "a synchronous copy" : "a copy")) return ret(e);
   switch (kind) {
     case cudaMemcpyHostToDevice: if (!dd || sd) return ret(cudaErrorInvalidValue); break;
     case cudaMemcpyDeviceToHost: if (dd || !sd) return ret(cudaErrorInvalidValue); break;
@@ -1896,6 +2105,12 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyK
   char what[160];
   snprintf(what, sizeof what, "memcpy %zu bytes %s -> %s", n, sd ? "device" : sr.w == W_PINNED ? "pinned" : "pageable",
            dd ? "device" : d.w == W_PINNED ? "pinned" : "pageable");
+  /* Pageable memory is staged at the call or read back before it returns: neither can be
+   * replayed, so a capture refuses it (a choice of the emulator; README). */
+  if (s->cap && (sr.w == W_PAGEABLE || d.w == W_PAGEABLE)) {
+    invalidate(s->cap, (std::string(what) + " on a capturing stream").c_str());
+    return ret(cudaErrorStreamCaptureUnsupported);
+  }
   if (sr.w == W_PAGEABLE) {
     auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
     enqueue_fn(s, what, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
@@ -1944,6 +2159,7 @@ static cudaError_t memset_impl(void *ptr, int value, size_t n, stream_rec *s) {
   if (n == 0) return cudaSuccess;
   ptr_info p = classify(ptr);
   if (p.w != W_DEVICE || !in_range(p.a, ptr, n)) return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = stream_usable(s, "a memset")) return ret(e);
   char what[64];
   snprintf(what, sizeof what, "memset %zu bytes", n);
   enqueue_fn(s, what, [ptr, value, n] { memset(ptr, value, n); });
@@ -1991,10 +2207,22 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+/* "It is invalid to synchronize or query the execution status of a stream which is being
+ * captured": cudaErrorStreamCaptureUnsupported, the capture invalidated; the legacy stream
+ * while a blocking stream captures: cudaErrorStreamCaptureImplicit. */
+static cudaError_t stream_not_capturing(stream_rec *s, const char *what) {
+  if (s->cap) {
+    invalidate(s->cap, (std::string(what) + " on a capturing stream").c_str());
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return stream_usable(s, what);
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   API_BEGIN
   stream_rec *s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = stream_not_capturing(s, "cudaStreamSynchronize")) return ret(e);
   host_wait(true, "stream_sync", "stream %d", s->id);
   host_complete(s, s->enq);
   return ret(sticky_now());
@@ -2005,10 +2233,44 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   API_BEGIN
   stream_rec *s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = stream_not_capturing(s, "cudaStreamQuery")) return ret(e);
   if (s->done >= s->enq) return cudaSuccess;
   host_wait(false, "stream_query", "stream %d not ready", s->id);
   host_complete(s, s->enq);
   return cudaErrorNotReady;
+}
+
+/* cudaStreamWaitEvent where a capture is involved. On an event recorded in an active capture:
+ * a stream of that capture adds the event's nodes to its dependencies; a stream outside any
+ * capture joins it (cross-stream capture: it must be joined back before EndCapture); a stream
+ * of another capture cannot (cudaErrorStreamCaptureMerge). A capturing stream waiting on an
+ * event recorded outside its capture: cudaErrorStreamCaptureIsolation ("It is invalid to wait
+ * on a non-captured event from a stream which is being captured"). An event whose capture has
+ * ended is still a captured event: cudaErrorCapturedEvent. */
+static cudaError_t capture_wait(stream_rec *s, event_rec *e) {
+  capture_rec *c = e->cap;
+  if (!c) {
+    if (!e->s) return cudaSuccess;   /* never recorded: an empty set of work */
+    invalidate(s->cap, "a capturing stream waited on an event recorded outside the capture");
+    return ret(cudaErrorStreamCaptureIsolation);
+  }
+  if (c->ended) {
+    if (s->cap) invalidate(s->cap, "a capturing stream waited on an event of an ended capture");
+    return ret(s->cap ? cudaErrorStreamCaptureIsolation : cudaErrorCapturedEvent);
+  }
+  if (c->invalid) return ret(cudaErrorStreamCaptureInvalidated);
+  if (s->cap && s->cap != c) {
+    invalidate(c, "cudaStreamWaitEvent would merge two captures");
+    invalidate(s->cap, "cudaStreamWaitEvent would merge two captures");
+    return ret(cudaErrorStreamCaptureMerge);
+  }
+  if (!s->cap) {
+    capture_join(s, c, e->cap_nodes);
+    return cudaSuccess;
+  }
+  for (int n : e->cap_nodes)
+    if (std::find(s->cap_deps.begin(), s->cap_deps.end(), n) == s->cap_deps.end()) s->cap_deps.push_back(n);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
@@ -2017,7 +2279,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   event_rec *e = (event_rec *)event;
   if (!s || !e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (flags != 0) return ret(cudaErrorInvalidValue);
+  if (cudaError_t err = stream_usable(s, "cudaStreamWaitEvent")) return ret(err);
   if (cfg.drop_event_waits) return cudaSuccess;   /* the test knob: no order at all */
+  if (e->cap || s->cap) return capture_wait(s, e);
   if (g_graph.on) {
     g_graph.streams.insert(s->id);
     if (e->node) {
@@ -2064,6 +2328,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event_rec *e = (event_rec *)event;
   if (!s || !e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
   if (e->device != s->device) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = stream_usable(s, "cudaEventRecord")) return ret(err);
+  if (s->cap) {   /* a captured event: it stands for the capture's current nodes on s */
+    e->cap = s->cap;
+    e->cap_nodes = s->cap_deps;
+    return cudaSuccess;
+  }
+  e->cap = nullptr;
+  e->cap_nodes.clear();
   bool timing = !(e->flags & cudaEventDisableTiming);
   op *o = new op;
   o->what = "event record";
@@ -2079,10 +2351,19 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 static bool event_done(const event_rec *e) { return !e->s || e->s->done >= e->seq; }
 
+/* Querying or synchronizing a captured event: cudaErrorCapturedEvent (its capture, while
+ * active, invalidated). */
+static cudaError_t not_captured(event_rec *e, const char *what) {
+  if (!e->cap) return cudaSuccess;
+  invalidate(e->cap, (std::string(what) + " on a captured event").c_str());
+  return cudaErrorCapturedEvent;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   API_BEGIN
   event_rec *e = (event_rec *)event;
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = not_captured(e, "cudaEventQuery")) return ret(err);
   if (event_done(e)) return cudaSuccess;
   host_wait(false, "event_query", "event %p stream %d not ready", (void *)e, e->s->id);
   host_complete(e->s, e->seq);   /* not ready now; done by the next query */
@@ -2093,6 +2374,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   API_BEGIN
   event_rec *e = (event_rec *)event;
   if (!e || !g_live_events.count(e)) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = not_captured(e, "cudaEventSynchronize")) return ret(err);
   if (e->s) host_wait(true, "event_sync", "event %p stream %d", (void *)e, e->s->id);
   else host_wait(true, "event_sync", "event %p never recorded", (void *)e);
   if (e->s) host_complete(e->s, e->seq);
@@ -2105,6 +2387,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
   if (!ms) return ret(cudaErrorInvalidValue);
   if (!a || !b || !g_live_events.count(a) || !g_live_events.count(b)) return ret(cudaErrorInvalidResourceHandle);
   if ((a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming)) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = not_captured(a->cap ? a : b, "cudaEventElapsedTime")) return ret(err);
   if (!a->s || !b->s) return ret(cudaErrorInvalidResourceHandle);
   if (!event_done(a) || !event_done(b)) return ret(cudaErrorNotReady);
   *ms = (float)std::max(0.0, b->t_ms - a->t_ms);
@@ -2124,4 +2407,213 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return cudaSuccess;
   }
   return ret(cudaErrorInvalidValue);
+}
+
+/* ===================================================================================== */
+/* stream capture and graphs: the API                                                     */
+/* ===================================================================================== */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  API_BEGIN
+  stream_rec *s = resolve(stream);
+  if (!s) return ret(cudaErrorInvalidResourceHandle);
+  /* "Capture may not be initiated if stream is cudaStreamLegacy" (the emulator's per-thread
+   * default stream is the legacy one) */
+  if (s->legacy || (unsigned)mode > cudaStreamCaptureModeRelaxed) return ret(cudaErrorInvalidValue);
+  if (s->cap) return ret(cudaErrorIllegalState);   /* "only if the stream is not already in capture mode" */
+  capture_rec *c = new capture_rec;
+  c->g = new graph_rec;
+  c->g->device = s->device;
+  c->id = ++g_capture_ids;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->origin = s;
+  g_captures.insert(c);
+  capture_join(s, c, {});
+  return cudaSuccess;
+}
+
+/* The nodes `from` reaches backwards, itself included. */
+static std::vector<bool> ancestors(const graph_rec *g, const std::vector<int> &from) {
+  std::vector<bool> seen(g->nodes.size(), false);
+  std::vector<int> todo = from;
+  while (!todo.empty()) {
+    int n = todo.back();
+    todo.pop_back();
+    if (seen[n]) continue;
+    seen[n] = true;
+    for (int d : g->nodes[n].deps) todo.push_back(d);
+  }
+  return seen;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+  API_BEGIN
+  stream_rec *s = resolve(stream);
+  if (!s) return ret(cudaErrorInvalidResourceHandle);
+  if (!graph) return ret(cudaErrorInvalidValue);
+  *graph = nullptr;
+  capture_rec *c = s->cap;
+  if (!c) return ret(cudaErrorIllegalState);
+  if (c->origin != s) {
+    invalidate(c, "cudaStreamEndCapture on a stream that joined the capture, not the one that began it");
+    return ret(cudaErrorStreamCaptureUnmatched);
+  }
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+    return ret(cudaErrorStreamCaptureWrongThread);
+  /* Every stream that joined must have been joined back: its last work is something the
+   * origin's last work waits for. */
+  std::vector<bool> joined = ancestors(c->g, s->cap_deps);
+  bool unjoined = false;
+  for (stream_rec *o : c->streams)
+    for (int d : o->cap_deps) unjoined |= !joined[d];
+  for (stream_rec *o : c->streams) {
+    o->cap = nullptr;
+    o->cap_deps.clear();
+  }
+  c->ended = true;
+  g_captures.erase(c);
+  if (c->invalid || unjoined) {
+    if (unjoined && !c->invalid) note("stream capture %llu: a stream that joined it was not joined back into the origin stream", c->id);
+    delete c->g;
+    c->g = nullptr;
+    return ret(c->invalid ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
+  }
+  g_graphs.insert(c->g);
+  *graph = (cudaGraph_t)c->g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+                                     cudaGraph_t *graph) {
+  API_BEGIN
+  stream_rec *s = resolve(stream);
+  if (!s) return ret(cudaErrorInvalidResourceHandle);
+  if (!status) return ret(cudaErrorInvalidValue);
+  if (s->legacy && blocking_capture(s->device)) return ret(cudaErrorStreamCaptureImplicit);
+  capture_rec *c = s->cap;
+  *status = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id && c) *id = c->id;
+  if (graph) *graph = c ? (cudaGraph_t)c->g : nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status) {
+  return cudaStreamGetCaptureInfo(stream, status);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  guard g_(g_lock);
+  if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed) return ret(cudaErrorInvalidValue);
+  std::swap(*mode, tl_capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count) {
+  guard g_(g_lock);
+  graph_rec *g = (graph_rec *)graph;
+  if (!g || !g_graphs.count(g) || !count) return ret(cudaErrorInvalidValue);
+  if (nodes) {   /* handles are the node indices + 1; only the count is meaningful here */
+    size_t n = std::min(*count, g->nodes.size());
+    for (size_t i = 0; i < n; i++) nodes[i] = (cudaGraphNode_t)(uintptr_t)(i + 1);
+    *count = n;
+  } else {
+    *count = g->nodes.size();
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+  API_BEGIN
+  graph_rec *g = (graph_rec *)graph;
+  if (!exec || !g || !g_graphs.count(g) || flags != 0) return ret(cudaErrorInvalidValue);
+  exec_rec *x = new exec_rec;
+  x->g = *g;   /* later changes to the graph do not reach the instance */
+  for (int i = 0; i < g->lanes; i++) {
+    stream_rec *l = new stream_rec;
+    l->device = g->device;
+    l->flags = cudaStreamNonBlocking;
+    l->legacy = false;
+    l->lane = true;
+    l->id = (int)g_streams.size();
+    g_streams.push_back(l);
+    x->lanes.push_back(l);
+  }
+  g_execs.insert(x);
+  *exec = (cudaGraphExec_t)x;
+  return cudaSuccess;
+}
+
+/* Queues every node on its lane in node order (the capture's order, a topological one): a
+ * node waits for its dependencies on other lanes, a root for the launching stream's work
+ * before the launch and for the previous launch of the instance; the launching stream then
+ * waits for every lane. So the nodes run in any order the graph's edges allow, no other. */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  API_BEGIN
+  exec_rec *x = (exec_rec *)exec;
+  stream_rec *s = resolve(stream);
+  if (!x || !g_execs.count(x)) return ret(cudaErrorInvalidValue);
+  if (!s) return ret(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = stream_usable(s, "cudaGraphLaunch")) return ret(e);
+  if (s->cap) return ret(cudaErrorNotSupported);   /* a graph launch captured as a child graph: not emulated */
+  if (s->device != x->g.device) return ret(cudaErrorInvalidValue);
+  g_count.graph_launches++;
+  dep before = {s, s->enq};
+  std::vector<uint64_t> seq_of(x->g.nodes.size());
+  for (size_t i = 0; i < x->g.nodes.size(); i++) {
+    const gnode &n = x->g.nodes[i];
+    stream_rec *l = x->lanes[n.lane];
+    op *o = new op;
+    o->what = n.what;
+    o->is_kernel = n.is_kernel;
+    for (int d : n.deps)
+      if (x->g.nodes[d].lane != n.lane) o->deps.push_back({x->lanes[x->g.nodes[d].lane], seq_of[d]});
+    if (n.deps.empty()) {
+      if (before.seq > before.s->done) o->deps.push_back(before);
+      if (x->last_launch.s && x->last_launch.seq > x->last_launch.s->done) o->deps.push_back(x->last_launch);
+    }
+    seq_of[i] = l->enq + 1;
+    if (n.relaunch) {
+      std::vector<work_ref> after;
+      o->body = n.relaunch(after, work_ref{(cudaStream_t)l, seq_of[i]});
+      for (const work_ref &a : after) {
+        stream_rec *as = (stream_rec *)a.stream;
+        if (std::find(g_streams.begin(), g_streams.end(), as) != g_streams.end() && as->done < a.seq) o->deps.push_back({as, a.seq});
+      }
+    } else {
+      o->body = n.body;
+    }
+    g_count.graph_nodes++;
+    enqueue_op(l, o);
+  }
+  op *j = new op;
+  j->what = "graph launch (join)";
+  std::vector<stream_rec *> busy;   /* newest first, as a host wait drains */
+  for (stream_rec *l : x->lanes)
+    if (l->enq > l->done) busy.push_back(l);
+  std::sort(busy.begin(), busy.end(), [](const stream_rec *a, const stream_rec *b) { return a->last_issue > b->last_issue; });
+  for (stream_rec *l : busy) j->deps.push_back({l, l->enq});
+  enqueue_op(s, j);
+  x->last_launch = {s, s->enq};
+  return cudaSuccess;
+}
+
+/* Returns at once; launches already queued still run (their work holds what it needs). */
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  guard g_(g_lock);
+  exec_rec *x = (exec_rec *)exec;
+  if (!x || !g_execs.count(x)) return ret(cudaErrorInvalidValue);
+  g_execs.erase(x);
+  for (stream_rec *l : x->lanes) l->destroyed = true;
+  delete x;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  guard g_(g_lock);
+  graph_rec *g = (graph_rec *)graph;
+  if (!g || !g_graphs.count(g)) return ret(cudaErrorInvalidValue);
+  g_graphs.erase(g);
+  delete g;
+  return cudaSuccess;
 }

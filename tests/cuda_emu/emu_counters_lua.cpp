@@ -13,6 +13,9 @@
 extern "C" long shard_emu_malloc_count(void) { return emu::get_counters().mallocs; }
 extern "C" long shard_emu_frees_count(void) { return emu::get_counters().frees; }
 extern "C" long shard_emu_launches(void) { return emu::get_counters().launches; }
+/* cudaGraphLaunch calls, and the graph nodes they queued (replayed kernels are not launches). */
+extern "C" long shard_emu_graph_launches(void) { return emu::get_counters().graph_launches; }
+extern "C" long shard_emu_graph_nodes(void) { return emu::get_counters().graph_nodes; }
 /* Host synchronisations (stream/event/device sync, synchronous copies) plus every
  * cudaEventQuery/cudaStreamQuery that answered cudaErrorNotReady (a polling loop counts 1). */
 extern "C" long shard_emu_host_waits(void) { return emu::get_counters().host_waits; }
@@ -50,7 +53,9 @@ extern "C" void shard_emu_graph_begin(void) { emu::graph_begin(); }
  *                                          stream_sync ("stream S"), event_sync ("event P stream
  *                                          S"), memcpy (a synchronous copy: "stream S memcpy
  *                                          ..."), stream_query / event_query (answered
- *                                          cudaErrorNotReady: "... not ready")
+ *                                          cudaErrorNotReady: "... not ready"), work_sync
+ *                                          ("stream S": the NCCL stand-in waiting for its
+ *                                          queued collectives)
  * Not recorded: the legacy default stream's implicit ordering of blocking streams, cudaFree's
  * device synchronisation. With SHARD_EMU_DROP_EVENT_WAITS=1 waits record nothing. */
 extern "C" int shard_emu_graph_dump(const char *path) {

@@ -134,7 +134,6 @@ struct comm_impl {
   int64_t nsplits = 0;
   ncclResult_t async_err = ncclSuccess;
   bool aborted = false, left = false, finalized = false;
-  cudaEvent_t last = nullptr;   /* recorded after its latest collective */
   emu::work_ref last_work{};    /* its latest collective's place in the streams, when issued */
   bool issued_work = false;
   ~comm_impl();
@@ -276,7 +275,6 @@ std::string data_name(const job_t &j, int idx, uint32_t gen) {
 
 comm_impl::~comm_impl() {
   if (data) munmap(data, data_len);
-  if (last) cudaEventDestroy(last);
 }
 
 /* Leaves the communicator's entry (the last member out frees it). */
@@ -292,10 +290,10 @@ void detach(comm_impl *c) {
  * communicator API, so that peers waiting in them are not kept waiting by the emulator's
  * lazy streams; a GPU would run them meanwhile). */
 void flush_pending() {
-  std::vector<cudaEvent_t> evs;
+  std::vector<emu::work_ref> last;
   for (comm_impl *c : g_live)
-    if (c->last) evs.push_back(c->last);
-  for (cudaEvent_t e : evs) cudaEventSynchronize(e);
+    if (c->issued_work) last.push_back(c->last_work);
+  for (const emu::work_ref &w : last) emu::wait_work(w);
 }
 
 struct waiter {   /* the checks of a host-blocking wait (init, split) */
@@ -370,7 +368,6 @@ ncclResult_t join_comm(const std::shared_ptr<job_t> &job, const std::string &key
     w.b.pause();
   }
   shm_unlink(dname.c_str());   /* every member has it mapped: nothing is left behind */
-  cudaEventCreateWithFlags(&c->last, cudaEventDisableTiming);
   *out = c;
   return ncclSuccess;
 }
@@ -715,17 +712,67 @@ void run_colls(std::vector<std::shared_ptr<coll>> ops) {
   }
 }
 
+/* Collectives take their numbers on their communicators (and a line in the issue-order
+ * record) when they are queued to run: at the call, or at each launch of a graph that
+ * captured them. */
+void number(const std::vector<std::shared_ptr<coll>> &ops) {
+  for (auto &o : ops) {
+    comm_impl *c = o->c.get();
+    o->seq = ++c->issued;
+    g_colls++;
+    /* the job's id prefix makes the name one communicator's on every rank and no other's */
+    g_trace.push_back(trace_rec{(long)g_trace.size() + 1, c->job->key.substr(0, 8) + ":" + c->key, o->seq, o->kind,
+                                o->count, o->dt, o->kind != K_ALL_GATHER && o->kind != K_BROADCAST ? o->op : -1, o->root});
+  }
+}
+
+/* A graph launch's own copy of captured collectives (unstarted), numbered, each after the
+ * previous collective on its communicator; `at` becomes that communicator's latest. */
+std::vector<std::shared_ptr<coll>> relaunch_colls(const std::vector<std::shared_ptr<coll>> &ops,
+                                                  std::vector<emu::work_ref> &after, emu::work_ref at) {
+  std::lock_guard<std::mutex> l(g_mu);
+  std::vector<std::shared_ptr<coll>> fresh;
+  for (auto &o : ops) {
+    auto n = std::make_shared<coll>();
+    n->c = o->c;
+    n->kind = o->kind;
+    n->send = o->send;
+    n->recv = o->recv;
+    n->count = o->count;
+    n->dt = o->dt;
+    n->op = o->op;
+    n->root = o->root;
+    n->send_bytes = o->send_bytes;
+    n->recv_bytes = o->recv_bytes;
+    n->stream = o->stream;
+    fresh.push_back(n);
+  }
+  number(fresh);
+  for (auto &o : fresh)
+    if (o->c->issued_work) after.push_back(o->c->last_work);
+  for (auto &o : fresh) {
+    o->c->last_work = at;
+    o->c->issued_work = true;
+  }
+  return fresh;
+}
+
 /* Queues collectives (one, or a group's) after the previous one on each of their
  * communicators. Ops of a group on several streams: the work runs on the first op's stream
  * after the others reached that point, and the others wait for it (NCCL joins a group's
- * streams so). */
+ * streams so). On a capturing stream they become a node of the graph, and each launch of
+ * the graph runs a fresh copy, numbered and chained then (relaunch_colls). */
 ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStream_t> streams) {
   std::vector<cudaStream_t> uniq;
   for (cudaStream_t s : streams)
     if (std::find(uniq.begin(), uniq.end(), s) == uniq.end()) uniq.push_back(s);
+  bool captured = emu::is_capturing(uniq[0]);
   std::vector<emu::work_ref> after;
-  for (auto &o : ops)
-    if (o->c->issued_work) after.push_back(o->c->last_work);
+  if (!captured) {
+    number(ops);
+    for (auto &o : ops)
+      if (o->c->issued_work) after.push_back(o->c->last_work);
+  }
   for (size_t i = 1; i < uniq.size(); i++) {
     emu::work_ref r;
     if (emu::enqueue_after(uniq[i], "ncclGroupEnd (join)", [] {}, nullptr, 0, &r) != cudaSuccess)
@@ -734,16 +781,21 @@ ncclResult_t launch(std::vector<std::shared_ptr<coll>> ops, std::vector<cudaStre
   }
   const char *what = ops.size() == 1 ? API_NAME[ops[0]->kind] : "ncclGroupEnd";
   emu::work_ref ref;
-  cudaError_t ce = emu::enqueue_after(uniq[0], what, [ops] { run_colls(ops); }, after.data(), (int)after.size(), &ref);
+  emu::relaunch_fn again;
+  if (captured)
+    again = [ops](std::vector<emu::work_ref> &a, emu::work_ref at) {
+      auto fresh = relaunch_colls(ops, a, at);
+      return std::function<void()>([fresh] { run_colls(fresh); });
+    };
+  cudaError_t ce = emu::enqueue_after(uniq[0], what, [ops] { run_colls(ops); }, after.data(), (int)after.size(), &ref, again);
   if (ce != cudaSuccess)
     return fail(ncclUnhandledCudaError, "%s: cannot queue on the stream: %s", what, cudaGetErrorString(ce));
-  for (auto &o : ops) {
-    o->c->last_work = ref;
-    o->c->issued_work = true;
-  }
+  if (!captured)
+    for (auto &o : ops) {
+      o->c->last_work = ref;
+      o->c->issued_work = true;
+    }
   for (size_t i = 1; i < uniq.size(); i++) emu::enqueue_after(uniq[i], "ncclGroupEnd (join)", [] {}, &ref, 1, nullptr);
-  for (auto &o : ops)
-    if (o->c->last) cudaEventRecord(o->c->last, uniq[0]);
   return ncclSuccess;
 }
 
@@ -801,14 +853,9 @@ ncclResult_t issue(int kind, const void *sendbuff, void *recvbuff, size_t count,
   o->dt = dt;
   o->op = reduces ? (int)op : 0;
   o->root = rooted ? root : -1;
-  o->seq = ++c->issued;
   o->send_bytes = sb;
   o->recv_bytes = rb;
   o->stream = stream;
-  g_colls++;
-  /* the job's id prefix makes the name one communicator's on every rank and no other's */
-  g_trace.push_back(trace_rec{(long)g_trace.size() + 1, c->job->key.substr(0, 8) + ":" + c->key, o->seq, kind, count, (int)dt, reduces ? (int)op : -1,
-                              rooted ? root : -1});
   if (g_group_depth > 0) {
     g_group.push_back(o);
     return ncclSuccess;
@@ -969,7 +1016,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (!comm || !comm->p) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
   std::lock_guard<std::mutex> l(g_mu);
   comm_impl *c = comm->p.get();
-  if (c->last && !c->aborted) cudaEventSynchronize(c->last);   /* its queued collectives run now */
+  if (c->issued_work && !c->aborted) emu::wait_work(c->last_work);   /* its queued collectives run now */
   c->finalized = true;
   return ncclSuccess;
 }

@@ -400,6 +400,74 @@ static void check_stream_order_group_trace(int rank, int n, ncclUniqueId id) {
   ncclCommDestroy(c);
 }
 
+/* ---- CUDA graphs ----------------------------------------------------------------------- */
+
+/* A collective captured into a graph (with a group of two on a side stream that joined the
+ * capture) runs at each launch, on the inputs of that launch, numbered on its communicator
+ * then: nothing at the capture; eager collectives after the launches follow them. */
+static void check_graph(int rank, int n, ncclUniqueId id) {
+  ncclComm_t c = world(rank, n, id);
+  if (!c) return;
+  cudaStream_t s, side;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  cudaEvent_t fork, join;
+  cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+  float *a, *b, *g2;
+  cudaMalloc((void **)&a, 64 * 4);
+  cudaMalloc((void **)&b, 64 * 4);
+  cudaMalloc((void **)&g2, 64 * 4 * n);
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+  CHECK(ncclAllReduce(a, b, 64, ncclFloat32, ncclSum, c, s) == ncclSuccess, "captured all_reduce");
+  cudaEventRecord(fork, s);
+  cudaStreamWaitEvent(side, fork, 0);
+  ncclGroupStart();
+  ncclAllGather(b, g2, 32, ncclFloat32, c, side);
+  ncclAllGather(b + 32, g2 + 32 * n, 32, ncclFloat32, c, side);
+  CHECK(ncclGroupEnd() == ncclSuccess, "captured group");
+  cudaEventRecord(join, side);
+  cudaStreamWaitEvent(s, join, 0);
+  cudaGraph_t g = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  CHECK(e == cudaSuccess && g, "end capture: %s", cudaGetErrorName(e));
+  CHECK(shard_emu_nccl_collectives() == 0, "the capture ran or numbered %ld collectives", shard_emu_nccl_collectives());
+  cudaGraphExec_t x = nullptr;
+  cudaGraphInstantiate(&x, g, 0);
+  for (int k = 1; k <= 3; k++) {
+    cudaMemcpy(a, std::vector<float>(64, (float)(k * (rank + 1))).data(), 256, cudaMemcpyHostToDevice);
+    CHECK(cudaGraphLaunch(x, s) == cudaSuccess, "launch %d", k);
+    cudaStreamSynchronize(s);
+    std::vector<float> hb(64), hg(64 * n);
+    cudaMemcpy(hb.data(), b, 256, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hg.data(), g2, 256 * n, cudaMemcpyDeviceToHost);
+    float want = k * n * (n + 1) / 2.0f;
+    CHECK(hb[0] == want && hb[63] == want && hg[0] == want && hg[64 * n - 1] == want, "launch %d: %g %g %g, expected %g",
+          k, hb[0], hg[0], hg[64 * n - 1], want);
+  }
+  CHECK(ncclAllReduce(a, b, 64, ncclFloat32, ncclMax, c, s) == ncclSuccess, "an eager all_reduce after the launches");
+  cudaStreamSynchronize(s);
+  std::vector<float> hb(64);
+  cudaMemcpy(hb.data(), b, 256, cudaMemcpyDeviceToHost);
+  CHECK(hb[0] == 3.0f * n, "eager after the graph: %g", hb[0]);
+  CHECK(shard_emu_nccl_collectives() == 10, "collectives %ld, expected 3 launches of 3 and 1", shard_emu_nccl_collectives());
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/lib_nccl_graph.%d", (int)getpid());
+  shard_emu_nccl_trace_dump(path);
+  FILE *f = fopen(path, "r");
+  char line[512];
+  std::string last;
+  int lines = 0;
+  while (f && fgets(line, sizeof line, f)) { last = line; lines++; }
+  if (f) fclose(f);
+  unlink(path);
+  CHECK(lines == 10 && last.find(" #10 all_reduce count=64 dtype=float32 op=max") != std::string::npos, "trace: %d lines, last %s",
+        lines, last.c_str());
+  cudaGraphExecDestroy(x);
+  cudaGraphDestroy(g);
+  ncclCommDestroy(c);
+}
+
 /* ---- split ------------------------------------------------------------------------------ */
 
 static void check_split(int rank, int n, ncclUniqueId id) {
@@ -687,5 +755,7 @@ int main() {
   ranks("opposite orders on two streams n=2", 2, check_opposite_orders_two_streams);
   ranks("order between communicators n=2", 2, check_order_between_comms);
   ranks("order between communicators n=3", 3, check_order_between_comms);
+  ranks("graph n=2", 2, check_graph);
+  ranks("graph n=3", 3, check_graph);
   return lib_summary("lib_nccl");
 }
