@@ -183,7 +183,9 @@ end
 -- This rank's slices (the parameters it owns, then their optimizer states): entries describing
 -- them for the index and the tensors to write, live views or host copies when the write goes
 -- on in the background (or the slice is not host memory). Also the optimizer's metadata.
-local function collect_slices(s, name)
+-- held = true takes every slice this rank holds, owned or a replica (shard.snapshot: each rank
+-- restores from its own), not just the ones it writes once for all.
+local function collect_slices(s, held)
   local entries, tensors = {}, {}
   local function add(key, view, desc)
     local t = view
@@ -198,7 +200,7 @@ local function collect_slices(s, name)
   end
   local owned = {}
   for _, sl in ipairs(held_slices(s.model)) do
-    if sl.owner then
+    if sl.owner or held then
       owned[slice_key(sl.name, sl.start)] = true
       add("param/" .. slice_key(sl.name, sl.start), sl:view(),
           { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count })
@@ -219,6 +221,18 @@ local function collect_slices(s, name)
     end
   end
   return entries, tensors, { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }
+end
+
+-- What resume restores beyond the slices, this rank's: RNG state, data position, extras.
+local function rank_state(s)
+  return { rng = random.get_state(), data = s.data and s.data:state() or nil, extra = s.rank_extra }
+end
+
+-- The state a resume restores, as this rank holds it, for another store of it
+-- (shard.snapshot): collect_slices's entries, tensors and optimizer metadata, and rank_state.
+function M.collect(s, held)
+  local entries, tensors, optim_meta = collect_slices(s, held)
+  return entries, tensors, optim_meta, rank_state(s)
 end
 
 -- The rank file's chunks: the safetensors header (runtime/io/safetensors.c builds it), then
@@ -295,12 +309,11 @@ end
 -- keep (prune to this many step directories; nil or 0 keeps all), async.
 function M.save(dir, s)
   local sv = begin_save(dir, s)
-  local entries, tensors, optim_meta = collect_slices(s, sv.name)
+  local entries, tensors, optim_meta = collect_slices(s, false)
   local head, nchunks, ptrs, sizes = rank_file_chunks(sv, entries, tensors)
   local strings = { head }
   -- what every rank holds and its own state, gathered for the index
-  local rank_state = { rng = random.get_state(), data = s.data and s.data:state() or nil, extra = s.rank_extra }
-  local descs = gather_strings(sv.group, json.encode{ pieces = entries, state = rank_state })
+  local descs = gather_strings(sv.group, json.encode{ pieces = entries, state = rank_state(s) })
   local box = ffi.new("sh_ckpt_job*[1]")
   check(C.sh_ckpt_job_create(box))
   local job = ffi.gc(box[0], C.sh_ckpt_job_destroy)
@@ -370,12 +383,15 @@ end
 local Reader = {}
 Reader.__index = Reader
 
-local function reader(path, verify, rank)
-  return setmetatable({ path = path, verify = verify, rank = rank, files = {} }, Reader)
+-- open(name): the handle of file `name` of the index (:info, :read, :read_crc32c, :close as
+-- shard.io.safetensors's); by default the safetensors file in path.
+local function reader(path, verify, rank, open)
+  open = open or function(name) return safetensors.open(path .. "/" .. name) end
+  return setmetatable({ path = path, verify = verify, rank = rank, files = {}, open = open }, Reader)
 end
 
 function Reader:file(name)
-  if not self.files[name] then self.files[name] = safetensors.open(self.path .. "/" .. name) end
+  if not self.files[name] then self.files[name] = self.open(name) end
   return self.files[name]
 end
 
@@ -476,20 +492,33 @@ local function load_optim(rd, index, optim, model)
   optim:load_state_dict{ kind = o.kind, step_count = o.step_count, hyper = o.hyper }
 end
 
-function M.load(dir, s)
-  s = s or {}
-  local rank = where()
-  local path, index_path, index = open_index(dir, rank)
-  local rd = reader(path, checks_checksums(index, index_path, s.verify, rank), rank)
+-- Loads into s (as M.load) the state an index describes, its pieces read from rd.
+local function restore(rd, index, s, rank)
   if s.model then load_params(rd, index, s.model, s.strict) end
   if s.optim then load_optim(rd, index, s.optim, s.model) end
   local mine = index.ranks[rank + 1] or index.ranks[1] or {}
   if mine.rng and s.rng ~= false then random.set_state(mine.rng) end
   if s.data and mine.data then s.data:set_state(mine.data) end
   index.rank_extra = mine.extra
-  index.path = path
   rd:close()
   return index
+end
+
+function M.load(dir, s)
+  s = s or {}
+  local rank = where()
+  local path, index_path, index = open_index(dir, rank)
+  local rd = reader(path, checks_checksums(index, index_path, s.verify, rank), rank)
+  index.path = path
+  return restore(rd, index, s, rank)
+end
+
+-- M.load from an index built elsewhere (shard.snapshot's, from memory): its pieces' files are
+-- what open(name) returns, described as `path` in messages; checksums are the caller's.
+function M.load_index(index, s, path, open)
+  local rank = where()
+  index.path = path
+  return restore(reader(path, false, rank, open), index, s or {}, rank)
 end
 
 return M

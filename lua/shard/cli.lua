@@ -10,7 +10,8 @@ usage: shard <command> [args]
   repl [--nproc N]                     interactive Lua with shard loaded (reads stdin when piped);
                                        --nproc N: one prompt driving N ranks (repl --help)
   launch --nproc N FILE [...]          run a recipe on N local ranks (--timeout SECONDS: collective
-                                       timeout, default 600 or SHARD_COMM_TIMEOUT)
+                                       timeout, default 600 or SHARD_COMM_TIMEOUT; --max_restarts N:
+                                       restart a failed job from its in-memory snapshots)
   bench ...                            benchmarks
   estimate [--key=value ...]           per-rank memory of a GPT under FSDP
   estimate --dry-run [--world=N] RECIPE [--key=value ...]

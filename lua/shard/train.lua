@@ -37,6 +37,11 @@
 -- --trace=FILE writes a Chrome/Perfetto trace of steps --trace_steps=FIRST:LAST (default 1:2)
 -- and prints its summary (shard.trace); --memory_timeline=PNG draws each rank's allocations
 -- over those steps, stacked by tag.
+-- --snapshot_interval=K copies each rank's state into host memory every K steps
+-- (shard.snapshot; -1, the default: every DEFAULT_SNAPSHOT_INTERVAL steps when shard launch
+-- may restart the job, else never), --snapshot_replicas=1 keeps each rank's buddy's too; a
+-- job that shard launch restarts (SHARD_RESTART) goes on from the newest state every rank
+-- can restore: snapshots, else the newest checkpoint.
 local shard = require("shard")
 local cjson = require("cjson")
 local timer = require("shard.timer")
@@ -61,7 +66,11 @@ M.COMMON = {
   metrics_file = "", straggler_margin = 0.25, straggler_windows = 3, accum_sync = "every",
   hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
+  snapshot_interval = -1, snapshot_replicas = 0,           -- shard.snapshot
 }
+
+-- Steps between snapshots when shard launch --max_restarts may restart the job (bench/snapshot.lua measures the cost).
+M.DEFAULT_SNAPSHOT_INTERVAL = 1
 
 -- Each common setting's range (shard.config checks it before any work and --help lists it;
 -- sizes such as batch_size take at least 1 there); a recipe adds its own as recipe.spec.
@@ -85,6 +94,8 @@ M.SPEC = {
   straggler_margin = { above = 0, help = "0.25: 25% slower than the median" },
   straggler_windows = { min = 1 }, accum_sync = { oneof = { "every", "last", "replica_last" } },
   hybrid_group = { help = "ranks per shard group, or node" },
+  snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: every " .. M.DEFAULT_SNAPSHOT_INTERVAL .. " under shard launch --max_restarts, else none" },
+  snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
 }
 
 local function usage(fmt, ...) error({ usage = fmt:format(...) }, 0) end
@@ -219,6 +230,27 @@ local function estimate_loss(model, splits, cfg, env)
   return out
 end
 
+-- A job shard launch restarted: from the newest snapshot or checkpoint (shard.snapshot);
+-- rank 0 says which, for the launcher's restart line.
+local function restore(cfg, env, state)
+  local step, how = require("shard.snapshot").restore{ model = state.model, optim = state.optim, data = state.data,
+                                                        env = env, ckpt_dir = cfg.out_dir .. "/ckpt" }
+  for _, why in ipairs(how.skipped) do io.stderr:write(("snapshot: skipped %s (rank %d)\n"):format(why, env.rank)) end
+  if env.rank == 0 then
+    print(("restart: restored step %d from %s%s%s"):format(step, how.source,
+      how.source == "memory" and (" (world %d: %d own, %d buddy copies)"):format(how.world, how.own, how.copies) or "",
+      how.lost and (", %d step%s lost"):format(how.lost, how.lost == 1 and "" or "s") or ""))
+    io.stdout:flush()
+  end
+  return step
+end
+
+-- The snapshot interval in effect (see --snapshot_interval).
+local function snapshot_interval(cfg)
+  if cfg.snapshot_interval >= 0 then return cfg.snapshot_interval end
+  return (tonumber(os.getenv("SHARD_MAX_RESTARTS") or "") or 0) > 0 and M.DEFAULT_SNAPSHOT_INTERVAL or 0
+end
+
 local function resume(cfg, env, state)
   local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
   if not checkpoint.latest(ckpt_dir) then
@@ -231,8 +263,9 @@ local function resume(cfg, env, state)
 end
 
 -- One training step of grad_accum micro-batches; returns the step's loss when `read` (a read
--- waits for the device, so only logged steps read it).
-local function step(model, opt, train, cfg, read)
+-- waits for the device, so only logged steps read it). snaps: a copy of the state may be in
+-- flight until the optimizer writes it.
+local function step(model, opt, train, cfg, read, snaps)
   local trace = shard.trace
   local xs, ys = {}, {}
   trace.span("data", function() for i = 1, cfg.grad_accum do xs[i], ys[i] = train:next() end end)
@@ -251,6 +284,7 @@ local function step(model, opt, train, cfg, read)
     loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
   end
   if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
+  if snaps then snaps:before_update() end
   trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
   return read and gl:mean(loss_sum) or nil
 end
@@ -356,7 +390,12 @@ function M.run(recipe)
   local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
   local train, splits = loaders(cfg, env, train_src, val_src)
   local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
-  local start = cfg.resume and resume(cfg, env, { model = model, optim = opt, data = train }) or 0
+  local state = { model = model, optim = opt, data = train }
+  local restarted = (tonumber(os.getenv("SHARD_RESTART") or "") or 0) > 0 and env.device ~= "meta"
+  local start = restarted and restore(cfg, env, state) or cfg.resume and resume(cfg, env, state) or 0
+  local interval = env.device ~= "meta" and snapshot_interval(cfg) or 0
+  local snaps = interval > 0 and require("shard.snapshot").new{ model = model, optim = opt, data = train, env = env,
+                                                                  interval = interval, replicas = cfg.snapshot_replicas } or nil
 
   local write = jsonl_writer(cfg, env)
   local watch = require("shard.straggler").new{ group = env.group, margin = cfg.straggler_margin, windows = cfg.straggler_windows }
@@ -377,8 +416,10 @@ function M.run(recipe)
     opt:set_lr(lr_at(it))
     local logging = it % cfg.log_interval == 0 or it == cfg.max_iters - 1   -- the last step too
     shard.trace.begin_step(it)
-    local loss = step(model, opt, train, cfg, logging)
+    local loss = step(model, opt, train, cfg, logging, snaps)
     shard.trace.end_step(it)
+    if snaps then snaps:after_step(it + 1) end
+    if restarted and it == start and env.rank == 0 then print(("restart: step %d completed"):format(it + 1)); io.stdout:flush() end
     meter.steps = meter.steps + 1
     if logging then
       local w = meter:window()
@@ -398,6 +439,7 @@ function M.run(recipe)
     end
   end
   checkpoint.wait()    -- an asynchronous save still writing
+  if snaps then snaps:close() end
   shard.trace.finish()   -- when the run ended before the last traced step
 
   -- where memory went on this rank (peak and the bytes by tag at the peak)

@@ -16,6 +16,14 @@
 --   its N ranks directly with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
 --   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). CUDA collectives then
 --   rendezvous over TCP (NCCL); CPU collectives need --hosts (one mpirun) instead.
+--
+-- --max_restarts N (torchrun's elastic semantics): when a rank exits non-zero, is killed or
+-- times out (--timeout), the job is ended as above and started again, up to N times; the
+-- ranks of a restart (SHARD_RESTART=1, 2, ...; SHARD_JOB_ID the same each time) go on from
+-- the newest state every rank can restore (shard.snapshot: in-memory snapshots, else the
+-- newest checkpoint). Once the restarted job completes its first step, launch prints one
+-- line: which rank failed and how, the step restored, the steps lost, and the seconds from
+-- the failure to that step. The job's snapshot files (/dev/shm) go when launch ends.
 local argv = require("shard.argv")
 local job = require("shard.tools.job")
 local timer = require("shard.timer")
@@ -23,7 +31,7 @@ local files = require("shard.files")
 
 local M = {}
 
-local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] FILE [--key=value ...]"
+local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] [--max_restarts N] FILE [--key=value ...]"
 -- Seconds mpirun gets to end the job after the first sign of a failure before launch stops it
 -- (a lost host's daemon never answers mpirun's order to stop its ranks).
 local GRACE = tonumber(os.getenv("SHARD_LAUNCH_GRACE") or "") or 10
@@ -53,6 +61,7 @@ local OPTIONS = {
   { "master-port", "count", default = 29500 }, { "hosts", "string", aliases = { "-H" }, key = "hosts_arg" },
   { "hostfile", "string" }, { "net", "string" }, { "map-by", "choice", oneof = { "slot", "node" } },
   { "all", "flag", default = false }, { "timeout", "seconds" },
+  { "max_restarts", "count", default = 0 },
 }
 
 -- The options; FILE and its arguments are o.file and o.rest.
@@ -150,7 +159,8 @@ local function is_root() return files.lines_of("id -u 2>/dev/null")[1] == "0" en
 -- each rank keeps its flight record (comm.h) in the launch's directory.
 local function run_args(o)
   local parts = { quote(M.shard_exe()), "run", quote(o.file) }
-  local env = { "env", "SHARD_FLIGHT_DIR=" .. quote(o.flight_dir) }
+  local env = { "env", "SHARD_FLIGHT_DIR=" .. quote(o.flight_dir), "SHARD_JOB_ID=" .. quote(o.job_id),
+                "SHARD_RESTART=" .. (o.restart or 0), "SHARD_MAX_RESTARTS=" .. o.max_restarts }
   if o.timeout then env[#env + 1] = "SHARD_COMM_TIMEOUT=" .. o.timeout end
   table.insert(parts, 1, table.concat(env, " "))
   for _, a in ipairs(o.rest) do parts[#parts + 1] = quote(a) end
@@ -242,6 +252,7 @@ end
 
 function Router:show(r, name, text)
   if noise(text) then return end
+  if self.o.watch then self.o.watch(r, text) end
   local k = self.kept[r] or {}
   self.kept[r] = k
   k[#k + 1] = text
@@ -315,7 +326,10 @@ local function stream(cmd, o)
   local function route(lines)
     for _, line in ipairs(lines or {}) do
       -- a rank's collective timeout counts too: after a cut link mpirun may say nothing at all
-      if not stop_at and (failing(line) or line:find("timed out after", 1, true)) then stop_at = timer.now() + GRACE end
+      if not stop_at and (failing(line) or line:find("timed out after", 1, true)) then
+        stop_at = timer.now() + GRACE
+        o.failed_at = o.failed_at or timer.now()
+      end
       router:line(line)
     end
   end
@@ -333,7 +347,9 @@ local function stream(cmd, o)
   route(j:rest())
   router:finish()
   local st = j:exited()
-  return st.code or 128 + st.signal, router
+  local rc = st.code or 128 + st.signal
+  if rc ~= 0 then o.failed_at = o.failed_at or timer.now() end
+  return rc, router
 end
 
 -- The rank mpirun names as the first to fail, and the signal that ended it when one did
@@ -650,7 +666,8 @@ local function report(rc, router, o, world)
   local r, signal = failed_rank(untagged)
   local received = r and router.signal[r]
   if received then signal = received end
-  io.stderr:write(verdict(r, signal, rc, o, untagged), "\n")
+  o.verdict = verdict(r, signal, rc, o, untagged)
+  io.stderr:write(o.verdict, "\n")
   if o.stopped then
     io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
   end
@@ -668,6 +685,48 @@ end
 
 local SIGNAL_NAME = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
 
+-- The restart line, once the restarted job's rank 0 says what it restored ("restart: restored
+-- step S from ..., L steps lost") and that it completed a step ("restart: step N completed").
+local function watch_restart(o, failure)
+  local restored
+  return function(r, text)
+    if r ~= 0 then return end
+    local what = text:match("^restart: (restored step %d+ from .*)$")
+    if what then restored = what end
+    local n = text:match("^restart: step (%d+) completed$")
+    if n and failure then
+      io.stderr:write(("shard launch: restart %d of %d: %s; %s; step %s completed %.1f s after the failure\n"):format(
+        o.restart, o.max_restarts, failure.what, restored or "restored nothing", n, timer.now() - failure.at))
+      io.stderr:flush()
+      failure = nil
+    end
+  end
+end
+
+-- Runs the job, and again after a failure while --max_restarts allows (not after a signal to
+-- the launcher); returns the exit status of the last run.
+local function run_restarting(o, world)
+  local failure
+  for restart = 0, o.max_restarts do
+    o.restart, o.failed_at, o.verdict = restart, nil, nil
+    o.watch = restart > 0 and watch_restart(o, failure) or nil
+    local rc, router = stream(job_command(o), o)
+    if rc == 0 or o.signal then return rc end
+    rc = report(rc, router, o, world)
+    if restart == o.max_restarts then return rc end
+    failure = { what = (o.verdict or ""):gsub("^shard launch: ", ""), at = o.failed_at or timer.now() }
+    io.stderr:write(("shard launch: restarting the job (restart %d of %d)\n"):format(restart + 1, o.max_restarts))
+  end
+end
+
+-- The job's snapshot files on this host (the ranks remove theirs after a run that ends well).
+local function remove_snapshots(o)
+  local dir = os.getenv("SHARD_SNAPSHOT_DIR") or "/dev/shm"
+  for _, name in ipairs(files.lines_of("ls " .. quote(dir) .. " 2>/dev/null")) do
+    if name:sub(1, #("shard-" .. o.job_id .. "-")) == "shard-" .. o.job_id .. "-" then os.remove(dir .. "/" .. name) end
+  end
+end
+
 function M.main(args)
   local ok, o = pcall(M.parse, args)
   if not ok then
@@ -680,17 +739,18 @@ function M.main(args)
   local world = world_size(o)
   o.flight_dir = temp_dir()
   if not o.flight_dir then io.stderr:write("shard launch: mktemp -d failed\n"); return 1 end
+  o.job_id = ("%d-%s"):format(job.pid(), o.flight_dir:match("([^/.]+)$") or "job")
   if o.hosts then write_agent(o) end
   job.trap(true)
-  local rc, router = stream(job_command(o), o)
+  local rc = run_restarting(o, world)
   job.trap(false)
+  remove_snapshots(o)
   if o.signal then
     io.stderr:write(("shard launch: %s: stopped the job\n"):format(SIGNAL_NAME[o.signal]))
     remove_dir(o, world)
     job.reraise(o.signal)
     return 128 + o.signal
   end
-  if rc ~= 0 then rc = report(rc, router, o, world) end
   remove_dir(o, world)
   return rc
 end
