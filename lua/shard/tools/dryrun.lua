@@ -181,6 +181,10 @@ function M.run_recipe(path, args, forced, verbose)
   if not verbose then _G.print = function() end end
   local ok, e = pcall(chunk, unpack(script_args))
   config.apply, _G.print = apply, print_
+  -- The run's model, FlatParameters and optimizer state must be free for the next run in this
+  -- process: a compiled trace keeps every closure it was recorded through (and all it reaches)
+  -- alive until the trace goes, and which loops get compiled varies from run to run.
+  jit.flush()
   if not ok then error(e, 0) end
 end
 
