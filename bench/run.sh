@@ -30,6 +30,8 @@
 #               same rounds, alternation and settings as cpu_train; the headline is again the
 #               ratio of bests. BENCH=bf16 runs only this part, BENCH=f32 all but this part,
 #               BENCH=train only cpu_train (with the recipe loop).
+#   deterministic  the recipe's loop at world 1 and 2, the default mode beside --deterministic
+#               (tokens/s and memory peak, their ratios): bench/deterministic.sh.
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 #               With them, each round, the recipe's own loop (recipes/gpt_shakespeare_char.lua
 #               through lua/shard/train.lua, RECIPE_ITERS steps, its data and logging): its
@@ -417,6 +419,11 @@ awk -v fpt="$fpt" -v riters="$RECIPE_ITERS" -v corpus="${demo:+--demo, }$(basena
 # (bench/adamw.sh; make bench-adamw runs it alone).
 echo
 THREADS="$threads" sh bench/adamw.sh build || exit 1
+
+# The cost of --deterministic: the recipe's loop at world 1 and 2, default and deterministic
+# alternating (bench/deterministic.sh).
+echo
+ROUNDS="$ROUNDS" sh bench/deterministic.sh || exit 1
 
 if [ "$BENCH" = all ]; then echo; bench_bf16 || exit 1; fi   # cpu_train_bf16 (its section above)
 

@@ -189,6 +189,16 @@ function Group:broadcast(t, root, opts)
   return issue(opts, t, C.sh_comm_broadcast_async, C.sh_comm_broadcast, self.p, t.p, root or 0)
 end
 
+-- all_to_all(out, in [, opts]) or all_to_all(in [, opts]) -> a new tensor like in: block q of
+-- this rank's input goes to rank q, whose output holds rank r's block at block r.
+function Group:all_to_all(out, input, opts)
+  if not tensor.is_tensor(input) then
+    opts, input = input, out
+    out = tensor.empty(input:shape(), { dtype = input:dtype(), device = input:device() })
+  end
+  return issue(opts, out, C.sh_comm_all_to_all_into_async, C.sh_comm_all_to_all_into, self.p, out.p, input.p)
+end
+
 function Group:barrier(opts)
   return issue(opts, nil, C.sh_comm_barrier_async, C.sh_comm_barrier, self.p)
 end
@@ -262,7 +272,7 @@ function M.wait_seconds() return C.sh_comm_wait_seconds() end
 function M.set_timeout(seconds) return M.init():set_timeout(seconds) end
 
 -- Convenience forms on the world group.
-for _, name in ipairs { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "split" } do
+for _, name in ipairs { "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "split" } do
   M[name] = function(...) local g = M.init(); return g[name](g, ...) end
 end
 function M.rank() return M.init():rank() end

@@ -42,7 +42,8 @@ function M.create(params, opts)
   end
   local box = ffi.new("sh_flatparam*[1]")
   local rc = C.sh_flatparam_create(box, arr, n, group_ptr(opts.group), dtype_or_default(opts.master),
-                                   dtype_or_default(opts.param), dtype_or_default(opts.reduce), opts.no_shard and 1 or 0)
+                                   dtype_or_default(opts.param), dtype_or_default(opts.reduce), opts.no_shard and 1 or 0,
+                                   opts.align or 1)
   if rc ~= 0 then return nil, ffi.string(C.sh_last_error()) end
   local params_copy = {}
   for i = 1, n do params_copy[i] = params[i] end
@@ -53,7 +54,8 @@ end
 
 -- params: a list of Tensors in registration order (the same Tensor twice = tied).
 -- opts: group (a shard.comm Group or nil for a group of one), master, param, reduce (dtype
--- names; default: the first parameter's dtype, then master, then param), no_shard.
+-- names; default: the first parameter's dtype, then master, then param), no_shard, align
+-- (the shard a multiple of align elements; default 1).
 function M.new(params, opts)
   local fp, err = M.create(params, opts)
   if not fp then error(err, 2) end
@@ -132,6 +134,19 @@ function FlatParam:reduce_grad_wait() check(C.sh_flatparam_reduce_grad_wait(self
 function FlatParam:zero_grad(free_it) check(C.sh_flatparam_zero_grad(self.p, free_it and 1 or 0), 2); return self end
 -- Drops the grads backwards left on the parameters unreduced (accumulation with sync off).
 function FlatParam:drop_local_grads() return grads_taken(self, C.sh_flatparam_drop_local_grads(self.p)) end
+
+-- The deterministic reduction's ends (flatparam.h): take_grad returns the flat grad (the
+-- parameters' grads laid end to end, taken and freed; no collective), add_grad lands a
+-- reduced shard in the sharded grad; grad_block_sumsq(block, out) writes the sharded grad's
+-- f64 sum of squares per block into out.
+function FlatParam:take_grad()
+  local box = ffi.new("sh_tensor*[1]")
+  local rc = C.sh_flatparam_take_grad(box, self.p)
+  grads_taken(self, rc)
+  return tensor.wrap(box[0])
+end
+function FlatParam:add_grad(shard) check(C.sh_flatparam_add_grad(self.p, shard.p), 2); return self end
+function FlatParam:grad_block_sumsq(block, out) check(C.sh_flatparam_grad_block_sumsq(self.p, block, out.p), 2); return out end
 
 -- Aliases of the local shards (in-place updates reach the FlatParameter); the caller frees
 -- them. grad_shard is nil while there is no sharded grad.

@@ -21,6 +21,10 @@
 -- memory), last (the inner micro-batches skip every reduction and keep unsharded grads: one
 -- reduction per step) or replica_last (hybrid: the inner ones reduce-scatter within the shard
 -- group and skip only the all-reduce across groups, the collective that crosses nodes).
+-- --deterministic: the losses and parameters bit-identical at any world size, strategy and
+-- grad_accum split of the step's global batch of batch_size x grad_accum windows (FSDP's
+-- deterministic mode, fsdp/determ.lua; f32 on the CPU). The final metrics line carries
+-- params_sha256, the digest of the trained parameters, in either mode.
 -- --dtype=bf16 computes in bf16 with f32 master weights: FSDP mixed precision (param bf16,
 -- gradients reduced and kept in f32, the optimizer on the f32 shards); with --strategy=none
 -- the model is wrapped as one process's full_shard FSDP (world 1: one shard, all of it),
@@ -67,6 +71,7 @@ M.COMMON = {
   hybrid_group = "node",   -- hybrid strategies: ranks per shard group, or "node"
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
   snapshot_interval = -1, snapshot_replicas = 0,           -- shard.snapshot
+  deterministic = false,   -- the same bits at any world size, strategy and grad_accum (fsdp/determ.lua)
 }
 
 -- Steps between snapshots when shard launch --max_restarts may restart the job (bench/snapshot.lua measures the cost).
@@ -96,6 +101,7 @@ M.SPEC = {
   hybrid_group = { help = "ranks per shard group, or node" },
   snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: every " .. M.DEFAULT_SNAPSHOT_INTERVAL .. " under shard launch --max_restarts, else none" },
   snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
+  deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32, CPU)" },
 }
 
 local function usage(fmt, ...) error({ usage = fmt:format(...) }, 0) end
@@ -108,6 +114,10 @@ local function check_combinations(cfg)
   end
   if mode == "replica_last" and not cfg.strategy:find("^hybrid_shard") then
     usage("--accum_sync=replica_last: %s has no all-reduce across groups; use hybrid_shard or hybrid_shard_zero2", cfg.strategy)
+  end
+  if cfg.deterministic and cfg.dtype ~= "f32" then usage("--deterministic: f32 only, not --dtype=%s", cfg.dtype) end
+  if cfg.deterministic and mode ~= "every" then
+    usage("--deterministic --accum_sync=%s: deterministic mode reduces once per step; leave accum_sync at every", mode)
   end
   if cfg.hybrid_group ~= "node" and not ((tonumber(cfg.hybrid_group) or 0) >= 1) then
     usage("--hybrid_group=%s: expected a number of ranks (at least 1) or node", cfg.hybrid_group)
@@ -172,6 +182,8 @@ local function make_model(recipe, cfg, env, vocab_size)
   local function build() return recipe.build(cfg, vocab_size) end
   local model
   local mixed = cfg.dtype == "bf16" and { param = "bf16" } or nil
+  -- deterministic with --strategy=none: one process's full_shard FSDP, as bf16 is
+  local wrapped = cfg.strategy ~= "none" or mixed or cfg.deterministic
   if cfg.strategy == "none" and env.world > 1 then
     error(("%d ranks need a sharding strategy: --strategy=full_shard, shard_grad_op, no_shard or hybrid_shard"):format(env.world), 0)
   end
@@ -180,14 +192,14 @@ local function make_model(recipe, cfg, env, vocab_size)
   end
   if recipe.from_pretrained then   -- the recipe loads its weights, plain or sharded as wrap's options say
     local wrap = nil
-    if cfg.strategy ~= "none" or mixed then
+    if wrapped then
       wrap = { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = cfg.strategy == "none" and "full_shard" or cfg.strategy,
                hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group, mixed_precision = mixed,
-               offload = cfg.offload and { params = true } or nil }
+               offload = cfg.offload and { params = true } or nil, deterministic = cfg.deterministic }
     end
     model = recipe.from_pretrained(cfg, wrap, vocab_size)
     if wrap and env.rank == 0 then print(shard.fsdp.summary(model)) end
-  elseif cfg.strategy == "none" and not mixed then
+  elseif not wrapped then
     model = build()
   else
     -- given the constructor, wrap initialises each rank's shard only (same values as eager init);
@@ -195,21 +207,24 @@ local function make_model(recipe, cfg, env, vocab_size)
     local strategy = cfg.strategy == "none" and "full_shard" or cfg.strategy
     model = shard.fsdp.wrap(build, { policy = shard.fsdp.policy.transformer{ recipe.block }, strategy = strategy,
                                      hybrid_group = tonumber(cfg.hybrid_group) or cfg.hybrid_group,
-                                     mixed_precision = mixed, offload = cfg.offload and { params = true } or nil })
+                                     mixed_precision = mixed, offload = cfg.offload and { params = true } or nil,
+                                     deterministic = cfg.deterministic })
     if env.rank == 0 then print(shard.fsdp.summary(model)) end
   end
   if env.rank == 0 then print(("model: %.2fM parameters"):format(model:num_params() / 1e6)) end
   return model
 end
 
--- batch_size is the global batch; each rank takes its share of the same windows.
+-- batch_size is the global batch; each rank takes its share of the same windows. Under
+-- --deterministic the training loader draws a step's whole global batch (batch_size x
+-- grad_accum windows) at once, so that any grad_accum split of it is the same windows.
 local function loaders(cfg, env, train_src, val_src)
-  local function loader(src, seed)
-    local o = { block = cfg.block_size, batch = cfg.batch_size, seed = seed, rank = env.rank, world = env.world, device = env.device }
+  local function loader(src, seed, batch)
+    local o = { block = cfg.block_size, batch = batch or cfg.batch_size, seed = seed, rank = env.rank, world = env.world, device = env.device }
     if type(src) == "string" then o.path = src else o.tokens = src end
     return shard.data.tokens(o)
   end
-  local train = loader(train_src, cfg.seed)
+  local train = loader(train_src, cfg.seed, cfg.deterministic and cfg.batch_size * cfg.grad_accum or nil)
   return train, { train = loader(train.tokens, cfg.seed + 1), val = loader(val_src, cfg.seed + 2) }
 end
 
@@ -289,6 +304,48 @@ local function step(model, opt, train, cfg, read, snaps)
   return read and gl:mean(loss_sum) or nil
 end
 
+-- A --deterministic step's gradients (fsdp/determ.lua): this rank's rows of the step's global
+-- batch, one forward and backward each (each row a chunk of the fixed tree; the grad_accum
+-- split does not change what runs), each loss scaled by its row's share of the global batch's
+-- target tokens; the gradients reduced in tree order at the end. Returns the step's loss when
+-- `read`: the rows' scaled losses added in row order over every rank (an all-gather).
+local function deterministic_backward(model, train, env, read)
+  local fsdp = shard.fsdp
+  local x, y
+  shard.trace.span("data", function() x, y = train:next() end)
+  local rows = x:shape()[1]
+  local xs, ys = {}, {}
+  for i = 1, rows do xs[i], ys[i] = x:narrow(1, i, 1), y:narrow(1, i, 1) end
+  local gl = shard.nn.global_loss(ys)
+  fsdp.deterministic_begin(model, { chunks = rows * env.world, first = env.rank * rows, count = rows })
+  local losses = {}
+  for i = 1, rows do
+    local loss = model(xs[i], ys[i])
+    local scaled = loss * (gl.tokens > 0 and gl.counts[i] / gl.tokens or 0)
+    scaled:backward()
+    if read then losses[i] = scaled:item() end
+    loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
+  end
+  x:free(); y:free()
+  fsdp.deterministic_finish(model)
+  if not read then return nil end
+  local mine = shard.tensor(losses, { dtype = "f64" })
+  local all = env.group:all_gather(mine)
+  local sum = 0
+  for _, v in ipairs(all:tolist_flat()) do sum = sum + v end
+  mine:free(); all:free()
+  return sum
+end
+
+local function deterministic_step(model, opt, train, cfg, env, read, snaps)
+  local trace = shard.trace
+  local loss = deterministic_backward(model, train, env, read)
+  if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
+  if snaps then snaps:before_update() end
+  trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
+  return loss
+end
+
 -- Throughput over a window of steps: tokens/s for the whole job, model FLOP/s per rank, MFU.
 local Meter = {}
 Meter.__index = Meter
@@ -353,16 +410,20 @@ end
 -- so the model is left as trained.
 local function metrics_line(model, opt, train, cfg, env, extra)
   local comm = shard.comm
-  local x, y = train:next()
   comm.reset_counts()
-  local loss = model(x, y)
-  loss:backward()
+  if cfg.deterministic then
+    deterministic_backward(model, train, env, false)
+  else
+    local x, y = train:next()
+    local loss = model(x, y)
+    loss:backward()
+    loss:free(); x:free(); y:free()
+  end
   if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
   local counts, bytes = comm.counts(), {}
   local total = 0
   for kind in pairs(counts) do bytes[kind] = comm.bytes(kind); total = total + bytes[kind] end
   opt:zero_grad(true)
-  loss:free(); x:free(); y:free()
   local peak = shard.tensor({ shard.memory.stats(env.device).peak }, { dtype = "f64" })
   env.group:all_reduce(peak, "max")
   local fields = { world = env.world, strategy = cfg.strategy, peak_bytes = peak:get({ 1 }),
@@ -375,10 +436,16 @@ end
 function M.run(recipe)
   local cfg = settings(recipe)
   local env = shard.init{ device = cfg.device }
+  if cfg.deterministic and env.device ~= "cpu" then
+    usage("--deterministic: CPU tensors only (its all_to_all has no NCCL path, and a dry run has none), not device %s", env.device)
+  end
   local cpu = env.device == "cpu" and require("shard.cpu").describe() or nil
   if cpu and env.rank == 0 then print("cpu: " .. cpu) end
   shard.manual_seed(cfg.seed)
-  if cfg.batch_size % env.world ~= 0 then
+  if cfg.deterministic and (cfg.batch_size * cfg.grad_accum) % env.world ~= 0 then
+    usage("--deterministic: the step's global batch of %d x %d windows does not split over %d ranks",
+          cfg.batch_size, cfg.grad_accum, env.world)
+  elseif not cfg.deterministic and cfg.batch_size % env.world ~= 0 then
     usage("--batch_size=%d: the global batch does not split over %d ranks", cfg.batch_size, env.world)
   end
   cfg.data = corpus(cfg, env)
@@ -416,7 +483,9 @@ function M.run(recipe)
     opt:set_lr(lr_at(it))
     local logging = it % cfg.log_interval == 0 or it == cfg.max_iters - 1   -- the last step too
     shard.trace.begin_step(it)
-    local loss = step(model, opt, train, cfg, logging, snaps)
+    local loss
+    if cfg.deterministic then loss = deterministic_step(model, opt, train, cfg, env, logging, snaps)
+    else loss = step(model, opt, train, cfg, logging, snaps) end
     shard.trace.end_step(it)
     if snaps then snaps:after_step(it + 1) end
     if restarted and it == start and env.rank == 0 then print(("restart: step %d completed"):format(it + 1)); io.stdout:flush() end
@@ -442,6 +511,8 @@ function M.run(recipe)
   if snaps then snaps:close() end
   shard.trace.finish()   -- when the run ended before the last traced step
 
+  -- the trained parameters' digest, for comparing runs (the same at any world size under --deterministic)
+  local params_sha256 = env.device ~= "meta" and shard.fsdp.params_sha256(model) or nil
   -- where memory went on this rank (peak and the bytes by tag at the peak)
   if env.rank == 0 then print("memory (rank 0): " .. shard.memory.format(shard.memory.stats())) end
 
@@ -456,7 +527,8 @@ function M.run(recipe)
   -- the medians leave out the first window when there are others: it is the run's first step
   -- alone (compiling, allocating, warming the caches)
   local function steady(xs) return #xs > 1 and { unpack(xs, 2) } or xs end
-  metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(steady(rates)), mfu = median(steady(mfus)) })
+  metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(steady(rates)), mfu = median(steady(mfus)),
+                                              params_sha256 = params_sha256, deterministic = cfg.deterministic })
   return { model = model, cfg = cfg, env = env }
 end
 

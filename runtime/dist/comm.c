@@ -37,6 +37,7 @@ static double g_wait_seconds;               /* time blocked in sh_comm_wait */
 static const char *const KIND_NAME[] = {
   [SH_COLL_ALL_GATHER] = "all_gather", [SH_COLL_REDUCE_SCATTER] = "reduce_scatter",
   [SH_COLL_ALL_REDUCE] = "all_reduce", [SH_COLL_BROADCAST] = "broadcast", [SH_COLL_BARRIER] = "barrier",
+  [SH_COLL_ALL_TO_ALL] = "all_to_all",
 };
 _Static_assert(sizeof KIND_NAME / sizeof KIND_NAME[0] == SH_COLL_N, "a name for every sh_coll_kind");
 
@@ -619,7 +620,7 @@ static int issue(sh_comm_work **out, sh_comm *c, int kind, sh_tensor *dst, const
     return sh_fail_context("%s on %s: ", KIND_NAME[kind], c->name);
   }
   if (kind == SH_COLL_BARRIER) snprintf(w->what, sizeof w->what, "barrier");
-  else if (kind == SH_COLL_ALL_GATHER || kind == SH_COLL_BROADCAST) snprintf(w->what, sizeof w->what, "%s of %s", KIND_NAME[kind], sh_desc(src));
+  else if (kind == SH_COLL_ALL_GATHER || kind == SH_COLL_BROADCAST || kind == SH_COLL_ALL_TO_ALL) snprintf(w->what, sizeof w->what, "%s of %s", KIND_NAME[kind], sh_desc(src));
   else snprintf(w->what, sizeof w->what, "%s of %s (%s%s%s)", KIND_NAME[kind], sh_desc(src), OP_NAME[op],
                 rd >= 0 ? " in " : "", rd >= 0 ? sh_dtype_name(rd) : "");
   int64_t bytes = src ? sh_tensor_numel(src) * sh_dtype_size(src->dtype) : 0;
@@ -806,6 +807,23 @@ int sh_comm_broadcast_async(sh_comm_work **work, sh_comm *c, sh_tensor *t, int r
   return issue(work, c, SH_COLL_BROADCAST, t, t, SH_RED_SUM, -1, root);
 }
 
+int sh_comm_all_to_all_into_async(sh_comm_work **work, sh_comm *c, sh_tensor *out, const sh_tensor *in) {
+  *work = NULL;
+  if (!c) return sh_fail(SH_ERR_ARG, "all_to_all: expected a group, got nil");
+  SH_TRY(check_pair("all_to_all", c, out, in));
+  int64_t n = sh_tensor_numel(in);
+  if (sh_tensor_numel(out) != n || n % c->size != 0)
+    return sh_fail(SH_ERR_ARG, "all_to_all on %s (rank %d of %d): input %s and output %s must have the same "
+                   "number of elements, a multiple of %d", c->name, c->rank, c->size, sh_desc(in), sh_desc(out), c->size);
+  if (in->device >= 0)
+    return sh_fail(SH_ERR_DEVICE, "all_to_all on %s (rank %d): %s is a CUDA tensor; all_to_all runs on CPU "
+                   "tensors only (no NCCL path)", c->name, c->rank, sh_desc(in));
+  if (out->storage == in->storage && c->size > 1)
+    return sh_fail(SH_ERR_ARG, "all_to_all on %s (rank %d): input %s and output %s share a storage; give them "
+                   "distinct memory", c->name, c->rank, sh_desc(in), sh_desc(out));
+  return issue(work, c, SH_COLL_ALL_TO_ALL, out, in, SH_RED_SUM, -1, 0);
+}
+
 int sh_comm_barrier_async(sh_comm_work **work, sh_comm *c) {
   *work = NULL;
   if (!c) return sh_fail(SH_ERR_ARG, "barrier: expected a group, got nil");
@@ -820,6 +838,11 @@ int sh_comm_all_gather_into(sh_comm *c, sh_tensor *out, const sh_tensor *in) {
 int sh_comm_reduce_scatter(sh_comm *c, sh_tensor *out, const sh_tensor *in, int op, int rd) {
   sh_comm_work *w;
   int rc = sh_comm_reduce_scatter_async(&w, c, out, in, op, rd);
+  return run(w, rc);
+}
+int sh_comm_all_to_all_into(sh_comm *c, sh_tensor *out, const sh_tensor *in) {
+  sh_comm_work *w;
+  int rc = sh_comm_all_to_all_into_async(&w, c, out, in);
   return run(w, rc);
 }
 int sh_comm_all_reduce(sh_comm *c, sh_tensor *t, int op, int rd) {

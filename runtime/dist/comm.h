@@ -34,9 +34,10 @@ typedef enum sh_reduce_op { SH_RED_SUM = 0, SH_RED_AVG = 1, SH_RED_MAX = 2, SH_R
  * comm.kind_name), and every tool takes its names from there. */
 typedef enum sh_coll_kind {
   SH_COLL_ALL_GATHER = 0, SH_COLL_REDUCE_SCATTER = 1, SH_COLL_ALL_REDUCE = 2,
-  SH_COLL_BROADCAST = 3, SH_COLL_BARRIER = 4, SH_COLL_N = 5
+  SH_COLL_BROADCAST = 3, SH_COLL_BARRIER = 4, SH_COLL_ALL_TO_ALL = 5, SH_COLL_N = 6
 } sh_coll_kind;
-/* The kind's name ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier");
+/* The kind's name ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",
+ * "all_to_all");
  * NULL outside 0..SH_COLL_N-1. */
 const char *sh_comm_kind_name(int kind);
 
@@ -114,6 +115,12 @@ int sh_comm_reduce_scatter(sh_comm *comm, sh_tensor *out, const sh_tensor *in, i
 int sh_comm_all_reduce(sh_comm *comm, sh_tensor *t, int op, int reduce_dtype);
 int sh_comm_broadcast(sh_comm *comm, sh_tensor *t, int root);
 int sh_comm_barrier(sh_comm *comm);
+/* in and out have size * n elements each (any shapes), in distinct memory: block q of rank
+ * r's input (elements [q n, (q + 1) n)) lands in block r of rank q's output. It moves bytes
+ * and reduces nothing, so it is exact in any dtype (FSDP's deterministic reduction gathers
+ * each shard's pieces with it and sums them in a fixed order). CPU tensors only: over NCCL
+ * it is refused. */
+int sh_comm_all_to_all_into(sh_comm *comm, sh_tensor *out, const sh_tensor *in);
 
 /* Async forms. The handle keeps the tensors' storages alive until it is freed. */
 int sh_comm_all_gather_into_async(sh_comm_work **work, sh_comm *comm, sh_tensor *out, const sh_tensor *in);
@@ -122,6 +129,7 @@ int sh_comm_reduce_scatter_async(sh_comm_work **work, sh_comm *comm, sh_tensor *
 int sh_comm_all_reduce_async(sh_comm_work **work, sh_comm *comm, sh_tensor *t, int op, int reduce_dtype);
 int sh_comm_broadcast_async(sh_comm_work **work, sh_comm *comm, sh_tensor *t, int root);
 int sh_comm_barrier_async(sh_comm_work **work, sh_comm *comm);
+int sh_comm_all_to_all_into_async(sh_comm_work **work, sh_comm *comm, sh_tensor *out, const sh_tensor *in);
 int sh_comm_wait(sh_comm_work *work);               /* SH_OK once complete (again: SH_OK) */
 int sh_comm_test(sh_comm_work *work, int *done);    /* never blocks */
 void sh_comm_work_free(sh_comm_work *work);         /* waits first if still pending and not ordered */

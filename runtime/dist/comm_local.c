@@ -38,7 +38,8 @@ static int copy_rounded_device(sh_tensor *dst, const sh_tensor *src, int rd) {
 
 static int local_start(sh_comm_work *w) {
   if (w->kind != SH_COLL_BARRIER) {
-    int rd = w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST ? -1 : w->reduce_dtype;
+    int rd = w->kind == SH_COLL_ALL_GATHER || w->kind == SH_COLL_BROADCAST || w->kind == SH_COLL_ALL_TO_ALL
+             ? -1 : w->reduce_dtype;
     if (w->in->device >= 0) SH_TRY(copy_rounded_device(w->out, w->in, rd));
     else copy_rounded(w->out, w->in, rd);
   }

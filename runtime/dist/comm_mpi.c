@@ -1,5 +1,6 @@
 /* comm_mpi.c: the Open MPI backend for CPU tensors. Every collective is nonblocking
- * (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier) and
+ * (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier,
+ * MPI_Ialltoall) and
  * polled with MPI_Test by comm.c, which owns the timeout. bf16/f16 reductions, and any
  * reduction in a reduce dtype other than the tensor's, go through f32 (or f64) staging
  * buffers: the sum accumulates in the wide type and is rounded once at the end. Gathers and
@@ -202,6 +203,15 @@ static int post_all_gather(sh_comm_work *w, mpi_work *m) {
   return SH_OK;
 }
 
+/* Blocks of n / size elements, moved as bytes (a dtype MPI has no type for moves the same). */
+static int post_all_to_all(sh_comm_work *w, mpi_work *m) {
+  int64_t bytes = sh_tensor_numel(w->in) / w->comm->size * sh_dtype_size(w->in->dtype);
+  SH_TRY(check_count(bytes, "all_to_all"));
+  MPI_TRY(MPI_Ialltoall(sh_tensor_data(w->in), (int)bytes, MPI_BYTE, sh_tensor_data(w->out), (int)bytes, MPI_BYTE,
+                        group_comm(w->comm), &m->req), "MPI_Ialltoall");
+  return SH_OK;
+}
+
 static int post_reduction(sh_comm_work *w, mpi_work *m) {
   const sh_tensor *in = w->in;
   sh_tensor *out = w->out;
@@ -256,6 +266,7 @@ static int mpi_start(sh_comm_work *w) {
   int rc = SH_OK;
   switch (w->kind) {
     case SH_COLL_ALL_GATHER: rc = post_all_gather(w, m); break;
+    case SH_COLL_ALL_TO_ALL: rc = post_all_to_all(w, m); break;
     case SH_COLL_REDUCE_SCATTER: case SH_COLL_ALL_REDUCE: rc = post_reduction(w, m); break;
     case SH_COLL_BROADCAST: {
       int64_t n = sh_tensor_numel(w->out);

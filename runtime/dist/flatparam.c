@@ -198,8 +198,9 @@ int64_t sh_flatparam_padded_numel(int64_t numel, int group_size) {
 }
 
 int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
-                        int master, int pdt, int rdt, int no_shard) {
+                        int master, int pdt, int rdt, int no_shard, int align) {
   *out = NULL;
+  if (align < 1) return sh_fail(SH_ERR_ARG, "flatparam: align %d; shards are a multiple of align >= 1 elements", align);
   SH_TRY(check_params(params, n, master));
   if (master == -1) master = params[0]->dtype;
   if (pdt == -1) pdt = master;
@@ -228,7 +229,7 @@ int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, str
     fp->n_unique++;
   }
   if (fp->numel == 0) { free(slots); free(fp); return sh_fail(SH_ERR_ARG, "flatparam: the %d parameters have no elements", n); }
-  fp->padded = sh_flatparam_padded_numel(fp->numel, fp->group_size);
+  fp->padded = sh_flatparam_padded_numel(fp->numel, fp->group_size * align);
   fp->shard_numel = fp->padded / fp->group_size;
   int rc = new_tagged(&fp->shard, fp->shard_numel, master, fp->device, SH_TAG_PARAM);
   if (!rc) rc = fill_shard(fp);
@@ -677,6 +678,68 @@ int sh_flatparam_reduce_grad_wait(sh_flatparam *fp) {
 int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate) {
   SH_TRY(sh_flatparam_reduce_grad_start(fp, op, replicate));
   return sh_flatparam_reduce_grad_wait(fp);
+}
+
+int sh_flatparam_take_grad(sh_tensor **out, sh_flatparam *fp) {
+  *out = NULL;
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam take_grad: expected a FlatParameter, got nil");
+  if (fp->reduce || fp->red_out) return sh_fail(SH_ERR_ARG, "flatparam take_grad: a reduce_grad is in flight; wait for it first");
+  if (flatten_grads(fp)) return sh_fail_context("flatparam take_grad: ");
+  *out = fp->flat_grad;
+  fp->flat_grad = NULL;
+  count_reduce(-1);
+  return SH_OK;
+}
+
+int sh_flatparam_add_grad(sh_flatparam *fp, const sh_tensor *shard) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam add_grad: expected a FlatParameter, got nil");
+  if (fp->reduce || fp->red_out || fp->flat_grad)
+    return sh_fail(SH_ERR_ARG, "flatparam add_grad: a reduce_grad is in flight or grads are prepared; finish it first");
+  SH_TRY(sh_tensor_check(shard, "flatparam add_grad"));
+  if (sh_tensor_numel(shard) != fp->shard_numel || shard->dtype != fp->rdt || shard->device != fp->device)
+    return sh_fail(SH_ERR_ARG, "flatparam add_grad: expected %lld elements of %s on the FlatParameter's device, got %s",
+                   (long long)fp->shard_numel, sh_dtype_name(fp->rdt), sh_desc(shard));
+  SH_TRY(sh_tensor_alias(&fp->red_out, shard));
+  fp->replicate = NULL;
+  return finish_reduce(fp) ? sh_fail_context("flatparam add_grad: ") : SH_OK;
+}
+
+/* Block b's sum of squares: eight f64 lanes over its elements (element i in lane i % 8, each
+ * lane in element order), then the lanes in a fixed tree. The order depends only on the
+ * block's own elements, never on the thread or on where the block sits. */
+static double block_sumsq(const float *g, int64_t n) {
+  double lane[8] = { 0 };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) lane[l] += (double)g[i + l] * g[i + l];
+  for (int l = 0; i < n; i++, l++) lane[l] += (double)g[i] * g[i];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+typedef struct { const float *g; double *out; int64_t block; } sumsq_job;
+static void sumsq_range(void *ctx, int64_t b0, int64_t b1) {
+  sumsq_job *j = ctx;
+  for (int64_t b = b0; b < b1; b++) j->out[b] = block_sumsq(j->g + b * j->block, j->block);
+}
+
+int sh_flatparam_grad_block_sumsq(sh_flatparam *fp, int64_t block, sh_tensor *out) {
+  if (!fp) return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: expected a FlatParameter, got nil");
+  if (block < 1 || fp->shard_numel % block != 0)
+    return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: block %lld does not divide the shard's %lld elements "
+                   "(create the FlatParameter with that align)", (long long)block, (long long)fp->shard_numel);
+  int64_t nb = fp->shard_numel / block;
+  SH_TRY(sh_tensor_check(out, "flatparam grad_block_sumsq"));
+  if (out->dtype != SH_F64 || out->device != -1 || sh_tensor_numel(out) != nb || !sh_tensor_is_contiguous(out))
+    return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: expected a contiguous f64 CPU tensor of %lld elements, got %s",
+                   (long long)nb, sh_desc(out));
+  if (fp->master != SH_F32 || (fp->has_grad && fp->grad->device != -1))
+    return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: an f32 sharded grad on the CPU only, got %s",
+                   fp->has_grad ? sh_desc(fp->grad) : sh_dtype_name(fp->master));
+  if (order_grad(fp)) return sh_fail_context("flatparam grad_block_sumsq: ");
+  if (!fp->has_grad) return sh_tensor_fill_(out, 0);
+  sumsq_job job = { sh_tensor_data(fp->grad), sh_tensor_data(out), block };
+  sh_parallel_for(nb, fp->shard_numel >= (1 << 15), sumsq_range, &job);
+  return SH_OK;
 }
 
 int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it) {

@@ -92,10 +92,13 @@ int64_t sh_flatparam_padded_numel(int64_t numel, int group_size);
 
 /* params: n tensors in registration order, all on one device, floating point. group: the
  * shard group (all-reduce group under no_shard); NULL is a group of one. dtypes -1: master =
- * first parameter's dtype, param = master, reduce = param. A parameter already held by
- * another live FlatParameter is an error (a tied weight split across units). */
+ * first parameter's dtype, param = master, reduce = param. align (>= 1): the shard is a
+ * multiple of align elements (the flat buffer padded to a multiple of group size x align;
+ * FSDP's deterministic mode aligns to its norm blocks, so no block straddles two shards).
+ * A parameter already held by another live FlatParameter is an error (a tied weight split
+ * across units). */
 int sh_flatparam_create(sh_flatparam **out, sh_tensor *const *params, int n, struct sh_comm *group,
-                        int master_dtype, int param_dtype, int reduce_dtype, int no_shard);
+                        int master_dtype, int param_dtype, int reduce_dtype, int no_shard, int align);
 /* Frees the shard, grads and buffers without touching the parameter structs (reshard
  * first to leave them without storage). */
 void sh_flatparam_destroy(sh_flatparam *fp);
@@ -120,6 +123,19 @@ int sh_flatparam_prepare_grads(sh_flatparam *fp);
 int sh_flatparam_reduce_grad(sh_flatparam *fp, int op, struct sh_comm *replicate);
 int sh_flatparam_reduce_grad_start(sh_flatparam *fp, int op, struct sh_comm *replicate);
 int sh_flatparam_reduce_grad_wait(sh_flatparam *fp);
+/* The deterministic reduction's two ends (lua/shard/fsdp/determ.lua): take_grad lays the
+ * parameters' grads into the flat buffer as reduce_grad does (zeros for padding, frozen and
+ * absent grads), frees them and hands the caller that buffer (reduce dtype, padded numel)
+ * with no collective; add_grad lands a reduced shard (shard numel, reduce dtype, the
+ * FlatParameter's device; the caller keeps it) in the sharded grad as reduce_grad_wait does:
+ * set after zero_grad, else added. */
+int sh_flatparam_take_grad(sh_tensor **out, sh_flatparam *fp);
+int sh_flatparam_add_grad(sh_flatparam *fp, const sh_tensor *shard);
+/* The sharded grad's sum of squares per block of `block` elements (which must divide the
+ * shard) into out, a contiguous f64 CPU tensor of shard numel / block elements (zeros without
+ * a grad): each block summed in f64 in one fixed order of its own elements, so a block's sum
+ * is the same bits whatever the world size and the thread count. An f32 grad on the CPU. */
+int sh_flatparam_grad_block_sumsq(sh_flatparam *fp, int64_t block, sh_tensor *out);
 /* Forgets the sharded grad (the next reduce_grad sets it instead of adding); with free_it
  * the buffer is released too. */
 int sh_flatparam_zero_grad(sh_flatparam *fp, int free_it);

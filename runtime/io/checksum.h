@@ -14,6 +14,14 @@
  * sh_crc32c(sh_crc32c(0, a, na), b, nb) is the CRC32C of a followed by b. */
 uint32_t sh_crc32c(uint32_t crc, const void *data, size_t n);
 
+/* SHA-256 (FIPS 180-4), streamed: init, update with any pieces, final writes the 32-byte
+ * digest. FSDP's deterministic mode prints one of the gathered parameters (params_sha256) so
+ * that two runs can be compared by one line. */
+typedef struct sh_sha256 { uint32_t h[8]; uint64_t bytes; uint8_t buf[64]; } sh_sha256;
+void sh_sha256_init(sh_sha256 *s);
+void sh_sha256_update(sh_sha256 *s, const void *data, size_t n);
+void sh_sha256_final(sh_sha256 *s, uint8_t digest[32]);
+
 /* Copies elements [first, first + count) of tensor i of f into dst (count * elem_size bytes),
  * as sh_st_read_bytes does (same errors), and sets *crc to the CRC32C of all of the tensor's
  * bytes in the file: the bytes outside the range pass through a small buffer and are

@@ -113,10 +113,56 @@ static void test_st_read(void) {
   rmdir(dir);
 }
 
+/* SHA-256: FIPS 180-4's examples (one block, two blocks, a million 'a's fed in uneven pieces)
+ * and every split of a 200-byte message fed in two updates. */
+static void sha_hex(const void *data, size_t n, char out[65]) {
+  sh_sha256 s;
+  uint8_t d[32];
+  sh_sha256_init(&s);
+  sh_sha256_update(&s, data, n);
+  sh_sha256_final(&s, d);
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+static void test_sha256(void) {
+  char hex[65];
+  sha_hex("", 0, hex);
+  CHECK(strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0, "sha256('') = %s", hex);
+  sha_hex("abc", 3, hex);
+  CHECK(strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0, "sha256(abc) = %s", hex);
+  const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  sha_hex(two, strlen(two), hex);
+  CHECK(strcmp(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1") == 0, "sha256(two blocks) = %s", hex);
+  static char a[1000000];
+  memset(a, 'a', sizeof a);
+  sh_sha256 s;
+  uint8_t d[32];
+  sh_sha256_init(&s);
+  for (size_t off = 0, step = 1; off < sizeof a; off += step, step = step * 7 % 1013 + 1)
+    sh_sha256_update(&s, a + off, off + step > sizeof a ? sizeof a - off : step);
+  sh_sha256_final(&s, d);
+  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  CHECK(strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0, "sha256(a x 1e6) = %s", hex);
+  char msg[200], whole[65];
+  for (int i = 0; i < 200; i++) msg[i] = (char)(i * 37 + 11);
+  sha_hex(msg, sizeof msg, whole);
+  int bad = 0;
+  for (size_t cut = 0; cut <= sizeof msg; cut++) {
+    sh_sha256_init(&s);
+    sh_sha256_update(&s, msg, cut);
+    sh_sha256_update(&s, msg + cut, sizeof msg - cut);
+    sh_sha256_final(&s, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    bad += strcmp(hex, whole) != 0;
+  }
+  CHECK(bad == 0, "sha256 of a message fed in two pieces differs at %d cuts", bad);
+}
+
 int main(int argc, char **argv) {
   check_args(argc, argv);
   RUN(test_vectors);
   RUN(test_builds_agree);
   RUN(test_st_read);
+  RUN(test_sha256);
   return check_summary("test_checksum");
 }

@@ -63,6 +63,32 @@ static void test_all_gather(sh_comm *w, int rank, int size) {
   sh_tensor_destroy(out);
 }
 
+/* all_to_all: rank r sends val(r, q * n + i) as element i of block q; rank q must hold it at
+ * r * n + i, bit for bit, in every dtype (bf16 and f16 included: it moves bytes). */
+static void test_all_to_all(sh_comm *w, int rank, int size) {
+  int dtypes[] = { SH_F32, SH_BF16, SH_F16, SH_F64, SH_I64 };
+  const int n = 3;
+  for (int k = 0; k < 5; k++) {
+    sh_tensor *in = vec(n * size, dtypes[k]), *out = vec(n * size, dtypes[k]);
+    fill(in, rank);
+    sh_tensor_fill_(out, -7);
+    CHECK_OK(sh_comm_all_to_all_into(w, out, in));
+    int bad = 0;
+    for (int r = 0; r < size; r++)
+      for (int i = 0; i < n; i++) bad += at(out, r * n + i) != as(val(r, rank * n + i), dtypes[k]);
+    CHECK(bad == 0, "all_to_all %s: %d wrong elements", sh_dtype_name(dtypes[k]), bad);
+    sh_tensor_destroy(in);
+    sh_tensor_destroy(out);
+  }
+  sh_tensor *a = vec(2 * size + 1, SH_F32), *b = vec(2 * size + 1, SH_F32), *c = vec(2 * size, SH_F32);
+  if (size > 1) CHECK_FAILS(sh_comm_all_to_all_into(w, b, a), SH_ERR_ARG, "a multiple of");
+  CHECK_FAILS(sh_comm_all_to_all_into(w, c, a), SH_ERR_ARG, "the same number of elements");
+  if (size > 1) CHECK_FAILS(sh_comm_all_to_all_into(w, c, c), SH_ERR_ARG, "share a storage");
+  sh_tensor_destroy(a);
+  sh_tensor_destroy(b);
+  sh_tensor_destroy(c);
+}
+
 /* The reference of a reduction of element i over every rank: inputs as stored in dtype,
  * rounded to rd, accumulated in f64 (f32 sums of these few values are exact enough that the
  * tolerance covers the difference), divided for avg, rounded to rd and stored in dtype. */
@@ -339,6 +365,7 @@ int main(int argc, char **argv) {
   sh_comm_destroy(again);
 
   RUN(test_all_gather, w, rank, size);
+  RUN(test_all_to_all, w, rank, size);
   RUN(test_reductions, w, rank, size);
   RUN(test_bf16_accumulates_in_f32, w, rank, size);
   RUN(test_local_bf16_rounding, w, rank, size);

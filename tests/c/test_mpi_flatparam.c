@@ -93,7 +93,7 @@ static void test_layout_roundtrip(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0, 1));
   if (!fp) return;
   sh_flatparam_info info;
   CHECK_OK(sh_flatparam_get_info(fp, &info));
@@ -134,7 +134,7 @@ static void test_layout_roundtrip(sh_comm *w, int rank, int size) {
   CHECK_FAILS(sh_tensor_fill_(p[1], 0), SH_ERR_FREED, "used after");
   /* A tied parameter given to a second unit is refused. */
   sh_flatparam *other = NULL;
-  CHECK_FAILS(sh_flatparam_create(&other, &p[3], 1, w, -1, -1, -1, 0), SH_ERR_ARG, "already belongs to another FlatParameter");
+  CHECK_FAILS(sh_flatparam_create(&other, &p[3], 1, w, -1, -1, -1, 0, 1), SH_ERR_ARG, "already belongs to another FlatParameter");
   sh_flatparam_destroy(fp);
   free_params(p);
 }
@@ -159,7 +159,7 @@ static void test_mixed_precision(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, SH_F32, SH_BF16, SH_F32, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, SH_F32, SH_BF16, SH_F32, 0, 1));
   if (!fp) return;
   CHECK_OK(sh_flatparam_unshard_start(fp));
   CHECK_OK(sh_flatparam_unshard_wait(fp));
@@ -180,7 +180,7 @@ static void test_mixed_precision_accumulate(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, SH_F32, SH_BF16, SH_BF16, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, SH_F32, SH_BF16, SH_BF16, 0, 1));
   if (!fp) return;
   for (int step = 0; step < 2; step++) {
     CHECK_OK(sh_flatparam_unshard(fp));
@@ -198,7 +198,7 @@ static void test_grads(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0, 1));
   if (!fp) return;
   int64_t S = (TOTAL + size - 1) / size;
   sh_comm_reset_counts(NULL);
@@ -242,11 +242,74 @@ static void test_grads(sh_comm *w, int rank, int size) {
   free_params(p);
 }
 
+/* Deterministic mode's pieces: align pads the shard to whole blocks; take_grad hands over the
+ * flat grad with no collective (its elements are this rank's grads, zeros for the frozen p2
+ * and the padding); add_grad lands a shard (set, then added); grad_block_sumsq sums each
+ * block's squares in f64 against a sum computed here over the same elements. */
+static void test_deterministic_ends(sh_comm *w, int rank, int size) {
+  sh_tensor *p[NP];
+  make_params(p, 1);
+  sh_flatparam *fp = NULL;
+  const int align = 8;
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0, align));
+  if (!fp) return;
+  sh_flatparam_info info;
+  CHECK_OK(sh_flatparam_get_info(fp, &info));
+  int64_t S = info.shard_numel;
+  CHECK(S % align == 0 && info.padded_numel == S * size && info.padded_numel >= TOTAL && info.padded_numel - TOTAL < align * size,
+        "align %d at world %d: padded %lld, shard %lld", align, size, (long long)info.padded_numel, (long long)S);
+  sh_flatparam *none = NULL;
+  CHECK_FAILS(sh_flatparam_create(&none, p, NP, w, -1, -1, -1, 0, 0), SH_ERR_ARG, "align 0");
+  sh_comm_reset_counts(NULL);
+  CHECK_OK(sh_flatparam_unshard(fp));
+  set_grads(p, rank);
+  sh_tensor *flat = NULL;
+  CHECK_OK(sh_flatparam_take_grad(&flat, fp));
+  CHECK(sh_comm_count(NULL, SH_COLL_REDUCE_SCATTER) == 0 && sh_comm_count(NULL, SH_COLL_ALL_REDUCE) == 0, "take_grad reduced");
+  for (int k = 0; k < NP; k++) CHECK(p[k]->grad == NULL, "param %d's grad was not taken", k);
+  int bad = 0;
+  for (int64_t j = 0; flat && j < info.padded_numel; j++) bad += at(flat, j) != as(j < TOTAL ? flat_grad(j, 1, rank, 1) : 0, SH_F32);
+  CHECK(flat && sh_tensor_numel(flat) == info.padded_numel && bad == 0, "take_grad's flat grad: %d wrong", bad);
+  /* add_grad: this rank's slice of its flat grad, twice: set, then added */
+  sh_tensor *slice = NULL;
+  if (flat) CHECK_OK(sh_view_narrow(&slice, flat, 0, rank * S, S));
+  CHECK_OK(sh_flatparam_add_grad(fp, slice));
+  CHECK_OK(sh_flatparam_add_grad(fp, slice));
+  sh_tensor *g = NULL;
+  CHECK_OK(sh_flatparam_grad_shard(&g, fp));
+  bad = 0;
+  for (int64_t i = 0; g && i < S; i++) bad += at(g, i) != 2 * at(slice, i);
+  CHECK(g && bad == 0, "add_grad twice: %d wrong", bad);
+  /* block sums of squares of the sharded grad */
+  sh_tensor *sums = NULL;
+  int64_t nb = S / align;
+  sh_tensor_empty(&sums, 1, &nb, SH_F64, -1);
+  CHECK_FAILS(sh_flatparam_add_grad(fp, sums), SH_ERR_ARG, "expected");
+  CHECK_OK(sh_flatparam_grad_block_sumsq(fp, align, sums));
+  bad = 0;
+  for (int64_t b = 0; g && b < nb; b++) {
+    double ref = 0;
+    for (int64_t i = b * align; i < (b + 1) * align; i++) ref += at(g, i) * at(g, i);
+    bad += fabs(at(sums, b) - ref) > 1e-12 * (1 + ref);
+  }
+  CHECK(bad == 0, "block sums of squares: %d wrong", bad);
+  CHECK_FAILS(sh_flatparam_grad_block_sumsq(fp, 7, sums), SH_ERR_ARG, "does not divide");
+  CHECK_OK(sh_flatparam_zero_grad(fp, 1));
+  CHECK_OK(sh_flatparam_grad_block_sumsq(fp, align, sums));
+  CHECK(at(sums, 0) == 0, "no grad: zero sums");
+  sh_tensor_destroy(sums);
+  sh_tensor_destroy(g);
+  sh_tensor_destroy(slice);
+  sh_tensor_destroy(flat);
+  sh_flatparam_destroy(fp);
+  free_params(p);
+}
+
 static void test_no_shard(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 1));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 1, 1));
   if (!fp) return;
   sh_flatparam_info info;
   sh_flatparam_get_info(fp, &info);
@@ -278,7 +341,7 @@ static void test_hybrid(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 1);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, shard, -1, -1, -1, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, shard, -1, -1, -1, 0, 1));
   if (fp) {
     int64_t S = (TOTAL + 1) / 2;
     CHECK_OK(sh_flatparam_unshard(fp));
@@ -304,7 +367,7 @@ static void test_sharded_init(sh_comm *w, int rank, int size) {
   sh_tensor *p[NP];
   make_params(p, 0);
   sh_flatparam *fp = NULL;
-  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0));
+  CHECK_OK(sh_flatparam_create(&fp, p, NP, w, -1, -1, -1, 0, 1));
   if (!fp) return;
   for (int k = 0; k < NP; k++) {
     if (SRC[k] != k) continue;
@@ -343,11 +406,11 @@ static void test_errors(sh_comm *w) {
   sh_tensor_empty(&i, 1, &n, SH_I32, -1);
   sh_tensor_empty(&a, 1, &n, SH_F32, -1);
   sh_view_narrow(&b, a, 0, 1, 2);
-  CHECK_FAILS(sh_flatparam_create(&fp, &i, 1, w, -1, -1, -1, 0), SH_ERR_ARG, "floating point");
-  CHECK_FAILS(sh_flatparam_create(&fp, NULL, 0, w, -1, -1, -1, 0), SH_ERR_ARG, "at least one");
+  CHECK_FAILS(sh_flatparam_create(&fp, &i, 1, w, -1, -1, -1, 0, 1), SH_ERR_ARG, "floating point");
+  CHECK_FAILS(sh_flatparam_create(&fp, NULL, 0, w, -1, -1, -1, 0, 1), SH_ERR_ARG, "at least one");
   sh_tensor *ab[2] = { a, b };
-  CHECK_FAILS(sh_flatparam_create(&fp, ab, 2, w, -1, -1, -1, 0), SH_ERR_ARG, "sharing one storage");
-  CHECK_FAILS(sh_flatparam_create(&fp, &a, 1, w, SH_I64, -1, -1, 0), SH_ERR_ARG, "master dtype");
+  CHECK_FAILS(sh_flatparam_create(&fp, ab, 2, w, -1, -1, -1, 0, 1), SH_ERR_ARG, "sharing one storage");
+  CHECK_FAILS(sh_flatparam_create(&fp, &a, 1, w, SH_I64, -1, -1, 0, 1), SH_ERR_ARG, "master dtype");
   CHECK(fp == NULL, "no FlatParameter on error");
   sh_tensor_destroy(i); sh_tensor_destroy(b); sh_tensor_destroy(a);
 }
@@ -362,6 +425,7 @@ int main(int argc, char **argv) {
   RUN(test_mixed_precision, w, rank, size);
   RUN(test_mixed_precision_accumulate, w, rank, size);
   RUN(test_grads, w, rank, size);
+  RUN(test_deterministic_ends, w, rank, size);
   RUN(test_no_shard, w, rank, size);
   RUN(test_hybrid, w, rank, size);
   RUN(test_sharded_init, w, rank, size);

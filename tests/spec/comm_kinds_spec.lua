@@ -73,6 +73,7 @@ describe("the collective kinds", function()
       [C.SH_COLL_ALL_REDUCE] = function() world:all_reduce(shard.empty{ 3 }, "sum") end,
       [C.SH_COLL_BROADCAST] = function() world:broadcast(shard.empty{ 3 }, 0) end,
       [C.SH_COLL_BARRIER] = function() world:barrier() end,
+      [C.SH_COLL_ALL_TO_ALL] = function() world:all_to_all(shard.empty{ 3 }) end,
     }
     for code = 0, C.SH_COLL_N - 1 do
       assert.is_function(issued[code], "this spec issues no " .. kinds[code] .. ": add it")

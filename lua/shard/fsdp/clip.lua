@@ -5,6 +5,7 @@ local optim = require("shard.optim")
 local shard_tensor = require("shard.tensor")
 local mesh = require("shard.fsdp.mesh")
 local grads = require("shard.fsdp.grads")
+local determ = require("shard.fsdp.determ")
 local Unit = require("shard.fsdp.unit").Unit
 
 local M = {}
@@ -37,10 +38,21 @@ local function offload_part_to_device(root, t)
   return t
 end
 
+-- Deterministic mode's L2 part (fsdp/determ.lua): the same bits at any world size, read on
+-- the host; the max norm is exact in any order, so it takes the general path.
+local function determ_part(self, norm_type)
+  if norm_type ~= 2 then
+    error(("fsdp: clip_grad_norm with norm_type %s: deterministic mode computes the L2 norm (2) and the max (math.huge)"):format(
+      tostring(norm_type)), 0)
+  end
+  return shard_tensor.tensor({ determ.sumsq(self) }, { dtype = "f64", device = clip_device(self) })
+end
+
 -- The norm part of every sharded gradient as a tensor on the device: one part summed there,
 -- one all-reduce over the world, nothing read; each unit's gradients are weighted by
 -- 1/(number of replicas of its shards) so replicated shards count once.
 function Unit:grad_norm_part(norm_type)
+  if self.opts.deterministic and norm_type ~= math.huge then return determ_part(self, norm_type) end
   local w = mesh.world()
   local world_size = w:size()
   local grads, weights = {}, {}

@@ -25,6 +25,9 @@
 -- rank, their grads all-reduced at the end of the backward (none when frozen). Frozen and
 -- trainable parameters in one unit: two FlatParameters (split_frozen). Accumulation over
 -- micro-batches: fsdp.no_sync, set_requires_gradient_sync, set_requires_all_reduce.
+-- deterministic = true (fsdp/determ.lua): the same gradients and parameters, bit for bit, at
+-- any world size and strategy, for a loop that runs one backward per chunk of the global batch
+-- between fsdp.deterministic_begin(model, { chunks, first, count }) and deterministic_finish.
 -- check_schedule: the ranks compare where they are before each unit's collectives (a small
 -- all-gather each) and name a unit some ranks skipped, instead of failing in the collective
 -- or, where the buffers have the same size, averaging different units' gradients without a
@@ -38,7 +41,8 @@
 -- (the unit: strategy, FlatParameter, offload, frozen split, unshard/reshard), shared.lua
 -- (shared parameters), mesh.lua (process groups), schedule.lua (the forward and backward
 -- hooks, reductions, accumulation, the schedule check), grads.lua (optimizer entries,
--- zero_grad), clip.lua (norms, clipping), state.lua (the public face), policy.lua.
+-- zero_grad), clip.lua (norms, clipping), state.lua (the public face), determ.lua (deterministic
+-- mode), policy.lua.
 local fsdp = { policy = require("shard.fsdp.policy") }
 local mesh = require("shard.fsdp.mesh")
 local unit = require("shard.fsdp.unit")
@@ -46,6 +50,7 @@ local schedule = require("shard.fsdp.schedule")
 local wrap = require("shard.fsdp.wrap")
 local clip = require("shard.fsdp.clip")
 local state = require("shard.fsdp.state")
+local determ = require("shard.fsdp.determ")
 require("shard.fsdp.grads")     -- the units' optim_groups and zero_grad
 
 fsdp.STRATEGIES, fsdp.Unit = unit.STRATEGIES, unit.Unit
@@ -53,6 +58,10 @@ fsdp.world, fsdp.hybrid_mesh = mesh.world, mesh.hybrid_mesh
 fsdp.wrap, fsdp.sync_module_states, fsdp.init_shards = wrap.wrap, wrap.sync_module_states, wrap.init_shards
 fsdp.no_sync = schedule.no_sync
 fsdp.clip_grad_norm = clip.clip_grad_norm
+-- deterministic mode (fsdp/determ.lua): a step of one backward per chunk between these
+local function root_of(model) return type(model) == "table" and rawget(model, "fsdp_unit") and model.root or nil end
+fsdp.deterministic_begin = function(model, spec) return determ.begin(root_of(model), spec) end
+fsdp.deterministic_finish = function(model) return determ.finish(root_of(model)) end
 
 -- A table of units: name, parameters, shard numel, padding, strategy.
 function fsdp.summary(root)
@@ -69,7 +78,8 @@ function fsdp.summary(root)
 end
 
 -- The public face (shard.fsdp.state): what a model holds on this rank, for code outside FSDP.
-for _, k in ipairs { "is_fsdp", "local_slices", "gather_full", "mark_stale", "layout", "unit_name", "gather_state" } do
+for _, k in ipairs { "is_fsdp", "local_slices", "gather_full", "mark_stale", "layout", "unit_name", "gather_state",
+                     "params_sha256" } do
   fsdp[k] = state[k]
 end
 

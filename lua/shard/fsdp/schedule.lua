@@ -6,6 +6,7 @@
 local A = require("shard.autograd")
 local shard_tensor = require("shard.tensor")
 local mesh = require("shard.fsdp.mesh")
+local determ = require("shard.fsdp.determ")
 local Unit = require("shard.fsdp.unit").Unit
 
 local M = {}
@@ -106,7 +107,8 @@ function Unit:forward(...)
   local recording = A.grad_enabled
   if recording then A.marker(function() self:post_backward() end, "fsdp post-backward " .. self.name) end
   local out = self.module(...)
-  if self ~= root and self.mode.reshard_after_forward then self:reshard() end
+  -- a deterministic step keeps its units gathered from chunk to chunk (fsdp/determ.lua)
+  if self ~= root and self.mode.reshard_after_forward and not root.det then self:reshard() end
   if recording then A.marker(function() self:pre_backward() end, "fsdp pre-backward " .. self.name) end
   if self == root then
     root.recording_order = false
@@ -196,12 +198,18 @@ function Unit:post_backward()
   root.pending_reduces = root.pending_reduces or {}
   check_schedule(self, 3)
   if self.fp then
-    if self.trainable then reduce_unit_grads(self, root) end
-    self:reshard()
+    if self.trainable then
+      if root.det then determ.post_backward(self, root) else reduce_unit_grads(self, root) end
+    end
+    if not root.det then self:reshard() end
   end
   if self == root then
-    wait_reduces(root, 0)
-    if root.sync_grads ~= false then reduce_ignored(root) end
+    if root.det then
+      determ.next_chunk(root)   -- deterministic mode reduces at its step's end (fsdp/determ.lua)
+    else
+      wait_reduces(root, 0)
+      if root.sync_grads ~= false then reduce_ignored(root) end
+    end
     root.backwards = (root.backwards or 0) + 1
   end
 end

@@ -4,8 +4,11 @@
 --   for _, sl in ipairs(fsdp.local_slices(model)) do ... sl:view() ... sl:set(full) end
 --   local dict = fsdp.gather_full(model)   -- name -> CPU f32 tensor, every rank calls it
 --   fsdp.mark_stale(model)                 -- after writing into the shards
+--   fsdp.params_sha256(model)              -- a digest of the full parameters (every rank calls it)
+local ffi = require("ffi")
 local comm = require("shard.comm")
 local tensor = require("shard.tensor")
+local C = ffi.C
 
 local S = {}
 
@@ -127,6 +130,28 @@ function S.gather_full(model)
   end
   for _, t in ipairs(model.ignored or {}) do put(model.names[t], t) end
   return out
+end
+
+-- The SHA-256 (hex) of the full parameters as f32: for each name in sorted order, the name,
+-- a NUL byte and the values' bytes (little-endian f32, row-major). Equal digests mean equal
+-- parameters, whatever the world size, strategy or padding; every rank calls it and gets it.
+function S.params_sha256(model)
+  local full = S.gather_full(model)
+  local names = {}
+  for name in pairs(full) do names[#names + 1] = name end
+  table.sort(names)
+  local st, digest = ffi.new("sh_sha256"), ffi.new("uint8_t[32]")
+  C.sh_sha256_init(st)
+  for _, name in ipairs(names) do
+    local t = full[name]
+    C.sh_sha256_update(st, name .. "\0", #name + 1)
+    C.sh_sha256_update(st, t:data_ptr(), t:numel() * 4)
+    t:free()
+  end
+  C.sh_sha256_final(st, digest)
+  local hex = {}
+  for i = 0, 31 do hex[i + 1] = ("%02x"):format(digest[i]) end
+  return table.concat(hex)
 end
 
 -- After writing into the shards (Slice:set, or a view): every unit's full parameters are

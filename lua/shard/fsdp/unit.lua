@@ -5,6 +5,7 @@
 local Module = require("shard.nn.module")
 local flatparam = require("shard.flatparam")
 local mesh = require("shard.fsdp.mesh")
+local determ = require("shard.fsdp.determ")
 
 local M = {}
 
@@ -124,8 +125,10 @@ local function make_flatparam(self, opts)
   -- compute in bf16/f16: a sum over N ranks in bf16 loses bits as N grows (each partial sum
   -- is rounded to 8 bits of mantissa), which is how low-precision reductions drift at scale.
   local reduce = mp.reduce or (mp.param and "f32") or nil
+  -- deterministic mode: whole norm blocks per shard (fsdp/determ.lua)
   local fp, err = flatparam.create(self.params, { group = self.group, param = mp.param, reduce = reduce,
-                                                  no_shard = not self.mode.shard })
+                                                  no_shard = not self.mode.shard,
+                                                  align = opts.deterministic and determ.BLOCK or 1 })
   if not fp then error(("fsdp: unit %s: %s"):format(self.name == "" and "(root)" or self.name, err), 0) end
   return fp
 end

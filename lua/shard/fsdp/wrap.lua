@@ -9,6 +9,7 @@ local unit = require("shard.fsdp.unit")
 local shared = require("shard.fsdp.shared")
 local state = require("shard.fsdp.state")
 local clip = require("shard.fsdp.clip")
+local determ = require("shard.fsdp.determ")
 
 local M = {}
 local Unit, is_unit, own_params = unit.Unit, unit.is_unit, unit.own_params
@@ -133,6 +134,7 @@ local function checked_args(model, opts)
   if opts ~= nil and type(opts) ~= "table" then error("fsdp.wrap: opts must be a table, got " .. type(opts), 3) end
   opts = opts or {}
   check_offload(opts)
+  determ.check_wrap(opts)
   if opts.policy ~= nil and type(opts.policy) ~= "function" then
     error(("fsdp.wrap: policy must be a function (module, name, unwrapped) -> boolean, such as " ..
            "fsdp.policy.transformer{ nn.Block }; got %s %s"):format(type(opts.policy), tostring(opts.policy)), 3)
