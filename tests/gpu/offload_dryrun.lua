@@ -100,9 +100,5 @@ if world > 1 then
   cases[#cases + 1] = { strategy = "hybrid_shard", real = { "--hybrid_group=1" }, dry = { "--hybrid_group=node" },
                         dry_opts = "--local_size=1" }
 end
--- SHARD_OFFLOAD_DRYRUN_CASE=N runs case N alone, in a process of its own (tests/cuda_emu/run.sh
--- does at world 2): a real run's host peak then cannot hold what an earlier run in the same
--- process left for the Lua GC to free (the FlatParameters are freed by their finalizers).
-local only = tonumber(os.getenv("SHARD_OFFLOAD_DRYRUN_CASE") or "")
-for i, case in ipairs(cases) do if not only or only == i then compare(case) end end
+for _, case in ipairs(cases) do compare(case) end
 support.finish(("offload_dryrun (world %d, %s)"):format(world, device))
