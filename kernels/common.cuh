@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <atomic>
+#include <functional>
 #include <initializer_list>
 #include <type_traits>
 extern "C" {
@@ -32,6 +33,15 @@ int sh_cuda_enter(const char *op, int device, cudaStream_t *stream);
 cudaStream_t sh_cuda_stream_raw(const sh_cuda_stream *s);
 /* Properties read once per device. */
 const cudaDeviceProp *sh_cuda_props(int device);
+
+/* The graph `device` is capturing (sh_cuda_graph_begin), or NULL. A kernel whose arguments
+ * change every step (AdamW's bias correction) reads them from a buffer the graph owns
+ * (sh_cuda_graph_buffer, freed with the graph) that fn fills on the host before each launch,
+ * queuing its copy on `stream` (the compute stream, ahead of the launch); `launch` counts
+ * the graph's launches before this one, so the captured step itself is launch 0. */
+sh_cuda_graph *sh_cuda_graph_capturing(int device);
+void *sh_cuda_graph_buffer(sh_cuda_graph *g, size_t nbytes);
+int sh_cuda_graph_before_launch(sh_cuda_graph *g, std::function<int(cudaStream_t stream, int64_t launch)> fn);
 
 /* Scratch and output tensors released at scope exit unless taken. */
 struct sh_tguard {

@@ -16,6 +16,10 @@
  * with 0xFF bytes (NaN in every float dtype) on the stream that gets it, so an output a kernel
  * leaves partly unwritten shows even in reused memory.
  *
+ * CUDA graphs (cuda.h's sh_cuda_graph_*): capture on the compute stream, the allocator's
+ * graph pool meanwhile (a cache miss calls cudaMalloc in relaxed capture mode), a host copy
+ * refused by name, callbacks that fill a graph's buffers before each launch (common.cuh).
+ *
  * Each device has three streams created non-blocking (no implicit sync with the legacy
  * default stream): compute, all-gather and reduce-scatter; and a fourth, made after them,
  * for CPU offload's copies between pinned host memory and the device (the allocator's
@@ -25,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <functional>
 #include <vector>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +112,16 @@ struct stream_uses {
       u.armed = false;
     }
   }
+  /* The device was synchronised: every use has finished, nothing to wait for. */
+  void settle() {
+    for (use &u : v) u.armed = false;
+  }
+  /* After a capture: an event recorded in it stands for the graph, not for work queued on
+   * the stream, so it cannot be waited on outside; the next free records it again. */
+  void uncapture() {
+    for (use &u : v)
+      if (u.armed) { u.armed = false; u.used = true; }
+  }
   /* True when every use has finished (a host query, never a wait). */
   bool done() {
     for (use &u : v) {
@@ -147,9 +162,13 @@ static bool poison_on(void) {
   return on;
 }
 
+/* A graph's own buffer (sh_cuda_graph_buffer) is handed out while capturing: a poison there
+ * would be captured and replayed after the host filled it for the launch. */
+static thread_local bool poison_skip;
+
 /* Under SHARD_CUDA_POISON=1: the block's bytes become 0xFF, in the order of the stream `s`. */
 static void poison(int device, void *ptr, size_t bytes, const sh_cuda_stream *s) {
-  if (!poison_on()) return;
+  if (!poison_on() || poison_skip) return;
   device_scope scope(device);
   if (cudaMemsetAsync(ptr, 0xFF, bytes, s->s) != cudaSuccess) cudaGetLastError();
 }
@@ -158,7 +177,14 @@ static void *raw_alloc(int device, size_t nbytes) {
   if (ensure_device(device)) return NULL;
   device_scope scope(device);
   void *p = NULL;
-  if (cudaMalloc(&p, nbytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
+  /* A cache miss while a graph is captured (sh_cuda_graph_begin): cudaMalloc is not captured
+   * and the block stays the graph's (sh_mem_graph_pool), so this thread may make the call
+   * that the capture's global mode forbids (PyTorch's allocator does the same). */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaError_t err = cudaMalloc(&p, nbytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess) { cudaGetLastError(); return NULL; }
   poison(device, p, nbytes, current_stream(device));
   block_rec rec;
   rec.bytes = nbytes;
@@ -214,9 +240,16 @@ static bool is_pinned(const void *p) {
 
 /* The allocator's synchronous copy (tensor_copy.c): when it returns, the host side may be
  * read or reused. Device-side work stays in stream order. */
+static bool graph_capturing(int device);
+
 static int copy(int dst_device, void *dst, int src_device, const void *src, size_t nbytes) {
   const char *op = "copy";
   if (nbytes == 0) return SH_OK;
+  if ((dst_device < 0 || src_device < 0) && graph_capturing(dst_device < 0 ? src_device : dst_device))
+    return sh_fail(SH_ERR_DEVICE, "%s: %zu bytes %s the host while a CUDA graph is captured on cuda:%d: a captured step "
+                   "cannot read to the host (loss:item(), a printed tensor) or take host data (a batch moved inside the "
+                   "step); copy the batch into the graph's inputs before the step and read the loss after it", op, nbytes,
+                   dst_device < 0 ? "to" : "from", dst_device < 0 ? src_device : dst_device);
   if (dst_device >= 0 && src_device < 0) {
     cudaStream_t st;
     SH_TRY(sh_cuda_enter(op, dst_device, &st));
@@ -609,4 +642,120 @@ extern "C" int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src) {
   else
     CU_TRY(op, cudaMemcpyAsync(sh_tensor_data(dst), sh_tensor_data(src), n, cudaMemcpyDefault, st));
   return SH_OK;
+}
+
+/* ---- CUDA graphs ------------------------------------------------------------------------- */
+
+/* A captured graph of the compute stream, its instance, and what runs on the host before each
+ * launch (sh_cuda_graph_before_launch). */
+struct sh_cuda_graph {
+  int device;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  int64_t launches;
+  std::vector<std::function<int(cudaStream_t, int64_t)>> before_launch;
+  std::vector<std::pair<void *, size_t>> owned;   /* device buffers it holds (sh_cuda_graph_buffer) */
+};
+
+static sh_cuda_graph *capturing[MAX_DEVICES];
+static int graphs_alive[MAX_DEVICES];   /* they share the device's graph pool */
+
+static bool graph_capturing(int device) { return device >= 0 && device < MAX_DEVICES && capturing[device]; }
+
+sh_cuda_graph *sh_cuda_graph_capturing(int device) { return graph_capturing(device) ? capturing[device] : NULL; }
+
+int sh_cuda_graph_before_launch(sh_cuda_graph *g, std::function<int(cudaStream_t, int64_t)> fn) {
+  g->before_launch.push_back(std::move(fn));
+  return SH_OK;
+}
+
+void *sh_cuda_graph_buffer(sh_cuda_graph *g, size_t nbytes) {
+  /* Not from the graph pool: a block the captured work used earlier would be overwritten by
+   * it after fn filled it. A block from the cache is one no captured work touches. */
+  poison_skip = true;
+  sh_mem_graph_pool(g->device, 0);
+  void *p = sh_mem_alloc(g->device, nbytes, SH_TAG_OTHER);
+  sh_mem_graph_pool(g->device, 1);
+  poison_skip = false;
+  if (p) g->owned.push_back({p, nbytes});
+  return p;
+}
+
+/* Every cached block's uses, under blocks_lock. */
+template <class F> static void each_block_uses(F f) {
+  std::lock_guard<std::mutex> g(blocks_lock);
+  for (auto &kv : blocks) f(kv.second.uses);
+}
+
+extern "C" int sh_cuda_graph_begin(int device) {
+  const char *op = "cuda_graph_begin";
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, device, &st));
+  if (capturing[device]) return sh_fail(SH_ERR_ARG, "%s: cuda:%d is already capturing a graph", op, device);
+  if (current_stream(device) != &devices[device].streams[SH_STREAM_COMPUTE])
+    return sh_fail(SH_ERR_ARG, "%s: capture begins on cuda:%d's compute stream, but another stream is current", op, device);
+  /* Whatever the blocks' reuse events stand for has run: the capture never waits on work
+   * outside it (cudaErrorStreamCaptureIsolation). A step boundary, so the wait costs little. */
+  CU_TRY(op, cudaDeviceSynchronize());
+  each_block_uses([](stream_uses &u) { u.settle(); });
+  CU_TRY(op, cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  sh_cuda_graph *g = new sh_cuda_graph();
+  g->device = device;
+  capturing[device] = g;
+  graphs_alive[device]++;
+  return sh_mem_graph_pool(device, 1);
+}
+
+/* Ends the capture (its blocks stay the graph's) and makes the instance. */
+extern "C" int sh_cuda_graph_end(int device, sh_cuda_graph **out) {
+  const char *op = "cuda_graph_end";
+  *out = NULL;
+  if (!graph_capturing(device)) return sh_fail(SH_ERR_ARG, "%s: cuda:%d is not capturing a graph", op, device);
+  sh_cuda_graph *g = capturing[device];
+  capturing[device] = NULL;
+  SH_TRY(sh_mem_graph_pool(device, 0));
+  each_block_uses([](stream_uses &u) { u.uncapture(); });
+  cudaError_t err = cudaStreamEndCapture(devices[device].streams[SH_STREAM_COMPUTE].s, &g->graph);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&g->exec, g->graph, 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    sh_cuda_graph_destroy(g);
+    return sh_fail(SH_ERR_DEVICE, "%s: the capture on cuda:%d failed: %s (%s): an operation in the captured step is not "
+                   "allowed in a CUDA graph (a host synchronisation, a stream outside the capture)", op, device,
+                   cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+  *out = g;
+  return SH_OK;
+}
+
+extern "C" int sh_cuda_graph_launch(sh_cuda_graph *g) {
+  const char *op = "cuda_graph_launch";
+  if (!g || !g->exec) return sh_fail(SH_ERR_ARG, "%s: expected a graph, got %s", op, g ? "a destroyed one" : "nil");
+  cudaStream_t st;
+  SH_TRY(sh_cuda_enter(op, g->device, &st));
+  cudaStream_t compute = devices[g->device].streams[SH_STREAM_COMPUTE].s;
+  for (auto &fn : g->before_launch) SH_TRY(fn(compute, g->launches));
+  CU_TRY(op, cudaGraphLaunch(g->exec, compute));
+  g->launches++;
+  return SH_OK;
+}
+
+extern "C" int64_t sh_cuda_graph_launches(const sh_cuda_graph *g) { return g ? g->launches : 0; }
+
+/* Returns at once (finalizers call it): launches already queued still run, and, once no graph
+ * of the device is left, the pool's blocks go back to the cache as if freed now on the compute
+ * stream, so a reuse elsewhere waits for those launches. */
+extern "C" void sh_cuda_graph_destroy(sh_cuda_graph *g) {
+  if (!g) return;
+  device_scope scope(g->device);
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+  for (auto &b : g->owned) sh_mem_free(g->device, b.first, b.second, SH_TAG_OTHER);
+  if (--graphs_alive[g->device] == 0) {
+    sh_cuda_stream *saved = current[g->device];
+    current[g->device] = &devices[g->device].streams[SH_STREAM_COMPUTE];
+    sh_mem_graph_pool_release(g->device);
+    current[g->device] = saved;
+  }
+  delete g;
 }

@@ -10,7 +10,8 @@
  * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once, with
  * 16-byte accesses where every buffer of a parameter is 16-byte aligned (8 elements a step);
  * a clip's coefficient, left on the device by grad_clip_coef, is read once per block into the
- * gradient scale. The
+ * gradient scale. In a captured CUDA graph the per-step constants (the bias correction goes on
+ * with every launch) come from a buffer of the graph filled before each launch. The
  * gradient-norm part walks the same kind of table into one f64 on the device. */
 #include <memory>
 #include "common.cuh"
@@ -140,7 +141,8 @@ __device__ __forceinline__ void adamw_one(const adamw_table &t, int b, int64_t i
 /* A chunk starts at a multiple of MT_CHUNK (a multiple of AW) elements, so on an aligned buffer
  * its whole groups of AW are aligned; the rest of the chunk (a buffer's last AW - 1 elements at
  * most) and unaligned buffers go one element at a time. */
-__global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
+__global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h_arg, const sh_adamw_hyper *h_dev) {
+  const sh_adamw_hyper h = h_dev ? *h_dev : h_arg;
   int64_t i0, i1;
   int b = mt_locate(t.c, &i0, &i1);
   float scale = t.clip[b] ? h.scale * *t.clip[b] : h.scale;   /* as optim.c: one f32 product */
@@ -152,11 +154,26 @@ __global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h) {
   for (int64_t i = tail + threadIdx.x; i < i1; i += blockDim.x) adamw_one(t, b, i, scale, h);
 }
 
-static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, cudaStream_t st) {
-  adamw_mt_kernel<<<(unsigned)t->c.first_chunk[t->c.n], OPT_THREADS, 0, st>>>(*t, h);
+static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, const sh_adamw_hyper *h_dev, cudaStream_t st) {
+  adamw_mt_kernel<<<(unsigned)t->c.first_chunk[t->c.n], OPT_THREADS, 0, st>>>(*t, h, h_dev);
   CU_LAUNCHED("adamw");
   memset(t, 0, sizeof *t);
   return SH_OK;
+}
+
+/* In a captured graph the step count goes on with every launch, so the per-step constants
+ * come from a buffer of the graph, filled on the host before each launch for the step that
+ * launch runs (the captured one first); the rest (lr, betas, eps, grad_scale) is the capture's. */
+static int graph_hyper(sh_cuda_graph *g, double lr, double beta1, double beta2, double eps, int64_t step,
+                       double grad_scale, const sh_adamw_hyper **out) {
+  sh_adamw_hyper *buf = (sh_adamw_hyper *)sh_cuda_graph_buffer(g, sizeof(sh_adamw_hyper));
+  if (!buf) return sh_fail_context("adamw: the graph's step constants: ");
+  *out = buf;
+  return sh_cuda_graph_before_launch(g, [=](cudaStream_t stream, int64_t launch) -> int {
+    sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step + launch, grad_scale);
+    CU_TRY("adamw", cudaMemcpyAsync(buf, &h, sizeof h, cudaMemcpyHostToDevice, stream));
+    return SH_OK;
+  });
 }
 
 /* The table's kernel: runtime/cpu/optim.c checked every buffer (flat, param's numel, one device)
@@ -166,6 +183,9 @@ extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, doubl
   sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step, grad_scale);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter("adamw", ps[0].param->device, &st));
+  const sh_adamw_hyper *h_dev = NULL;
+  if (sh_cuda_graph *g = sh_cuda_graph_capturing(ps[0].param->device))
+    SH_TRY(graph_hyper(g, lr, beta1, beta2, eps, step, grad_scale, &h_dev));
   adamw_table t;
   memset(&t, 0, sizeof t);
   for (int i = 0; i < n; i++) {
@@ -185,9 +205,9 @@ extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, doubl
                 (!t.shadow[k] || sh_aligned16(t.shadow[k]));
     t.decay[k] = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale).decay;
     mt_add(&t.c, numel);
-    if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, h, st));
+    if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, h, h_dev, st));
   }
-  if (t.c.n > 0) SH_TRY(adamw_launch(&t, h, st));
+  if (t.c.n > 0) SH_TRY(adamw_launch(&t, h, h_dev, st));
   return SH_OK;
 }
 

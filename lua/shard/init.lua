@@ -109,7 +109,7 @@ local lazy = { memory = "shard.memory", config = "shard.config",
                comm = "shard.comm", flatparam = "shard.flatparam", fsdp = "shard.fsdp",
                safetensors = "shard.io.safetensors", profile = "shard.profile", checkpoint = "shard.checkpoint",
                train = "shard.train", peak = "shard.peak", straggler = "shard.straggler", amp = "shard.amp",
-               trace = "shard.trace" }
+               trace = "shard.trace", cuda_graph = "shard.cuda_graph" }
 setmetatable(shard, { __index = function(t, k)
   local mod = lazy[k]
   if mod then local v = require(mod); rawset(t, k, v); return v end

@@ -12,11 +12,23 @@ enum { MAX_DEVICES = 17, N_CLASSES = 256, ALIGN = 64 };
 
 typedef struct free_block { struct free_block *next; void *ptr; } free_block;
 
+/* The blocks a CUDA graph may use (sh_mem_graph_pool): every block handed out or freed while
+ * the pool is on joins it; a freed member goes to the pool's own lists, which only
+ * allocations made while the pool is on draw from, until the pool is released. */
+typedef struct graph_pool {
+  int on;
+  free_block *free_lists[N_CLASSES];
+  void **members;                 /* open addressing on the pointer; NULL: empty slot */
+  int cap, n;
+  int64_t cached;                 /* bytes in its free lists */
+} graph_pool;
+
 typedef struct device_pool {
   sh_mem_stats stats;
   free_block *free_lists[N_CLASSES];
   free_block *spare_nodes;        /* recycled list nodes, so caching never mallocs twice */
   int64_t cached;
+  graph_pool graph;
 } device_pool;
 
 static device_pool pools[MAX_DEVICES]; /* [0] is the CPU, [1 + N] is cuda:N */
@@ -139,6 +151,71 @@ static void account(sh_mem_stats *s, int tag, int64_t delta) {
   }
 }
 
+/* ---- the graph pool ---------------------------------------------------------------------- */
+
+static size_t member_slot(const graph_pool *g, const void *ptr) {
+  return (size_t)(((uintptr_t)ptr >> 6) * 0x9e3779b97f4a7c15ull) & (size_t)(g->cap - 1);
+}
+
+static int is_member(const graph_pool *g, const void *ptr) {
+  if (!g->n) return 0;
+  for (size_t i = member_slot(g, ptr);; i = (i + 1) & (size_t)(g->cap - 1)) {
+    if (g->members[i] == ptr) return 1;
+    if (!g->members[i]) return 0;
+  }
+}
+
+/* False when the table cannot grow (host memory): the block then stays out of the pool. */
+static int add_member(graph_pool *g, void *ptr) {
+  if (is_member(g, ptr)) return 1;
+  if (2 * (g->n + 1) > g->cap) {
+    int cap = g->cap ? 2 * g->cap : 256;
+    void **old = g->members, **m = calloc((size_t)cap, sizeof *m);
+    if (!m) return 0;
+    int old_cap = g->cap;
+    g->members = m;
+    g->cap = cap;
+    g->n = 0;
+    for (int i = 0; i < old_cap; i++)
+      if (old[i]) add_member(g, old[i]);
+    free(old);
+  }
+  size_t i = member_slot(g, ptr);
+  while (g->members[i]) i = (i + 1) & (size_t)(g->cap - 1);
+  g->members[i] = ptr;
+  g->n++;
+  return 1;
+}
+
+int sh_mem_graph_pool(int device, int on) {
+  if (device < 0 || device >= MAX_DEVICES - 1) return sh_fail(SH_ERR_DEVICE, "memory: graph pool on no device %d", device);
+  pthread_mutex_lock(&lock);
+  slot(device)->graph.on = on != 0;
+  pthread_mutex_unlock(&lock);
+  return SH_OK;
+}
+
+/* The members still in use leave the pool too: their frees go to the cache. */
+int sh_mem_graph_pool_release(int device) {
+  if (device < 0 || device >= MAX_DEVICES - 1) return sh_fail(SH_ERR_DEVICE, "memory: graph pool on no device %d", device);
+  pthread_mutex_lock(&lock);
+  device_pool *p = slot(device);
+  graph_pool *g = &p->graph;
+  for (int c = 0; c < N_CLASSES; c++)
+    while (g->free_lists[c]) {   /* freed again now: reuse waits for the graph's last launch */
+      free_block *b = g->free_lists[c];
+      g->free_lists[c] = b->next;
+      b->next = p->free_lists[c];
+      p->free_lists[c] = b;
+      if (cuda_backend.on_free) cuda_backend.on_free(device, b->ptr);
+    }
+  p->cached += g->cached;
+  free(g->members);
+  *g = (graph_pool){0};
+  pthread_mutex_unlock(&lock);
+  return SH_OK;
+}
+
 static void release_cache(int device, device_pool *p) {
   for (int c = 0; c < N_CLASSES; c++) {
     while (p->free_lists[c]) {
@@ -250,13 +327,15 @@ void *sh_mem_alloc(int device, size_t nbytes, int tag) {
     oom(device, p, bytes, tag, "memory limit reached");
     goto out;
   }
-  free_block *b = p->free_lists[cls];
+  graph_pool *g = device >= 0 && p->graph.on ? &p->graph : NULL;
+  free_block **list = g && g->free_lists[cls] ? &g->free_lists[cls] : &p->free_lists[cls];
+  free_block *b = *list;
   if (b) {
-    p->free_lists[cls] = b->next;
+    *list = b->next;
     ptr = b->ptr;
     b->next = p->spare_nodes;
     p->spare_nodes = b;
-    p->cached -= (int64_t)bytes;
+    *(list == &p->free_lists[cls] ? &p->cached : &g->cached) -= (int64_t)bytes;
     if (device >= 0 && cuda_backend.on_reuse) cuda_backend.on_reuse(device, ptr);
   } else {
     ptr = system_alloc(device, bytes);
@@ -268,6 +347,7 @@ void *sh_mem_alloc(int device, size_t nbytes, int tag) {
     p->stats.reserved += (int64_t)bytes;
     p->stats.n_system_alloc++;
   }
+  if (g) add_member(g, ptr);
   p->stats.n_alloc++;
   account(&p->stats, tag, used_bytes(nbytes));
   ring_push(device, tag, used_bytes(nbytes));
@@ -290,11 +370,13 @@ void sh_mem_free(int device, void *ptr, size_t nbytes, int tag) {
   int cls = size_class(nbytes, &bytes);
   free_block *b = p->spare_nodes;
   if (b) p->spare_nodes = b->next; else b = malloc(sizeof *b);
+  graph_pool *g = &p->graph;
+  int to_graph = device >= 0 && ((g->on && add_member(g, ptr)) || is_member(g, ptr));
   if (b) {
     b->ptr = ptr;
-    b->next = p->free_lists[cls];
-    p->free_lists[cls] = b;
-    p->cached += (int64_t)bytes;
+    b->next = to_graph ? g->free_lists[cls] : p->free_lists[cls];
+    *(to_graph ? &g->free_lists[cls] : &p->free_lists[cls]) = b;
+    *(to_graph ? &g->cached : &p->cached) += (int64_t)bytes;
     if (device >= 0 && cuda_backend.on_free) cuda_backend.on_free(device, ptr);
   } else {                            /* cannot even cache: hand it back */
     system_free(device, ptr);

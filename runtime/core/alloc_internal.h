@@ -14,6 +14,15 @@ int sh_mem_current_tag(void);
  * backend keeps its own, which hands a buffer out again only once its copies have run. */
 int sh_mem_set_pinned(int on);
 
+/* The graph pool of a device (CUDA graphs: kernels/device.cu): while on, every block handed
+ * out or freed on the device joins it (a captured graph may use it); a member, freed, goes to
+ * the pool's own free lists, which only allocations made while the pool is on draw from (first,
+ * before the cache), so work outside the graph never gets memory a replay writes.
+ * sh_mem_graph_pool_release (the graph is gone) returns the pool's free blocks to the cache
+ * and forgets its members. sh_mem_empty_cache leaves the pool's blocks alone. */
+int sh_mem_graph_pool(int device, int on);
+int sh_mem_graph_pool_release(int device);
+
 /* A backend that owns raw device memory (CUDA) registers it here; the cache, the size
  * classes and the stats are shared with the CPU. */
 typedef struct sh_mem_backend {

@@ -16,6 +16,7 @@
 
 typedef struct sh_cuda_stream sh_cuda_stream;   /* opaque; owned by the runtime */
 typedef struct sh_cuda_event sh_cuda_event;     /* opaque; created and destroyed by the caller */
+typedef struct sh_cuda_graph sh_cuda_graph;     /* opaque; made by sh_cuda_graph_end */
 
 typedef enum sh_stream_kind {
   SH_STREAM_COMPUTE = 0, SH_STREAM_ALL_GATHER = 1, SH_STREAM_REDUCE_SCATTER = 2
@@ -69,3 +70,18 @@ int sh_cuda_host_empty_cache(void);
 /* Copies src into dst (same dtype and numel, both contiguous, at least one on CUDA) on the
  * current stream of the CUDA side without waiting; the host side should be pinned. */
 int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src);
+
+/* CUDA graphs of a device's compute stream (a training step captured once, replayed each
+ * step: shard.cuda_graph). sh_cuda_graph_begin synchronises the device, then captures what is
+ * queued on its compute stream (which must be current) and on the streams that join it
+ * through events (FSDP's collectives); until sh_cuda_graph_end, memory the caching allocator
+ * hands out or takes back on the device is the graph's (alloc_internal.h's graph pool: no work
+ * outside a graph gets it while a graph of the device lives), a copy between host and device
+ * fails naming the capture, and work that CUDA forbids in a capture (a synchronisation, a
+ * wait on work outside it) makes sh_cuda_graph_end fail. sh_cuda_graph_launch replays it on
+ * the compute stream: one call from the host. sh_cuda_graph_destroy never synchronises. */
+int sh_cuda_graph_begin(int device);
+int sh_cuda_graph_end(int device, sh_cuda_graph **out);
+int sh_cuda_graph_launch(sh_cuda_graph *g);
+int64_t sh_cuda_graph_launches(const sh_cuda_graph *g);   /* launches so far */
+void sh_cuda_graph_destroy(sh_cuda_graph *g);

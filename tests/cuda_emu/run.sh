@@ -100,6 +100,7 @@ for n in 2 3 4; do
     $MPIRUN -np $n -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua
 done
 rm -f "$scratch"/*
+run_one "gpu/cuda_graph_step.lua (emulated, mpirun -np 2)" $MPIRUN -np 2 "$SHARD" run tests/gpu/cuda_graph_step.lua
 run_one "gpu/trace_streams.lua (emulated, mpirun -np 2)" \
   $MPIRUN -np 2 -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/trace_streams.lua
 # With every cudaStreamWaitEvent dropped the same test must fail: the harness sees a missing wait.

@@ -4,7 +4,8 @@
  * hands blocks out filled with NaN bytes; events order streams, report completion and time;
  * pinned host buffers are cached, and handed out again only once the copies that read them
  * ran; asynchronous copies round-trip; tensors copy between two devices; an op given tensors
- * on two devices fails naming the op. The ops themselves are checked by test_op_table. */
+ * on two devices fails naming the op; a CUDA graph of the compute stream replays what it
+ * captured and keeps its memory. The ops themselves are checked by test_op_table. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,6 +341,48 @@ static void test_errors(void) {
   CHECK(t == NULL, "no tensor on a device that does not exist");
 }
 
+/* A CUDA graph of the compute stream (cuda.h): what is captured runs only when launched, on
+ * the memory as it is then; a block handed out or freed during the capture is the graph's
+ * (no allocation outside it gets that block) until the graph is destroyed; a host copy during
+ * the capture fails naming it; a synchronisation there makes the end fail naming CUDA's error. */
+static void test_graph(void) {
+  sh_tensor *src = filled(1024, DEV, 1.0), *dst = filled(1024, DEV, 0.0);
+  CHECK_OK(sh_cuda_synchronize(DEV));
+  CHECK_OK(sh_cuda_graph_begin(DEV));
+  CHECK_FAILS(sh_cuda_graph_begin(DEV), SH_ERR_ARG, "already capturing");
+  sh_tensor *mid = NULL, *host = NULL;
+  CHECK_OK(sh_binary(&mid, SH_OP_ADD, src, src));   /* handed out during the capture */
+  CHECK_OK(sh_tensor_copy_(dst, mid));
+  void *graph_block = sh_tensor_data(mid);
+  sh_tensor_destroy(mid);                             /* freed during it: stays the graph's */
+  CHECK_FAILS(sh_tensor_to(&host, dst, SH_F64, -1), SH_ERR_DEVICE, "while a CUDA graph is captured");
+  sh_cuda_graph *g = NULL;
+  CHECK_OK(sh_cuda_graph_end(DEV, &g));
+  CHECK(all_equal(dst, 0.0), "the capture ran nothing");
+  sh_tensor *other = filled(1024, DEV, 5.0);
+  CHECK(sh_tensor_data(other) != graph_block, "an allocation outside the graph got the graph's block");
+  CHECK_OK(sh_cuda_graph_launch(g));
+  CHECK(all_equal(dst, 2.0), "the first launch");
+  CHECK_OK(sh_tensor_fill_(src, 3.0));
+  CHECK_OK(sh_cuda_graph_launch(g));
+  CHECK(all_equal(dst, 6.0) && sh_cuda_graph_launches(g) == 2, "the second launch reads src as it is then");
+  CHECK(all_equal(other, 5.0), "the launches left the other block alone");
+  sh_cuda_graph_destroy(g);
+  sh_tensor *again = filled(1024, DEV, 7.0);
+  CHECK(sh_tensor_data(again) == graph_block, "the graph's blocks go back to the cache when it is destroyed");
+  /* a synchronisation inside the capture: the end fails and names the error */
+  CHECK_OK(sh_cuda_graph_begin(DEV));
+  CHECK_FAILS(sh_cuda_synchronize(DEV), SH_ERR_DEVICE, "cudaErrorStreamCaptureUnsupported");
+  CHECK_FAILS(sh_cuda_graph_end(DEV, &g), SH_ERR_DEVICE, "cudaErrorStreamCaptureInvalidated");
+  CHECK(g == NULL, "no graph from a failed capture");
+  CHECK_FAILS(sh_cuda_graph_end(DEV, &g), SH_ERR_ARG, "not capturing");
+  CHECK(all_equal(again, 7.0), "the device works after a failed capture");
+  sh_tensor_destroy(src);
+  sh_tensor_destroy(dst);
+  sh_tensor_destroy(other);
+  sh_tensor_destroy(again);
+}
+
 int main(void) {
   /* The emulator reads these at its first call; a real GPU ignores the first. */
   setenv("SHARD_EMU_DEVICES", "2", 0);
@@ -355,6 +398,7 @@ int main(void) {
   test_pinned_reuse_waits_for_copies();
   test_copy_between_devices();
   test_errors();
+  test_graph();
   CHECK_OK(sh_cuda_synchronize(DEV));
   return check_summary("test_cuda_device");
 }
