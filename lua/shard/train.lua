@@ -72,6 +72,7 @@ M.COMMON = {
   trace = "", trace_steps = "1:2", memory_timeline = "",   -- shard.trace: a Chrome trace, a memory PNG
   snapshot_interval = -1, snapshot_replicas = 0,           -- shard.snapshot
   deterministic = false,   -- the same bits at any world size, strategy and grad_accum (fsdp/determ.lua)
+  cuda_graph = false,      -- the step captured once as a CUDA graph and replayed (shard.cuda_graph)
 }
 
 -- Steps between snapshots when shard launch --max_restarts may restart the job (bench/snapshot.lua measures the cost).
@@ -102,6 +103,7 @@ M.SPEC = {
   snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: every " .. M.DEFAULT_SNAPSHOT_INTERVAL .. " under shard launch --max_restarts, else none" },
   snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
   deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32, CPU)" },
+  cuda_graph = { help = "CUDA: capture the step once as a graph, replay it each step (a constant lr: --warmup=0 --min_lr=LR)" },
 }
 
 local function usage(fmt, ...) error({ usage = fmt:format(...) }, 0) end
@@ -118,6 +120,17 @@ local function check_combinations(cfg)
   if cfg.deterministic and cfg.dtype ~= "f32" then usage("--deterministic: f32 only, not --dtype=%s", cfg.dtype) end
   if cfg.deterministic and mode ~= "every" then
     usage("--deterministic --accum_sync=%s: deterministic mode reduces once per step; leave accum_sync at every", mode)
+  end
+  if cfg.cuda_graph then
+    -- a replayed step keeps what was captured: the lr, one step's sequence of work
+    if cfg.warmup ~= 0 or cfg.min_lr ~= cfg.lr then
+      usage("--cuda_graph: the lr schedule changes the lr every step and a replayed step keeps the captured one; " ..
+            "pass --warmup=0 --min_lr=%s for a constant lr", tostring(cfg.lr))
+    end
+    for _, o in ipairs { { "deterministic", cfg.deterministic }, { "offload", cfg.offload },
+                         { "accum_sync=" .. mode, mode ~= "every" }, { "snapshot_interval", cfg.snapshot_interval > 0 } } do
+      if o[2] then usage("--cuda_graph with --%s: not supported in a captured step", o[1]) end
+    end
   end
   if cfg.hybrid_group ~= "node" and not ((tonumber(cfg.hybrid_group) or 0) >= 1) then
     usage("--hybrid_group=%s: expected a number of ranks (at least 1) or node", cfg.hybrid_group)
@@ -304,6 +317,40 @@ local function step(model, opt, train, cfg, read, snaps)
   return read and gl:mean(loss_sum) or nil
 end
 
+-- The --cuda_graph step: step()'s work captured once (shard.cuda_graph.step) on the
+-- micro-batches and their global-loss factors (computed on the host before each launch, from
+-- the batch), returning the scaled losses' sum on the device; read only when `read`.
+local function graph_stepper(model, opt, cfg, env)
+  local n = cfg.grad_accum
+  local graphed = shard.cuda_graph.step(function(factors, ...)
+    local batch, sum = { ... }, nil
+    for i = 1, n do
+      local loss = model(batch[i], batch[n + i])
+      local scaled = loss * factors:select(1, i)
+      scaled:backward()
+      local v = scaled:detach()
+      sum = sum and sum + v or v
+    end
+    if cfg.grad_clip > 0 then shard.fsdp.clip_grad_norm(model, cfg.grad_clip) end
+    opt:step()
+    opt:zero_grad(true)
+    return sum
+  end, { optimizer = opt, model = model })
+  return function(train, read)
+    local xs, ys, f = {}, {}, {}
+    for i = 1, n do xs[i], ys[i] = train:next() end
+    local gl = shard.nn.global_loss(ys)
+    for i = 1, n do f[i] = gl:factor(i) end
+    local factors = shard.tensor(f, { device = env.device })
+    local args = { factors, unpack(xs) }
+    for i = 1, n do args[n + 1 + i] = ys[i] end
+    local sum = graphed(unpack(args))
+    factors:free()
+    for i = 1, n do xs[i]:free(); ys[i]:free() end
+    return read and gl:mean(sum:item()) or nil
+  end
+end
+
 -- A --deterministic step's gradients (fsdp/determ.lua): this rank's rows of the step's global
 -- batch, one forward and backward each (each row a chunk of the fixed tree; the grad_accum
 -- split does not change what runs), each loss scaled by its row's share of the global batch's
@@ -439,6 +486,7 @@ function M.run(recipe)
   if cfg.deterministic and env.device ~= "cpu" then
     usage("--deterministic: CPU tensors only (its all_to_all has no NCCL path, and a dry run has none), not device %s", env.device)
   end
+  if cfg.cuda_graph and not env.device:find("^cuda") then usage("--cuda_graph: needs a CUDA device, got %s", env.device) end
   local cpu = env.device == "cpu" and require("shard.cpu").describe() or nil
   if cpu and env.rank == 0 then print("cpu: " .. cpu) end
   shard.manual_seed(cfg.seed)
@@ -455,6 +503,7 @@ function M.run(recipe)
   local optim = shard.optim
   local opt = optim.AdamW(model, { lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay })
   local lr_at = optim.cosine_schedule{ lr = cfg.lr, min_lr = cfg.min_lr, warmup = cfg.warmup, decay_iters = cfg.max_iters }
+  local graphed = cfg.cuda_graph and graph_stepper(model, opt, cfg, env)
   local train, splits = loaders(cfg, env, train_src, val_src)
   local checkpoint, ckpt_dir = shard.checkpoint, cfg.out_dir .. "/ckpt"
   local state = { model = model, optim = opt, data = train }
@@ -485,6 +534,7 @@ function M.run(recipe)
     shard.trace.begin_step(it)
     local loss
     if cfg.deterministic then loss = deterministic_step(model, opt, train, cfg, env, logging, snaps)
+    elseif graphed then loss = graphed(train, logging)
     else loss = step(model, opt, train, cfg, logging, snaps) end
     shard.trace.end_step(it)
     if snaps then snaps:after_step(it + 1) end

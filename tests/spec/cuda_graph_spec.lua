@@ -1,8 +1,10 @@
 -- shard.cuda_graph on a machine without CUDA (the CUDA side: tests/gpu/cuda_graph_step.lua):
 -- it refuses with a clear error instead of running anything; the step helper checks its
--- arguments, runs its warm-up steps eagerly and refuses at the capture.
+-- arguments, runs its warm-up steps eagerly and refuses at the capture; the recipes'
+-- --cuda_graph refuses what a replayed step cannot keep, before any work.
 local shard = require("shard")
 local cuda_graph = require("shard.cuda_graph")
+local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
 
 describe("shard.cuda_graph without a GPU", function()
   it("refuses a CPU device or a bad name, naming what it got", function()
@@ -33,5 +35,19 @@ describe("shard.cuda_graph without a GPU", function()
       assert.is_false(ok)
       assert.matches("warmup must be a whole number >= 1", err, 1, true)
     end
+  end)
+
+  it("--cuda_graph: refuses an lr schedule, deterministic mode and a CPU device by name", function()
+    local recipe = "run recipes/gpt_shakespeare_char.lua --data=/usr/share/common-licenses/GPL-3 --max_iters=1 --out_dir=" ..
+                   os.tmpname() .. "_cg"
+    local out, code = support.shard(recipe .. " --cuda_graph")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph: the lr schedule changes the lr every step", out, 1, true)
+    out, code = support.shard(recipe .. " --cuda_graph --warmup=0 --min_lr=0.001 --deterministic")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph with --deterministic: not supported in a captured step", out, 1, true)
+    out, code = support.shard(recipe .. " --cuda_graph --warmup=0 --min_lr=0.001 --device=cpu")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph: needs a CUDA device, got cpu", out, 1, true)
   end)
 end)

@@ -53,16 +53,17 @@ local function global_loss(targets, opts)
   return self
 end
 
--- Micro-batch i's mean loss scaled to its share of the global batch's mean (a new tensor; 0
--- when no rank has a valid token).
-function GlobalLoss:scale(loss, i)
+-- Micro-batch i's share of the global batch's mean: n_i * R / N (0 when no rank has a valid token).
+function GlobalLoss:factor(i)
   local n = self.counts[i]
   if n == nil then
-    error(("nn.global_loss: scale(loss, %s): micro-batch index out of range 1..%d"):format(tostring(i), #self.counts), 2)
+    error(("nn.global_loss: micro-batch index %s out of range 1..%d"):format(tostring(i), #self.counts), 3)
   end
-  local f = self.tokens > 0 and n * self.ranks / self.tokens or 0
-  return loss * f
+  return self.tokens > 0 and n * self.ranks / self.tokens or 0
 end
+
+-- Micro-batch i's mean loss scaled to its share of the global batch's mean (a new tensor).
+function GlobalLoss:scale(loss, i) return loss * self:factor(i) end
 
 -- The global batch's mean loss from this rank's sum of scaled loss values (one all-reduce).
 function GlobalLoss:mean(local_sum)
