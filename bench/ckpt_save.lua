@@ -10,14 +10,9 @@ local cfg = shard.config({ n_layer = 6, n_head = 6, n_embd = 384, block_size = 6
                         { steps = { min = 1 }, every = { min = 1 },
                           strategy = { oneof = { "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" } } })
 local env = shard.init{ device = "cpu" }
-local nn, timer, ck = shard.nn, require("shard.timer"), shard.checkpoint
+local timer, ck = require("shard.timer"), shard.checkpoint
 
-local function build()
-  local make = function() shard.manual_seed(1); return nn.GPT{ n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
-    block_size = cfg.block_size, vocab_size = cfg.vocab_size, dropout = 0, bias = false } end
-  if cfg.strategy == "none" then return make() end
-  return shard.fsdp.wrap(make, { policy = shard.fsdp.policy.transformer{ nn.Block }, strategy = cfg.strategy })
-end
+local trial_gpt = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "lib/gpt_trial.lua")
 
 local function du(path)
   local p = io.popen("du -sb " .. require("shard.ffi").shell_quote(path) .. " 2>/dev/null")
@@ -27,12 +22,7 @@ local function du(path)
 end
 
 local function trial(mode)
-  local model = build()
-  local opt = shard.optim.AdamW(model, { lr = 1e-3 })
-  local B = cfg.batch_size / env.world
-  local rowsx = {}
-  for b = 1, B do rowsx[b] = {}; for t = 1, cfg.block_size do rowsx[b][t] = (b * 31 + t * 7) % cfg.vocab_size end end
-  local x = shard.tensor(rowsx, { dtype = "i64" })
+  local model, opt, x = trial_gpt.setup(cfg, env)
   local dir = cfg.dir .. "/" .. mode .. "_" .. env.world
   if env.rank == 0 then shard.C.sh_ckpt_remove_tree(dir) end
   env.barrier()

@@ -32,6 +32,8 @@
 #               BENCH=train only cpu_train (with the recipe loop).
 #   deterministic  the recipe's loop at world 1 and 2, the default mode beside --deterministic
 #               (tokens/s and memory peak, their ratios): bench/deterministic.sh.
+#   snapshot    in-memory snapshots' step cost beside a disk checkpoint's, and the recovery
+#               after a killed rank (bench/snapshot.lua, bench/snapshot_restart.sh).
 #   gpt2_124m   (only with a GPU) see bench/gpt2_124m.lua.
 #               With them, each round, the recipe's own loop (recipes/gpt_shakespeare_char.lua
 #               through lua/shard/train.lua, RECIPE_ITERS steps, its data and logging): its
@@ -426,6 +428,19 @@ echo
 ROUNDS="$ROUNDS" sh bench/deterministic.sh || exit 1
 
 if [ "$BENCH" = all ]; then echo; bench_bf16 || exit 1; fi   # cpu_train_bf16 (its section above)
+
+# In-memory snapshots (issue 38): their step-time cost beside an asynchronous disk checkpoint at
+# the same interval, on the recipe's model and a 10.7M-parameter GPT, every step and at the
+# interval they pick; then the recovery from a rank killed under shard launch --max_restarts,
+# from memory beside from a disk checkpoint (bench/snapshot.lua, bench/snapshot_restart.sh).
+if [ "$BENCH" = all ] || [ "$BENCH" = f32 ]; then
+  echo
+  for every in 1 0; do
+    bin/shard run bench/snapshot.lua --every=$every || exit 1
+    bin/shard run bench/snapshot.lua --every=$every --n_layer=6 --n_head=6 --n_embd=384 --steps=8 || exit 1
+  done
+  echo; sh bench/snapshot_restart.sh || exit 1
+fi
 
 # GPT-2 124M on the GPU, shard then its PyTorch peer in the same invocation.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

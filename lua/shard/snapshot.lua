@@ -1,7 +1,7 @@
 -- shard.snapshot: in-memory snapshots of the training state, so that a lost rank costs the
 -- seconds of a restart (shard launch --max_restarts), not the work since the last disk
 -- checkpoint.
---   local snaps = snapshot.new{ model =, optim =, data =, env =, interval = K, replicas = 0 | 1 }
+--   local snaps = snapshot.new{ model =, optim =, data =, env =, interval = K | "auto", replicas = 0 | 1 }
 --   ... each step: snaps:before_update() just before opt:step(); snaps:after_step(n) once step n is done
 --   snaps:close()                 -- the run ended well: its files go
 --   local step, how = snapshot.restore{ model =, optim =, data =, env =, ckpt_dir = }
@@ -9,6 +9,9 @@
 -- What: exactly what a resume from a disk checkpoint restores (shard.checkpoint.collect: every
 -- slice this rank holds of the f32 master parameters and of the optimizer state, the
 -- optimizer's step count and settings, the RNG state and the data position), every K steps.
+-- interval "auto": every step if a copy costs at most BUDGET (3%) of a step, else the smallest
+-- K for which it does, from the first AUTO_PROBES copies' time and the steps' (the slowest
+-- rank's figure, so that every rank takes the same K); rank 0 prints the choice.
 -- Where: a file per rank in /dev/shm ($SHARD_SNAPSHOT_DIR), shard-JOB-wWORLD-rRANK.snap (JOB:
 -- the launch's SHARD_JOB_ID, which its restarts keep), with two slots filled in turn; a slot
 -- is whole only once its head, written last, matches its checksums (runtime/io/snapshot.h).
@@ -41,14 +44,19 @@ local M = {}
 -- The file's slot after its head page is the payload; the JSON description ends it, with
 -- room to grow (its numbers' digits) without resizing the file.
 local META_ROOM = 64 * 1024
+M.BUDGET, M.AUTO_PROBES = 0.03, 3
 
 function M.dir() return os.getenv("SHARD_SNAPSHOT_DIR") or "/dev/shm" end
 
 -- The job's name in file names: shard launch's SHARD_JOB_ID (kept across its restarts), else
--- mpirun's job id, else this process's own.
+-- mpirun's job id, else one of this process's own (the same for the whole process).
+local own_id
 function M.job_id()
   local id = os.getenv("SHARD_JOB_ID") or os.getenv("OMPI_MCA_ess_base_jobid") or os.getenv("PMIX_NAMESPACE")
-  if not id or id == "" then id = ("solo%d-%d"):format(os.time(), math.random(1e9)) end
+  if not id or id == "" then
+    own_id = own_id or ("solo%d-%d"):format(os.time(), math.random(1e9))
+    id = own_id
+  end
   return (id:gsub("[^%w_.-]", "_"))
 end
 
@@ -140,8 +148,10 @@ Snap.__index = Snap
 
 function M.new(o)
   local env = o.env
-  local self = setmetatable({ model = o.model, optim = o.optim, data = o.data, env = env, interval = o.interval,
-                              replicas = o.replicas or 0, job = M.job_id(), copies = {} }, Snap)
+  local auto = o.interval == "auto"
+  local self = setmetatable({ model = o.model, optim = o.optim, data = o.data, env = env, interval = auto and 1 or o.interval,
+                              replicas = o.replicas or 0, job = M.job_id(), copies = {},
+                              probes = auto and { copy = {}, step = {} } or nil }, Snap)
   self.path = M.path(self.job, env.world, env.rank, "snap")
   self.strategy = fsdp.layout(o.model).strategy
   if self.replicas > 0 and env.world > 1 then self.buddies = buddy_groups(env) end
@@ -166,7 +176,25 @@ function Snap:settle_copy()
   self.inflight = nil
   check(C.sh_snap_wait(self.file))
   for _, t in ipairs(c.tensors) do t:free() end
+  if self.probes then self:probe(C.sh_snap_last_seconds(self.file)) end
   if self.buddies then self:exchange(c.slot, 4096 + c.bytes) end
+end
+
+-- interval "auto": one more copy's CPU seconds; after AUTO_PROBES of them, the interval: the
+-- smallest K that keeps the largest share of a step a copy takes on any rank under BUDGET.
+function Snap:probe(seconds)
+  local p = self.probes
+  p.copy[#p.copy + 1] = seconds
+  if #p.copy < M.AUTO_PROBES then return end
+  local median = require("shard.stats").median
+  local share = -all_min(self.env.group, -median(p.copy) / median(p.step))   -- the most on any rank
+  local k = math.max(1, math.ceil(share / M.BUDGET - 1e-9))
+  self.interval, self.probes = k, nil
+  if self.env.rank == 0 then
+    print(("snapshot: every %d step%s (a copy's CPU time is %.1f%% of a step on the rank where it is most; the budget is %g%%)"):format(
+      k, k == 1 and "" or "s", 100 * share, 100 * M.BUDGET))
+    io.stdout:flush()
+  end
 end
 
 -- Swaps the slot just written (used bytes: its head page and payload) with each buddy: the
@@ -211,6 +239,11 @@ end
 -- Step `step` is done: it is this rank's progress; every interval steps its state is copied.
 function Snap:after_step(step)
   if self.file then C.sh_snap_set_progress(self.file, step) end
+  if self.probes then
+    local now = require("shard.timer").now()
+    if self.last_step_at then table.insert(self.probes.step, now - self.last_step_at) end
+    self.last_step_at = now
+  end
   if step % self.interval ~= 0 then return end
   self:settle_copy()
   self:settle_exchange()

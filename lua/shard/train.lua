@@ -42,8 +42,9 @@
 -- and prints its summary (shard.trace); --memory_timeline=PNG draws each rank's allocations
 -- over those steps, stacked by tag.
 -- --snapshot_interval=K copies each rank's state into host memory every K steps
--- (shard.snapshot; -1, the default: every DEFAULT_SNAPSHOT_INTERVAL steps when shard launch
--- may restart the job, else never), --snapshot_replicas=1 keeps each rank's buddy's too; a
+-- (shard.snapshot; -1, the default: when shard launch may restart the job, every step if a
+-- copy costs at most 3% of a step, else the smallest K under it; else never),
+-- --snapshot_replicas=1 keeps each rank's buddy's too; a
 -- job that shard launch restarts (SHARD_RESTART) goes on from the newest state every rank
 -- can restore: snapshots, else the newest checkpoint.
 local shard = require("shard")
@@ -75,9 +76,6 @@ M.COMMON = {
   cuda_graph = false,      -- the step captured once as a CUDA graph and replayed (shard.cuda_graph)
 }
 
--- Steps between snapshots when shard launch --max_restarts may restart the job (bench/snapshot.lua measures the cost).
-M.DEFAULT_SNAPSHOT_INTERVAL = 1
-
 -- Each common setting's range (shard.config checks it before any work and --help lists it;
 -- sizes such as batch_size take at least 1 there); a recipe adds its own as recipe.spec.
 local STRATEGIES = { "none", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" }
@@ -100,7 +98,7 @@ M.SPEC = {
   straggler_margin = { above = 0, help = "0.25: 25% slower than the median" },
   straggler_windows = { min = 1 }, accum_sync = { oneof = { "every", "last", "replica_last" } },
   hybrid_group = { help = "ranks per shard group, or node" },
-  snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: every " .. M.DEFAULT_SNAPSHOT_INTERVAL .. " under shard launch --max_restarts, else none" },
+  snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: under shard launch --max_restarts the smallest under 3% of a step (1 if it is), else none" },
   snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
   deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32, CPU)" },
   cuda_graph = { help = "CUDA: capture the step once as a graph, replay it each step (a constant lr: --warmup=0 --min_lr=LR)" },
@@ -273,10 +271,10 @@ local function restore(cfg, env, state)
   return step
 end
 
--- The snapshot interval in effect (see --snapshot_interval).
+-- The snapshot interval in effect (see --snapshot_interval): a number of steps (0: none) or "auto".
 local function snapshot_interval(cfg)
   if cfg.snapshot_interval >= 0 then return cfg.snapshot_interval end
-  return (tonumber(os.getenv("SHARD_MAX_RESTARTS") or "") or 0) > 0 and M.DEFAULT_SNAPSHOT_INTERVAL or 0
+  return (tonumber(os.getenv("SHARD_MAX_RESTARTS") or "") or 0) > 0 and "auto" or 0
 end
 
 local function resume(cfg, env, state)
@@ -510,7 +508,7 @@ function M.run(recipe)
   local restarted = (tonumber(os.getenv("SHARD_RESTART") or "") or 0) > 0 and env.device ~= "meta"
   local start = restarted and restore(cfg, env, state) or cfg.resume and resume(cfg, env, state) or 0
   local interval = env.device ~= "meta" and snapshot_interval(cfg) or 0
-  local snaps = interval > 0 and require("shard.snapshot").new{ model = model, optim = opt, data = train, env = env,
+  local snaps = interval ~= 0 and require("shard.snapshot").new{ model = model, optim = opt, data = train, env = env,
                                                                   interval = interval, replicas = cfg.snapshot_replicas } or nil
 
   local write = jsonl_writer(cfg, env)

@@ -52,6 +52,8 @@ int sh_snap_write(sh_snap *s, int slot, const sh_snap_head *head, int n, const v
 int sh_snap_wait(sh_snap *s);
 /* 1 while a background write runs. */
 int sh_snap_busy(sh_snap *s);
+/* CPU seconds the last finished write took, from clearing the head to writing it. */
+double sh_snap_last_seconds(const sh_snap *s);
 /* The newest step this rank finished, kept in the file's first page (one store per step):
  * how many steps a restart from a snapshot recomputes. */
 void sh_snap_set_progress(sh_snap *s, int64_t step);

@@ -62,6 +62,7 @@ static void test_slots(void) {
   check_slot(s, 1, 8, c, d);
   sh_snap_set_progress(s, 9);
   CHECK(sh_snap_progress(s) == 9, "progress %lld", (long long)sh_snap_progress(s));
+  CHECK(sh_snap_last_seconds(s) > 0 && sh_snap_last_seconds(s) < 10, "the last write took %g s", sh_snap_last_seconds(s));
   sh_snap_close(s);
 
   /* reopened read only, and for a payload that fits: both slots kept */
