@@ -532,7 +532,9 @@ function M.run(recipe)
     shard.trace.begin_step(it)
     local loss
     if cfg.deterministic then loss = deterministic_step(model, opt, train, cfg, env, logging, snaps)
-    elseif graphed then loss = graphed(train, logging)
+    elseif graphed then
+      if snaps then snaps:before_update() end   -- the replayed step ends in the optimizer
+      loss = graphed(train, logging)
     else loss = step(model, opt, train, cfg, logging, snaps) end
     shard.trace.end_step(it)
     if snaps then snaps:after_step(it + 1) end
