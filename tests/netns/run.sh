@@ -14,7 +14,12 @@
 #   node lost   every process in host 1's namespace killed: the job ends within the timeout
 #               with a message naming the node and its ranks;
 #   link cut    `ip link set down` on host 0's veth: a timeout error naming the nodes on either
-#               side, not a hang.
+#               side, not a hang;
+#   host lost, restarted  the recipe under --max_restarts 1 --min_nodes 1 with snapshot
+#               replicas, every process of host 1 killed and its snapshot files removed (its
+#               memory gone): the job ends well on host 0 alone, restored from ranks 0 and 1's
+#               own snapshots and their copies of ranks 2 and 3's (that this equals a resume at
+#               world 2 from the same step, byte for byte, tests/spec/snapshot_spec.lua shows).
 # Needs root (ip netns). Where namespaces cannot be made that is a failure with the reason. The
 # namespaces are removed on exit, also on failure. The last line is "N passed, N failed".
 BIN=${1:-bin/shard}
@@ -152,5 +157,27 @@ if start_busy 4; then
     ok "link cut: timed out in $took s naming both sides: $(grep 'check the network\|never reached' "$TMP/busy.err" | head -1 | cut -c1-160)"
   else echo "exit $brc after $took s" >>"$TMP/busy.err"; bad "link cut: no timeout error naming the nodes within 40 s" "$TMP/busy.err"; fi
 else bad "link cut: the busy job did not start" "$TMP/busy.err"; fi
+
+# host lost, restarted: the job goes on on host 0 from the surviving snapshots and copies
+pids=$(ip netns pids "$NS0"); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
+mkdir -p "$TMP/shm"
+SHARD_SNAPSHOT_DIR="$TMP/shm" launch --max_restarts 1 --min_nodes 1 recipes/gpt_shakespeare_char.lua --strategy=full_shard \
+  --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=40 --eval_interval=1000 --eval_iters=1 \
+  --sample_tokens=0 --log_interval=1 --snapshot_interval=1 --snapshot_replicas=1 --out_dir="$TMP/lost" \
+  >"$TMP/lost.out" 2>"$TMP/lost.err" &
+lpid=$!
+i=0
+while ! grep -q '^iter 5 | loss' "$TMP/lost.out" && [ $i -lt 600 ] && kill -0 $lpid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+if grep -q '^iter 5 | loss' "$TMP/lost.out"; then
+  kill -9 $(ip netns pids "$NS1") 2>/dev/null
+  rm -f "$TMP"/shm/shard-*-w4-r2.snap "$TMP"/shm/shard-*-w4-r3.snap
+  wait_busy 120
+  cat "$TMP/lost.out" >>"$TMP/lost.err"
+  if [ $brc -eq 0 ] && grep -q "going on without node $H1: 1 host, 2 ranks" "$TMP/lost.err" &&
+     grep -q "restored step [0-9]* from memory (world 4: 2 own, 2 buddy copies)" "$TMP/lost.err" &&
+     grep -q "^iter 40 | train_loss" "$TMP/lost.err"; then
+    ok "host lost, restarted: $(grep 'shard launch: restart 1 of 1' "$TMP/lost.err" | cut -c1-200)"
+  else echo "exit $brc" >>"$TMP/lost.err"; bad "host lost, restarted: the job did not end well on host 0 from the snapshots" "$TMP/lost.err"; fi
+else bad "host lost, restarted: the job did not reach step 5" "$TMP/lost.err"; fi
 
 finish

@@ -24,6 +24,9 @@
 -- newest checkpoint). Once the restarted job completes its first step, launch prints one
 -- line: which rank failed and how, the step restored, the steps lost, and the seconds from
 -- the failure to that step. The job's snapshot files (/dev/shm) go when launch ends.
+-- --min_nodes M (with --hosts/--hostfile): when a host is lost and at least M hosts remain,
+-- the restart leaves it out; the ranks, fewer now, reshard the newest state from the copies
+-- that survive (shard.snapshot's buddies on the other hosts, --snapshot_replicas=1).
 local argv = require("shard.argv")
 local job = require("shard.tools.job")
 local timer = require("shard.timer")
@@ -31,7 +34,7 @@ local files = require("shard.files")
 
 local M = {}
 
-local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] [--max_restarts N] FILE [--key=value ...]"
+local USAGE = "usage: shard launch --nproc N [--hosts H:N,H:N | --hostfile FILE] [--net CIDR|IFACE] [--map-by slot|node] [--nnodes M --node-rank R --master-addr A --master-port P] [--all] [--timeout SECONDS] [--max_restarts N [--min_nodes M]] FILE [--key=value ...]"
 -- Seconds mpirun gets to end the job after the first sign of a failure before launch stops it
 -- (a lost host's daemon never answers mpirun's order to stop its ranks).
 local GRACE = tonumber(os.getenv("SHARD_LAUNCH_GRACE") or "") or 10
@@ -61,7 +64,7 @@ local OPTIONS = {
   { "master-port", "count", default = 29500 }, { "hosts", "string", aliases = { "-H" }, key = "hosts_arg" },
   { "hostfile", "string" }, { "net", "string" }, { "map-by", "choice", oneof = { "slot", "node" } },
   { "all", "flag", default = false }, { "timeout", "seconds" },
-  { "max_restarts", "count", default = 0 },
+  { "max_restarts", "count", default = 0 }, { "min_nodes", "count", min = 1 },
 }
 
 -- The options; FILE and its arguments are o.file and o.rest.
@@ -72,8 +75,12 @@ function M.parse(args)
   if (o.hosts_arg or o.hostfile) and o.nnodes > 1 then
     error({ usage = "--hosts/--hostfile start every node through one mpirun; --nnodes is for torchrun-style starts, one launch per node" })
   end
+  if o.min_nodes and not (o.hosts_arg or o.hostfile) then error({ usage = "--min_nodes is for --hosts/--hostfile" }) end
   if o.hosts_arg or o.hostfile then
     M.parse_hosts(o)
+    if o.min_nodes and o.min_nodes > #o.hosts then
+      error({ usage = ("--min_nodes %d is more than the %d hosts given"):format(o.min_nodes, #o.hosts) })
+    end
     if not o.file then error({ usage = "missing FILE" }) end
     return o
   end
@@ -162,6 +169,8 @@ local function run_args(o)
   local env = { "env", "SHARD_FLIGHT_DIR=" .. quote(o.flight_dir), "SHARD_JOB_ID=" .. quote(o.job_id),
                 "SHARD_RESTART=" .. (o.restart or 0), "SHARD_MAX_RESTARTS=" .. o.max_restarts }
   if o.timeout then env[#env + 1] = "SHARD_COMM_TIMEOUT=" .. o.timeout end
+  local snap_dir = os.getenv("SHARD_SNAPSHOT_DIR")   -- the same on every host
+  if snap_dir then env[#env + 1] = "SHARD_SNAPSHOT_DIR=" .. quote(snap_dir) end
   table.insert(parts, 1, table.concat(env, " "))
   for _, a in ipairs(o.rest) do parts[#parts + 1] = quote(a) end
   return table.concat(parts, " ")
@@ -667,6 +676,7 @@ local function report(rc, router, o, world)
   local received = r and router.signal[r]
   if received then signal = received end
   o.verdict = verdict(r, signal, rc, o, untagged)
+  o.lost_host = M.layout(o) and not r and lost_node(untagged) or nil
   io.stderr:write(o.verdict, "\n")
   if o.stopped then
     io.stderr:write(("shard launch: mpirun had not ended %g s after the first failure (a host it cannot reach?); stopped it\n"):format(GRACE))
@@ -705,17 +715,28 @@ end
 
 -- Runs the job, and again after a failure while --max_restarts allows (not after a signal to
 -- the launcher); returns the exit status of the last run.
-local function run_restarting(o, world)
+-- A lost host left out of the next start, when --min_nodes allows it.
+local function drop_lost_host(o)
+  if not (o.lost_host and o.min_nodes and #o.hosts - 1 >= o.min_nodes) then return end
+  local left = {}
+  for _, h in ipairs(o.hosts) do if h.name ~= o.lost_host then left[#left + 1] = h end end
+  o.hosts = left
+  io.stderr:write(("shard launch: going on without node %s: %d host%s, %d ranks (--min_nodes %d)\n"):format(
+    o.lost_host, #left, #left == 1 and "" or "s", world_size(o), o.min_nodes))
+end
+
+local function run_restarting(o)
   local failure
   for restart = 0, o.max_restarts do
-    o.restart, o.failed_at, o.verdict = restart, nil, nil
+    o.restart, o.failed_at, o.verdict, o.lost_host = restart, nil, nil, nil
     o.watch = restart > 0 and watch_restart(o, failure) or nil
     local rc, router = stream(job_command(o), o)
     if rc == 0 or o.signal then return rc end
-    rc = report(rc, router, o, world)
+    rc = report(rc, router, o, world_size(o))
     if restart == o.max_restarts then return rc end
     failure = { what = (o.verdict or ""):gsub("^shard launch: ", ""), at = o.failed_at or timer.now() }
     io.stderr:write(("shard launch: restarting the job (restart %d of %d)\n"):format(restart + 1, o.max_restarts))
+    drop_lost_host(o)
   end
 end
 
@@ -742,7 +763,7 @@ function M.main(args)
   o.job_id = ("%d-%s"):format(job.pid(), o.flight_dir:match("([^/.]+)$") or "job")
   if o.hosts then write_agent(o) end
   job.trap(true)
-  local rc = run_restarting(o, world)
+  local rc = run_restarting(o)
   job.trap(false)
   remove_snapshots(o)
   if o.signal then
