@@ -66,8 +66,8 @@ $(BUILD)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 # The optimizer's sqrt must not set errno, or gcc will not vectorize its loop; no FMA
-# contraction, so that its AVX-512 loop and its portable one give the same bits.
-$(BUILD)/runtime/cpu/optim.o $(BUILD)/runtime/cpu/optim_cpu_avx512.o $(BUILD)/runtime/ops/optim.o: CFLAGS += -fno-math-errno -ffp-contract=off
+# contraction, so that its vector loops (AVX-512, AVX2) and its portable one give the same bits.
+$(BUILD)/runtime/cpu/optim.o $(BUILD)/runtime/ops/optim.o: CFLAGS += -fno-math-errno -ffp-contract=off
 
 # Each object keeps ptxas's report of its kernels beside it (make gpu-report reads them);
 # ptxas's info lines go there only, anything else nvcc says still shows.

@@ -27,9 +27,9 @@
  * q, k, v, out and dout may be strided views (e.g. heads split out of a fused qkv
  * projection) as long as their last dim is unit-stride; anything else is copied once.
  * The block products (S = Q K^T, O += P V, and the five of backward) run on the calling
- * thread of the team: through attn_blocks' AVX-512 kernels where the head dim allows
- * (attn_blocks_internal.h: D a multiple of 16 up to 64; they skip what the causal mask hides
- * and keep each result tile in registers), else as small sgemm calls. On the benchmark's
+ * thread of the team: through attn_blocks' kernels (AVX-512F or AVX2, the kernel set's) where
+ * the head dim allows (attn_blocks_internal.h: D a multiple of 16 up to 64; they skip what the
+ * causal mask hides and keep each result tile in registers), else as small sgemm calls. On the benchmark's
  * [12, 4, 64, 32] the kernels, with the row loops below cut to the visible columns, made the
  * forward and backward 27% faster at 1 thread than the sgemm calls (OpenBLAS's small-matrix
  * path), which were themselves ~5x faster than the per-row vectorized loops before them.
@@ -100,10 +100,10 @@ static inline int64_t visible(int64_t i0, int64_t ii, int64_t j0, int64_t nk) {
   return v < 0 ? 0 : v < nk ? v : nk;
 }
 
-/* The row work of a score block runs over W columns, nv (the visible ones) rounded up to whole
- * 16-lane vectors: one copy of each row function per W (ROW_WIDTHS dispatches), so every loop
- * has a constant trip count and is whole vectors with 16-lane masks. Columns W .. BK are
- * zeroed, as the block products read up to nk. */
+/* The row work of a score block runs over W columns, nv (the visible ones) rounded up to a
+ * multiple of 16 (one zmm, two ymm): one copy of each row function per W (ROW_WIDTHS
+ * dispatches), so every loop has a constant trip count and is whole vectors with masks or
+ * blends. Columns W .. BK are zeroed, as the block products read up to nk. */
 #define ROW_WIDTHS(call) \
   switch ((nv + 15) / 16) { case 1: call(16); break; case 2: call(32); break; case 3: call(48); break; default: call(64); }
 

@@ -1,37 +1,33 @@
-/* bf16_vec.c: bf16 <-> f32 over arrays (bf16_internal.h). A contiguous run goes 16 elements a
- * vector through AVX-512F in the avx512 kernel sets (cpu.h); strided elements, tails and the
- * other sets take the inline functions. */
+/* bf16_vec.c: bf16 <-> f32 over arrays (bf16_internal.h). A contiguous run goes a vector at a
+ * time, 16 elements with AVX-512F in the avx512 kernel sets and 8 with AVX2 in avx2 (cpu.h;
+ * simd_bf16_internal.h's conversions); strided elements, tails and the generic set take the
+ * inline functions. */
 #include "core/bf16_internal.h"
-#include "cpu_internal.h"
+#include "simd_internal.h"
 
-#if SH_BF16_HAVE_AVX512
-#define AVX512 __attribute__((target("avx512f")))
+/* The whole vectors of a contiguous run at width W; each returns how many elements it covered. */
+#define SH_SIMD_W 16
+#include "bf16_vec_simd_internal.h"
+#undef SH_SIMD_W
+#define SH_SIMD_W 8
+#include "bf16_vec_simd_internal.h"
+#undef SH_SIMD_W
 
-static int use_avx512(void) { return sh_cpu_isa_fast() >= SH_CPU_AVX512; }
-
-/* The whole vectors of a contiguous run; returns how many elements they covered. */
-AVX512 static int64_t widen_vectors(float *d, const uint16_t *s, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, sh_bf16_to_f32_x16(_mm256_loadu_si256((const __m256i *)(s + i))));
-  return i;
+static int64_t widen_vectors(float *d, const uint16_t *s, int64_t n) {
+  int isa = sh_cpu_isa_fast();
+  return isa >= SH_CPU_AVX512 ? widen_vectors_x16(d, s, n) : isa == SH_CPU_AVX2 ? widen_vectors_x8(d, s, n) : 0;
 }
 
-AVX512 static int64_t round_vectors(uint16_t *d, const float *s, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(d + i), sh_f32_to_bf16_x16(_mm512_loadu_ps(s + i)));
-  return i;
+static int64_t round_vectors(uint16_t *d, const float *s, int64_t n) {
+  int isa = sh_cpu_isa_fast();
+  return isa >= SH_CPU_AVX512 ? round_vectors_x16(d, s, n) : isa == SH_CPU_AVX2 ? round_vectors_x8(d, s, n) : 0;
 }
-#else
-static int use_avx512(void) { return 0; }
-static int64_t widen_vectors(float *d, const uint16_t *s, int64_t n) { return 0; }
-static int64_t round_vectors(uint16_t *d, const float *s, int64_t n) { return 0; }
-#endif
 
-/* dst[i * ds] = CONVERT(src[i * ss]) for i < n: a contiguous run starts with VECTORS (AVX-512,
- * when the CPU has it) and finishes in a simd loop. */
+/* dst[i * ds] = CONVERT(src[i * ss]) for i < n: a contiguous run starts with VECTORS and
+ * finishes in a simd loop. */
 #define CONVERT_N(VECTORS, CONVERT)                                                               \
   int contiguous = ds == 1 && ss == 1;                                                          \
-  int64_t i = contiguous && use_avx512() ? VECTORS(dst, src, n) : 0;                            \
+  int64_t i = contiguous ? VECTORS(dst, src, n) : 0;                                            \
   if (contiguous) {                                                                             \
     _Pragma("omp simd")                                                                         \
     for (int64_t j = i; j < n; j++) dst[j] = CONVERT(src[j]);                                   \

@@ -2,9 +2,10 @@
  * of the one before:
  *   generic     the x86-64 baseline (SSE2): portable loops, OpenBLAS for f32 GEMM, bf16
  *               products widened to f32
- *   avx2        + AVX2 and FMA builds of the elementwise, norm, loss and attention loops
- *   avx512      + AVX-512 (F, BW, DQ, VL) builds of those loops, shard's own f32 GEMM,
- *               attention block kernels, AdamW and bf16 conversions
+ *   avx2        + AVX2 and FMA builds of the elementwise, norm, loss and attention loops, and
+ *               8-lane attention block kernels, AdamW and bf16 conversions (simd_internal.h)
+ *   avx512      + AVX-512 (F, BW, DQ, VL) builds of those loops and 16-lane builds of those
+ *               kernels (the same source as avx2's), shard's own f32 GEMM
  *   avx512bf16  + bf16 matrix products on vdpbf16ps
  * The set in use is the best the CPU has, or SHARD_CPU_ISA=generic|avx2|avx512|avx512bf16
  * (read at the first kernel call). Naming a set the CPU lacks, or an unknown name, is an

@@ -19,8 +19,7 @@
 #include "core/bf16_internal.h"
 #include "core/status_internal.h"
 #include "core/parallel.h"
-#include "gemm_pack_internal.h"
-#include "cpu_internal.h"
+#include "simd_internal.h"
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>

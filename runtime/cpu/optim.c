@@ -9,8 +9,9 @@
  * grad, m and v once and writes param, m, v and the shadow once.
  * On the CPU the threads take blocks of the step as they finish (optim_parallel). AdamW runs
  * over a group of parameters per call: on the CPU one parallel region over all of them, each
- * thread running the AVX-512 loop (optim_cpu_avx512.c) where the CPU has it and the portable
- * loop below for the rest; on CUDA one launch per up to 16. SGD's loop is built once per CPU kernel
+ * thread running the vector loop of the kernel set in use (optim_simd_internal.h: 16 lanes of
+ * AVX-512F in the avx512 sets, 8 of AVX2 in avx2) and the portable loop below for the tails and
+ * the generic set; on CUDA one launch per up to 16. SGD's loop is built once per CPU kernel
  * set (SH_CPU_KERNEL) rather than written in intrinsics. The gradient-norm part sums a list of tensors into one number on
  * their device, so a clip reads back one number however many tensors there are.
  * The public fronts at the end check every buffer and hyper-parameter, dispatch to the
@@ -21,7 +22,7 @@
 #include <stdlib.h>
 #include "staging_internal.h"
 #include "core/rules_internal.h"
-#include "optim_internal.h"
+#include "simd_internal.h"
 #include "core/parallel.h"
 #include "core/backend_internal.h"
 #include "backend_cpu_internal.h"
@@ -34,11 +35,22 @@ typedef struct opt_args {
   sh_sgd_hyper s;
 } opt_args;
 
+/* One parameter of a CPU AdamW step: its host buffers and constants. The grad is g32 (f32) or,
+ * when g32 is NULL, g16 (bf16); shadow is NULL or a buffer of shadow_dtype. */
+typedef struct adamw_buf {
+  float *p, *m, *v;
+  const float *g32;
+  const uint16_t *g16;
+  void *shadow;
+  int shadow_dtype;
+  sh_adamw_hyper h;
+} adamw_buf;
+
 /* The portable AdamW loop over [i0, i1) of one parameter, the shadow written in the same pass.
  * It is a macro over the grad's load and the shadow's store so that each pair is straight
  * vector code; every scalar is a local so that the stores through p, m, v (floats) cannot be
  * taken to modify it. The Makefile builds this file with -fno-math-errno (a sqrtf that may set
- * errno does not vectorize) and -ffp-contract=off (no FMA: the AVX-512 loop's bits). */
+ * errno does not vectorize) and -ffp-contract=off (no FMA: the vector loops' bits). */
 #define ADAMW_LOOP(LOAD, STORE) \
   _Pragma("omp simd") \
   for (int64_t i = i0; i < i1; i++) { \
@@ -55,7 +67,7 @@ typedef struct opt_args {
   if (g32) { ADAMW_LOOP(g32[i], STORE) } \
   else { ADAMW_LOOP(sh_bf16_to_f32_inline(g16[i]), STORE) }
 
-static void adamw_portable(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
+static void adamw_portable(const adamw_buf *b, int64_t i0, int64_t i1) {
   float *restrict p = b->p, *restrict m = b->m, *restrict v = b->v;
   const float *restrict g32 = b->g32;
   const uint16_t *restrict g16 = b->g16;
@@ -69,12 +81,20 @@ static void adamw_portable(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
   else { ADAMW_GRADS(sh_store(shadow, sdt, i, pi)) }
 }
 
-/* [i0, i1) of one parameter: the AVX-512 loop's whole vectors where the CPU has it, the rest
+/* The vector loops, adamw_vectors_x16 and adamw_vectors_x8. */
+#define SH_SIMD_W 16
+#include "optim_simd_internal.h"
+#undef SH_SIMD_W
+#define SH_SIMD_W 8
+#include "optim_simd_internal.h"
+#undef SH_SIMD_W
+
+/* [i0, i1) of one parameter: the whole vectors through the kernel set's vector loop, the rest
  * portably. */
-static void adamw_range(const sh_adamw_buf *b, int64_t i0, int64_t i1) {
-#if SH_OPTIM_HAVE_AVX512
-  if (sh_optim_avx512()) i0 = sh_adamw_avx512(b, i0, i1);
-#endif
+static void adamw_range(const adamw_buf *b, int64_t i0, int64_t i1) {
+  int isa = sh_cpu_isa_fast();
+  if (isa >= SH_CPU_AVX512) i0 = adamw_vectors_x16(b, i0, i1);
+  else if (isa == SH_CPU_AVX2) i0 = adamw_vectors_x8(b, i0, i1);
   adamw_portable(b, i0, i1);
 }
 
@@ -116,7 +136,7 @@ static void optim_parallel(int64_t total, sh_stage_range_fn fn, const void *arg)
  * n + 1 offsets). */
 typedef struct adamw_job {
   int n;
-  const sh_adamw_buf *bufs;
+  const adamw_buf *bufs;
   const int64_t *start;
 } adamw_job;
 
@@ -160,8 +180,8 @@ SH_CPU_KERNEL(sgd_range, (const void *arg, int64_t i0, int64_t i1), (arg, i0, i1
 /* ---- CPU kernels ---------------------------------------------------------------------- */
 
 /* One parameter's buffers, as the loops see them. */
-static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
-  sh_adamw_buf b = {.p = sh_stage_ptr(e->param), .m = sh_stage_ptr(e->m), .v = sh_stage_ptr(e->v), .h = h};
+static adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
+  adamw_buf b = {.p = sh_stage_ptr(e->param), .m = sh_stage_ptr(e->m), .v = sh_stage_ptr(e->v), .h = h};
   if (e->grad->dtype == SH_F32) b.g32 = sh_stage_ptr(e->grad);
   else b.g16 = sh_tensor_data(e->grad);
   b.shadow = e->shadow ? sh_tensor_data(e->shadow) : NULL;
@@ -172,7 +192,7 @@ static sh_adamw_buf adamw_buf_of(const sh_adamw_param *e, sh_adamw_hyper h) {
 
 int sh_kcpu_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
                               double eps, int64_t step, double grad_scale) {
-  sh_adamw_buf *bufs = malloc(sizeof *bufs * (size_t)n);
+  adamw_buf *bufs = malloc(sizeof *bufs * (size_t)n);
   int64_t *start = malloc(sizeof *start * (size_t)(n + 1));
   if (!bufs || !start) {
     free(bufs); free(start);

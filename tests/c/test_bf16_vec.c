@@ -1,11 +1,12 @@
 /* test_bf16_vec.c: the array conversions of runtime/cpu/bf16_vec.c and the copies, fills and
- * elementwise staging that go through them, under the CPU kernel set in use (AVX-512F in the
- * avx512 sets) and under generic's portable loop, in one process (check.h's check_sets).
+ * elementwise staging that go through them, under the CPU kernel set in use (16 lanes of
+ * AVX-512F in the avx512 sets), under avx2 (8 lanes) and under generic's portable loop, in one
+ * process (check_cpu.h's check_sets).
  * Reference: each element's bits against the scalar inline conversion (bf16_internal.h's,
  * itself checked against the nearest-value definition in test_tensor.c): every bf16 pattern
  * widened, and f32 inputs with NaN payloads, infinities, signed zeros, denormals, ties and
- * the largest values rounded, plus random bit patterns; lengths around the vector width (16)
- * for the tails, element strides on either side, unaligned starts, and untouched elements
+ * the largest values rounded, plus random bit patterns; lengths around both vector widths (8
+ * and 16) for the tails, element strides on either side, unaligned starts, and untouched elements
  * between strided ones. Tensors: a transposed [B,H,T,D] view copied across dtypes (the
  * attention's staging), a copy large enough to be split over the threads, fill_ of bf16
  * (contiguous and strided), and bf16 add with a strided operand and a strided output. */
@@ -54,7 +55,7 @@ static int converted(const sh_tensor *dst, int64_t i, const sh_tensor *src, int6
 }
 
 static const int64_t STRIDES[][2] = {{1, 1}, {1, 3}, {2, 1}, {3, 2}};
-static const int64_t LENGTHS[] = {0, 1, 15, 16, 17, 31, 33, 1000, NIN};
+static const int64_t LENGTHS[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, NIN};
 static const int64_t STARTS[] = {0, 1, 7};
 
 /* f32 -> bf16 for every stride pair, length and start: rounded elements match the inline

@@ -792,8 +792,8 @@ static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, doub
   sh_tensor *t[3], *fb = NULL, *tr = mkf(4, shape, r), *out = NULL, *lse = NULL;
   attn_inputs(t, in, &c, fused, &fb);
   char what[160];
-  snprintf(what, sizeof what, "attention B=%lld H=%lld T=%lld D=%lld G=%lld fused=%d", (long long)B, (long long)H,
-           (long long)T, (long long)D, (long long)G, fused);
+  snprintf(what, sizeof what, "attention [%s] B=%lld H=%lld T=%lld D=%lld G=%lld fused=%d", sh_cpu_isa_name(sh_cpu_isa()),
+           (long long)B, (long long)H, (long long)T, (long long)D, (long long)G, fused);
   CHECK_OK(sh_attention_forward(&out, &lse, t[0], t[1], t[2], scale));
   check_vals(what, out, oref, TOL);
   check_vals("attention lse", lse, lref, TOL);
@@ -820,9 +820,85 @@ static void test_attention_case(int64_t B, int64_t H, int64_t T, int64_t D, doub
   free(q); free(k); free(v); free(r); free(oref); free(lref); free(dq); free(dk); free(dv);
 }
 
-/* Every case under the kernel set in use and under generic (check.h): attn_blocks' AVX-512
- * kernels (head dims 16, 32, 48 and 64, in the avx512 sets) and the sgemm block products. T around the query and key blocks
- * (32 and 64) and the kernels' 4- and 8-row tiles. */
+/* Every case under the kernel set in use, under avx2 and under generic (check_cpu.h):
+ * attn_blocks' kernels (head dims 16, 32, 48 and 64; 16 lanes in the avx512 sets, 8 in avx2)
+ * and the sgemm block products. T around the query and key blocks (32 and 64) and the
+ * kernels' tiles (3 rows at 8 lanes; 4 and 8 at 16), tails of each. */
+/* P [m queries, n keys] with the probabilities the causal mask hides at 0, as attention's row
+ * loops leave them: query i sees key j when j <= i + diag. */
+static void masked_probs(float *pm, const float *p, int m, int n, int diag) {
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < n; j++) pm[i * 64 + j] = j <= i + diag ? p[i * 64 + j] : 0.0f;
+}
+
+/* attn_blocks' kernels directly, under the set in use and under avx2 (the 16- and 8-lane
+ * builds): S = scale A B^T through sh_attn_transpose and sh_attn_scores, and C += P B both
+ * ways (rows: P [m, k]; trans: P [k, m]) through sh_attn_accumulate, for every head dim they
+ * take, row and column counts around their tiles (3, 4, 8 rows; 8 and 16 lanes; chunks of 4
+ * vectors), with the causal mask at two diagonals and without it (diag past the block). Each
+ * visible result against float64, and its bits equal across the two builds (each element is its
+ * products summed in the same order). */
+static void test_attention_blocks(void) {
+  enum { BKT = 64 };
+  static const int Ds[] = {16, 32, 48, 64}, ms[] = {1, 3, 5, 8, 13, 32}, ns[] = {1, 7, 9, 16, 33, 64};
+  static const int diags[] = {0, 5, 1000};
+  int sets = check_sets() > 2 ? 2 : check_sets() == 2 ? 1 : 0, bad_bits = 0, cases = 0;
+  if (sets == 0) return;   /* generic: no kernels */
+  float *a = malloc(sizeof(float) * BKT * 64), *b = malloc(sizeof(float) * BKT * 64), *p = malloc(sizeof(float) * BKT * BKT);
+  float *bt = malloc(sizeof(float) * 64 * BKT), *s[2], *c[2][2], *pm = malloc(sizeof(float) * BKT * BKT);
+  for (int i = 0; i < 2; i++) {
+    s[i] = malloc(sizeof(float) * 32 * BKT);
+    c[i][0] = malloc(sizeof(float) * BKT * 64);
+    c[i][1] = malloc(sizeof(float) * BKT * 64);
+  }
+  for (int i = 0; i < BKT * 64; i++) { a[i] = (float)(2 * urand() - 1); b[i] = (float)(2 * urand() - 1); }
+  for (int i = 0; i < BKT * BKT; i++) p[i] = (float)urand();
+  for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+      for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t gi = 0; gi < sizeof diags / sizeof diags[0]; gi++) {
+          int D = Ds[di], m = ms[mi], n = ns[ni], diag = diags[gi];
+          double err = 0;
+          for (int set = 0; set < sets; set++) {
+            check_use_set(set);
+            for (int i = 0; i < 32 * BKT; i++) s[set][i] = 0;
+            sh_attn_transpose(bt, BKT, b, D, n, D);
+            sh_attn_scores(s[set], BKT, a, D, bt, BKT, m, n, D, 0.5f, diag);
+            masked_probs(pm, p, m, n, diag);
+            for (int t = 0; t < 2; t++) {   /* rows: i < m queries over n keys; trans: i < n keys over m queries */
+              for (int i = 0; i < BKT * 64; i++) c[set][t][i] = (float)i;
+              sh_attn_accumulate(c[set][t], D, pm, BKT, t, b, D, t ? n : m, t ? m : n, D, diag);
+            }
+            for (int i = 0; i < m; i++)
+              for (int j = 0; j < n && j <= i + diag; j++) {
+                double ref = 0;
+                for (int d = 0; d < D; d++) ref += (double)a[i * D + d] * b[j * D + d];
+                err = fmax(err, fabs(s[set][i * BKT + j] - 0.5 * ref));
+              }
+            for (int t = 0; t < 2; t++)
+              for (int i = 0; i < (t ? n : m); i++)
+                for (int e = 0; e < D; e++) {
+                  double ref = (double)(i * D + e);
+                  for (int q = 0; q < (t ? m : n); q++) ref += (double)(t ? pm[q * BKT + i] : pm[i * BKT + q]) * b[q * D + e];
+                  err = fmax(err, fabs(c[set][t][i * D + e] - ref) / fmax(1, fabs(ref)));
+                }
+          }
+          cases++;
+          CHECK(err < 1e-4, "attention blocks D=%d m=%d n=%d diag=%d: error %.3g against float64", D, m, n, diag, err);
+          if (sets < 2) continue;
+          for (int i = 0; i < m; i++)
+            for (int j = 0; j < n && j <= i + diag; j++) bad_bits += memcmp(&s[0][i * BKT + j], &s[1][i * BKT + j], 4) != 0;
+          for (int t = 0; t < 2; t++) bad_bits += memcmp(c[0][t], c[1][t], sizeof(float) * (size_t)((t ? n : m) * D)) != 0;
+        }
+  check_use_set(0);
+  if (sets == 2)
+    CHECK(bad_bits == 0, "attention blocks: %d results of %d cases differ in their bits between %s and avx2", bad_bits, cases,
+          sh_cpu_isa_name(sh_cpu_isa()));
+  free(a); free(b); free(p); free(bt);
+  free(pm);
+  for (int i = 0; i < 2; i++) { free(s[i]); free(c[i][0]); free(c[i][1]); }
+}
+
 static void test_attention(void) {
   for (int s = 0; s < check_sets(); s++) {
     check_use_set(s);
@@ -839,7 +915,7 @@ static void test_attention(void) {
     test_attention_case(1, 2, 257, 64, 0, 0, 1);
   }
   check_use_set(0);
-  CHECK(sh_attn_blocks_wanted(32) == (sh_cpu_isa() >= SH_CPU_AVX512), "attention kernels: the kernel set decides");
+  CHECK(sh_attn_blocks_wanted(32) == (sh_cpu_isa() >= SH_CPU_AVX2), "attention kernels: the kernel set decides");
   CHECK(!sh_attn_blocks_wanted(24) && !sh_attn_blocks_wanted(80), "attention kernels: D = 24 or 80 takes sgemm");
 
   sh_tensor *q = mkf(4, (int64_t[]){1, 2, 3, 4}, NULL), *k = mkf(4, (int64_t[]){1, 2, 4, 4}, NULL);
@@ -1104,6 +1180,7 @@ int main(int argc, char **argv) {
   RUN(test_activations);
   RUN(test_linear_gelu);
   RUN(test_dropout);
+  RUN(test_attention_blocks);
   RUN(test_attention);
   RUN(test_embedding);
   RUN(test_cross_entropy);

@@ -8,11 +8,14 @@
  * values f32 cannot hold, so an f64 reference that quietly computed in f32 would fail.
  *   build/tests/test_op_table            every row
  *   build/tests/test_op_table linear     the rows whose op name contains "linear"
+ * The attention rows run once more under the avx2 kernel set when the set in use is above it.
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include <stddef.h>
 #include "ops/dispatch_internal.h"
 #include "core/meta.h"
+#include "cpu/cpu.h"
+#include <string.h>
 
 /* ---- the references' own checks ----------------------------------------------------------- */
 
@@ -331,6 +334,17 @@ int main(int argc, char **argv) {
   static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL };
   int rows, cases;
   ot_run_pass(&cpu, filter, base, &rows, &cases);
+  /* the attention rows again under avx2 when the set in use is above it: the 8-lane build of
+   * the block kernels (attn_blocks.c), which tests/run.sh's rerun under avx2 reaches too */
+  int isa = sh_cpu_isa();
+  if (isa > SH_CPU_AVX2 && (!filter || strstr("attention", filter) || strstr(filter, "attention"))) {
+    static const ot_pass avx2 = { -1, 0, -1, 1, 0, 1, " [avx2]", " (reference)", NULL };
+    int arows, acases;
+    CHECK_OK(sh_cpu_set_isa(SH_CPU_AVX2));
+    ot_run_pass(&avx2, filter ? filter : "attention", base, &arows, &acases);
+    CHECK_OK(sh_cpu_set_isa(isa));
+    cases += acases;
+  }
   if (!filter) check_slots_covered();
   printf("test_op_table: %d rows, %d cases on the cpu in %.2f s (seed %llu%s%s)\n", rows, cases, ot_now() - t0,
          (unsigned long long)base, filter ? ", filter " : "", filter ? filter : "");

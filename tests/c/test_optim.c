@@ -1,18 +1,18 @@
-/* test_optim.c: the CPU AdamW kernel (optim.c's portable loop, optim_cpu_avx512.c's vector
- * loop, the multi-tensor split across threads) against a float64 reference of
- * torch.optim.AdamW's formula, over sizes that hit every tail and thread split (1, 15, 16, 17,
- * 1000003 elements, and groups of parameters whose thread boundaries fall inside a tensor),
- * f32 and bf16 grads, shadows of every float dtype; at 1, 2 and 3 threads, under the CPU
- * kernel set in use (the AVX-512 loop in the avx512 sets) and under generic (check.h). The shadow must be exactly the param rounded by
- * dtype.c's conversions, special values (ties, NaN, Inf, -0, subnormals) included; the two
- * loops must give the same bits (both are plain IEEE f32 operations in the same order). */
+/* test_optim.c: the CPU AdamW kernel (optim.c's portable loop, its vector loop at 16 and 8
+ * lanes from optim_simd_internal.h, the multi-tensor split across threads) against a float64
+ * reference of torch.optim.AdamW's formula, over sizes that hit every tail and thread split
+ * (1, 7, 8, 9, 15, 16, 17, 1000003 elements, and groups of parameters whose thread boundaries
+ * fall inside a tensor), f32 and bf16 grads, shadows of every float dtype; at 1, 2 and 3
+ * threads, under the CPU kernel set in use (16 lanes of AVX-512F in the avx512 sets), under
+ * avx2 (8 lanes of AVX2) and under generic (check_cpu.h). The shadow must be exactly the param
+ * rounded by dtype.c's conversions, special values (ties, NaN, Inf, -0, subnormals) included;
+ * every loop must give the same bits (all are plain IEEE f32 operations in the same order). */
 #include <math.h>
 #include "core/parallel.h"
 #include <stdlib.h>
 #include "check_cpu.h"
 #include "core/dtype.h"
 #include "ops/optim.h"
-#include "cpu/optim_internal.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -175,8 +175,9 @@ static void run_everywhere(const char *name, int n, const int64_t *sizes, int gr
 }
 
 static void test_adamw_sizes(void) {
-  static const int64_t one[] = {1}, n15[] = {15}, n16[] = {16}, n17[] = {17}, big[] = {1000003};
-  const int64_t *single[] = {one, n15, n16, n17};
+  static const int64_t one[] = {1}, n7[] = {7}, n8[] = {8}, n9[] = {9}, n15[] = {15}, n16[] = {16}, n17[] = {17};
+  static const int64_t big[] = {1000003};
+  const int64_t *single[] = {one, n7, n8, n9, n15, n16, n17};
   int dts[][2] = {{SH_F32, -1}, {SH_BF16, SH_BF16}, {SH_F32, SH_BF16}, {SH_BF16, SH_F32}, {SH_F32, SH_F16}, {SH_BF16, SH_F64}};
   for (size_t s = 0; s < sizeof single / sizeof single[0]; s++)
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) run_everywhere("adamw", 1, single[s], dts[d][0], dts[d][1]);

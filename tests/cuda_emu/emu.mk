@@ -61,7 +61,7 @@ $(EMU)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	$(CC) $(EMU_CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 # as the main build: no FMA contraction, so the vector and portable loops give the same bits
-$(EMU)/runtime/cpu/optim.o $(EMU)/runtime/cpu/optim_cpu_avx512.o $(EMU)/runtime/ops/optim.o: EMU_CFLAGS += -fno-math-errno -ffp-contract=off
+$(EMU)/runtime/cpu/optim.o $(EMU)/runtime/ops/optim.o: EMU_CFLAGS += -fno-math-errno -ffp-contract=off
 
 $(EMU)/kernels/%.o: $(EMU)/rw/kernels/%.cu $(EMU_KERNEL_HDR) $(wildcard kernels/*.h) $(RUNTIME_HDR) $(EMU_HEADERS)
 	@mkdir -p $(dir $@)
