@@ -15,7 +15,8 @@ typedef void scores_fn(float *s, int lds, const float *a, int64_t lda, const flo
 typedef void accumulate_fn(float *c, int64_t ldc, const float *a, int lda, const float *b, int64_t ldb, int rows,
                            int q0, int q1);
 
-/* The kernels of one width: tile functions by V - 1 (accumulate by [trans][V - 1]). */
+/* The kernels of one width: tile functions by V - 1 (accumulate by [trans][V - 1]; at 8 lanes
+ * its 1-vector tiles go unused, D being a multiple of 16). */
 typedef struct attn_kernels {
   int lanes, max_v, rows[4];
   void (*transpose)(float *bt, int ldbt, const float *b, int64_t ldb, int n, int D);
