@@ -16,8 +16,8 @@
 -- collectives, memory (blocks of the step stay the graph's: runtime/core/cuda.h).
 -- Refused by name: a host read or a host batch inside the function (loss:item(), x:to("cuda")),
 -- a batch of another shape or dtype, a learning rate changed after the capture (a schedule:
--- keep lr constant or make a new step), FSDP CPU offload (its copies run on a stream outside
--- the capture), a CPU device. fp16's grad scaler skips a step by reading the host: refused
+-- keep lr constant or make a new step), FSDP CPU offload of the model given (its copies run
+-- on a stream outside the capture), a CPU device. fp16's grad scaler skips a step by reading the host: refused
 -- by the host-read rule.
 -- Replay speed is unmeasured on a real GPU: the emulator (tests/cuda_emu) checks correctness
 -- and counts launches, not time.
@@ -66,19 +66,10 @@ local function shape_text(t) return ("%s [%s]"):format(t:dtype(), table.concat(t
 
 local function same_layout(a, b) return shape_text(a) == shape_text(b) end
 
-local function refuse_offload(model)
-  if not model then return end
-  for _, u in ipairs(model.all_units or {}) do
-    if u.offload then
-      error("cuda_graph.step: FSDP CPU offload copies on a stream of its own, outside the captured step; " ..
-            "a CUDA graph of the step needs offload off", 3)
-    end
-  end
-end
-
 -- The step helper (above). opts: warmup (eager calls before the capture, default 2, >= 1),
--- optimizer (its lr is checked and its step count advanced at each launch), model (checked
--- for CPU offload). Returns a callable: step(inputs...) -> the function's results.
+-- optimizer (its lr is checked and its step count advanced at each launch), model (refused
+-- when FSDP offloads it: its copies, prefetched across steps on a stream of their own, are
+-- outside any capture). Returns a callable: step(inputs...) -> the function's results.
 function M.step(fn, opts)
   opts = opts or {}
   if type(fn) ~= "function" then error("cuda_graph.step: expected a function, got " .. type(fn), 2) end
@@ -87,7 +78,10 @@ function M.step(fn, opts)
     error(("cuda_graph.step: warmup must be a whole number >= 1 (eager steps before the capture), got %s"):format(
       tostring(warmup)), 2)
   end
-  refuse_offload(opts.model)
+  if opts.model and require("shard.fsdp").offloaded(opts.model) then
+    error("cuda_graph.step: FSDP CPU offload copies on a stream of its own, prefetched across steps, outside the " ..
+          "captured step; a CUDA graph of the step needs offload off", 2)
+  end
   local self = { calls = 0, optimizer = opts.optimizer }
 
   local function copy_in(args)

@@ -5,7 +5,7 @@
 -- the world it runs in (tests/cuda_emu/run.sh runs it alone and under mpirun -np 2, where the
 -- collectives in the graph are the NCCL stand-in's; FSDP only there); a replayed step is one
 -- host launch (the emulator's counters, skipped on a real GPU); and, at world 1, the refusals: a
--- host read inside the step, another batch shape, a changed lr, a CPU device. Prints
+-- host read inside the step, another batch shape, a changed lr, CPU offload, a CPU device. Prints
 -- "cuda_graph_step (rank R of N): N passed, N failed".
 local shard = require("shard")
 local ffi = require("ffi")
@@ -141,6 +141,11 @@ if env.world == 1 then
   reads(x, y)
   fails(function() reads(x, y) end, "while a CUDA graph is captured", "a host read inside the step")
   fails(function() cuda_graph.step(step, { warmup = 0 }) end, "warmup must be a whole number >= 1", "warmup 0")
+  local off = shard.fsdp.wrap(function() return nn.GPT(CFG) end, { policy = shard.fsdp.policy.transformer{ nn.Block },
+                                                                    offload = { params = true } })
+  local off_opt = optim.AdamW(off, { lr = 1e-3 })
+  fails(function() cuda_graph.step(function() end, { optimizer = off_opt, model = off }) end,
+    "cuda_graph.step: FSDP CPU offload copies on a stream of its own", "CPU offload")
   fails(function() cuda_graph.capture("cpu", function() end) end, "needs a CUDA device (cuda or cuda:N), got cpu", "cpu")
   -- after a refused capture the device works eagerly
   local loss = step(x, y)

@@ -35,7 +35,7 @@
 -- the first CHECK_STEPS backward passes of a CPU run (a divergence the model's structure
 -- causes shows there; one that depends on the data, later, needs true).
 -- Code outside FSDP reads a wrapped model through the public face below (fsdp/state.lua):
--- is_fsdp, local_slices (this rank's slice of every parameter), gather_full, mark_stale,
+-- is_fsdp, offloaded, local_slices (this rank's slice of every parameter), gather_full, mark_stale,
 -- layout, unit_name, gather_state; never a unit's fields.
 -- The files: wrap.lua (wrap, the policy's walk, ignored parameters, sharded init), unit.lua
 -- (the unit: strategy, FlatParameter, offload, frozen split, unshard/reshard), shared.lua
@@ -78,7 +78,7 @@ function fsdp.summary(root)
 end
 
 -- The public face (shard.fsdp.state): what a model holds on this rank, for code outside FSDP.
-for _, k in ipairs { "is_fsdp", "local_slices", "gather_full", "mark_stale", "layout", "unit_name", "gather_state",
+for _, k in ipairs { "is_fsdp", "offloaded", "local_slices", "gather_full", "mark_stale", "layout", "unit_name", "gather_state",
                      "params_sha256" } do
   fsdp[k] = state[k]
 end

@@ -15,6 +15,15 @@ local S = {}
 -- True for a model fsdp.wrap returned (its root unit).
 function S.is_fsdp(model) return type(model) == "table" and rawget(model, "all_units") ~= nil end
 
+-- True when a unit of the model keeps its shard in host memory (CPU offload took it).
+function S.offloaded(model)
+  if not S.is_fsdp(model) then return false end
+  for _, u in ipairs(model.all_units) do
+    if u.offload then return true end
+  end
+  return false
+end
+
 -- The one walk over what a unit's FlatParameter stores: fn(i, t, slot) for every parameter i
 -- (tensor t) that is not a repeat of an earlier one (a tied tensor is stored once); slot is
 -- shard.flatparam's FlatParam:slot(i). Nothing for a unit without a FlatParameter.

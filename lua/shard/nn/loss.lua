@@ -57,7 +57,7 @@ end
 function GlobalLoss:factor(i)
   local n = self.counts[i]
   if n == nil then
-    error(("nn.global_loss: micro-batch index %s out of range 1..%d"):format(tostring(i), #self.counts), 3)
+    error(("nn.global_loss: micro-batch %s: micro-batch index out of range 1..%d"):format(tostring(i), #self.counts), 3)
   end
   return self.tokens > 0 and n * self.ranks / self.tokens or 0
 end

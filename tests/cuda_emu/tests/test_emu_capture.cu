@@ -17,16 +17,8 @@
 #include "check.h"
 #include "emu_api.h"
 #include "emu_test.h"
+#include "test_kernels.h"
 
-__global__ void fill_kernel(float *y, int n, float v) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = v + (float)i;
-}
-
-__global__ void twice_kernel(const float *x, float *y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = 2.0f * x[i];
-}
 
 enum { N = 64 };
 

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "emu_api.h"
 #include "emu_test.h"
+#include "test_kernels.h"
 
 extern "C" void shard_emu_graph_begin(void);
 extern "C" int shard_emu_graph_dump(const char *path);
@@ -29,15 +30,6 @@ extern "C" void shard_emu_reset_counters(void);
 extern "C" long sh_emu_host_waits(void);
 extern "C" void sh_emu_counters_get(long out[4]);
 
-__global__ void fill_kernel(float *y, int n, float v) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = v + (float)i;
-}
-
-__global__ void twice_kernel(const float *x, float *y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = 2.0f * x[i];
-}
 
 /* ---- a parsed graph ------------------------------------------------------------------- */
 
