@@ -1,16 +1,19 @@
 /* sgemm_cpu.c: the CPU f32 GEMM (sh_sgemm: the thread team's split of runtime/cpu/sgemm.c's
- * kernel) beside the same split of OpenBLAS (the generic CPU kernel set, cpu.h), on the products of a
- * training step of the CPU benchmark's model (GPT: n_embd 128, 12 x 64 tokens; y = x W^T,
+ * kernel of the kernel set in use: SHARD_CPU_ISA=avx2 for its AVX2 one) beside the same split
+ * of OpenBLAS (the generic CPU kernel set, cpu.h; OPENBLAS_CORETYPE=Haswell for its AVX2
+ * kernels), on the products of a training step of the CPU benchmark's model (GPT: n_embd
+ * 128, 12 x 64 tokens; y = x W^T,
  * dx = dy W, dW += dy^T x for c_attn, c_proj, c_fc, the MLP's projection and the head), and a
  * few others. Prints GFLOP/s of each path, the best of 7 rounds of >= 30 ms (the paths
  * alternate within a round), at the team's size (OMP_NUM_THREADS). With the argument `cold`,
  * each timed call runs alone after 96 MiB of other memory has been written, so its operands
  * come from memory (best of 15 calls): the case of a model whose activations outgrow the
- * caches. Not a test.
+ * caches. With `cpu` (one thread), the clock is the thread's CPU time: on a machine shared
+ * with other jobs a round is not stretched by the time they take the core from it. Not a test.
  * Build and run (from the repository root, after `make`):
  *   cc -O2 -Iruntime bench/sgemm_cpu.c $(find build/runtime build/kernels -name '*.o') -L/usr/local/cuda/lib64 \
  *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
- *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu && /tmp/sgemm_cpu [cold]
+ *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu [cpu] && /tmp/sgemm_cpu [cold]
  * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +23,11 @@
 #include "cpu/cpu.h"
 #include "core/parallel.h"
 
+static clockid_t clock_id = CLOCK_MONOTONIC;   /* CLOCK_THREAD_CPUTIME_ID with `cpu` */
+
 static double now(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock_id, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -34,11 +39,12 @@ static float *random_floats(size_t n) {
 
 enum { FLUSH_BYTES = 96 << 20 };
 static char *flush_buf;   /* cold: written before each call, pushing the operands out of the caches */
+static int own_set;       /* the kernel set in use at the start, whose kernel the shard column runs */
 
 /* Seconds per call of one path: >= 30 ms of back-to-back calls, or one call after a flush. */
 static double time_path(int own, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float *a,
                         int lda, const float *b, int ldb, float beta, float *c) {
-  sh_cpu_set_isa(own ? sh_cpu_isa_best() : SH_CPU_GENERIC);
+  sh_cpu_set_isa(own ? own_set : SH_CPU_GENERIC);
   if (flush_buf) {
     for (size_t i = 0; i < FLUSH_BYTES; i += 64) flush_buf[i]++;
     double t0 = now();
@@ -75,9 +81,18 @@ int main(int argc, char **argv) {
     flush_buf = malloc(FLUSH_BYTES);
     memset(flush_buf, 1, FLUSH_BYTES);
   }
-  if (!sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f))
-    printf("kernel set %s has no AVX-512 GEMM: both columns are OpenBLAS\n", sh_cpu_isa_name(sh_cpu_isa()));
-  printf("threads %d%s\n", sh_parallel_threads(), flush_buf ? ", cold operands" : "");
+  if (argc > 1 && strcmp(argv[1], "cpu") == 0) {
+    if (sh_parallel_threads() != 1) {
+      fprintf(stderr, "sgemm_cpu cpu: the thread's CPU time times one thread only (OMP_NUM_THREADS=1)\n");
+      return 2;
+    }
+    clock_id = CLOCK_THREAD_CPUTIME_ID;
+  }
+  own_set = sh_cpu_isa();
+  if (!sh_sgemm_kernel_of(own_set))
+    printf("kernel set %s has no GEMM of shard's own: both columns are OpenBLAS\n", sh_cpu_isa_name(own_set));
+  printf("kernel set %s, threads %d%s%s\n", sh_cpu_isa_name(own_set), sh_parallel_threads(),
+         flush_buf ? ", cold operands" : "", clock_id == CLOCK_MONOTONIC ? "" : ", thread CPU time");
   enum { ROWS = 12 * 64 };
   static const struct { const char *name; int in, out; } layers[] = {
     {"c_attn 128->384", 128, 384}, {"c_proj 128->128", 128, 128}, {"c_fc 128->512", 128, 512},

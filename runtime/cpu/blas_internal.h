@@ -1,6 +1,6 @@
 /* blas_internal.h: the one way shard calls an f32 GEMM on the CPU.
  * sh_sgemm splits a large product across the thread team (parallel.h), each thread computing
- * its block of C: through sgemm.c's kernel where the CPU has AVX-512F (below), else
+ * its block of C: through sgemm.c's kernels in the avx2 and avx512 kernel sets (below), else
  * through OpenBLAS, which runs single-threaded (its worker threads spin in sched_yield between
  * calls, taking the cores the kernels need). Inside a parallel call it is one block. */
 #pragma once
@@ -21,12 +21,20 @@ typedef struct sh_sgemm_rows { void (*fn)(const void *ctx, int r0, int r1); cons
 void sh_sgemm_then(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc, const struct sh_sgemm_rows *rows);
 
-/* sgemm.c: whether a product goes through its kernel (an avx512 kernel set, cpu.h;
- * alpha not 0, not tiny); and the kernel on the calling
- * thread: 0, or -1 when its packing scratch cannot grow (the caller then uses OpenBLAS). */
-int sh_sgemm_avx512_wanted(int m, int n, int k, float alpha);
-int sh_sgemm_avx512(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float *a,
-                    int lda, const float *b, int ldb, float beta, float *c, int ldc);
+/* sgemm.c: shard's own f32 kernel of a kernel set (cpu.h): AVX2 + FMA in avx2, AVX-512F in
+ * the avx512 sets, none in generic. */
+typedef struct sh_sgemm_kernel {
+  int isa, mr, nr;                /* its set; the rows and columns of c one of its tiles holds */
+  const struct sgemm_ops *ops;    /* its packing and micro-kernels (sgemm.c) */
+} sh_sgemm_kernel;
+/* The kernel of set `isa` (cpu.h), or NULL (generic). */
+const sh_sgemm_kernel *sh_sgemm_kernel_of(int isa);
+/* The set in use's kernel when a product goes through it (alpha not 0, not tiny), else NULL. */
+const sh_sgemm_kernel *sh_sgemm_wanted(int m, int n, int k, float alpha);
+/* The product through `kern` on the calling thread: 0, or -1 when its packing scratch cannot
+ * grow (the caller then uses OpenBLAS). */
+int sh_sgemm_run(const sh_sgemm_kernel *kern, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                 float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 /* c = alpha op(a) op(b) + beta c with a and b bf16 (uint16_t bit patterns) and c f32, row
  * major (gemm_bf16.c): AVX-512 BF16 with f32 sums in the avx512bf16 kernel set (cpu.h), else

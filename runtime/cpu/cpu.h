@@ -2,10 +2,12 @@
  * of the one before:
  *   generic     the x86-64 baseline (SSE2): portable loops, OpenBLAS for f32 GEMM, bf16
  *               products widened to f32
- *   avx2        + AVX2 and FMA builds of the elementwise, norm, loss and attention loops, and
- *               8-lane attention block kernels, AdamW and bf16 conversions (simd_internal.h)
+ *   avx2        + AVX2 and FMA builds of the elementwise, norm, loss and attention loops,
+ *               8-lane attention block kernels, AdamW and bf16 conversions (simd_internal.h),
+ *               and shard's own f32 GEMM (sgemm.c: 6 x 16 tiles)
  *   avx512      + AVX-512 (F, BW, DQ, VL) builds of those loops and 16-lane builds of those
- *               kernels (the same source as avx2's), shard's own f32 GEMM
+ *               kernels (the same source as avx2's), the f32 GEMM's 12 x 32 tiles (the same
+ *               bits as avx2's)
  *   avx512bf16  + bf16 matrix products on vdpbf16ps
  * The set in use is the best the CPU has, or SHARD_CPU_ISA=generic|avx2|avx512|avx512bf16
  * (read at the first kernel call). Naming a set the CPU lacks, or an unknown name, is an

@@ -1,15 +1,21 @@
 /* test_sgemm.c: the CPU's f32 GEMM (runtime/cpu/blas.c, runtime/cpu/sgemm.c) against a float64
- * product, under the CPU kernel set in use and under generic in one process (check.h): the
- * avx512 sets run sgemm.c's kernel, the others OpenBLAS.
- * - The kernel itself (sh_sgemm_avx512 on one thread), which sh_sgemm uses only for products
- *   past its size threshold: sizes 1, the tails of every block (rows of 12, panels of 32 and
- *   of 16, k chunks of 1024, column blocks of the 512 KiB pack), all four transposes, leading
- *   dimensions wider than the matrix (their padding is NaN in a and b, and must stay as it
- *   was in c), alpha and beta (beta 0 must not read c: it starts as NaN).
- * - sh_sgemm on 1 and 2 threads with both paths on the model's shapes and on ones whose
- *   split leaves tails; the kernel's bits must not depend on the thread count (each element
- *   is its k products summed in order), and the gelu epilogue (sh_sgemm_then) sees each row
- *   once, after its product.
+ * product, under every kernel set from avx2 up to the one in use, each picked with
+ * sh_cpu_set_isa, and under generic (check_cpu.h): avx2 runs sgemm.c's AVX2 kernel (6 x 16
+ * tiles, a transposed a packed, b always packed), the avx512 sets its AVX-512 kernel (12 x 32,
+ * a transposed a and, up to 256 rows of c, b read in place with prefetching), generic OpenBLAS.
+ * - Each kernel itself (sh_sgemm_run on one thread), which sh_sgemm uses only for products
+ *   past its size threshold: sizes 1, the tails of every block (rows of 12 and of 6, panels of
+ *   32, 16 and 8, k chunks of 1024, column blocks of the 512 KiB pack, groups of 8 packed
+ *   tiles of a), all four transposes, leading dimensions wider than the matrix (their padding
+ *   is NaN in a and b, and must stay as it was in c), alpha and beta (beta 0 must not read c:
+ *   it starts as NaN), b read in place on both sides of 256 rows of c, and the layouts that
+ *   prefetch (a transposed and read in place, b read in place, both).
+ * - The kernels of different sets give the same bits: each sums an element's k products in
+ *   order, one FMA after another (c carrying the partial sum from one chunk of 1024 to the
+ *   next), then times alpha, then plus beta c in one FMA; only the vector width differs.
+ * - sh_sgemm on 1 and 2 threads on every path on the model's shapes and on ones whose split
+ *   leaves tails; a kernel's bits must not depend on the thread count or the split, and the
+ *   gelu epilogue (sh_sgemm_then) sees each row once, after its product.
  * Tolerance: f32 sums of f32 products, each element within (k + 2) 2^-24 sum_p |a_ip b_pj|
  * (times |alpha|, plus beta c's rounding) of the exact value; the check allows 4 times that. */
 #include "check_cpu.h"
@@ -83,43 +89,93 @@ static float *copy_c(const gcase *g, const operands *o) {
   return c;
 }
 
-/* ---- the kernel on one thread -------------------------------------------------------------- */
+/* ---- the kernels on one thread ------------------------------------------------------------ */
 
-static int have_kernel(void) { return sh_sgemm_avx512_wanted(1 << 10, 1 << 10, 1 << 10, 1.0f); }
+/* The set in use (SHARD_CPU_ISA, or the CPU's best): the kernel tests run each set from avx2
+ * up to it. */
+static int set_in_use(void) {
+  check_sets();
+  return check_isa_top;
+}
 
+/* The kernel of set isa's c for g, from o's starting c (the caller frees it). */
+static float *kernel_product(int isa, const gcase *g, const operands *o) {
+  float *c = copy_c(g, o);
+  CHECK(sh_cpu_set_isa(isa) == SH_OK, "kernel set %s runs here", sh_cpu_isa_name(isa));
+  CHECK(sh_sgemm_run(sh_sgemm_kernel_of(isa), tr(g->ta), tr(g->tb), g->m, g->n, g->k, g->alpha, o->a, o->lda, o->b,
+                     o->ldb, g->beta, c, o->ldc) == 0,
+        "sh_sgemm_run [%s] m=%d n=%d k=%d runs", sh_cpu_isa_name(isa), g->m, g->n, g->k);
+  return c;
+}
+
+/* g through the kernel of every set from avx2 up to the one in use: each against float64, and
+ * each with the bits of the first. */
 static void kernel_case(gcase g) {
   operands o = make_operands(&g);
-  float *c = copy_c(&g, &o);
-  CHECK(sh_sgemm_avx512(tr(g.ta), tr(g.tb), g.m, g.n, g.k, g.alpha, o.a, o.lda, o.b, o.ldb, g.beta, c, o.ldc) == 0,
-        "sh_sgemm_avx512 m=%d n=%d k=%d runs", g.m, g.n, g.k);
-  check_result(&g, &o, c, "kernel");
-  free(c);
+  float *first = NULL;
+  for (int isa = SH_CPU_AVX2; isa <= set_in_use(); isa++) {
+    float *c = kernel_product(isa, &g, &o);
+    char what[64];
+    snprintf(what, sizeof what, "kernel [%s]", sh_cpu_isa_name(isa));
+    check_result(&g, &o, c, what);
+    if (!first) { first = c; continue; }
+    CHECK(memcmp(c, first, sizeof(float) * (size_t)g.m * o.ldc) == 0,
+          "ta=%d tb=%d m=%d n=%d k=%d alpha=%g beta=%g: the kernel of %s gives avx2's bits", g.ta, g.tb, g.m, g.n, g.k,
+          g.alpha, g.beta, sh_cpu_isa_name(isa));
+    free(c);
+  }
+  free(first);
   free_operands(&o);
+  check_use_set(0);
+}
+
+static int have_kernels(void) {
+  if (set_in_use() >= SH_CPU_AVX2) return 1;
+  printf("# kernel tests skipped: kernel set %s has no GEMM of shard's own\n", sh_cpu_isa_name(sh_cpu_isa()));
+  return 0;
 }
 
 static void test_kernel_shapes(void) {
-  if (!have_kernel()) { printf("# kernel tests skipped: kernel set %s has no AVX-512 GEMM\n", sh_cpu_isa_name(sh_cpu_isa())); return; }
-  /* m around the 12-row tile, n around the 16- and 32-column panels, k from 1 */
+  if (!have_kernels()) return;
+  /* m around the 6- and 12-row tiles, n around the 8-, 16- and 32-column panels, k from 1 */
   static const int dims[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 1, 2}, {12, 32, 2}, {13, 33, 5}, {11, 16, 9},
-                                {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1}};
+                                {11, 17, 31}, {24, 48, 64}, {25, 65, 257}, {36, 96, 100}, {7, 100, 1},
+                                {6, 16, 4}, {5, 8, 3}, {7, 9, 11}, {6, 24, 17}, {18, 40, 33}};
   for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
     for (int t = 0; t < 4; t++) kernel_case((gcase){t & 1, t >> 1, dims[d][0], dims[d][1], dims[d][2], (int)(d % 3) * 3, 1, 0});
 }
 
 static void test_kernel_alpha_beta(void) {
-  if (!have_kernel()) return;
+  if (!have_kernels()) return;
   kernel_case((gcase){0, 1, 17, 40, 9, 2, 0.5f, 1.0f});
   kernel_case((gcase){1, 0, 30, 20, 33, 0, -2.0f, 0.25f});
   kernel_case((gcase){1, 1, 13, 50, 70, 1, 1.0f, -1.0f});
 }
 
-/* k past one chunk (c carries the partial sums between chunks, beta applied once) and n past
- * one column block of the pack (128 columns at k >= 1024) */
+/* k past one chunk (c carries the partial sums between chunks, beta applied once), n past
+ * one column block of the pack (128 columns at k >= 1024), and a transposed a past one group
+ * of packed tiles (48 rows in avx2) */
 static void test_kernel_blocks(void) {
-  if (!have_kernel()) return;
+  if (!have_kernels()) return;
   kernel_case((gcase){0, 0, 14, 40, 2100, 1, 1.0f, 0.0f});
   kernel_case((gcase){1, 1, 13, 300, 1100, 0, 0.75f, 0.5f});
   kernel_case((gcase){0, 1, 25, 290, 600, 3, 1.0f, 1.0f});
+  kernel_case((gcase){1, 0, 47, 33, 70, 0, 1.0f, 0.0f});
+  kernel_case((gcase){1, 0, 48, 16, 65, 2, 1.0f, 1.0f});
+  kernel_case((gcase){1, 1, 103, 40, 1030, 1, -0.5f, 2.0f});
+}
+
+/* The layouts that prefetch, and the bound of b read in place (avx512: up to 256 rows of c, b
+ * not transposed; a transposed a read in place prefetches in each tile's first panel, b read
+ * in place in each panel's first tile). */
+static void test_kernel_in_place(void) {
+  if (!have_kernels()) return;
+  kernel_case((gcase){1, 0, 24, 96, 300, 0, 1.0f, 1.0f});     /* a and b prefetched */
+  kernel_case((gcase){0, 0, 36, 64, 200, 5, 1.0f, 0.0f});     /* b prefetched, a as rows */
+  kernel_case((gcase){1, 1, 36, 64, 200, 1, 1.0f, 0.0f});     /* a prefetched, b packed */
+  kernel_case((gcase){1, 0, 256, 80, 100, 0, 1.0f, 0.5f});    /* the last m that reads b in place */
+  kernel_case((gcase){1, 0, 257, 80, 100, 3, 1.0f, 0.5f});    /* the first that packs it */
+  kernel_case((gcase){0, 0, 250, 1100, 1030, 0, 1.0f, 0.0f}); /* b in place past a chunk and a pack */
 }
 
 /* ---- sh_sgemm: the split, both paths, thread counts ------------------------------------------ */
@@ -156,25 +212,32 @@ static float *split_case(const gcase *g, const operands *o, int threads, const c
   return c;
 }
 
-static void split_both_paths(gcase g) {
+/* g through sh_sgemm on 1 and 2 threads under the set in use, each lower set with a kernel,
+ * and generic: each against float64; a kernel's bits the same on 1 and 2 threads, and the same
+ * in every set with a kernel. */
+static void split_all_paths(gcase g) {
   operands o = make_operands(&g);
-  float *c1 = NULL;
+  float *first = NULL;
   int threads_before = sh_parallel_threads();
-  for (int s = 0; s < check_sets(); s++) {
-    check_use_set(s);
-    int own = have_kernel();
-    const char *path = own ? "kernel" : "OpenBLAS";
-    for (int threads = 1; threads <= 2; threads++) {
-      float *c = split_case(&g, &o, threads, path);
-      if (threads == 1) { c1 = c; continue; }
-      if (own) {
-        int same = memcmp(c, c1, sizeof(float) * (size_t)g.m * o.ldc) == 0;
-        CHECK(same, "kernel m=%d n=%d k=%d: 2 threads give the bits of 1", g.m, g.n, g.k);
-      }
-      free(c);
-      free(c1);
+  for (int isa = set_in_use(); isa >= SH_CPU_GENERIC; isa--) {
+    if (isa < check_isa_top && isa > SH_CPU_GENERIC && isa != SH_CPU_AVX2) continue;   /* avx512 under avx512bf16 */
+    CHECK(sh_cpu_set_isa(isa) == SH_OK, "kernel set %s runs here", sh_cpu_isa_name(isa));
+    int own = sh_sgemm_kernel_of(isa) != NULL;
+    char path[48];
+    snprintf(path, sizeof path, "%s [%s]", own ? "kernel" : "OpenBLAS", sh_cpu_isa_name(isa));
+    float *c1 = split_case(&g, &o, 1, path), *c2 = split_case(&g, &o, 2, path);
+    if (own) {
+      size_t bytes = sizeof(float) * (size_t)g.m * o.ldc;
+      CHECK(memcmp(c2, c1, bytes) == 0, "%s m=%d n=%d k=%d: 2 threads give the bits of 1", path, g.m, g.n, g.k);
+      if (first)
+        CHECK(memcmp(c1, first, bytes) == 0, "%s m=%d n=%d k=%d: the bits of the set above", path, g.m, g.n, g.k);
+      else
+        first = c1, c1 = NULL;
     }
+    free(c1);
+    free(c2);
   }
+  free(first);
   check_use_set(0);
   sh_parallel_set_threads(threads_before);
   free_operands(&o);
@@ -182,18 +245,18 @@ static void split_both_paths(gcase g) {
 
 /* the model's shapes (12 x 64 tokens, n_embd 128): y = x W^T, dx = dy W, dW += dy^T x */
 static void test_split_model_shapes(void) {
-  split_both_paths((gcase){0, 1, 768, 384, 128, 0, 1.0f, 0.0f});
-  split_both_paths((gcase){0, 0, 768, 128, 512, 0, 1.0f, 0.0f});
-  split_both_paths((gcase){1, 0, 512, 128, 768, 0, 1.0f, 1.0f});
-  split_both_paths((gcase){1, 0, 128, 128, 768, 0, 1.0f, 1.0f});
-  split_both_paths((gcase){0, 1, 768, 65, 128, 0, 1.0f, 0.0f});
+  split_all_paths((gcase){0, 1, 768, 384, 128, 0, 1.0f, 0.0f});
+  split_all_paths((gcase){0, 0, 768, 128, 512, 0, 1.0f, 0.0f});
+  split_all_paths((gcase){1, 0, 512, 128, 768, 0, 1.0f, 1.0f});
+  split_all_paths((gcase){1, 0, 128, 128, 768, 0, 1.0f, 1.0f});
+  split_all_paths((gcase){0, 1, 768, 65, 128, 0, 1.0f, 0.0f});
 }
 
 /* splits that leave a tail tile or panel on one thread, and a tall k */
 static void test_split_tails(void) {
-  split_both_paths((gcase){0, 0, 101, 77, 333, 3, 0.5f, 0.5f});
-  split_both_paths((gcase){1, 1, 37, 290, 65, 1, -1.0f, 0.0f});
-  split_both_paths((gcase){0, 1, 9, 40, 1500, 0, 1.0f, 0.0f});
+  split_all_paths((gcase){0, 0, 101, 77, 333, 3, 0.5f, 0.5f});
+  split_all_paths((gcase){1, 1, 37, 290, 65, 1, -1.0f, 0.0f});
+  split_all_paths((gcase){0, 1, 9, 40, 1500, 0, 1.0f, 0.0f});
 }
 
 int main(int argc, char **argv) {
@@ -201,6 +264,7 @@ int main(int argc, char **argv) {
   RUN(test_kernel_shapes);
   RUN(test_kernel_alpha_beta);
   RUN(test_kernel_blocks);
+  RUN(test_kernel_in_place);
   RUN(test_split_model_shapes);
   RUN(test_split_tails);
   return check_summary("test_sgemm");
