@@ -162,7 +162,7 @@ else bad "link cut: the busy job did not start" "$TMP/busy.err"; fi
 pids=$(ip netns pids "$NS0"); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
 mkdir -p "$TMP/shm"
 SHARD_SNAPSHOT_DIR="$TMP/shm" launch --max_restarts 1 --min_nodes 1 recipes/gpt_shakespeare_char.lua --strategy=full_shard \
-  --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=40 --eval_interval=1000 --eval_iters=1 \
+  --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=12 --eval_interval=1000 --eval_iters=1 \
   --sample_tokens=0 --log_interval=1 --snapshot_interval=1 --snapshot_replicas=1 --out_dir="$TMP/lost" \
   >"$TMP/lost.out" 2>"$TMP/lost.err" &
 lpid=$!
@@ -175,7 +175,7 @@ if grep -q '^iter 5 | loss' "$TMP/lost.out"; then
   cat "$TMP/lost.out" >>"$TMP/lost.err"
   if [ $brc -eq 0 ] && grep -q "going on without node $H1: 1 host, 2 ranks" "$TMP/lost.err" &&
      grep -q "restored step [0-9]* from memory (world 4: 2 own, 2 buddy copies)" "$TMP/lost.err" &&
-     grep -q "^iter 40 | train_loss" "$TMP/lost.err"; then
+     grep -q "^iter 12 | train_loss" "$TMP/lost.err"; then
     ok "host lost, restarted: $(grep 'shard launch: restart 1 of 1' "$TMP/lost.err" | cut -c1-200)"
   else echo "exit $brc" >>"$TMP/lost.err"; bad "host lost, restarted: the job did not end well on host 0 from the snapshots" "$TMP/lost.err"; fi
 else bad "host lost, restarted: the job did not reach step 5" "$TMP/lost.err"; fi
