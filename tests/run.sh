@@ -4,7 +4,8 @@
 #   BUILD_DIR/tests/test_mpi_*   the same under mpirun at world sizes 1..4
 #   tests/spec/*_spec.lua        busted specs, one process per file, run through SHARD_BIN
 #                                (repl_pty_spec drives the REPL through BUILD/tests/pty/ptyexpect)
-#   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0)
+#   tests/mpi/*.lua              multi-process scripts under mpirun -np 1..4 (pass = exit 0; support.lua
+#                                is what they share)
 #   tests/netns/run.sh           multi-host runs across network namespaces (root)
 #   tests/cuda_emu/run.sh        the CUDA path on the emulated device, when SHARD_EMU_BUILD is set
 #   tools/check_layers.lua       runtime/'s layers from its includes and its objects' symbols
@@ -167,6 +168,7 @@ for spec in tests/spec/*_spec.lua; do
 done
 
 for script in tests/mpi/*.lua; do
+  [ "$script" != tests/mpi/support.lua ] || continue   # what the scripts share, not a test
   [ -f "$script" ] && selected "$script" || continue
   for n in 1 2 3 4; do
     run_captured $MPIRUN -np "$n" "$SHARD" run "$script"

@@ -2436,13 +2436,13 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 /* The nodes `from` reaches backwards, itself included. */
 static std::vector<bool> ancestors(const graph_rec *g, const std::vector<int> &from) {
   std::vector<bool> seen(g->nodes.size(), false);
-  std::vector<int> todo = from;
-  while (!todo.empty()) {
-    int n = todo.back();
-    todo.pop_back();
+  std::vector<int> stack = from;
+  while (!stack.empty()) {
+    int n = stack.back();
+    stack.pop_back();
     if (seen[n]) continue;
     seen[n] = true;
-    for (int d : g->nodes[n].deps) todo.push_back(d);
+    for (int d : g->nodes[n].deps) stack.push_back(d);
   }
   return seen;
 }

@@ -12,6 +12,7 @@
 -- (no_sync, sync_off); the optimizer refuses grads still owed a reduction; and zero_grad
 -- after an abandoned accumulation drops the unreduced grads it left.
 local shard = require("shard")
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 local env = shard.init()
 local fsdp, nn, optim, comm = shard.fsdp, shard.nn, shard.optim, shard.comm
 local rank, size = env.rank, env.world
@@ -29,16 +30,7 @@ local function build() shard.manual_seed(5); return nn.GPT(CFG) end
 local function new_opt(m) return optim.SGD(m, { lr = 0.1, momentum = 0.9, weight_decay = 0.01 }) end
 
 local function batch(step)   -- the global batch: K micro-batches of B rows per rank
-  shard.manual_seed(700 + step)
-  local function ids()
-    local u = shard.rand({ size * K * B, CFG.block_size })
-    local s = u * CFG.vocab_size
-    local i = s:to("i64")
-    u:free(); s:free()
-    return i
-  end
-  local x = ids()
-  return x, ids()
+  return support.random_batch(700 + step, size * K * B, CFG.block_size, CFG.vocab_size)
 end
 local function micro(t, i) return t:narrow(1, (rank * K + i - 1) * B + 1, B):contiguous() end
 

@@ -6,6 +6,7 @@
 -- ranks' summation order into ~1e-6 steps on elements with tiny gradients) must equal one
 -- process training on the whole batch. Also: one unit per LlamaBlock plus the root.
 local shard = require("shard")
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 local ffi = require("ffi")
 local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local C = shard.C
@@ -22,16 +23,7 @@ local function fail(fmt, ...)
 end
 
 local function batch(step)   -- the global batch, the same on every rank
-  shard.manual_seed(1000 + step)
-  local function ids()
-    local u = shard.rand({ B_LOCAL * size, CFG.max_seq_len })
-    local s = u * CFG.vocab_size
-    local i = s:to("i64")
-    u:free(); s:free()
-    return i
-  end
-  local x = ids()
-  return x, ids()
+  return support.random_batch(1000 + step, B_LOCAL * size, CFG.max_seq_len, CFG.vocab_size)
 end
 local function rows(t, r) return t:narrow(1, r * B_LOCAL + 1, B_LOCAL):contiguous() end
 

@@ -7,6 +7,7 @@
 -- lr is nanoGPT's 1e-3: AdamW divides by sqrt(v), so for elements with tiny gradients it turns
 -- the last-bit differences of a sharded reduction order into visible ones at larger rates.
 local shard = require("shard")
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 local ffi = require("ffi")
 local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 local C = shard.C
@@ -25,16 +26,7 @@ local function fail(fmt, ...)
 end
 
 local function batch(step)   -- the global batch, the same on every rank
-  shard.manual_seed(1000 + step)
-  local function ids()
-    local u = shard.rand({ B_LOCAL * size, CFG.block_size })
-    local s = u * CFG.vocab_size
-    local i = s:to("i64")
-    u:free(); s:free()
-    return i
-  end
-  local x = ids()
-  return x, ids()
+  return support.random_batch(1000 + step, B_LOCAL * size, CFG.block_size, CFG.vocab_size)
 end
 
 local function local_rows(t)

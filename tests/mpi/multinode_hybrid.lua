@@ -11,6 +11,7 @@
 --     training on the whole batch (f32, 1e-5 relative), as tests/mpi/fsdp_parity.lua does.
 -- Rank 0 prints one "layout:" line per node (tests/netns/run.sh reads them).
 local shard = require("shard")
+local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 local fsdp, nn, optim = require("shard.fsdp"), shard.nn, shard.optim
 
 local w = fsdp.world()
@@ -81,16 +82,7 @@ end
 -- training against one process
 
 local function batch(step)   -- the global batch, the same on every rank
-  shard.manual_seed(1000 + step)
-  local function ids()
-    local u = shard.rand({ B_LOCAL * size, CFG.block_size })
-    local s = u * CFG.vocab_size
-    local i = s:to("i64")
-    u:free(); s:free()
-    return i
-  end
-  local x = ids()
-  return x, ids()
+  return support.random_batch(1000 + step, B_LOCAL * size, CFG.block_size, CFG.vocab_size)
 end
 
 local function new_model()
