@@ -162,7 +162,7 @@ else bad "link cut: the busy job did not start" "$TMP/busy.err"; fi
 pids=$(ip netns pids "$NS0"); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
 mkdir -p "$TMP/shm"
 SHARD_SNAPSHOT_DIR="$TMP/shm" launch --max_restarts 1 --min_nodes 1 recipes/gpt_shakespeare_char.lua --strategy=full_shard \
-  --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=12 --eval_interval=1000 --eval_iters=1 \
+  --data=/usr/share/common-licenses/GPL-3 --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=12 --eval_interval=1000 --eval_iters=1 \
   --sample_tokens=0 --log_interval=1 --snapshot_interval=1 --snapshot_replicas=1 --out_dir="$TMP/lost" \
   >"$TMP/lost.out" 2>"$TMP/lost.err" &
 lpid=$!

@@ -45,7 +45,7 @@ describe("deterministic mode", function()
   end)
 
   it("gives the recipe the same params_sha256 at any world size, strategy and grad_accum split", function()
-    local base = "recipes/gpt_shakespeare_char.lua --deterministic --n_layer=1 --n_embd=32 --block_size=16 " ..
+    local base = "recipes/gpt_shakespeare_char.lua --data=/usr/share/common-licenses/GPL-3 --deterministic --n_layer=1 --n_embd=32 --block_size=16 " ..
                  "--max_iters=20 --log_interval=1 --eval_interval=1000 --eval_iters=1 --sample_tokens=0 --out_dir=" ..
                  os.tmpname() .. "_d"
     local function digest(np, extra)

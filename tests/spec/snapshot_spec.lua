@@ -17,7 +17,7 @@ local quote = support.quote
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 local RECIPE = support.ROOT .. "/recipes/gpt_shakespeare_char.lua"
 local ITERS = 10
-local ARGS = ("--n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=6 --max_iters=%d --eval_interval=1000 "
+local ARGS = ("--data=/usr/share/common-licenses/GPL-3 --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=6 --max_iters=%d --eval_interval=1000 "
   .. "--eval_iters=1 --sample_tokens=0 --log_interval=1 --save_interval=5"):format(ITERS)
 
 local SNAP_DIR = support.run("mktemp -d /dev/shm/snapspec.XXXXXX"):match("(%S+)")
