@@ -22,6 +22,11 @@ shard.no_grad = autograd.no_grad
 shard.scope = autograd.scope
 shard.random = require("shard.random")
 shard.manual_seed = shard.random.manual_seed
+-- shard.set_deterministic(on): kernels that would sum in an order the device's schedule picks
+-- (today the CUDA attention backward's atomic dq) take their run-to-run reproducible form
+-- instead; returns the previous setting. Process-wide, off by default (runtime/core/determinism.h).
+function shard.set_deterministic(on) return rt.C.sh_set_deterministic(on and 1 or 0) ~= 0 end
+function shard.deterministic() return rt.C.sh_deterministic() ~= 0 end
 shard.log = require("shard.log")
 function shard.save(model, path, metadata) return require("shard.io.state_dict").save(model, path, metadata) end
 -- A directory opens for reading on Linux and only fails on the first read; say so here
