@@ -174,7 +174,9 @@ bench-adamw: deps
 	@$(MAKE) $(ADAMW_BENCH)
 	@sh bench/adamw.sh $(BUILD)
 
-$(BUILD)/bench/adamw_bench: bench/adamw_bench.c $(RUNTIME_OBJ) $(CUDA_OBJ)
+# The C benchmarks linked with the runtime's objects of this build (not tests: bench/*.c say
+# how to run them): make build/bench/sgemm_cpu, build/bench/kernels_cpu.
+$(BUILD)/bench/adamw_bench $(BUILD)/bench/sgemm_cpu $(BUILD)/bench/kernels_cpu: $(BUILD)/bench/%: bench/%.c $(RUNTIME_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(RUNTIME_OBJ) $(CUDA_OBJ) $(LDFLAGS) $(LIBS)
 

@@ -1,11 +1,7 @@
 /* kernels_cpu.c: times each CPU kernel of nn.h/optim.h on the shapes of the CPU benchmark
  * (GPT: n_layer 4, n_head 4, n_embd 128, block 64, batch 12, vocab 65) and prints the
  * per-call time and the per-step total (calls per training step x time). Not a test.
- * Build and run (from the repository root, after `make`):
- *   cc -O2 -Iruntime bench/kernels_cpu.c $(find build/runtime build/kernels -name '*.o') -L/usr/local/cuda/lib64 \
- *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
- *      $(mpicc --showme:link) -o /tmp/kernels_cpu && /tmp/kernels_cpu
- * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
+ * Build and run (from the repository root): make build/bench/kernels_cpu && build/bench/kernels_cpu */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -10,11 +10,7 @@
  * come from memory (best of 15 calls): the case of a model whose activations outgrow the
  * caches. With `cpu` (one thread), the clock is the thread's CPU time: on a machine shared
  * with other jobs a round is not stretched by the time they take the core from it. Not a test.
- * Build and run (from the repository root, after `make`):
- *   cc -O2 -Iruntime bench/sgemm_cpu.c $(find build/runtime build/kernels -name '*.o') -L/usr/local/cuda/lib64 \
- *      -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lnccl -lstdc++ -lopenblas -lm -lpthread \
- *      $(mpicc --showme:link) -o /tmp/sgemm_cpu && OMP_NUM_THREADS=1 /tmp/sgemm_cpu [cpu] && /tmp/sgemm_cpu [cold]
- * (without nvcc, build/kernels/ is empty: drop it and the CUDA libraries) */
+ * Build and run (from the repository root): make build/bench/sgemm_cpu && OMP_NUM_THREADS=1 build/bench/sgemm_cpu [cpu] && build/bench/sgemm_cpu [cold] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -42,10 +42,18 @@ failed=0
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-# Runs "$@" under a timeout with its output in $out; sets rc.
+# Seconds of CPU the shell's finished children have used (cutime + cstime), wall seconds.
+cpu_now() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' /proc/$$/stat; }
+wall_now() { date +%s.%N; }
+
+# Runs "$@" under a timeout with its output in $out; sets rc. SHARD_TEST_TIMES=FILE appends
+# "cpu_s wall_s command" per run there: where make test's time goes, on a loaded machine too.
 run_captured() {
+  [ -z "${SHARD_TEST_TIMES:-}" ] || { t_cpu=$(cpu_now); t_wall=$(wall_now); }
   timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>&1
   rc=$?
+  [ -z "${SHARD_TEST_TIMES:-}" ] || awk -v c0="$t_cpu" -v c1="$(cpu_now)" -v w0="$t_wall" -v w1="$(wall_now)" \
+    -v what="${SHARD_CPU_ISA:+[$SHARD_CPU_ISA] }$*" 'BEGIN { printf "%7.1f %7.1f %s\n", c1 - c0, w1 - w0, what }' >>"$SHARD_TEST_TIMES"
 }
 
 # The status of the last run, as a word for the report.
@@ -188,8 +196,7 @@ done
 # Across hosts on network namespaces (tests/netns/run.sh, about 25 s, needs root: without it
 # that is its one failure): its lines, its totals added.
 if case netns in *"$NAME"*) true ;; *) false ;; esac; then
-  timeout -k 10 "$TIMEOUT" sh tests/netns/run.sh "$SHARD" >"$out" 2>&1
-  rc=$?
+  run_captured sh tests/netns/run.sh "$SHARD"
   sed '$d' "$out"
   set -- $(tail -n 1 "$out" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
   if [ $# -eq 2 ]; then
