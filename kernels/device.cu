@@ -38,12 +38,12 @@
 struct sh_cuda_stream { cudaStream_t s; int device; int kind; };
 struct sh_cuda_event { cudaEvent_t e; int device; };
 
-enum { MAX_DEVICES = 16, N_STREAMS = 3 };
+enum { MAX_DEVICES = 16, N_STREAMS = 3 };   /* made with the device: compute, all-gather, reduce-scatter */
 
 struct device_state {
   bool ready;
   cudaDeviceProp props;
-  sh_cuda_stream streams[N_STREAMS];
+  sh_cuda_stream streams[N_STREAMS + 1];   /* the snapshot stream last, made when first asked for */
   sh_cuda_stream host_copy;   /* CPU offload's copies (alloc_internal.h); not a public kind */
 };
 
@@ -356,7 +356,7 @@ static int ensure_device(int device) {
     CU_TRY(op, cudaStreamCreateWithFlags(&d->streams[k].s, cudaStreamNonBlocking));
   }
   d->host_copy.device = device;
-  d->host_copy.kind = N_STREAMS;
+  d->host_copy.kind = SH_STREAM_SNAPSHOT + 1;
   CU_TRY(op, cudaStreamCreateWithFlags(&d->host_copy.s, cudaStreamNonBlocking));
   d->ready = true;
   if (!sh_mem_cuda()) sh_mem_register_cuda(&backend);
@@ -424,10 +424,20 @@ static int check_stream(const sh_cuda_stream *s, const char *op) {
 
 extern "C" int sh_cuda_stream_get(sh_cuda_stream **out, int device, int kind) {
   *out = NULL;
-  if (kind < 0 || kind >= N_STREAMS)
-    return sh_fail(SH_ERR_ARG, "stream_get: kind %d is not compute (0), all-gather (1) or reduce-scatter (2)", kind);
+  if (kind < 0 || kind > SH_STREAM_SNAPSHOT)
+    return sh_fail(SH_ERR_ARG, "stream_get: kind %d is not compute (0), all-gather (1), reduce-scatter (2) or snapshot (3)", kind);
   SH_TRY(ensure_device(device));
-  *out = &devices[device].streams[kind];
+  sh_cuda_stream *s = &devices[device].streams[kind];
+  if (kind == SH_STREAM_SNAPSHOT && !s->s) {   /* made on first use, so that other runs make the same streams as before */
+    std::lock_guard<std::mutex> g(init_lock);
+    if (!s->s) {
+      device_scope scope(device);
+      s->device = device;
+      s->kind = kind;
+      CU_TRY("stream_get", cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking));
+    }
+  }
+  *out = s;
   return SH_OK;
 }
 

@@ -183,19 +183,20 @@ end
 -- This rank's slices (the parameters it owns, then their optimizer states): entries describing
 -- them for the index and the tensors to write, live views or host copies when the write goes
 -- on in the background (or the slice is not host memory). Also the optimizer's metadata.
--- held = true takes every slice this rank holds, owned or a replica (shard.snapshot: each rank
--- restores from its own), not just the ones it writes once for all.
+-- held = true (shard.snapshot) takes every slice this rank holds, owned or a replica (each rank
+-- restores from its own), not just the ones it writes once for all, as live views on their
+-- device with no checksum: the snapshot copies them, off the step's path, and checksums its copy.
 local function collect_slices(s, held)
   local entries, tensors = {}, {}
   local function add(key, view, desc)
     local t = view
-    if s.async or view:device() ~= "cpu" or not view:is_contiguous() then
+    if not view:is_contiguous() or not held and (s.async or view:device() ~= "cpu") then
       t = tensor.empty({ view:numel() }, { dtype = view:dtype(), device = "cpu" })
       t:copy_(view)
       view:free()
     end
     tensors[#tensors + 1] = t
-    desc.tensor, desc.dtype, desc.crc32c = key, t:dtype(), safetensors.crc32c(t)
+    desc.tensor, desc.dtype, desc.crc32c = key, t:dtype(), not held and safetensors.crc32c(t) or nil
     entries[#entries + 1] = desc
   end
   local owned = {}

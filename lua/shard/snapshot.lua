@@ -9,17 +9,25 @@
 -- What: exactly what a resume from a disk checkpoint restores (shard.checkpoint.collect: every
 -- slice this rank holds of the f32 master parameters and of the optimizer state, the
 -- optimizer's step count and settings, the RNG state and the data position), every K steps.
--- interval "auto": every step if a copy costs at most BUDGET (3%) of a step, else the smallest
--- K for which it does, from the first AUTO_PROBES copies' time and the steps' (the slowest
--- rank's figure, so that every rank takes the same K); rank 0 prints the choice.
+-- interval "auto": every step if a snapshot costs the step at most BUDGET (3%) of its wall
+-- time, else the smallest K for which it does. The cost is measured, not modelled: after
+-- WARM steps, PAIRS pairs of steps, the first of each with a snapshot and the second without
+-- (a snapshot every 2 steps meanwhile, which rank 0 says), give the median of the pairs'
+-- differences over the median step without; the slowest rank's share decides, so that every
+-- rank takes the same K; rank 0 prints the choice.
 -- Where: a file per rank in /dev/shm ($SHARD_SNAPSHOT_DIR), shard-JOB-wWORLD-rRANK.snap (JOB:
 -- the launch's SHARD_JOB_ID, which its restarts keep), with two slots filled in turn; a slot
 -- is whole only once its head, written last, matches its checksums (runtime/io/snapshot.h).
--- When: at the step boundary a background thread copies the live shards into the slot while
--- the next step's forward and backward run; they read the shards and write only gradients,
--- so the state it copies is the boundary's, and the next optimizer step waits for the copy
--- before it writes them (before_update). No staging buffer: the cost is the copy's share of
--- memory bandwidth and a core, and a wait only when the copy outlasts forward and backward.
+-- When: at the step boundary a background thread copies the state into the slot while the
+-- next step's forward and backward run; they read the shards and write only gradients, so
+-- the state it copies is the boundary's. On the CPU the thread reads the live shards, and the
+-- next optimizer step waits for the thread (before_update). On a GPU the device's state goes
+-- first into pinned host staging, by device-to-host copies on a stream of their own (the
+-- snapshot stream, after an event that ends the step's work on the compute stream); the
+-- thread waits for their event before it reads the staging, and the next optimizer step's
+-- stream waits for the same event on the device (before_update: no host wait on the step's
+-- path). The cost is the copy's share of memory bandwidth and a core (and of the copy
+-- engine on a GPU), and a wait only where the copy outlasts forward and backward.
 -- Replicas (replicas = 1): each rank also keeps its buddy's newest slot, in
 -- shard-JOB-wWORLD-rOWNER.copy: the ranks ordered by (local rank, node), so that neighbours
 -- sit on different nodes where there are several, pair up; an odd last rank pairs with the
@@ -44,7 +52,7 @@ local M = {}
 -- The file's slot after its head page is the payload; the JSON description ends it, with
 -- room to grow (its numbers' digits) without resizing the file.
 local META_ROOM = 64 * 1024
-M.BUDGET, M.AUTO_PROBES = 0.03, 3
+M.BUDGET, M.WARM, M.PAIRS = 0.03, 2, 6
 
 function M.dir() return os.getenv("SHARD_SNAPSHOT_DIR") or "/dev/shm" end
 
@@ -151,7 +159,7 @@ function M.new(o)
   local auto = o.interval == "auto"
   local self = setmetatable({ model = o.model, optim = o.optim, data = o.data, env = env, interval = auto and 1 or o.interval,
                               replicas = o.replicas or 0, job = M.job_id(), copies = {},
-                              probes = auto and { copy = {}, step = {} } or nil }, Snap)
+                              probes = auto and { on = {}, off = {} } or nil }, Snap)
   self.path = M.path(self.job, env.world, env.rank, "snap")
   self.strategy = fsdp.layout(o.model).strategy
   if self.replicas > 0 and env.world > 1 then self.buddies = buddy_groups(env) end
@@ -169,32 +177,87 @@ function Snap:file_for(bytes)
   return self.file
 end
 
--- Host tensors of a copy in flight, freed once it is done; on to the buddy exchange.
+-- The GPU's side: device state through pinned staging on the snapshot stream.
+
+-- What the copy thread waits for before it reads the staging: the copies' event (looked up
+-- when first needed: a build without CUDA has no such symbol).
+local event_wait
+local function event_wait_fn()
+  event_wait = event_wait or ffi.cast("sh_snap_ready_fn", C.sh_cuda_event_synchronize)
+  return event_wait
+end
+local ALIGN = 256   -- each chunk's place in the staging
+
+local function stream(device, kind)
+  local box = ffi.new("sh_cuda_stream*[1]")
+  if kind then check(C.sh_cuda_stream_get(box, device, kind)) else check(C.sh_cuda_current_stream(box, device)) end
+  return box[0]
+end
+
+-- Staging of at least `bytes` on `device`, and the events that order the copies: `ready`
+-- (the compute stream's work up to the snapshot) and `copied`.
+function Snap:staging_for(device, bytes)
+  if not self.gpu then
+    local r, c = ffi.new("sh_cuda_event*[1]"), ffi.new("sh_cuda_event*[1]")
+    check(C.sh_cuda_event_create(r, device, 0))
+    check(C.sh_cuda_event_create(c, device, 0))
+    self.gpu = { device = device, stream = stream(device, C.SH_STREAM_SNAPSHOT), ready = r[0], copied = c[0], bytes = 0 }
+  end
+  local g = self.gpu
+  if g.bytes < bytes then
+    if g.staging then C.sh_cuda_host_free(g.staging) end
+    local box = ffi.new("void*[1]")
+    check(C.sh_cuda_host_alloc(box, bytes))
+    g.staging, g.bytes = box[0], bytes
+  end
+  return g
+end
+
+-- Queues the copies of the device chunks (tensors[i] for i in list) into the staging, on the
+-- snapshot stream after the compute stream's work so far, and points ptrs there. Returns the
+-- event the write waits for.
+function Snap:stage(tensors, list, ptrs, sizes)
+  local total = 0
+  for _, i in ipairs(list) do total = total + math.ceil(tonumber(sizes[i - 1]) / ALIGN) * ALIGN end
+  local g = self:staging_for(tensors[list[1]].p.device, total)
+  local compute = stream(g.device)
+  check(C.sh_cuda_event_record(g.ready, compute))
+  check(C.sh_cuda_stream_wait_event(g.stream, g.ready))
+  check(C.sh_cuda_set_stream(g.stream))
+  local ok, err = pcall(function()
+    local at = ffi.cast("uint8_t*", g.staging)
+    for _, i in ipairs(list) do
+      local t = tensors[i]
+      local host = tensor.new_from(C.sh_tensor_wrap_external, at, sizes[i - 1], 1, ffi.new("int64_t[1]", t:numel()), t.p.dtype)
+      local rc = C.sh_cuda_copy_async(host.p, t.p)
+      host:free()
+      check(rc)
+      ptrs[i - 1] = at
+      at = at + math.ceil(tonumber(sizes[i - 1]) / ALIGN) * ALIGN
+    end
+    check(C.sh_cuda_event_record(g.copied, g.stream))
+  end)
+  check(C.sh_cuda_set_stream(compute))
+  if not ok then error(err, 0) end
+  return g.copied
+end
+
+function Snap:free_staging()
+  local g = self.gpu
+  if not g then return end
+  if g.staging then C.sh_cuda_host_free(g.staging) end
+  C.sh_cuda_event_destroy(g.ready); C.sh_cuda_event_destroy(g.copied)
+  self.gpu = nil
+end
+
+-- Tensors of a copy in flight, freed once it is done; on to the buddy exchange.
 function Snap:settle_copy()
   local c = self.inflight
   if not c then return end
   self.inflight = nil
   check(C.sh_snap_wait(self.file))
   for _, t in ipairs(c.tensors) do t:free() end
-  if self.probes then self:probe(C.sh_snap_last_seconds(self.file)) end
   if self.buddies then self:exchange(c.slot, 4096 + c.bytes) end
-end
-
--- interval "auto": one more copy's CPU seconds; after AUTO_PROBES of them, the interval: the
--- smallest K that keeps the largest share of a step a copy takes on any rank under BUDGET.
-function Snap:probe(seconds)
-  local p = self.probes
-  p.copy[#p.copy + 1] = seconds
-  if #p.copy < M.AUTO_PROBES then return end
-  local median = require("shard.stats").median
-  local share = -all_min(self.env.group, -median(p.copy) / median(p.step))   -- the most on any rank
-  local k = math.max(1, math.ceil(share / M.BUDGET - 1e-9))
-  self.interval, self.probes = k, nil
-  if self.env.rank == 0 then
-    print(("snapshot: every %d step%s (a copy's CPU time is %.1f%% of a step on the rank where it is most; the budget is %g%%)"):format(
-      k, k == 1 and "" or "s", 100 * share, 100 * M.BUDGET))
-    io.stdout:flush()
-  end
 end
 
 -- Swaps the slot just written (used bytes: its head page and payload) with each buddy: the
@@ -236,46 +299,115 @@ function Snap:settle_exchange()
   end
 end
 
+-- interval "auto": the wall time of the step after after_step(step) began, on `took` (a
+-- snapshot began there) or off; after WARM steps and PAIRS pairs, the interval: the smallest
+-- K that keeps the largest share of a step that snapshots cost on any rank under BUDGET.
+function Snap:probe(step, took)
+  local p = self.probes
+  local now = require("shard.timer").now()
+  if p.last and step > M.WARM then table.insert(p.last.took and p.on or p.off, now - p.last.at) end
+  p.last = { at = now, took = took }
+  if #p.off < M.PAIRS then return end
+  local stats = require("shard.stats")
+  local lost = {}
+  for i = 1, M.PAIRS do lost[i] = p.on[i] - p.off[i] end
+  local share = -all_min(self.env.group, -stats.median(lost) / stats.median(p.off))   -- the most on any rank
+  local k = math.max(1, math.ceil(share / M.BUDGET - 1e-9))
+  self.interval, self.probes = k, nil
+  if self.env.rank == 0 then
+    print(("snapshot: every %d step%s (a snapshot costs %.1f%% of a step's wall time on the rank where it is most, "
+      .. "the median of %d steps with one against the next without; the budget is %g%%)"):format(
+      k, k == 1 and "" or "s", 100 * share, M.PAIRS, 100 * M.BUDGET))
+    io.stdout:flush()
+  end
+end
+
+-- Whether after_step(step) takes a snapshot: every interval steps; while the cost is measured,
+-- every step through WARM, then every other step.
+function Snap:due(step)
+  if not self.probes then return step % self.interval == 0 end
+  if step == 1 and self.env.rank == 0 then
+    print(("snapshot: every 2 steps (while measuring their cost over the next %d steps)"):format(M.WARM + 2 * M.PAIRS))
+    io.stdout:flush()
+  end
+  return step <= M.WARM or (step - M.WARM) % 2 == 1
+end
+
 -- Step `step` is done: it is this rank's progress; every interval steps its state is copied.
 function Snap:after_step(step)
   if self.file then C.sh_snap_set_progress(self.file, step) end
-  if self.probes then
-    local now = require("shard.timer").now()
-    if self.last_step_at then table.insert(self.probes.step, now - self.last_step_at) end
-    self.last_step_at = now
+  local due = self:due(step)
+  if due then self:take(step) end
+  if self.probes then self:probe(step, due) end
+end
+
+-- The description of the pieces, as JSON: the same from one snapshot to the next unless the
+-- state's layout changed (an optimizer's state made at its first step), so it is encoded
+-- again only then (the JSON encoder's time was most of a small model's snapshot on the step's path).
+local PIECE_FIELDS = { "tensor", "kind", "name", "state", "start", "count", "dtype", "offset" }
+function Snap:pieces_json(entries)
+  local c = self.pieces
+  local same = c and #c.entries == #entries
+  for i = 1, same and #entries or 0 do
+    local a, b = c.entries[i], entries[i]
+    for _, k in ipairs(PIECE_FIELDS) do same = same and a[k] == b[k] end
+    if not same then break end
   end
-  if step % self.interval ~= 0 then return end
+  if not same then self.pieces = { entries = entries, json = json.encode(entries) } end
+  return self.pieces.json
+end
+
+-- Starts the copy of the state at the end of step `step`.
+function Snap:take(step)
   self:settle_copy()
   self:settle_exchange()
   local entries, tensors, optim_meta, state = checkpoint.collect({ model = self.model, optim = self.optim, data = self.data }, true)
   local offset, ptrs, sizes = 0, ffi.new("const void*[?]", #tensors + 1), ffi.new("int64_t[?]", #tensors + 1)
+  local on_device, host_live = {}, false
   for i, e in ipairs(entries) do
     local n = tensors[i]:numel() * elem_size(e.dtype)
     e.offset = offset
     ptrs[i - 1], sizes[i - 1] = C.sh_tensor_data(tensors[i].p), n
+    if tensors[i].p.device >= 0 then on_device[#on_device + 1] = i else host_live = true end
     offset = offset + n
   end
+  local ready = #on_device > 0 and self:stage(tensors, on_device, ptrs, sizes) or nil
   local meta = json.encode{ step = step, world = self.env.world, rank = self.env.rank, layout = fsdp.layout(self.model),
-                            pieces = entries, state = state, optim = optim_meta, lr = self.optim and self.optim.lr }
+                            state = state, optim = optim_meta, lr = self.optim and self.optim.lr }
+  meta = meta:sub(1, -2) .. ',"pieces":' .. self:pieces_json(entries) .. "}"
   ptrs[#tensors], sizes[#tensors] = meta, #meta
   local f = self:file_for(offset + #meta)
   C.sh_snap_set_progress(f, step)
   local head = ffi.new("sh_snap_head")
   head.step, head.world, head.rank, head.meta_bytes = step, self.env.world, self.env.rank, #meta
   ffi.copy(head.strategy, self.strategy, math.min(#self.strategy, 31))
-  check(C.sh_snap_write(f, self.slot, head, #tensors + 1, ptrs, sizes, 1))
-  -- the chunks (views of the live shards, or host copies) and the pointers stay alive until done
-  self.inflight = { tensors = tensors, meta = meta, ptrs = ptrs, sizes = sizes, slot = self.slot, bytes = offset + #meta }
+  check(C.sh_snap_write(f, self.slot, head, #tensors + 1, ptrs, sizes, ready and event_wait_fn(), ready, 1))
+  -- the chunks (views of the live shards) and the pointers stay alive until done
+  self.inflight = { tensors = tensors, meta = meta, ptrs = ptrs, sizes = sizes, slot = self.slot, bytes = offset + #meta,
+                    host_live = host_live, device_wait = ready ~= nil }
   self.slot = 1 - self.slot
 end
 
--- The optimizer is about to write the shards: the copy must be done.
-function Snap:before_update() self:settle_copy() end
+-- The optimizer is about to write the state: a copy that reads live host memory must be done;
+-- a device copy is waited for by the optimizer's stream, on the device (once per copy), and
+-- settled here only if it already is.
+function Snap:before_update()
+  local c = self.inflight
+  if not c then return end
+  if c.host_live then return self:settle_copy() end
+  if c.device_wait then
+    local g = self.gpu
+    check(C.sh_cuda_stream_wait_event(stream(g.device), g.copied))
+    c.device_wait = false
+  end
+  if C.sh_snap_busy(self.file) == 0 then self:settle_copy() end
+end
 
 -- The run ended well: waits for what is in flight and removes this rank's files.
 function Snap:close()
   self:settle_copy()
   self:settle_exchange()
+  self:free_staging()
   close_file(self.file); self.file = nil
   check(C.sh_snap_remove(self.path))
   for peer, f in pairs(self.copies) do

@@ -1,7 +1,8 @@
 /* cuda.h: CUDA devices, streams, events and pinned host memory, seen from C and Lua.
  * Each device gets three streams owned by the runtime: compute (every op launches on the
  * calling thread's current stream, the compute stream unless set otherwise), all-gather
- * and reduce-scatter (collectives). Work on different streams is ordered only by events,
+ * and reduce-scatter (collectives); and a fourth, made when first asked for: the snapshot
+ * stream, for shard.snapshot's device-to-host copies of the training state beside compute. Work on different streams is ordered only by events,
  * never by device-wide synchronisation, so FSDP overlaps communication with compute.
  * Memory freed while the current stream is S is reused on another stream only after that
  * stream waits for events recorded at the free on S and on every stream that
@@ -19,7 +20,7 @@ typedef struct sh_cuda_event sh_cuda_event;     /* opaque; created and destroyed
 typedef struct sh_cuda_graph sh_cuda_graph;     /* opaque; made by sh_cuda_graph_end */
 
 typedef enum sh_stream_kind {
-  SH_STREAM_COMPUTE = 0, SH_STREAM_ALL_GATHER = 1, SH_STREAM_REDUCE_SCATTER = 2
+  SH_STREAM_COMPUTE = 0, SH_STREAM_ALL_GATHER = 1, SH_STREAM_REDUCE_SCATTER = 2, SH_STREAM_SNAPSHOT = 3
 } sh_stream_kind;
 
 typedef struct sh_cuda_device_info {

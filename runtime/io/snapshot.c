@@ -36,6 +36,11 @@ struct sh_snap {
   int running;
   int slot, n;
   double seconds;           /* the last write's CPU time, start to head */
+  sh_snap_ready_fn ready;   /* waited for before the chunks are read (a device copy's event) */
+  void *ready_arg;
+  int status;               /* the write's: SH_OK, or ready's failure (message in error) */
+  int done;                 /* set by the write as it ends */
+  char error[512];
   const void **data;
   int64_t *nbytes;
   sh_snap_head head;
@@ -153,25 +158,17 @@ static void pause_ms(long ms) {
   nanosleep(&t, NULL);
 }
 
-/* The write: clear the head, copy and checksum the chunks, then the head. */
-static void *run_write(void *arg) {
-  sh_snap *s = arg;
-  double t0 = cpu_s();
-  const char *delay = getenv("SHARD_SNAPSHOT_COPY_DELAY_MS");
-  long delay_ms = delay ? strtol(delay, NULL, 10) : 0;
-  uint8_t *slot = slot_at(s, s->slot), *dst = slot + PAGE;
-  sh_snap_head *h = (sh_snap_head *)slot;
-  memset(h, 0, sizeof *h);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+/* The chunks into the slot's payload, checksummed block by block while in cache; the head last. */
+static void copy_chunks(sh_snap *s, sh_snap_head *h) {
+  uint8_t *dst = (uint8_t *)h + PAGE;
   uint32_t crc = 0;
-  int64_t done = 0, total = s->head.payload_bytes;
+  int64_t done = 0;
   for (int i = 0; i < s->n; i++) {
     const uint8_t *src = s->data[i];
     for (int64_t off = 0; off < s->nbytes[i]; off += BLOCK) {
       int64_t len = s->nbytes[i] - off < BLOCK ? s->nbytes[i] - off : BLOCK;
       memcpy(dst + done, src + off, (size_t)len);
       crc = sh_crc32c(crc, dst + done, (size_t)len);
-      if (delay_ms > 0 && done < total / 2 && done + len >= total / 2) pause_ms(delay_ms);
       done += len;
     }
   }
@@ -180,12 +177,38 @@ static void *run_write(void *arg) {
   s->head.head_crc = head_crc(&s->head);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   memcpy(h, &s->head, sizeof *h);
+}
+
+/* The write: clear the head, wait for the chunks to be ready, copy and checksum them, then
+ * the head. A failed wait leaves the slot empty and its message for sh_snap_wait. */
+static void *run_write(void *arg) {
+  sh_snap *s = arg;
+  double t0 = cpu_s();
+  const char *delay = getenv("SHARD_SNAPSHOT_COPY_DELAY_MS");
+  sh_snap_head *h = (sh_snap_head *)slot_at(s, s->slot);
+  memset(h, 0, sizeof *h);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (delay) pause_ms(strtol(delay, NULL, 10));
+  if (s->ready && (s->status = s->ready(s->ready_arg)) != SH_OK) {
+    snprintf(s->error, sizeof s->error, "%s", sh_last_error());
+  } else {
+    copy_chunks(s, h);
+  }
   s->seconds = cpu_s() - t0;
+  __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
+/* The finished write's status, its message now this thread's (the write may have run on the
+ * copy thread). */
+static int finish_write(sh_snap *s) {
+  int rc = s->status;
+  s->status = SH_OK;
+  return rc == SH_OK ? SH_OK : sh_fail(rc, "snapshot write %s slot %d: waiting for its chunks failed: %s", s->path, s->slot, s->error);
+}
+
 int sh_snap_write(sh_snap *s, int slot, const sh_snap_head *head, int n, const void *const *data,
-                  const int64_t *nbytes, int background) {
+                  const int64_t *nbytes, sh_snap_ready_fn ready, void *ready_arg, int background) {
   if (!s || !head || n < 0 || (n > 0 && (!data || !nbytes))) return sh_fail(SH_ERR_ARG, "snapshot write: bad arguments");
   if (slot != 0 && slot != 1) return sh_fail(SH_ERR_ARG, "snapshot write %s: slot %d is not 0 or 1", s->path, slot);
   if (!s->writable) return sh_fail(SH_ERR_ARG, "snapshot write %s: opened read only", s->path);
@@ -209,7 +232,11 @@ int sh_snap_write(sh_snap *s, int slot, const sh_snap_head *head, int n, const v
   s->slot = slot;
   s->head = *head;
   s->head.payload_bytes = total;
-  if (!background) { run_write(s); return SH_OK; }
+  s->ready = ready;
+  s->ready_arg = ready_arg;
+  s->status = SH_OK;
+  s->done = 0;
+  if (!background) { run_write(s); return finish_write(s); }
   int rc = pthread_create(&s->thread, NULL, run_write, s);
   if (rc != 0) return sh_fail(SH_ERR_IO, "snapshot write %s: cannot start the copy thread: %s", s->path, strerror(rc));
   s->running = 1;
@@ -218,16 +245,17 @@ int sh_snap_write(sh_snap *s, int slot, const sh_snap_head *head, int n, const v
 
 int sh_snap_wait(sh_snap *s) {
   if (!s) return sh_fail(SH_ERR_ARG, "snapshot wait: NULL");
-  if (s->running) { pthread_join(s->thread, NULL); s->running = 0; }
-  return SH_OK;
+  if (!s->running) return SH_OK;
+  pthread_join(s->thread, NULL);
+  s->running = 0;
+  return finish_write(s);
 }
 
 double sh_snap_last_seconds(const sh_snap *s) { return s ? s->seconds : 0; }
 
 int sh_snap_busy(sh_snap *s) {
   if (!s || !s->running) return 0;
-  if (pthread_tryjoin_np(s->thread, NULL) == 0) { s->running = 0; return 0; }
-  return 1;
+  return __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) ? 0 : 1;
 }
 
 void sh_snap_set_progress(sh_snap *s, int64_t step) { if (s && s->writable) fhead(s)->progress = step; }

@@ -14,8 +14,14 @@
  * A slot is also what the buddy copies move whole (shard.snapshot's replicas): its head
  * travels with it and is checked the same way where it lands.
  *
- * Test knob: SHARD_SNAPSHOT_COPY_DELAY_MS=N sleeps N ms halfway through every payload copy,
- * so that a SIGKILL sent at a random moment lands inside one (tests/spec/snapshot_spec.lua). */
+ * A write may first wait for its chunks to be ready (a `ready` function, called on the copy
+ * thread: shard.snapshot passes the event of its device-to-host copies on the GPU, so the
+ * chunks are its pinned staging and the host never waits for the device on the step's path).
+ *
+ * Test knob: SHARD_SNAPSHOT_COPY_DELAY_MS=N sleeps N ms in every write once its head is cleared,
+ * before it waits for its chunks and copies them, so that a SIGKILL sent at a random moment
+ * lands inside one (tests/spec/snapshot_spec.lua), and the next step's work is queued before a
+ * device copy runs (tests/gpu/snapshot_restore.lua). */
 #pragma once
 #include <stdint.h>
 
@@ -43,14 +49,17 @@ int64_t sh_snap_capacity(const sh_snap *s);
 /* The slot (its head page, then its payload): what a buddy copy moves, sh_snap_slot_bytes long. */
 void *sh_snap_slot(sh_snap *s, int slot);
 int64_t sh_snap_slot_bytes(const sh_snap *s);
+/* What a write waits for before it reads its chunks: SH_OK once they hold what to write. */
+typedef int (*sh_snap_ready_fn)(void *arg);
 /* Fills slot with the n chunks and then head (its magic, crcs and payload_bytes are set
- * here); on a thread when background != 0. Fails at once if a write is in flight or the
- * chunks do not fit. */
+ * here), after ready(ready_arg) when ready is not NULL; on a thread when background != 0.
+ * Fails at once if a write is in flight or the chunks do not fit; a failed ready leaves the
+ * slot empty and fails the write (at sh_snap_wait when in the background). */
 int sh_snap_write(sh_snap *s, int slot, const sh_snap_head *head, int n, const void *const *data,
-                  const int64_t *nbytes, int background);
+                  const int64_t *nbytes, sh_snap_ready_fn ready, void *ready_arg, int background);
 /* Waits for the write in flight (none: SH_OK); its status. */
 int sh_snap_wait(sh_snap *s);
-/* 1 while a background write runs. */
+/* 1 while a background write runs (its status comes with sh_snap_wait). */
 int sh_snap_busy(sh_snap *s);
 /* CPU seconds the last finished write took, from clearing the head to writing it. */
 double sh_snap_last_seconds(const sh_snap *s);

@@ -3,9 +3,12 @@
  * (sh_crc32c over the chunks as written); a flipped payload byte, a flipped head byte, a head
  * cleared as by a write cut short, and a file truncated into slot 1 are each refused, naming
  * the file and slot, while the other slot stays whole; a reopen for a payload that fits keeps
- * both slots, one that does not makes the file anew; bad arguments are refused. */
+ * both slots, one that does not makes the file anew; bad arguments are refused. A write's
+ * ready function runs before its chunks are read (it fills them: the slot holds what it put
+ * there), in the foreground and on the thread; a failing one leaves the slot empty and fails
+ * the write with its message. */
 #include "check.h"
-#include "core/status.h"
+#include "core/status_internal.h"
 #include "io/checksum.h"
 #include "io/snapshot.h"
 #include <stdint.h>
@@ -21,8 +24,9 @@ static void fill(unsigned char *p, int n, uint64_t seed) {
   for (int i = 0; i < n; i++) { seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17; p[i] = (unsigned char)seed; }
 }
 
-/* Writes the chunks a and b as step `step` into slot. */
-static int put(sh_snap *s, int slot, int64_t step, const unsigned char *a, const unsigned char *b, int background) {
+/* Writes the chunks a and b as step `step` into slot, after ready(arg) when ready is set. */
+static int put_ready(sh_snap *s, int slot, int64_t step, const unsigned char *a, const unsigned char *b,
+                     sh_snap_ready_fn ready, void *arg, int background) {
   sh_snap_head h;
   memset(&h, 0, sizeof h);
   h.step = step;
@@ -32,8 +36,12 @@ static int put(sh_snap *s, int slot, int64_t step, const unsigned char *a, const
   strcpy(h.strategy, "full_shard");
   const void *data[2] = {a, b};
   const int64_t nbytes[2] = {A, B};
-  int rc = sh_snap_write(s, slot, &h, 2, data, nbytes, background);
+  int rc = sh_snap_write(s, slot, &h, 2, data, nbytes, ready, arg, background);
   return rc ? rc : sh_snap_wait(s);
+}
+
+static int put(sh_snap *s, int slot, int64_t step, const unsigned char *a, const unsigned char *b, int background) {
+  return put_ready(s, slot, step, a, b, NULL, NULL, background);
 }
 
 /* Slot's head says step, and its payload is a then b. */
@@ -119,6 +127,33 @@ static void test_faults(void) {
   sh_snap_close(s);
 }
 
+/* A device copy standing in: fills its chunk (seeded by the int it is given). */
+static unsigned char staged[A];
+static int stage(void *arg) { fill(staged, A, (uint64_t)*(int *)arg); return SH_OK; }
+static int refuse(void *arg) { (void)arg; return sh_fail(SH_ERR_DEVICE, "the device copy failed (planted)"); }
+
+static void test_ready(void) {
+  unsigned char want[A], b[B];
+  fill(b, B, 2);
+  sh_snap *s;
+  sh_snap_head h;
+  CHECK_OK(sh_snap_remove(path));
+  CHECK_OK(sh_snap_open(&s, path, A + B, 0));
+  for (int background = 0; background <= 1; background++) {
+    int seed = 5 + background;
+    memset(staged, 0, sizeof staged);
+    CHECK_OK(put_ready(s, background, 10 + background, staged, b, stage, &seed, background));
+    fill(want, A, (uint64_t)seed);
+    check_slot(s, background, 10 + background, want, b);
+  }
+  CHECK_FAILS(put_ready(s, 0, 12, staged, b, refuse, NULL, 1), SH_ERR_DEVICE, "slot 0: waiting for its chunks failed: the device copy failed (planted)");
+  CHECK_FAILS(sh_snap_verify(s, 0, &h), SH_ERR_IO, "slot 0: empty");
+  check_slot(s, 1, 11, want, b);
+  CHECK_FAILS(put_ready(s, 0, 12, staged, b, refuse, NULL, 0), SH_ERR_DEVICE, "the device copy failed (planted)");
+  CHECK_OK(put(s, 0, 13, staged, b, 1));   /* the failure is not kept */
+  sh_snap_close(s);
+}
+
 static void test_errors(void) {
   unsigned char a[A], b[B];
   fill(a, A, 1); fill(b, B, 2);
@@ -141,6 +176,7 @@ int main(int argc, char **argv) {
   unlink(path);
   RUN(test_slots);
   RUN(test_faults);
+  RUN(test_ready);
   RUN(test_errors);
   unlink(path);
   return check_summary("test_snapshot");

@@ -157,7 +157,7 @@ for seed in ${SHARD_EMU_DRAIN_SEEDS:-1 2}; do
     [ -x "$EMU/tests/gpu/$prog" ] || continue
     SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$prog (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$EMU/tests/gpu/$prog"
   done
-  for s in gpt_step offload_fsdp offload_flatparam trace_streams; do
+  for s in gpt_step offload_fsdp offload_flatparam trace_streams snapshot_restore; do
     SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$s.lua (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$SHARD" run tests/gpu/$s.lua
   done
   rm -f "$scratch"/*

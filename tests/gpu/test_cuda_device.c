@@ -63,6 +63,19 @@ static void test_info(void) {
   CHECK(free_b > 0 && free_b <= total_b, "mem info: %lld free of %lld", (long long)free_b, (long long)total_b);
 }
 
+/* The snapshot stream: made when first asked for, one per device, none of the others. */
+static void test_snapshot_stream(void) {
+  sh_cuda_stream *snap = NULL, *again = NULL, *other = NULL;
+  CHECK_OK(sh_cuda_stream_get(&snap, DEV, SH_STREAM_SNAPSHOT));
+  CHECK_OK(sh_cuda_stream_get(&again, DEV, SH_STREAM_SNAPSHOT));
+  CHECK(snap && snap == again, "the snapshot stream is the same each time");
+  for (int k = SH_STREAM_COMPUTE; k < SH_STREAM_SNAPSHOT; k++) {
+    CHECK_OK(sh_cuda_stream_get(&other, DEV, k));
+    CHECK(other != snap, "the snapshot stream is not stream kind %d", k);
+  }
+  CHECK_FAILS(sh_cuda_stream_get(&other, DEV, SH_STREAM_SNAPSHOT + 1), SH_ERR_ARG, "kind 4 is not compute (0)");
+}
+
 static void test_streams_and_events(void) {
   sh_mem_stats s0, s1;
   sh_tensor *a = NULL, *b = NULL;
@@ -390,6 +403,7 @@ int main(void) {
   int rc = cuda_test_start("test_cuda_device", DEV);
   if (rc >= 0) return rc;
   test_info();
+  test_snapshot_stream();
   test_streams_and_events();
   test_cross_stream_reuse_waits();
   test_record_stream();
