@@ -335,6 +335,26 @@ static int post_reduction(sh_comm_work *w, nccl_work *m, ncclComm_t comm, cudaSt
   return launch_stage(m->stage_out, acc, sh_tensor_data(out), dt, nout, rd, acc, scale, s);
 }
 
+/* all_to_all: block q of in to rank q, block p of out from rank p, as bytes; one send and one
+ * receive per peer in a group (NCCL has no all-to-all collective). It moves and sums nothing,
+ * so it goes where the reductions go that it stands in for (deterministic mode's). */
+static int post_all_to_all(sh_comm_work *w, ncclComm_t comm, cudaStream_t s) {
+  int n = w->comm->size;
+  size_t block = (size_t)(sh_tensor_numel(w->in) / n) * (size_t)sh_dtype_size(w->in->dtype);
+  const char *in = (const char *)sh_tensor_data(w->in);
+  char *out = (char *)sh_tensor_data(w->out);
+  NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  for (int q = 0; q < n && r == ncclSuccess; q++) {
+    r = ncclSend(in + q * block, block, ncclInt8, q, comm, s);
+    if (r == ncclSuccess) r = ncclRecv(out + q * block, block, ncclInt8, q, comm, s);
+  }
+  ncclResult_t e = ncclGroupEnd();   /* always closed, whatever failed inside */
+  NCCL_TRY(r, "ncclSend/ncclRecv (all_to_all)");
+  NCCL_TRY(e, "ncclGroupEnd (all_to_all)");
+  return SH_OK;
+}
+
 static int post(sh_comm_work *w, nccl_work *m) {
   sh_comm *c = w->comm;
   const sh_tensor *any = w->in ? w->in : w->out;
@@ -377,6 +397,9 @@ static int post(sh_comm_work *w, nccl_work *m) {
       NCCL_TRY(ncclAllReduce(m->stage_in, m->stage_in, 1, ncclFloat32, ncclSum, comm, s), "ncclAllReduce");
       break;
     }
+    case SH_COLL_ALL_TO_ALL:
+      SH_TRY(post_all_to_all(w, comm, s));
+      break;
     default:
       SH_TRY(post_reduction(w, m, comm, s));
   }

@@ -23,7 +23,7 @@
 -- group and skip only the all-reduce across groups, the collective that crosses nodes).
 -- --deterministic: the losses and parameters bit-identical at any world size, strategy and
 -- grad_accum split of the step's global batch of batch_size x grad_accum windows (FSDP's
--- deterministic mode, fsdp/determ.lua; f32 on the CPU). The final metrics line carries
+-- deterministic mode, fsdp/determ.lua; f32, on the CPU or CUDA). The final metrics line carries
 -- params_sha256, the digest of the trained parameters, in either mode.
 -- --dtype=bf16 computes in bf16 with f32 master weights: FSDP mixed precision (param bf16,
 -- gradients reduced and kept in f32, the optimizer on the f32 shards); with --strategy=none
@@ -100,7 +100,7 @@ M.SPEC = {
   hybrid_group = { help = "ranks per shard group, or node" },
   snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: under shard launch --max_restarts the smallest under 3% of a step (1 if it is), else none" },
   snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
-  deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32, CPU)" },
+  deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32; CPU or CUDA, each its own bits)" },
   cuda_graph = { help = "CUDA: capture the step once as a graph, replay it each step (a constant lr: --warmup=0 --min_lr=LR)" },
 }
 
@@ -481,8 +481,8 @@ end
 function M.run(recipe)
   local cfg = settings(recipe)
   local env = shard.init{ device = cfg.device }
-  if cfg.deterministic and env.device ~= "cpu" then
-    usage("--deterministic: CPU tensors only (its all_to_all has no NCCL path, and a dry run has none), not device %s", env.device)
+  if cfg.deterministic and env.device == "meta" then
+    usage("--deterministic: not in a dry run (its ordered reduction has no dry-run collective)")
   end
   if cfg.cuda_graph and not env.device:find("^cuda") then usage("--cuda_graph: needs a CUDA device, got %s", env.device) end
   local cpu = env.device == "cpu" and require("shard.cpu").describe() or nil

@@ -815,9 +815,6 @@ int sh_comm_all_to_all_into_async(sh_comm_work **work, sh_comm *c, sh_tensor *ou
   if (sh_tensor_numel(out) != n || n % c->size != 0)
     return sh_fail(SH_ERR_ARG, "all_to_all on %s (rank %d of %d): input %s and output %s must have the same "
                    "number of elements, a multiple of %d", c->name, c->rank, c->size, sh_desc(in), sh_desc(out), c->size);
-  if (in->device >= 0)
-    return sh_fail(SH_ERR_DEVICE, "all_to_all on %s (rank %d): %s is a CUDA tensor; all_to_all runs on CPU "
-                   "tensors only (no NCCL path)", c->name, c->rank, sh_desc(in));
   if (out->storage == in->storage && c->size > 1)
     return sh_fail(SH_ERR_ARG, "all_to_all on %s (rank %d): input %s and output %s share a storage; give them "
                    "distinct memory", c->name, c->rank, sh_desc(in), sh_desc(out));

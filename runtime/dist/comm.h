@@ -118,8 +118,8 @@ int sh_comm_barrier(sh_comm *comm);
 /* in and out have size * n elements each (any shapes), in distinct memory: block q of rank
  * r's input (elements [q n, (q + 1) n)) lands in block r of rank q's output. It moves bytes
  * and reduces nothing, so it is exact in any dtype (FSDP's deterministic reduction gathers
- * each shard's pieces with it and sums them in a fixed order). CPU tensors only: over NCCL
- * it is refused. */
+ * each shard's pieces with it and sums them in a fixed order). CUDA tensors: one ncclSend
+ * and one ncclRecv per peer in a group, on the reductions' communicator and stream. */
 int sh_comm_all_to_all_into(sh_comm *comm, sh_tensor *out, const sh_tensor *in);
 
 /* Async forms. The handle keeps the tensors' storages alive until it is freed. */

@@ -732,13 +732,19 @@ int sh_flatparam_grad_block_sumsq(sh_flatparam *fp, int64_t block, sh_tensor *ou
   if (out->dtype != SH_F64 || out->device != -1 || sh_tensor_numel(out) != nb || !sh_tensor_is_contiguous(out))
     return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: expected a contiguous f64 CPU tensor of %lld elements, got %s",
                    (long long)nb, sh_desc(out));
-  if (fp->master != SH_F32 || (fp->has_grad && fp->grad->device != -1))
-    return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: an f32 sharded grad on the CPU only, got %s",
+  if (fp->master != SH_F32)
+    return sh_fail(SH_ERR_ARG, "flatparam grad_block_sumsq: an f32 sharded grad only, got %s",
                    fp->has_grad ? sh_desc(fp->grad) : sh_dtype_name(fp->master));
-  if (order_grad(fp)) return sh_fail_context("flatparam grad_block_sumsq: ");
+  if (order_grad(fp) || (fp->offload && offload_settle_grad(fp))) return sh_fail_context("flatparam grad_block_sumsq: ");
   if (!fp->has_grad) return sh_tensor_fill_(out, 0);
-  sumsq_job job = { sh_tensor_data(fp->grad), sh_tensor_data(out), block };
+  /* A CUDA grad is summed on the host from a copy: the same fixed order on every device and
+   * world size, for one copy of the shard per step. */
+  sh_tensor *host = NULL;
+  if (fp->grad->device >= 0 && sh_tensor_to(&host, fp->grad, SH_F32, -1))
+    return sh_fail_context("flatparam grad_block_sumsq: ");
+  sumsq_job job = { sh_tensor_data(host ? host : fp->grad), sh_tensor_data(out), block };
   sh_parallel_for(nb, fp->shard_numel >= (1 << 15), sumsq_range, &job);
+  sh_tensor_destroy(host);
   return SH_OK;
 }
 

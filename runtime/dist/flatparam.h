@@ -134,7 +134,8 @@ int sh_flatparam_add_grad(sh_flatparam *fp, const sh_tensor *shard);
 /* The sharded grad's sum of squares per block of `block` elements (which must divide the
  * shard) into out, a contiguous f64 CPU tensor of shard numel / block elements (zeros without
  * a grad): each block summed in f64 in one fixed order of its own elements, so a block's sum
- * is the same bits whatever the world size and the thread count. An f32 grad on the CPU. */
+ * is the same bits whatever the world size and the thread count. An f32 grad (a CUDA one is
+ * summed from a host copy). */
 int sh_flatparam_grad_block_sumsq(sh_flatparam *fp, int64_t block, sh_tensor *out);
 /* Forgets the sharded grad (the next reduce_grad sets it instead of adding); with free_it
  * the buffer is released too. */

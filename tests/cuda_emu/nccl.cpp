@@ -105,9 +105,10 @@ struct shm_job {
 /* process state                                                                          */
 /* ===================================================================================== */
 
-enum kind_t { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_REDUCE };
-const char *const KIND_NAME[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"};
-const char *const API_NAME[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce"};
+enum kind_t { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_REDUCE, K_SEND_RECV };
+const char *const KIND_NAME[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send_recv"};
+const char *const API_NAME[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce",
+                                "ncclSend/ncclRecv"};
 const char *const DT_NAME[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
 const size_t DT_SIZE[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 const char *const OP_NAME[] = {"sum", "prod", "max", "min", "avg"};
@@ -445,9 +446,18 @@ void reduce_any(int dt, char *out, const std::vector<const char *> &src, size_t 
 /* collectives                                                                            */
 /* ===================================================================================== */
 
+/* One ncclSend or ncclRecv of a K_SEND_RECV collective. */
+struct p2p_op {
+  bool send;
+  int peer;
+  char *buf;
+  size_t bytes;
+};
+
 struct coll {
   std::shared_ptr<comm_impl> c;
   int kind;
+  std::vector<p2p_op> p2p;   /* K_SEND_RECV: this rank's sends and receives, one of each per peer at most */
   const char *send;
   char *recv;
   size_t count;          /* NCCL's count argument (recvcount, sendcount: per rank) */
@@ -484,6 +494,57 @@ void fail_coll(coll *o, ncclResult_t r, const std::string &why, bool tell_peers)
   o->finished = true;
 }
 
+/* K_SEND_RECV moves in rounds like the collectives: each member's contribution buffer holds one
+ * segment per peer (`seg` bytes: a header, then up to p2p_payload bytes of what it sends that
+ * peer in this round). The header says how many bytes the whole send holds (NO_SEND: none), so
+ * the receiver checks that each send matches its receive. Every member takes part in every
+ * round until the member that needs the most rounds is done. */
+const uint64_t NO_SEND = ~(uint64_t)0;
+enum { P2P_HEADER = 16 };
+size_t p2p_seg(const comm_impl *c) { return (size_t)(c->cap / (uint64_t)c->nranks) / 16 * 16; }
+size_t p2p_payload(const comm_impl *c) { return p2p_seg(c) > P2P_HEADER ? p2p_seg(c) - P2P_HEADER : 0; }
+
+const p2p_op *p2p_find(const coll *o, bool send, int peer) {
+  for (const p2p_op &op : o->p2p)
+    if (op.send == send && op.peer == peer) return &op;
+  return nullptr;
+}
+
+void p2p_post(coll *o) {
+  comm_impl *c = o->c.get();
+  size_t seg = p2p_seg(c), D = p2p_payload(c), off = o->rounds_done * D;
+  for (int q = 0; q < c->nranks; q++) {
+    char *at = c->data + (size_t)c->rank * c->cap + (size_t)q * seg;
+    const p2p_op *op = p2p_find(o, true, q);
+    uint64_t total = op ? op->bytes : NO_SEND;
+    memcpy(at, &total, sizeof total);
+    if (op && off < op->bytes) memcpy(at + P2P_HEADER, op->buf + off, std::min(D, op->bytes - off));
+  }
+}
+
+/* Reads this round's segments addressed to this rank; the first failure's reason, or "". */
+std::string p2p_read(coll *o) {
+  comm_impl *c = o->c.get();
+  shm_comm *e = c->e;
+  if (o->rounds_done == 0)   /* every member posted what it needs: run as many rounds as the most */
+    for (int p = 0; p < c->nranks; p++) o->nrounds = std::max<size_t>(o->nrounds, e->m[p].count);
+  size_t seg = p2p_seg(c), D = p2p_payload(c), off = o->rounds_done * D;
+  for (int p = 0; p < c->nranks; p++) {
+    const char *at = c->data + (size_t)p * c->cap + (size_t)c->rank * seg;
+    uint64_t total;
+    memcpy(&total, at, sizeof total);
+    const p2p_op *op = p2p_find(o, false, p);
+    uint64_t want = op ? op->bytes : NO_SEND;
+    if (total != want) {
+      auto say = [](uint64_t b) { return b == NO_SEND ? std::string("nothing") : std::to_string(b) + " bytes"; };
+      return "rank " + std::to_string(p) + " sends " + say(total) + " to rank " + std::to_string(c->rank) +
+             ", which receives " + say(want) + " from it (sends and receives must match)";
+    }
+    if (op && off < op->bytes) memcpy(op->buf + off, at + P2P_HEADER, std::min(D, op->bytes - off));
+  }
+  return "";
+}
+
 /* One step (post or read a round) when it can go on now; false when it must wait. */
 bool step(coll *o) {
   comm_impl *c = o->c.get();
@@ -492,16 +553,17 @@ bool step(coll *o) {
   shm_member &me = e->m[c->rank];
   if (o->phase == 0) {
     if (!cond_ready(e, 0, R, nullptr)) return false;
+    if (o->kind == K_SEND_RECV) p2p_post(o);
     size_t off = o->rounds_done * o->chunk;
     size_t n = std::min(o->chunk, o->elems - std::min(o->elems, off));
-    bool contributes = !(o->kind == K_BROADCAST && c->rank != o->root);
+    bool contributes = !(o->kind == K_BROADCAST && c->rank != o->root) && o->kind != K_SEND_RECV;
     if (contributes && n) memcpy(c->data + (size_t)c->rank * c->cap, o->send + off * o->es, n * o->es);
     me.coll_seq = (int64_t)o->seq;
     me.kind = o->kind;
     me.dtype = o->dt;
     me.redop = o->op;
     me.root = o->root;
-    me.count = o->count;
+    me.count = o->kind == K_SEND_RECV ? o->nrounds : o->count;
     me.posted.store(R);
     o->phase = 1;
     return true;
@@ -509,8 +571,9 @@ bool step(coll *o) {
   if (!cond_ready(e, 1, R, nullptr)) return false;
   for (int p = 0; p < c->nranks; p++) {   /* every member posted the same collective */
     const shm_member &m = e->m[p];
-    if ((uint64_t)m.coll_seq != o->seq || m.kind != o->kind || m.dtype != o->dt || m.count != o->count ||
-        (o->kind != K_ALL_GATHER && o->kind != K_BROADCAST && m.redop != o->op) ||
+    bool p2p = o->kind == K_SEND_RECV;   /* its count is the rounds a member needs */
+    if ((uint64_t)m.coll_seq != o->seq || m.kind != o->kind || (!p2p && (m.dtype != o->dt || m.count != o->count)) ||
+        (o->kind != K_ALL_GATHER && !p2p && o->kind != K_BROADCAST && m.redop != o->op) ||
         ((o->kind == K_BROADCAST || o->kind == K_REDUCE) && m.root != o->root)) {
       char why[512];
       snprintf(why, sizeof why, "rank %d issued %s #%lld (%s, count %llu) where rank %d issued %s #%llu (%s, count %zu): "
@@ -543,6 +606,14 @@ bool step(coll *o) {
     case K_BROADCAST:
       if (n) memmove(o->recv + off * es, src[o->root], n * es);
       break;
+    case K_SEND_RECV: {
+      std::string why = p2p_read(o);
+      if (!why.empty()) {
+        fail_coll(o, ncclInvalidUsage, why, true);
+        return true;
+      }
+      break;
+    }
   }
   me.consumed.store(R);
   c->round = R;
@@ -629,11 +700,25 @@ void start_coll(const std::shared_ptr<coll> &o) {
   comm_impl *c = o->c.get();
   if (c->aborted || c->left) { o->finished = true; return; }
   if (c->e->error.load()) { fail_coll(o.get(), (ncclResult_t)c->e->error.load(), comm_reason(c->e), false); return; }
-  if ((o->send_bytes && !emu::is_device_range(o->send, o->send_bytes)) ||
-      (o->recv_bytes && !emu::is_device_range(o->recv, o->recv_bytes))) {
+  bool freed = (o->send_bytes && !emu::is_device_range(o->send, o->send_bytes)) ||
+               (o->recv_bytes && !emu::is_device_range(o->recv, o->recv_bytes));
+  for (const p2p_op &op : o->p2p) freed |= op.bytes && !emu::is_device_range(op.buf, op.bytes);
+  if (freed) {
     std::string why = std::string(API_NAME[o->kind]) + ": a buffer was freed before the collective ran";
     emu::fail_async(cudaErrorIllegalAddress, why.c_str());
     fail_coll(o.get(), ncclUnhandledCudaError, "rank " + std::to_string(c->rank) + ": " + why, true);
+    return;
+  }
+  if (o->kind == K_SEND_RECV) {   /* its own rounds now; p2p_read takes the most any member needs */
+    size_t D = p2p_payload(c);
+    if (D == 0) {
+      fail_coll(o.get(), ncclInvalidUsage, "SHARD_EMU_NCCL_CHUNK_BYTES " + std::to_string(c->cap) + " leaves no room for " +
+                std::to_string(c->nranks) + " peers' sends (the emulator's limit)", true);
+      return;
+    }
+    o->nrounds = 1;
+    for (const p2p_op &op : o->p2p) o->nrounds = std::max(o->nrounds, (op.bytes + D - 1) / D);
+    g_started.push_back(o);
     return;
   }
   o->es = DT_SIZE[o->dt];
@@ -736,6 +821,7 @@ std::vector<std::shared_ptr<coll>> relaunch_colls(const std::vector<std::shared_
     auto n = std::make_shared<coll>();
     n->c = o->c;
     n->kind = o->kind;
+    n->p2p = o->p2p;
     n->send = o->send;
     n->recv = o->recv;
     n->count = o->count;
@@ -861,6 +947,61 @@ ncclResult_t issue(int kind, const void *sendbuff, void *recvbuff, size_t count,
     return ncclSuccess;
   }
   return launch({o}, {stream});
+}
+
+/* ncclSend / ncclRecv: one K_SEND_RECV collective of one op (a group merges those of a
+ * communicator into one: merge_p2p). */
+ncclResult_t issue_p2p(bool send, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
+                       cudaStream_t stream) {
+  std::lock_guard<std::mutex> l(g_mu);
+  const char *api = send ? "ncclSend" : "ncclRecv";
+  if (!comm || !comm->p) return fail(ncclInvalidArgument, "%s: comm is NULL", api);
+  comm_impl *c = comm->p.get();
+  if ((unsigned)dt >= ncclNumTypes) return fail(ncclInvalidArgument, "%s: invalid datatype %d", api, (int)dt);
+  if (peer < 0 || peer >= c->nranks)
+    return fail(ncclInvalidArgument, "%s: peer %d is not a rank of %s (%d ranks)", api, peer, c->key.c_str(), c->nranks);
+  size_t bytes = count * DT_SIZE[dt];
+  if (bytes && !emu::is_device_range(buf, bytes))
+    return fail(ncclInvalidArgument, "%s on %s: buffer %p does not hold %zu bytes of device memory (count %zu of %s)", api,
+                c->key.c_str(), buf, bytes, count, DT_NAME[dt]);
+  auto o = std::make_shared<coll>();
+  o->c = comm->p;
+  o->kind = K_SEND_RECV;
+  o->p2p.push_back(p2p_op{send, peer, (char *)buf, bytes});
+  o->count = 1;
+  o->dt = ncclInt8;
+  o->root = -1;
+  o->stream = stream;
+  if (g_group_depth > 0) {
+    g_group.push_back(o);
+    return ncclSuccess;
+  }
+  return launch({o}, {stream});
+}
+
+/* A group's sends and receives on one communicator become one K_SEND_RECV collective, where
+ * the first of them was issued (the emulator takes at most one send and one receive per peer). */
+ncclResult_t merge_p2p(std::vector<std::shared_ptr<coll>> &ops) {
+  std::vector<std::shared_ptr<coll>> out;
+  for (auto &o : ops) {
+    std::shared_ptr<coll> into;
+    if (o->kind == K_SEND_RECV)
+      for (auto &m : out)
+        if (m->kind == K_SEND_RECV && m->c == o->c) into = m;
+    if (!into) {
+      out.push_back(o);
+      continue;
+    }
+    for (const p2p_op &op : o->p2p) {
+      if (p2p_find(into.get(), op.send, op.peer))
+        return fail(ncclInvalidUsage, "ncclGroupEnd: two %s with peer %d on %s in one group (the emulator takes one send "
+                    "and one receive per peer in a group)", op.send ? "ncclSend" : "ncclRecv", op.peer, o->c->key.c_str());
+      into->p2p.push_back(op);
+      into->count++;
+    }
+  }
+  ops.swap(out);
+  return ncclSuccess;
 }
 
 void trace_at_exit() {
@@ -1109,6 +1250,16 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
   return issue(K_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }
 
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return issue_p2p(true, sendbuff, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return issue_p2p(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
 /* Group calls: collectives issued between the outermost ncclGroupStart and its ncclGroupEnd
  * are queued together at the ncclGroupEnd as ONE piece of work that advances all of them
  * (round-robin across communicators; in issue order within one), so their order across
@@ -1127,7 +1278,8 @@ ncclResult_t ncclGroupEnd(void) {
   ops.swap(g_group);
   std::vector<cudaStream_t> streams;
   for (auto &o : ops) streams.push_back(o->stream);
-  return launch(ops, streams);
+  ncclResult_t r = merge_p2p(ops);
+  return r != ncclSuccess ? r : launch(ops, streams);
 }
 
 int shard_emu_nccl_trace_dump(const char *path) {

@@ -5,7 +5,8 @@
  * key order, NCCL_SPLIT_NOCOLOR), stream order behind a kernel, group calls, ncclCommAbort, a
  * dead peer, a timeout, ranks disagreeing on one communicator, two ranks issuing on two
  * communicators in opposite orders on one stream (the deadlock diagnosis), communicators
- * progressing independently (no order between two but the streams'), the issue-order record.
+ * progressing independently (no order between two but the streams'), the issue-order record,
+ * ncclSend/ncclRecv (an all-to-all of uneven sizes, a lone pair, mismatched sizes refused).
  * Each scenario forks N ranks (N = 2, 3, 4 for the data checks); each rank counts its own
  * checks and sends them to the parent, which also fails a scenario whose ranks hang. */
 #include <nccl.h>
@@ -603,6 +604,80 @@ static void check_mismatch(int rank, int n, ncclUniqueId id) {
   ncclCommAbort(c);
 }
 
+/* ---- send / receive -------------------------------------------------------------------- */
+
+/* What rank `from` sends rank `to`: a count that differs per pair (several rounds of a small
+ * SHARD_EMU_NCCL_CHUNK_BYTES for most), values naming pair and index. */
+static size_t p2p_count(int from, int to) { return (size_t)(from + 1) * (to + 2) * 5; }
+static float p2p_val(int from, int to, size_t i) { return (float)(from * 1000 + to * 100) + (float)i * 0.5f; }
+
+/* An all-to-all of uneven sizes through ncclSend/ncclRecv in a group (itself included), then
+ * a lone send/receive pair outside a group, then the refusals: a receive that does not match
+ * its send, two sends to one peer in a group. */
+static void check_send_recv(int rank, int n, ncclUniqueId id) {
+  setenv("SHARD_EMU_NCCL_CHUNK_BYTES", "256", 1);   /* 256 / n bytes per peer and round: several rounds */
+  ncclComm_t c = world(rank, n, id);
+  if (!c) return;
+  std::vector<float *> sendb(n), recvb(n);
+  for (int q = 0; q < n; q++) {
+    std::vector<float> h(p2p_count(rank, q));
+    for (size_t i = 0; i < h.size(); i++) h[i] = p2p_val(rank, q, i);
+    cudaMalloc((void **)&sendb[q], h.size() * 4);
+    cudaMemcpy(sendb[q], h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+    cudaMalloc((void **)&recvb[q], p2p_count(q, rank) * 4);
+  }
+  ncclGroupStart();
+  for (int q = 0; q < n; q++) {   /* receives first on odd ranks: the order inside a group is free */
+    int p = rank % 2 ? n - 1 - q : q;
+    ncclRecv(recvb[p], p2p_count(p, rank), ncclFloat32, p, c, 0);
+    ncclSend(sendb[q], p2p_count(rank, q), ncclFloat32, q, c, 0);
+  }
+  ncclResult_t r = ncclGroupEnd();
+  CHECK(r == ncclSuccess, "rank %d: ncclGroupEnd of the all-to-all: %s", rank, ncclGetErrorString(r));
+  cudaDeviceSynchronize();
+  for (int p = 0; p < n; p++) {
+    std::vector<float> h(p2p_count(p, rank));
+    cudaMemcpy(h.data(), recvb[p], h.size() * 4, cudaMemcpyDeviceToHost);
+    size_t bad = h.size();
+    for (size_t i = 0; i < h.size() && bad == h.size(); i++)
+      if (h[i] != p2p_val(p, rank, i)) bad = i;
+    CHECK(bad == h.size(), "rank %d of %d: from rank %d element %zu of %zu is %g, want %g", rank, n, p, bad, h.size(),
+          bad < h.size() ? h[bad] : 0.0, bad < h.size() ? p2p_val(p, rank, bad) : 0.0);
+  }
+  if (n == 2) {   /* outside a group: each rank's one call is the whole exchange */
+    if (rank == 0) ncclSend(sendb[1], p2p_count(0, 1), ncclFloat32, 1, c, 0);
+    else {
+      cudaMemset(recvb[0], 0, p2p_count(0, 1) * 4);
+      ncclRecv(recvb[0], p2p_count(0, 1), ncclFloat32, 0, c, 0);
+    }
+    cudaDeviceSynchronize();
+    if (rank == 1) {
+      std::vector<float> h(p2p_count(0, 1));
+      cudaMemcpy(h.data(), recvb[0], h.size() * 4, cudaMemcpyDeviceToHost);
+      CHECK(h.back() == p2p_val(0, 1, h.size() - 1), "lone send/recv: last element %g", h.back());
+    }
+  }
+  ncclGroupStart();
+  ncclSend(sendb[0], 4, ncclFloat32, 0, c, 0);
+  ncclSend(sendb[0], 4, ncclFloat32, 0, c, 0);
+  r = ncclGroupEnd();
+  CHECK(r == ncclInvalidUsage && strstr(shard_emu_nccl_last_report(), "one send and one receive per peer"),
+        "two sends to one peer: %s, %s", ncclGetErrorString(r), shard_emu_nccl_last_report());
+  /* every rank sends 8 floats to the next; each receives 4 from the previous */
+  float *sent = sentinel_buf(8), *got = sentinel_buf(8);
+  ncclGroupStart();
+  ncclSend(sent, 8, ncclFloat32, (rank + 1) % n, c, 0);
+  ncclRecv(got, 4, ncclFloat32, (rank + n - 1) % n, c, 0);
+  ncclGroupEnd();
+  cudaDeviceSynchronize();
+  ncclResult_t e = ncclSuccess;
+  ncclCommGetAsyncError(c, &e);
+  CHECK(e == ncclInvalidUsage && strstr(shard_emu_nccl_last_report(), "sends and receives must match"),
+        "mismatched send/recv: %d %s", e, shard_emu_nccl_last_report());
+  CHECK(untouched(got, 8), "a failed send/recv wrote its output");
+  ncclCommAbort(c);
+}
+
 static void check_deadlock(int rank, int n, ncclUniqueId id) {
   ncclComm_t c = world(rank, n, id);
   if (!c) return;
@@ -750,6 +825,11 @@ int main() {
   ranks("dead peer n=3", 3, check_dead_peer, 2);
   ranks("timeout n=2", 2, check_timeout);
   ranks("mismatch n=2", 2, check_mismatch);
+  for (int n = 2; n <= 4; n++) {
+    char name[64];
+    snprintf(name, sizeof name, "send/recv n=%d", n);
+    ranks(name, n, check_send_recv);
+  }
   ranks("deadlock n=2", 2, check_deadlock);
   ranks("deadlock n=3", 3, check_deadlock);
   ranks("opposite orders on two streams n=2", 2, check_opposite_orders_two_streams);
