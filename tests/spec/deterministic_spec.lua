@@ -85,6 +85,24 @@ describe("deterministic mode", function()
     end
   end)
 
+  it("turns the deterministic-kernels switch on from begin to finish, and back", function()
+    local out = S.run(S.quote(S.BIN) .. " run " .. S.quote(S.script([[
+      local shard = require("shard")
+      local fsdp, nn = shard.fsdp, shard.nn
+      local model = fsdp.wrap(nn.GPT{ n_layer = 1, n_head = 1, n_embd = 8, vocab_size = 8, block_size = 4, bias = false, dropout = 0 },
+                              { deterministic = true })
+      local x = shard.tensor({ { 1, 2, 3, 4 } }, { dtype = "i64" })
+      local was = shard.deterministic()
+      fsdp.deterministic_begin(model, { chunks = 1, first = 0, count = 1 })
+      local during = shard.deterministic()
+      local loss = model(x, x)
+      loss:backward()
+      fsdp.deterministic_finish(model)
+      print(("switch %s %s %s"):format(was, during, shard.deterministic()))
+    ]])))
+    assert.matches("switch false true false", out)
+  end)
+
   it("refuses what it does not cover, by name", function()
     local out, code = S.shard("run recipes/gpt_shakespeare_char.lua --deterministic --dtype=bf16")
     assert.equals(2, code)

@@ -22,6 +22,9 @@
 -- (sh_flatparam_grad_block_sumsq), the blocks of a unit are gathered over its shard group
 -- and added in the same kind of tree (blocks of zeros past the end add nothing: x + 0 = x),
 -- and the units' sums added in unit order.
+-- From begin to finish the deterministic-kernels switch is on (runtime/core/determinism.h:
+-- the CUDA attention backward then runs its two passes instead of adding dq with atomics).
+local C = require("shard.ffi").C
 local shard_tensor = require("shard.tensor")
 local mesh = require("shard.fsdp.mesh")
 
@@ -137,7 +140,8 @@ function M.begin(root, spec)
   if at ~= spec.chunks then
     error(("fsdp.deterministic_begin: the ranks hold %d chunks, not the global batch's %d"):format(at, spec.chunks), 2)
   end
-  root.det = { ranges = ranges, first = spec.first, next = spec.first, last = spec.first + spec.count - 1 }
+  root.det = { ranges = ranges, first = spec.first, next = spec.first, last = spec.first + spec.count - 1,
+               kernels_were = C.sh_set_deterministic(1) }
   for _, u in ipairs(root.all_units) do u.det_stack = {} end
 end
 
@@ -211,6 +215,7 @@ function M.finish(root)
       det.next - det.first, det.last - det.first + 1), 2)
   end
   root.det = nil
+  C.sh_set_deterministic(det.kernels_were)
   for _, u in ipairs(root.all_units) do
     u:reshard()
     if u.fp and u.trainable then reduce_unit(root, u, det.ranges) end
