@@ -159,7 +159,7 @@ function M.new(o)
   local auto = o.interval == "auto"
   local self = setmetatable({ model = o.model, optim = o.optim, data = o.data, env = env, interval = auto and 1 or o.interval,
                               replicas = o.replicas or 0, job = M.job_id(), copies = {},
-                              probes = auto and { on = {}, off = {} } or nil }, Snap)
+                              probes = auto and { on = {}, off = {}, n = 0 } or nil }, Snap)
   self.path = M.path(self.job, env.world, env.rank, "snap")
   self.strategy = fsdp.layout(o.model).strategy
   if self.replicas > 0 and env.world > 1 then self.buddies = buddy_groups(env) end
@@ -299,13 +299,13 @@ function Snap:settle_exchange()
   end
 end
 
--- interval "auto": the wall time of the step after after_step(step) began, on `took` (a
--- snapshot began there) or off; after WARM steps and PAIRS pairs, the interval: the smallest
+-- interval "auto": the wall time from the last after_step to this one, on when the last took
+-- a snapshot, else off; after WARM steps and PAIRS pairs, the interval: the smallest
 -- K that keeps the largest share of a step that snapshots cost on any rank under BUDGET.
-function Snap:probe(step, took)
+function Snap:probe(took)
   local p = self.probes
   local now = require("shard.timer").now()
-  if p.last and step > M.WARM then table.insert(p.last.took and p.on or p.off, now - p.last.at) end
+  if p.n > M.WARM + 1 then table.insert(p.last.took and p.on or p.off, now - p.last.at) end
   p.last = { at = now, took = took }
   if #p.off < M.PAIRS then return end
   local stats = require("shard.stats")
@@ -323,14 +323,16 @@ function Snap:probe(step, took)
 end
 
 -- Whether after_step(step) takes a snapshot: every interval steps; while the cost is measured,
--- every step through WARM, then every other step.
+-- the run's first WARM steps (counted from its start: a restarted job's too), then every other step.
 function Snap:due(step)
   if not self.probes then return step % self.interval == 0 end
-  if step == 1 and self.env.rank == 0 then
-    print(("snapshot: every 2 steps (while measuring their cost over the next %d steps)"):format(M.WARM + 2 * M.PAIRS))
+  local p = self.probes
+  p.n = p.n + 1
+  if p.n == 1 and self.env.rank == 0 then
+    print(("snapshot: every 2 steps (while measuring their cost over the next %d steps)"):format(M.WARM + 2 * M.PAIRS + 1))
     io.stdout:flush()
   end
-  return step <= M.WARM or (step - M.WARM) % 2 == 1
+  return p.n <= M.WARM or (p.n - M.WARM) % 2 == 1
 end
 
 -- Step `step` is done: it is this rank's progress; every interval steps its state is copied.
@@ -338,7 +340,7 @@ function Snap:after_step(step)
   if self.file then C.sh_snap_set_progress(self.file, step) end
   local due = self:due(step)
   if due then self:take(step) end
-  if self.probes then self:probe(step, due) end
+  if self.probes then self:probe(due) end
 end
 
 -- The description of the pieces, as JSON: the same from one snapshot to the next unless the

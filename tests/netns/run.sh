@@ -18,8 +18,10 @@
 #   host lost, restarted  the recipe under --max_restarts 1 --min_nodes 1 with snapshot
 #               replicas, every process of host 1 killed and its snapshot files removed (its
 #               memory gone): the job ends well on host 0 alone, restored from ranks 0 and 1's
-#               own snapshots and their copies of ranks 2 and 3's (that this equals a resume at
-#               world 2 from the same step, byte for byte, tests/spec/snapshot_spec.lua shows).
+#               own snapshots and their copies of ranks 2 and 3's, and its losses from the
+#               restored step S on (train.jsonl's, 14 digits) are within 1e-6 of a resume at
+#               world 2 on one host from a disk checkpoint of step S that an uninterrupted run
+#               at world 4 wrote (the job's reductions crossed TCP, the reference's did not).
 # Needs root (ip netns). Where namespaces cannot be made that is a failure with the reason. The
 # namespaces are removed on exit, also on failure. The last line is "N passed, N failed".
 BIN=${1:-bin/shard}
@@ -158,13 +160,38 @@ if start_busy 4; then
   else echo "exit $brc after $took s" >>"$TMP/busy.err"; bad "link cut: no timeout error naming the nodes within 40 s" "$TMP/busy.err"; fi
 else bad "link cut: the busy job did not start" "$TMP/busy.err"; fi
 
+# losses FILE: "ITER loss" per training step and "ITERv loss" for the validation loss, from a
+# run's train.jsonl.
+losses() {
+  awk '{ if (!match($0, /"iter":[0-9]+/)) next; it = substr($0, RSTART + 7, RLENGTH - 7)
+         if (match($0, /"loss":[-0-9.eE+]+/)) print it, substr($0, RSTART + 7, RLENGTH - 7)
+         if (match($0, /"val_loss":[-0-9.eE+]+/)) print it "v", substr($0, RSTART + 11, RLENGTH - 11) }' "$1"
+}
+# same_as_resume S: the restored job's losses against a resume at world 2 from a disk checkpoint
+# of step S of the same job run whole at world 4, both on one host.
+same_as_resume() {
+  if [ -z "$1" ]; then bad "host lost: no restored step in the restart line" "$TMP/lost.err"; return; fi
+  if "$BIN" launch --nproc 4 $RECIPE --max_iters="$1" --save_interval="$1" --out_dir="$TMP/ref" >"$TMP/ref.out" 2>&1 &&
+     "$BIN" launch --nproc 2 $RECIPE --max_iters=12 --resume --out_dir="$TMP/ref" >>"$TMP/ref.out" 2>&1; then
+    losses "$TMP/ref/train.jsonl" >"$TMP/ref.losses"
+    losses "$TMP/lost/train.jsonl" >"$TMP/lost.losses"
+    verdict=$(awk -v want=$((12 - $1 + 1)) 'NR == FNR { ref[$1] = $2; next }
+      ($1 in ref) { n++; d = $2 - ref[$1]; if (d < 0) d = -d; r = d / (ref[$1] < 0 ? -ref[$1] : ref[$1]); if (r > worst) worst = r }
+      END { good = n >= want && worst <= 1e-6; printf "%d %d %.2g", n, good, worst + 0 }' "$TMP/ref.losses" "$TMP/lost.losses")
+    set -- "$1" $verdict
+    if [ "$3" = 1 ]; then ok "host lost: $2 losses from step $1 on within $4 (relative) of a resume at world 2 from step $1's disk checkpoint"
+    else { echo "compared $2 losses, largest relative difference $4; the job's, then the resume's:"; cat "$TMP/lost.losses" "$TMP/ref.losses"; } >>"$TMP/ref.out"
+      bad "host lost: the losses after the restore are not within 1e-6 of a resume at world 2 from step $1" "$TMP/ref.out"; fi
+  else bad "host lost: the reference run (world 4 to step $1, resumed at world 2) failed" "$TMP/ref.out"; fi
+}
+
 # host lost, restarted: the job goes on on host 0 from the surviving snapshots and copies
 pids=$(ip netns pids "$NS0"); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
 mkdir -p "$TMP/shm"
-SHARD_SNAPSHOT_DIR="$TMP/shm" launch --max_restarts 1 --min_nodes 1 recipes/gpt_shakespeare_char.lua --strategy=full_shard \
-  --data=/usr/share/common-licenses/GPL-3 --n_layer=2 --n_embd=64 --n_head=2 --block_size=32 --batch_size=8 --max_iters=12 --eval_interval=1000 --eval_iters=1 \
-  --sample_tokens=0 --log_interval=1 --snapshot_interval=1 --snapshot_replicas=1 --out_dir="$TMP/lost" \
-  >"$TMP/lost.out" 2>"$TMP/lost.err" &
+RECIPE="recipes/gpt_shakespeare_char.lua --strategy=full_shard --data=/usr/share/common-licenses/GPL-3 --n_layer=2 --n_embd=64
+  --n_head=2 --block_size=32 --batch_size=8 --eval_interval=1000 --eval_iters=1 --sample_tokens=0 --log_interval=1"
+SHARD_SNAPSHOT_DIR="$TMP/shm" launch --max_restarts 1 --min_nodes 1 $RECIPE --max_iters=12 --snapshot_interval=1 --snapshot_replicas=1 \
+  --out_dir="$TMP/lost" >"$TMP/lost.out" 2>"$TMP/lost.err" &
 lpid=$!
 i=0
 while ! grep -qs '^iter 5 | loss' "$TMP/lost.out" && [ $i -lt 600 ] && kill -0 $lpid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
@@ -177,6 +204,7 @@ if grep -q '^iter 5 | loss' "$TMP/lost.out"; then
      grep -q "restored step [0-9]* from memory (world 4: 2 own, 2 buddy copies)" "$TMP/lost.err" &&
      grep -q "^iter 12 | train_loss" "$TMP/lost.err"; then
     ok "host lost, restarted: $(grep 'shard launch: restart 1 of 1' "$TMP/lost.err" | cut -c1-200)"
+    same_as_resume "$(sed -n 's/.*restored step \([0-9]*\) from memory.*/\1/p' "$TMP/lost.err" | head -n 1)"
   else echo "exit $brc" >>"$TMP/lost.err"; bad "host lost, restarted: the job did not end well on host 0 from the snapshots" "$TMP/lost.err"; fi
 else bad "host lost, restarted: the job did not reach step 5" "$TMP/lost.err"; fi
 

@@ -144,6 +144,38 @@ describe("snapshot buddies", function()
   end)
 end)
 
+describe("the automatic snapshot interval", function()
+  -- The interval a run picks when a step with a snapshot in flight takes `on` seconds and one
+  -- without `off` (a clock that moves by them; no copy is made: the steps are only timed).
+  local function pick(on, off)
+    local snapshot, shard = require("shard.snapshot"), require("shard")
+    local timer = require("shard.timer")
+    local now, real_now = 0, timer.now
+    local snaps = snapshot.new{ model = shard.nn.Linear(2, 2), env = { world = 1, rank = 0 }, interval = "auto" }
+    local taken = {}
+    timer.now = function() return now end
+    local ok, err = pcall(function()
+      for step = 1, snapshot.WARM + 2 * snapshot.PAIRS + 1 do
+        local due = snaps:due(step)
+        taken[#taken + 1] = due and 1 or 0
+        snaps:probe(due)
+        now = now + (due and on or off)
+      end
+    end)
+    timer.now = real_now
+    assert(ok, err)
+    return snaps.interval, snaps.probes, table.concat(taken)
+  end
+
+  it("is 1 when a snapshot costs the step at most 3% of its wall time, else the smallest K under that", function()
+    local k, probes, taken = pick(1.02, 1.0)
+    assert.are.same({ 1, nil, "111010101010101" }, { k, probes, taken })   -- the first two steps, then every other step
+    assert.are.same(4, (pick(1.10, 1.0)))        -- 10%: 4 steps apart keep it at 2.5%
+    assert.are.same(1, (pick(0.95, 1.0)))        -- cheaper than without (noise): 1
+    assert.are.same(34, (pick(2.0, 1.0)))        -- 100%
+  end)
+end)
+
 describe("snapshots and restarts", function()
   local seed = os.time()
   math.randomseed(seed)
@@ -169,8 +201,12 @@ describe("snapshots and restarts", function()
     local line = out:match("shard launch: restart 1 of 1: [^\n]*")
     assert(line, what .. ": no restart line\n" .. out)
     -- from memory (or, where the kill landed in the copy of a step just checkpointed, that checkpoint)
-    local restored, from, lost, done = line:match("restored step (%d+) from (.-), (%d+) steps? lost; step (%d+) completed [%d.]+ s after the failure")
+    local restored, from, lost, done, total, ended, started, first = line:match("restored step (%d+) from (.-), (%d+) steps? lost; "
+      .. "step (%d+) completed ([%d.]+) s after the failure %(the job ended in ([%d.]+) s, the new one started and restored in "
+      .. "([%d.]+) s, its first step took ([%d.]+) s%)$")
     assert(restored and (from == "memory (world 2: 2 own, 0 buddy copies)" or from == "disk"), what .. ": " .. line)
+    -- the three parts add up to the whole (each rounded to 0.1 s)
+    assert(math.abs(tonumber(ended) + tonumber(started) + tonumber(first) - tonumber(total)) <= 0.151, what .. ": " .. line)
     assert(line:find(("rank %d was killed by signal 9"):format(victim), 1, true), line)
     -- K: the default picks it from the first copies' cost (the killed run's choice; the restarted
     -- run says it too, or, killed before choosing, every step so far)

@@ -198,6 +198,9 @@ local function mpirun_command(o)
     end
   end
   if is_root() then table.insert(cmd, 2, "--allow-run-as-root") end
+  -- a job that will be restarted: its survivors are killed at once rather than a second after
+  -- mpirun's SIGTERM (Open MPI's odls_base_sigkill_timeout), which the restart would wait for
+  if o.max_restarts > 0 then cmd[#cmd + 1] = "--mca odls_base_sigkill_timeout 0" end
   return table.concat(cmd, " ") .. " " .. run_args(o)
 end
 
@@ -696,17 +699,23 @@ end
 local SIGNAL_NAME = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
 
 -- The restart line, once the restarted job's rank 0 says what it restored ("restart: restored
--- step S from ..., L steps lost") and that it completed a step ("restart: step N completed").
+-- step S from ..., L steps lost") and that it completed a step ("restart: step N completed"):
+-- the seconds from the failure (the first line of mpirun's that says so) to that step, and
+-- where they went: the failed job's end, the new one's start up to its restore, its first step.
 local function watch_restart(o, failure)
-  local restored
+  local restored, restored_at
   return function(r, text)
     if r ~= 0 then return end
     local what = text:match("^restart: (restored step %d+ from .*)$")
-    if what then restored = what end
+    if what then restored, restored_at = what, timer.now() end
     local n = text:match("^restart: step (%d+) completed$")
     if n and failure then
-      io.stderr:write(("shard launch: restart %d of %d: %s; %s; step %s completed %.1f s after the failure\n"):format(
-        o.restart, o.max_restarts, failure.what, restored or "restored nothing", n, timer.now() - failure.at))
+      local now = timer.now()
+      restored_at = restored_at or now
+      io.stderr:write(("shard launch: restart %d of %d: %s; %s; step %s completed %.1f s after the failure "
+        .. "(the job ended in %.1f s, the new one started and restored in %.1f s, its first step took %.1f s)\n"):format(
+        o.restart, o.max_restarts, failure.what, restored or "restored nothing", n, now - failure.at,
+        failure.ended - failure.at, restored_at - failure.ended, now - restored_at))
       io.stderr:flush()
       failure = nil
     end
@@ -734,7 +743,7 @@ local function run_restarting(o)
     if rc == 0 or o.signal then return rc end
     rc = report(rc, router, o, world_size(o))
     if restart == o.max_restarts then return rc end
-    failure = { what = (o.verdict or ""):gsub("^shard launch: ", ""), at = o.failed_at or timer.now() }
+    failure = { what = (o.verdict or ""):gsub("^shard launch: ", ""), at = o.failed_at or timer.now(), ended = timer.now() }
     io.stderr:write(("shard launch: restarting the job (restart %d of %d)\n"):format(restart + 1, o.max_restarts))
     drop_lost_host(o)
   end
