@@ -13,12 +13,17 @@
 -- (copy + CRC32C into /dev/shm); and the host bytes per rank the snapshot files take (own two
 -- slots, plus the buddy's with replicas). --every=0 lets the snapshots measure their cost and
 -- pick their interval (train's default under shard launch --max_restarts), which they print.
+-- Then the finest interleaving, in one run: --pairs pairs of consecutive steps, the first of
+-- each with a snapshot in flight (taken at its start) and the second without, each step timed
+-- from one step boundary to the next (wall and process CPU): the cost of a snapshot every step
+-- is the median of the pairs' differences over the median step without [quartiles], so that a
+-- load that comes and goes on a shared machine hits both halves of a pair alike.
 local ffi = require("ffi")
 local shard = require("shard")
 local cfg = shard.config({ n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12, vocab_size = 65,
-                           steps = 40, every = 1, rounds = 5, strategy = "none", snapshot_replicas = 0,
+                           steps = 40, every = 1, rounds = 5, pairs = 30, strategy = "none", snapshot_replicas = 0,
                            dir = "/tmp/snapshot_bench" },
-                         { steps = { min = 1 }, every = { min = 0 }, rounds = { min = 1 }, snapshot_replicas = { min = 0, max = 1 },
+                         { steps = { min = 1 }, every = { min = 0 }, rounds = { min = 1 }, pairs = { min = 0 }, snapshot_replicas = { min = 0, max = 1 },
                            strategy = { oneof = { "none", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2" } } })
 local env = shard.init{ device = "cpu" }
 local timer, snapshot, ck = require("shard.timer"), require("shard.snapshot"), shard.checkpoint
@@ -80,6 +85,30 @@ local function trial(mode)
            copy = #acc.copies > 0 and median(acc.copies) or 0, bytes = bytes, n_params = model:num_params() }
 end
 
+-- Pairs of steps, on then off (a snapshot every 2 steps): the wall and CPU seconds of each.
+local function paired_steps()
+  local model, opt, x = trial_gpt.setup(cfg, env)
+  local snaps = snapshot.new{ model = model, optim = opt, env = env, interval = 2, replicas = cfg.snapshot_replicas }
+  local on, off, last = { wall = {}, cpu = {} }, { wall = {}, cpu = {} }, nil
+  for it = 1, 2 * cfg.pairs + 3 do   -- two warm-up steps
+    local loss = model(x, x)
+    loss:backward()
+    snaps:before_update()
+    opt:step(); opt:zero_grad(true)
+    loss:free()
+    local t, c = timer.now(), cpu_now()
+    if last and it > 3 then   -- the step just done began at after_step(it - 1): on when that took a snapshot
+      local into = (it - 1) % 2 == 0 and on or off
+      table.insert(into.wall, t - last.t); table.insert(into.cpu, c - last.c)
+    end
+    last = { t = t, c = c }
+    snaps:after_step(it)
+  end
+  snaps:close()
+  x:free()
+  return on, off
+end
+
 local modes = { "off", "on", "checkpoint" }
 local runs = { off = {}, on = {}, checkpoint = {} }
 for round = 1, cfg.rounds do
@@ -102,6 +131,18 @@ local function paired(mode, k)
   return out
 end
 
+local pairs_on, pairs_off = paired_steps()
+
+-- the pairs' differences over the median step without: median [lower to upper quartile]
+local function pair_cost(k)
+  local d = {}
+  for i = 1, math.min(#pairs_on[k], #pairs_off[k]) do d[i] = pairs_on[k][i] - pairs_off[k][i] end
+  table.sort(d)
+  local base = median(pairs_off[k])
+  local q = function(f) return d[math.max(1, math.floor(f * #d + 0.5))] / base end
+  return median(d) / base, q(0.25), q(0.75)
+end
+
 if env.rank == 0 then
   local on = runs.on
   print(("GPT %d layers x %d (%.2fM params), %s at world %d, %d steps x %d rounds, every %s%s"):format(cfg.n_layer, cfg.n_embd,
@@ -114,8 +155,18 @@ if env.rank == 0 then
       mode == "off" and "" or spread(paired(mode, "wall"), 100, "%+.1f%%"), mode == "off" and "" or spread(paired(mode, "cpu"), 100, "%+.1f%%")))
   end
   local base = median(field(runs.off, "wall"))
-  print(("snapshot_cost_pct %.2f"):format(100 * median(paired("on", "wall"))))
-  print(("snapshot_cpu_cost_pct %.2f"):format(100 * median(paired("on", "cpu"))))
+  if cfg.pairs > 0 then
+    local w, w1, w3 = pair_cost("wall")
+    local c, c1, c3 = pair_cost("cpu")
+    print(("%d pairs of steps in one run, the first with a snapshot in flight, the second without:"):format(#pairs_off.wall))
+    print(("  wall %.2f ms with, %.2f ms without: %+.1f%% [%+.1f%% to %+.1f%%]; CPU %.2f / %.2f ms: %+.1f%% [%+.1f%% to %+.1f%%]"):format(
+      median(pairs_on.wall) * 1e3, median(pairs_off.wall) * 1e3, 100 * w, 100 * w1, 100 * w3,
+      median(pairs_on.cpu) * 1e3, median(pairs_off.cpu) * 1e3, 100 * c, 100 * c1, 100 * c3))
+    print(("snapshot_cost_pct %.2f"):format(100 * w))
+    print(("snapshot_cpu_cost_pct %.2f"):format(100 * c))
+  end
+  print(("snapshot_rounds_cost_pct %.2f"):format(100 * median(paired("on", "wall"))))
+  print(("snapshot_rounds_cpu_cost_pct %.2f"):format(100 * median(paired("on", "cpu"))))
   print(("checkpoint_cost_pct %.2f"):format(100 * median(paired("checkpoint", "wall"))))
   print(("snapshot_main_thread_after_step_ms %.3f"):format(median(field(on, "after")) * 1e3))
   print(("snapshot_main_thread_wait_ms %.3f"):format(median(field(on, "before")) * 1e3))

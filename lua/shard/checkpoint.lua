@@ -184,16 +184,21 @@ end
 -- them for the index and the tensors to write, live views or host copies when the write goes
 -- on in the background (or the slice is not host memory). Also the optimizer's metadata.
 -- held = true (shard.snapshot) takes every slice this rank holds, owned or a replica (each rank
--- restores from its own), not just the ones it writes once for all, as live views on their
--- device with no checksum: the snapshot copies them, off the step's path, and checksums its copy.
+-- restores from its own), not just the ones it writes once for all, live on their device with
+-- no checksum: the snapshot copies them, off the step's path, and checksums its copy. Where a
+-- slice is a whole contiguous tensor (an optimizer state, a plain model's parameter) it is that
+-- tensor itself, not a view (making and freeing 81 views took 0.5 ms of a 100 ms step), and
+-- borrowed[i] says so: the caller frees the others only.
 local function collect_slices(s, held)
-  local entries, tensors = {}, {}
-  local function add(key, view, desc)
+  local entries, tensors, borrowed = {}, {}, {}
+  local function add(key, view, desc, whole)
     local t = view
-    if not view:is_contiguous() or not held and (s.async or view:device() ~= "cpu") then
+    if held and whole and view:is_contiguous() then
+      borrowed[#tensors + 1] = true
+    elseif not view:is_contiguous() or not held and (s.async or view:device() ~= "cpu") then
       t = tensor.empty({ view:numel() }, { dtype = view:dtype(), device = "cpu" })
       t:copy_(view)
-      view:free()
+      if not whole then view:free() end
     end
     tensors[#tensors + 1] = t
     desc.tensor, desc.dtype, desc.crc32c = key, t:dtype(), not held and safetensors.crc32c(t) or nil
@@ -203,11 +208,12 @@ local function collect_slices(s, held)
   for _, sl in ipairs(held_slices(s.model)) do
     if sl.owner or held then
       owned[slice_key(sl.name, sl.start)] = true
-      add("param/" .. slice_key(sl.name, sl.start), sl:view(),
-          { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count })
+      local whole = held and sl.whole
+      add("param/" .. slice_key(sl.name, sl.start), whole and sl.tensor or sl:view(),
+          { kind = "param", name = sl.name, shape = sl.shape, start = sl.start, count = sl.count }, whole)
     end
   end
-  if not s.optim then return entries, tensors, nil end
+  if not s.optim then return entries, tensors, nil, borrowed end
   local sd = s.optim:state_dict(name_of(s.model))
   for _, e in ipairs(sd.entries) do
     if owned[slice_key(e.name, e.start)] then
@@ -216,12 +222,12 @@ local function collect_slices(s, held)
       table.sort(states)
       for _, k in ipairs(states) do
         local st = e.state[k]
-        add(("optim/%s/%s"):format(k, slice_key(e.name, e.start)), st:view({ st:numel() }),
-            { kind = "optim", state = k, name = e.name, start = e.start, count = e.numel })
+        add(("optim/%s/%s"):format(k, slice_key(e.name, e.start)), held and st or st:view({ st:numel() }),
+            { kind = "optim", state = k, name = e.name, start = e.start, count = e.numel }, held)
       end
     end
   end
-  return entries, tensors, { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }
+  return entries, tensors, { kind = sd.kind, step_count = sd.step_count, hyper = sd.hyper }, borrowed
 end
 
 -- What resume restores beyond the slices, this rank's: RNG state, data position, extras.
@@ -230,10 +236,11 @@ local function rank_state(s)
 end
 
 -- The state a resume restores, as this rank holds it, for another store of it
--- (shard.snapshot): collect_slices's entries, tensors and optimizer metadata, and rank_state.
+-- (shard.snapshot): collect_slices's entries, tensors and optimizer metadata, rank_state, and
+-- which tensors are borrowed (live ones the caller must not free).
 function M.collect(s, held)
-  local entries, tensors, optim_meta = collect_slices(s, held)
-  return entries, tensors, optim_meta, rank_state(s)
+  local entries, tensors, optim_meta, borrowed = collect_slices(s, held)
+  return entries, tensors, optim_meta, rank_state(s), borrowed
 end
 
 -- The rank file's chunks: the safetensors header (runtime/io/safetensors.c builds it), then

@@ -256,7 +256,7 @@ function Snap:settle_copy()
   if not c then return end
   self.inflight = nil
   check(C.sh_snap_wait(self.file))
-  for _, t in ipairs(c.tensors) do t:free() end
+  for i, t in ipairs(c.tensors) do if not c.borrowed[i] then t:free() end end
   if self.buddies then self:exchange(c.slot, 4096 + c.bytes) end
 end
 
@@ -363,7 +363,7 @@ end
 function Snap:take(step)
   self:settle_copy()
   self:settle_exchange()
-  local entries, tensors, optim_meta, state = checkpoint.collect({ model = self.model, optim = self.optim, data = self.data }, true)
+  local entries, tensors, optim_meta, state, borrowed = checkpoint.collect({ model = self.model, optim = self.optim, data = self.data }, true)
   local offset, ptrs, sizes = 0, ffi.new("const void*[?]", #tensors + 1), ffi.new("int64_t[?]", #tensors + 1)
   local on_device, host_live = {}, false
   for i, e in ipairs(entries) do
@@ -384,8 +384,8 @@ function Snap:take(step)
   head.step, head.world, head.rank, head.meta_bytes = step, self.env.world, self.env.rank, #meta
   ffi.copy(head.strategy, self.strategy, math.min(#self.strategy, 31))
   check(C.sh_snap_write(f, self.slot, head, #tensors + 1, ptrs, sizes, ready and event_wait_fn(), ready, 1))
-  -- the chunks (views of the live shards) and the pointers stay alive until done
-  self.inflight = { tensors = tensors, meta = meta, ptrs = ptrs, sizes = sizes, slot = self.slot, bytes = offset + #meta,
+  -- the chunks (the live state, or views of it) and the pointers stay alive until done
+  self.inflight = { tensors = tensors, borrowed = borrowed, meta = meta, ptrs = ptrs, sizes = sizes, slot = self.slot, bytes = offset + #meta,
                     host_live = host_live, device_wait = ready ~= nil }
   self.slot = 1 - self.slot
 end
