@@ -35,13 +35,16 @@ cudaStream_t sh_cuda_stream_raw(const sh_cuda_stream *s);
 const cudaDeviceProp *sh_cuda_props(int device);
 
 /* The graph `device` is capturing (sh_cuda_graph_begin), or NULL. A kernel whose arguments
- * change every step (AdamW's bias correction) reads them from a buffer the graph owns
- * (sh_cuda_graph_buffer, freed with the graph) that fn fills on the host before each launch,
- * queuing its copy on `stream` (the compute stream, ahead of the launch); `launch` counts
- * the graph's launches before this one, so the captured step itself is launch 0. */
+ * change every step (an optimizer's lr and bias correction) reads them from a buffer the
+ * graph owns (sh_cuda_graph_buffer, freed with the graph) that fn fills on the host before
+ * each launch, queuing its copy on `stream` (the compute stream, ahead of the launch);
+ * `launch` counts the graph's launches before this one, so the captured step itself is
+ * launch 0; `lr` is the learning rate of the step the launch runs: the one
+ * sh_cuda_graph_set_lr gave the graph, else `captured_lr` (the step's at the capture). */
 sh_cuda_graph *sh_cuda_graph_capturing(int device);
 void *sh_cuda_graph_buffer(sh_cuda_graph *g, size_t nbytes);
-int sh_cuda_graph_before_launch(sh_cuda_graph *g, std::function<int(cudaStream_t stream, int64_t launch)> fn);
+int sh_cuda_graph_before_launch(sh_cuda_graph *g, double captured_lr,
+                                std::function<int(cudaStream_t stream, int64_t launch, double lr)> fn);
 
 /* Scratch and output tensors released at scope exit unless taken. */
 struct sh_tguard {

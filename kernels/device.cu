@@ -656,15 +656,25 @@ extern "C" int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src) {
 
 /* ---- CUDA graphs ------------------------------------------------------------------------- */
 
-/* A captured graph of the compute stream, its instance, and what runs on the host before each
- * launch (sh_cuda_graph_before_launch). */
+/* What runs on the host before each launch (sh_cuda_graph_before_launch) and the lr of the
+ * step at the capture it stands for. */
+struct before_launch_fn {
+  double captured_lr;
+  std::function<int(cudaStream_t, int64_t, double)> fn;
+};
+
+/* A captured graph of the compute stream, its instance, what runs on the host before each
+ * launch, and the lr its next launch runs with (sh_cuda_graph_set_lr; until then each
+ * callback's captured one). */
 struct sh_cuda_graph {
   int device;
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   int64_t launches;
-  std::vector<std::function<int(cudaStream_t, int64_t)>> before_launch;
+  std::vector<before_launch_fn> before_launch;
   std::vector<std::pair<void *, size_t>> owned;   /* device buffers it holds (sh_cuda_graph_buffer) */
+  bool lr_set = false;
+  double lr = 0;
 };
 
 static sh_cuda_graph *capturing[MAX_DEVICES];
@@ -674,8 +684,8 @@ static bool graph_capturing(int device) { return device >= 0 && device < MAX_DEV
 
 sh_cuda_graph *sh_cuda_graph_capturing(int device) { return graph_capturing(device) ? capturing[device] : NULL; }
 
-int sh_cuda_graph_before_launch(sh_cuda_graph *g, std::function<int(cudaStream_t, int64_t)> fn) {
-  g->before_launch.push_back(std::move(fn));
+int sh_cuda_graph_before_launch(sh_cuda_graph *g, double captured_lr, std::function<int(cudaStream_t, int64_t, double)> fn) {
+  g->before_launch.push_back({captured_lr, std::move(fn)});
   return SH_OK;
 }
 
@@ -744,9 +754,24 @@ extern "C" int sh_cuda_graph_launch(sh_cuda_graph *g) {
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, g->device, &st));
   cudaStream_t compute = devices[g->device].streams[SH_STREAM_COMPUTE].s;
-  for (auto &fn : g->before_launch) SH_TRY(fn(compute, g->launches));
+  for (auto &b : g->before_launch) SH_TRY(b.fn(compute, g->launches, g->lr_set ? g->lr : b.captured_lr));
   CU_TRY(op, cudaGraphLaunch(g->exec, compute));
   g->launches++;
+  return SH_OK;
+}
+
+/* One lr drives every callback, so the optimizer steps of the capture must have had one. */
+extern "C" int sh_cuda_graph_set_lr(sh_cuda_graph *g, double lr) {
+  const char *op = "cuda_graph_set_lr";
+  if (!g || !g->exec) return sh_fail(SH_ERR_ARG, "%s: expected a graph, got %s", op, g ? "a destroyed one" : "nil");
+  if (!(lr >= 0)) return sh_fail(SH_ERR_ARG, "%s: lr must be >= 0, got %g", op, lr);
+  for (auto &b : g->before_launch)
+    if (b.captured_lr != g->before_launch[0].captured_lr)
+      return sh_fail(SH_ERR_ARG, "%s: the graph's optimizer steps were captured with learning rates %g and %g; one lr "
+                     "per launch cannot stand for both (capture them in graphs of their own)", op,
+                     g->before_launch[0].captured_lr, b.captured_lr);
+  g->lr_set = true;
+  g->lr = lr;
   return SH_OK;
 }
 

@@ -10,9 +10,9 @@
  * and writing p, m, v and the optional bf16/f16/f32 shadow (the compute copy) once, with
  * 16-byte accesses where every buffer of a parameter is 16-byte aligned (8 elements a step);
  * a clip's coefficient, left on the device by grad_clip_coef, is read once per block into the
- * gradient scale. In a captured CUDA graph the per-step constants (the bias correction goes on
- * with every launch) come from a buffer of the graph filled before each launch. The
- * gradient-norm part walks the same kind of table into one f64 on the device. */
+ * gradient scale. In a captured CUDA graph the per-step constants (the lr of each step's
+ * schedule, the bias correction) come from a buffer of the graph filled before each launch;
+ * SGD's too. The gradient-norm part walks the same kind of table into one f64 on the device. */
 #include <memory>
 #include "common.cuh"
 #include "core/backend_internal.h"
@@ -53,10 +53,16 @@ struct adamw_table {
   float *p[MT_MAX], *m[MT_MAX], *v[MT_MAX];
   const void *g[MT_MAX];
   void *shadow[MT_MAX];
-  float decay[MT_MAX];               /* 1 - lr wd: the weight decay is the parameter's own */
   int g_bf16[MT_MAX], shadow_dt[MT_MAX];
   int wide[MT_MAX];                  /* every buffer 16-byte aligned: the 16-byte path */
   const float *clip[MT_MAX];         /* NULL, or the clip coefficient on the device */
+};
+
+/* The per-step constants of one launch: the hyper-parameters and each buffer's decay factor
+ * 1 - lr wd (the weight decay is the parameter's own), all following the lr and step count. */
+struct adamw_consts {
+  sh_adamw_hyper h;
+  float decay[MT_MAX];
 };
 
 /* One element's update, returning the new p: the one formula of both paths, so they give the
@@ -116,14 +122,15 @@ __device__ __forceinline__ void store_shadow8(const adamw_table &t, int b, int64
 }
 
 /* Elements [i, i + AW) of buffer b, all 16-byte aligned. */
-__device__ __forceinline__ void adamw_wide(const adamw_table &t, int b, int64_t i, float scale, const sh_adamw_hyper &h) {
+__device__ __forceinline__ void adamw_wide(const adamw_table &t, int b, int64_t i, float scale, float decay,
+                                           const sh_adamw_hyper &h) {
   float g[AW], p[AW], m[AW], v[AW];
   load_grad8(t, b, i, g);
   load_f32x8(t.p[b] + i, p);
   load_f32x8(t.m[b] + i, m);
   load_f32x8(t.v[b] + i, v);
 #pragma unroll
-  for (int k = 0; k < AW; k++) p[k] = adamw_elem(g[k] * scale, p[k], &m[k], &v[k], t.decay[b], h);
+  for (int k = 0; k < AW; k++) p[k] = adamw_elem(g[k] * scale, p[k], &m[k], &v[k], decay, h);
   store_f32x8(t.p[b] + i, p);
   store_f32x8(t.m[b] + i, m);
   store_f32x8(t.v[b] + i, v);
@@ -131,61 +138,93 @@ __device__ __forceinline__ void adamw_wide(const adamw_table &t, int b, int64_t 
 }
 
 /* Element i of buffer b, one access each. */
-__device__ __forceinline__ void adamw_one(const adamw_table &t, int b, int64_t i, float scale, const sh_adamw_hyper &h) {
+__device__ __forceinline__ void adamw_one(const adamw_table &t, int b, int64_t i, float scale, float decay,
+                                          const sh_adamw_hyper &h) {
   float g = t.g_bf16[b] ? __bfloat162float(((const __nv_bfloat16 *)t.g[b])[i]) : ((const float *)t.g[b])[i];
-  float pi = adamw_elem(g * scale, t.p[b][i], &t.m[b][i], &t.v[b][i], t.decay[b], h);
+  float pi = adamw_elem(g * scale, t.p[b][i], &t.m[b][i], &t.v[b][i], decay, h);
   t.p[b][i] = pi;
   if (t.shadow[b]) ew_store<float>((char *)t.shadow[b], t.shadow_dt[b], i, pi);
 }
 
 /* A chunk starts at a multiple of MT_CHUNK (a multiple of AW) elements, so on an aligned buffer
  * its whole groups of AW are aligned; the rest of the chunk (a buffer's last AW - 1 elements at
- * most) and unaligned buffers go one element at a time. */
-__global__ void adamw_mt_kernel(const adamw_table t, const sh_adamw_hyper h_arg, const sh_adamw_hyper *h_dev) {
-  const sh_adamw_hyper h = h_dev ? *h_dev : h_arg;
+ * most) and unaligned buffers go one element at a time. The constants are k_arg's, or in a
+ * captured graph those at k_dev. */
+__global__ void adamw_mt_kernel(const adamw_table t, const adamw_consts k_arg, const adamw_consts *k_dev) {
+  const sh_adamw_hyper h = k_dev ? k_dev->h : k_arg.h;
   int64_t i0, i1;
   int b = mt_locate(t.c, &i0, &i1);
+  float decay = k_dev ? k_dev->decay[b] : k_arg.decay[b];
   float scale = t.clip[b] ? h.scale * *t.clip[b] : h.scale;   /* as optim.c: one f32 product */
   int64_t tail = i0;
   if (t.wide[b]) {
     tail = i0 + (i1 - i0) / AW * AW;
-    for (int64_t i = i0 + (int64_t)threadIdx.x * AW; i < tail; i += (int64_t)blockDim.x * AW) adamw_wide(t, b, i, scale, h);
+    for (int64_t i = i0 + (int64_t)threadIdx.x * AW; i < tail; i += (int64_t)blockDim.x * AW)
+      adamw_wide(t, b, i, scale, decay, h);
   }
-  for (int64_t i = tail + threadIdx.x; i < i1; i += blockDim.x) adamw_one(t, b, i, scale, h);
+  for (int64_t i = tail + threadIdx.x; i < i1; i += blockDim.x) adamw_one(t, b, i, scale, decay, h);
 }
 
-static int adamw_launch(adamw_table *t, const sh_adamw_hyper &h, const sh_adamw_hyper *h_dev, cudaStream_t st) {
-  adamw_mt_kernel<<<(unsigned)t->c.first_chunk[t->c.n], OPT_THREADS, 0, st>>>(*t, h, h_dev);
+/* What one launch's constants follow from: the optimizer's settings, the step's lr and
+ * count, and the weight decay of each buffer of the table. */
+struct adamw_step {
+  double beta1, beta2, eps, grad_scale;
+  int n;                             /* buffers in the table */
+  double wd[MT_MAX];
+};
+
+/* The constants of the step with this lr and count, by optim.c's formula (rules.c), so a
+ * graph's launch gives the bits of the eager step. */
+static adamw_consts adamw_consts_of(const adamw_step &s, double lr, int64_t step) {
+  adamw_consts k;
+  memset(&k, 0, sizeof k);
+  k.h = sh_adamw_hyper_of(lr, s.beta1, s.beta2, s.eps, 0, step, s.grad_scale);
+  for (int b = 0; b < s.n; b++)
+    k.decay[b] = sh_adamw_hyper_of(lr, s.beta1, s.beta2, s.eps, s.wd[b], step, s.grad_scale).decay;
+  return k;
+}
+
+/* In a captured graph the lr (a schedule's) and the step count (the bias correction) change
+ * with every launch, so an optimizer's kernel reads its constants (a T) from a buffer of the
+ * graph, filled on the host before each launch with make(launch, lr): the constants of the
+ * step that launch runs (the captured one is launch 0), at the lr the graph was given for it
+ * (captured_lr until then). *out: the buffer. */
+template <class T, class F>
+static int graph_consts(const char *op, sh_cuda_graph *g, double captured_lr, F make, const T **out) {
+  T *buf = (T *)sh_cuda_graph_buffer(g, sizeof(T));
+  if (!buf) return sh_fail_context("%s: the graph's step constants: ", op);
+  *out = buf;
+  return sh_cuda_graph_before_launch(g, captured_lr, [=](cudaStream_t stream, int64_t launch, double lr) -> int {
+    T k = make(launch, lr);
+    CU_TRY(op, cudaMemcpyAsync(buf, &k, sizeof k, cudaMemcpyHostToDevice, stream));
+    return SH_OK;
+  });
+}
+
+/* Launches t's group (s: its weight decays) and empties it. */
+static int adamw_launch(adamw_table *t, adamw_step *s, double lr, int64_t step, int device, cudaStream_t st) {
+  s->n = t->c.n;
+  const adamw_consts *k_dev = NULL;
+  if (sh_cuda_graph *g = sh_cuda_graph_capturing(device)) {   /* betas, eps, grad_scale and decays: the capture's */
+    adamw_step c = *s;
+    auto make = [=](int64_t launch, double lr_now) { return adamw_consts_of(c, lr_now, step + launch); };
+    SH_TRY(graph_consts("adamw", g, lr, make, &k_dev));
+  }
+  adamw_mt_kernel<<<(unsigned)t->c.first_chunk[t->c.n], OPT_THREADS, 0, st>>>(*t, adamw_consts_of(*s, lr, step), k_dev);
   CU_LAUNCHED("adamw");
   memset(t, 0, sizeof *t);
   return SH_OK;
-}
-
-/* In a captured graph the step count goes on with every launch, so the per-step constants
- * come from a buffer of the graph, filled on the host before each launch for the step that
- * launch runs (the captured one first); the rest (lr, betas, eps, grad_scale) is the capture's. */
-static int graph_hyper(sh_cuda_graph *g, double lr, double beta1, double beta2, double eps, int64_t step,
-                       double grad_scale, const sh_adamw_hyper **out) {
-  sh_adamw_hyper *buf = (sh_adamw_hyper *)sh_cuda_graph_buffer(g, sizeof(sh_adamw_hyper));
-  if (!buf) return sh_fail_context("adamw: the graph's step constants: ");
-  *out = buf;
-  return sh_cuda_graph_before_launch(g, [=](cudaStream_t stream, int64_t launch) -> int {
-    sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step + launch, grad_scale);
-    CU_TRY("adamw", cudaMemcpyAsync(buf, &h, sizeof h, cudaMemcpyHostToDevice, stream));
-    return SH_OK;
-  });
 }
 
 /* The table's kernel: runtime/cpu/optim.c checked every buffer (flat, param's numel, one device)
  * and hyper-parameter, and bumps the versions. One launch per MT_MAX non-empty parameters. */
 extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, double lr, double beta1, double beta2,
                                           double eps, int64_t step, double grad_scale) {
-  sh_adamw_hyper h = sh_adamw_hyper_of(lr, beta1, beta2, eps, 0, step, grad_scale);
   cudaStream_t st;
   SH_TRY(sh_cuda_enter("adamw", ps[0].param->device, &st));
-  const sh_adamw_hyper *h_dev = NULL;
-  if (sh_cuda_graph *g = sh_cuda_graph_capturing(ps[0].param->device))
-    SH_TRY(graph_hyper(g, lr, beta1, beta2, eps, step, grad_scale, &h_dev));
+  adamw_step s;
+  memset(&s, 0, sizeof s);
+  s.beta1 = beta1, s.beta2 = beta2, s.eps = eps, s.grad_scale = grad_scale;
   adamw_table t;
   memset(&t, 0, sizeof t);
   for (int i = 0; i < n; i++) {
@@ -203,11 +242,11 @@ extern "C" int sh_kcuda_adamw_step_multi_(int n, const sh_adamw_param *ps, doubl
     t.clip[k] = e->clip ? (const float *)sh_tensor_data(e->clip) : NULL;
     t.wide[k] = sh_aligned16(t.p[k]) && sh_aligned16(t.m[k]) && sh_aligned16(t.v[k]) && sh_aligned16(t.g[k]) &&
                 (!t.shadow[k] || sh_aligned16(t.shadow[k]));
-    t.decay[k] = sh_adamw_hyper_of(lr, beta1, beta2, eps, e->weight_decay, step, grad_scale).decay;
+    s.wd[k] = e->weight_decay;
     mt_add(&t.c, numel);
-    if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, h, h_dev, st));
+    if (t.c.n == MT_MAX) SH_TRY(adamw_launch(&t, &s, lr, step, ps[0].param->device, st));
   }
-  if (t.c.n > 0) SH_TRY(adamw_launch(&t, h, h_dev, st));
+  if (t.c.n > 0) SH_TRY(adamw_launch(&t, &s, lr, step, ps[0].param->device, st));
   return SH_OK;
 }
 
@@ -323,17 +362,19 @@ extern "C" int sh_kcuda_grad_clip_coef(sh_tensor *coef, sh_tensor *norm, const s
   return SH_OK;
 }
 
-__global__ void sgd_kernel(float *p, const void *gp, int g_bf16, float *buf, int64_t n, float scale, float lr, float wd,
-                           float momentum, float omd, int nesterov, int first) {
+/* The constants are h_arg's, or in a captured graph those at h_dev. */
+__global__ void sgd_kernel(float *p, const void *gp, int g_bf16, float *buf, int64_t n, const sh_sgd_hyper h_arg,
+                           const sh_sgd_hyper *h_dev) {
+  const sh_sgd_hyper h = h_dev ? *h_dev : h_arg;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float g = (g_bf16 ? __bfloat162float(((const __nv_bfloat16 *)gp)[i]) : ((const float *)gp)[i]) * scale;
-    if (wd != 0.0f) g += wd * p[i];
+    float g = (g_bf16 ? __bfloat162float(((const __nv_bfloat16 *)gp)[i]) : ((const float *)gp)[i]) * h.scale;
+    if (h.wd != 0.0f) g += h.wd * p[i];
     if (buf) {
-      float b = first ? g : buf[i] * momentum + g * omd;
+      float b = h.first ? g : buf[i] * h.momentum + g * h.omd;
       buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
+      g = h.nesterov ? g + h.momentum * b : b;
     }
-    p[i] -= lr * g;
+    p[i] -= h.lr * g;
   }
 }
 
@@ -348,9 +389,16 @@ extern "C" int sh_kcuda_sgd_step_(sh_tensor *param, const sh_tensor *grad, sh_te
   cudaStream_t st;
   SH_TRY(sh_cuda_enter(op, dev, &st));
   if (n > 0) {
+    const sh_sgd_hyper *h_dev = NULL;
+    if (sh_cuda_graph *g = sh_cuda_graph_capturing(dev)) {   /* only the captured step (launch 0) can be the first */
+      auto make = [=](int64_t launch, double lr_now) {
+        int first = first_step && launch == 0;
+        return sh_sgd_hyper_of(lr_now, momentum, dampening, weight_decay, nesterov, first, grad_scale);
+      };
+      SH_TRY(graph_consts(op, g, lr, make, &h_dev));
+    }
     sgd_kernel<<<sh_blocks(n, OPT_THREADS), OPT_THREADS, 0, st>>>((float *)sh_tensor_data(param), sh_tensor_data(grad),
-                                                                  grad->dtype == SH_BF16, buf, n, h.scale, h.lr, h.wd,
-                                                                  h.momentum, h.omd, h.nesterov, h.first);
+                                                                  grad->dtype == SH_BF16, buf, n, h, h_dev);
     CU_LAUNCHED(op);
   }
   return SH_OK;

@@ -11,14 +11,16 @@
 -- graph, which runs that step; every later call copies the batch in and launches again. The
 -- loss returned is the graph's own output tensor, rewritten by each launch: read it (loss:item())
 -- after the call, not inside the function.
--- Handled: AdamW's step count (its bias correction goes on per launch: kernels/optim.cu),
--- clipping (its coefficient stays on the device), activation checkpointing, FSDP's
--- collectives, memory (blocks of the step stay the graph's: runtime/core/cuda.h).
+-- Handled: the optimizer's lr (set it before each call, as a schedule does: each launch runs
+-- with the lr of its step) and step count (AdamW's bias correction): AdamW and SGD read them
+-- from a buffer of the graph the host fills before each launch (kernels/optim.cu), so a
+-- replayed step gives the bits of the eager one; clipping (its coefficient stays on the
+-- device), activation checkpointing, FSDP's collectives, memory (blocks of the step stay the
+-- graph's: runtime/core/cuda.h).
 -- Refused by name: a host read or a host batch inside the function (loss:item(), x:to("cuda")),
--- a batch of another shape or dtype, a learning rate changed after the capture (a schedule:
--- keep lr constant or make a new step), FSDP CPU offload of the model given (its copies run
--- on a stream outside the capture), a CPU device. fp16's grad scaler skips a step by reading the host: refused
--- by the host-read rule.
+-- a batch of another shape or dtype, FSDP CPU offload of the model given (its copies run on a
+-- stream outside the capture), a CPU device. fp16's grad scaler skips a step by reading the
+-- host: refused by the host-read rule.
 -- Replay speed is unmeasured on a real GPU: the emulator (tests/cuda_emu) checks correctness
 -- and counts launches, not time.
 local ffi = require("ffi")
@@ -32,6 +34,8 @@ local Graph = {}
 Graph.__index = Graph
 
 function Graph:launch() check(C.sh_cuda_graph_launch(self.p), 2) end
+-- The lr of the step the next launches run (cuda.h's sh_cuda_graph_set_lr).
+function Graph:set_lr(lr) check(C.sh_cuda_graph_set_lr(self.p, lr), 2) end
 function Graph:launches() return tonumber(C.sh_cuda_graph_launches(self.p)) end
 function Graph:free()
   if self.p ~= nil then C.sh_cuda_graph_destroy(ffi.gc(self.p, nil)); self.p = nil end
@@ -67,7 +71,7 @@ local function shape_text(t) return ("%s [%s]"):format(t:dtype(), table.concat(t
 local function same_layout(a, b) return shape_text(a) == shape_text(b) end
 
 -- The step helper (above). opts: warmup (eager calls before the capture, default 2, >= 1),
--- optimizer (its lr is checked and its step count advanced at each launch), model (refused
+-- optimizer (its lr goes to each launch and its step count goes on), model (refused
 -- when FSDP offloads it: its copies, prefetched across steps on a stream of their own, are
 -- outside any capture). Returns a callable: step(inputs...) -> the function's results.
 function M.step(fn, opts)
@@ -105,7 +109,6 @@ function M.step(fn, opts)
       end
       self.inputs[i] = t:clone()
     end
-    self.lr = self.optimizer and self.optimizer.lr
     self.graph, self.results = (function(g, ...) return g, { ... } end)(M.capture(device, function()
       return fn(unpack(self.inputs))
     end))
@@ -119,15 +122,9 @@ function M.step(fn, opts)
       capture(args)
     else
       copy_in(args)
-      local o = self.optimizer
-      if o then
-        if o.lr ~= self.lr then
-          error(("cuda_graph.step: the learning rate changed from %g to %g after the capture; a replayed step " ..
-                 "keeps the captured lr (use a constant lr, or make a new step)"):format(self.lr, o.lr), 2)
-        end
-        o.step_count = o.step_count + 1
-      end
+      if self.optimizer then self.optimizer.step_count = self.optimizer.step_count + 1 end
     end
+    if self.optimizer then self.graph:set_lr(self.optimizer.lr) end
     self.graph:launch()
     return unpack(self.results)
   end })

@@ -101,7 +101,7 @@ M.SPEC = {
   snapshot_interval = { min = -1, help = "steps between in-memory snapshots; 0: none; -1: under shard launch --max_restarts the smallest under 3% of a step (1 if it is), else none" },
   snapshot_replicas = { min = 0, max = 1, help = "1: each rank also holds its buddy's snapshot (on another node where there is one)" },
   deterministic = { help = "losses and parameters bit-identical at any world size, strategy and grad_accum (f32; CPU or CUDA, each its own bits)" },
-  cuda_graph = { help = "CUDA: capture the step once as a graph, replay it each step (a constant lr: --warmup=0 --min_lr=LR)" },
+  cuda_graph = { help = "CUDA: capture the step once as a graph, replay it each step (each at its step's lr)" },
 }
 
 local function usage(fmt, ...) error({ usage = fmt:format(...) }, 0) end
@@ -120,14 +120,16 @@ local function check_combinations(cfg)
     usage("--deterministic --accum_sync=%s: deterministic mode reduces once per step; leave accum_sync at every", mode)
   end
   if cfg.cuda_graph then
-    -- a replayed step keeps what was captured: the lr, one step's sequence of work
-    if cfg.warmup ~= 0 or cfg.min_lr ~= cfg.lr then
-      usage("--cuda_graph: the lr schedule changes the lr every step and a replayed step keeps the captured one; " ..
-            "pass --warmup=0 --min_lr=%s for a constant lr", tostring(cfg.lr))
-    end
-    for _, o in ipairs { { "deterministic", cfg.deterministic }, { "offload", cfg.offload },
-                         { "accum_sync=" .. mode, mode ~= "every" }, { "snapshot_interval", cfg.snapshot_interval > 0 } } do
-      if o[2] then usage("--cuda_graph with --%s: not supported in a captured step", o[1]) end
+    -- a replayed step is the captured step's sequence of work (the lr schedule goes to each
+    -- launch: shard.cuda_graph); what changes that sequence or runs outside it is refused
+    for _, o in ipairs {
+      { cfg.deterministic, "--deterministic", "the deterministic step is not captured (fsdp/determ.lua runs it row by " ..
+        "row); drop --deterministic" },
+      { cfg.offload, "--offload", "CPU offload copies on a stream of its own, outside the captured step; drop --offload" },
+      { mode ~= "every", "--accum_sync=" .. mode,
+        "the captured step syncs gradients on every micro-batch; leave --accum_sync at every" },
+    } do
+      if o[1] then usage("--cuda_graph with %s: %s (or drop --cuda_graph)", o[2], o[3]) end
     end
   end
   if cfg.hybrid_group ~= "node" and not ((tonumber(cfg.hybrid_group) or 0) >= 1) then

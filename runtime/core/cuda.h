@@ -84,5 +84,11 @@ int sh_cuda_copy_async(sh_tensor *dst, const sh_tensor *src);
 int sh_cuda_graph_begin(int device);
 int sh_cuda_graph_end(int device, sh_cuda_graph **out);
 int sh_cuda_graph_launch(sh_cuda_graph *g);
+/* The learning rate of the step g's next launches run (an lr schedule's: shard.cuda_graph sets
+ * it before each launch): the optimizer steps captured in g (AdamW, SGD) read it, and what
+ * follows from it, from a buffer the host fills before each launch. Until set, each step
+ * keeps the lr it was captured with. Fails when those steps were captured with different
+ * learning rates (one lr cannot stand for them all) or lr is negative or NaN. */
+int sh_cuda_graph_set_lr(sh_cuda_graph *g, double lr);
 int64_t sh_cuda_graph_launches(const sh_cuda_graph *g);   /* launches so far */
 void sh_cuda_graph_destroy(sh_cuda_graph *g);

@@ -1,7 +1,8 @@
 -- shard.cuda_graph on a machine without CUDA (the CUDA side: tests/gpu/cuda_graph_step.lua):
 -- it refuses with a clear error instead of running anything; the step helper checks its
 -- arguments, runs its warm-up steps eagerly and refuses at the capture; the recipes'
--- --cuda_graph refuses what a replayed step cannot keep, before any work.
+-- --cuda_graph takes their lr schedule and refuses what a replayed step cannot keep, before
+-- any work, naming the flag to drop.
 local shard = require("shard")
 local cuda_graph = require("shard.cuda_graph")
 local support = dofile((os.getenv("SHARD_HOME") or ".") .. "/tests/spec/support.lua")
@@ -37,17 +38,24 @@ describe("shard.cuda_graph without a GPU", function()
     end
   end)
 
-  it("--cuda_graph: refuses an lr schedule, deterministic mode and a CPU device by name", function()
+  it("--cuda_graph: takes the default lr schedule; refuses deterministic mode, offload and a CPU device by name", function()
     local recipe = "run recipes/gpt_shakespeare_char.lua --data=/usr/share/common-licenses/GPL-3 --max_iters=1 --out_dir=" ..
                    os.tmpname() .. "_cg"
+    -- no GPU here: the schedule passes the checks and the device is what is refused
     local out, code = support.shard(recipe .. " --cuda_graph")
     assert.are_not.equal(0, code)
-    assert.matches("--cuda_graph: the lr schedule changes the lr every step", out, 1, true)
-    out, code = support.shard(recipe .. " --cuda_graph --warmup=0 --min_lr=0.001 --deterministic")
-    assert.are_not.equal(0, code)
-    assert.matches("--cuda_graph with --deterministic: not supported in a captured step", out, 1, true)
-    out, code = support.shard(recipe .. " --cuda_graph --warmup=0 --min_lr=0.001 --device=cpu")
-    assert.are_not.equal(0, code)
     assert.matches("--cuda_graph: needs a CUDA device, got cpu", out, 1, true)
+    out, code = support.shard(recipe .. " --cuda_graph --deterministic")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph with --deterministic: the deterministic step is not captured (fsdp/determ.lua runs " ..
+                   "it row by row); drop --deterministic (or drop --cuda_graph)", out, 1, true)
+    out, code = support.shard(recipe .. " --cuda_graph --offload --strategy=full_shard")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph with --offload: CPU offload copies on a stream of its own, outside the captured step; " ..
+                   "drop --offload", out, 1, true)
+    out, code = support.shard(recipe .. " --cuda_graph --strategy=full_shard --accum_sync=last --grad_accum=2")
+    assert.are_not.equal(0, code)
+    assert.matches("--cuda_graph with --accum_sync=last: the captured step syncs gradients on every micro-batch; " ..
+                   "leave --accum_sync at every", out, 1, true)
   end)
 end)
