@@ -131,9 +131,13 @@ function M.begin(root, spec)
   local ranges, at = {}, 0
   for r = 0, w:size() - 1 do
     local first, count = v[2 * r + 1], v[2 * r + 2]
-    if first ~= at or count < 1 then
-      error(("fsdp.deterministic_begin: rank %d holds chunks %d..%d; each rank needs at least one chunk, " ..
-             "right after the previous rank's (expected to start at %d)"):format(r, first, first + count - 1, at), 2)
+    if count < 1 then   -- a rank without a chunk would skip the step's gathers the others issue
+      error(("fsdp.deterministic_begin: rank %d holds no chunk; deterministic mode needs at least one chunk " ..
+             "(sequence) per rank, and %d ranks share the global batch's %d"):format(r, w:size(), spec.chunks), 2)
+    end
+    if first ~= at then
+      error(("fsdp.deterministic_begin: rank %d holds chunks %d..%d; each rank's chunks must follow the " ..
+             "previous rank's (expected to start at %d)"):format(r, first, first + count - 1, at), 2)
     end
     ranges[r + 1], at = { first = first, count = count }, first + count
   end

@@ -59,10 +59,15 @@ local function report_divergence(root, all, n)
     table.concat(others, ", "), step, table.concat(where, "; ")), 0)
 end
 
+-- A deterministic step's chunks after its first issue no collective (its units stay gathered
+-- and reduce at its end, fsdp/determ.lua), and the ranks' shares of chunks may differ: the
+-- check and its step and backward counts see each deterministic step once.
+local function later_chunk(root) return root.det ~= nil and root.det.next ~= root.det.first end
+
 local function check_schedule(self, phase)
   local root = self.root
   local g = root.check_group
-  if not g or (root.check_until and (root.backwards or 0) >= root.check_until) then return end
+  if not g or later_chunk(root) or (root.check_until and (root.backwards or 0) >= root.check_until) then return end
   local mine = root.check_mine
   mine:fill_(0)
   local tag = { phase, self.uid, root.step }
@@ -92,7 +97,7 @@ end
 
 function Unit:forward(...)
   local root = self.root
-  if self == root then root.step = (root.step or 0) + 1 end
+  if self == root and not later_chunk(root) then root.step = (root.step or 0) + 1 end
   check_schedule(self, 1)
   if self == root then root.recording_order = root.order == nil; root.order = root.order or {} end
   local order = root.order or {}   -- none yet: a unit run outside the root's first forward
@@ -204,13 +209,13 @@ function Unit:post_backward()
     if not root.det then self:reshard() end
   end
   if self == root then
+    if not later_chunk(root) then root.backwards = (root.backwards or 0) + 1 end
     if root.det then
       determ.next_chunk(root)   -- deterministic mode reduces at its step's end (fsdp/determ.lua)
     else
       wait_reduces(root, 0)
       if root.sync_grads ~= false then reduce_ignored(root) end
     end
-    root.backwards = (root.backwards or 0) + 1
   end
 end
 
