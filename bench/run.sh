@@ -430,15 +430,15 @@ ROUNDS="$ROUNDS" sh bench/deterministic.sh || exit 1
 if [ "$BENCH" = all ]; then echo; bench_bf16 || exit 1; fi   # cpu_train_bf16 (its section above)
 
 # In-memory snapshots (issue 38): their step-time cost beside an asynchronous disk checkpoint at
-# the same interval, on the recipe's model and a 10.7M-parameter GPT, every step and at the
-# interval they pick; then the recovery from a rank killed under shard launch --max_restarts,
-# from memory beside from a disk checkpoint (bench/snapshot.lua, bench/snapshot_restart.sh).
+# the same interval, on the recipe's model and a 10.7M-parameter GPT, every step (rounds and
+# paired steps) and, for the recipe's model, at the interval they pick; then the recovery from
+# a rank killed under shard launch --max_restarts at 2 and 4 ranks, from memory beside from a
+# disk checkpoint (bench/snapshot.lua, bench/snapshot_restart.sh).
 if [ "$BENCH" = all ] || [ "$BENCH" = f32 ]; then
   echo
-  for every in 1 0; do
-    bin/shard run bench/snapshot.lua --every=$every || exit 1
-    bin/shard run bench/snapshot.lua --every=$every --n_layer=6 --n_head=6 --n_embd=384 --steps=8 || exit 1
-  done
+  bin/shard run bench/snapshot.lua --every=1 || exit 1
+  bin/shard run bench/snapshot.lua --every=0 --pairs=0 || exit 1
+  bin/shard run bench/snapshot.lua --every=1 --n_layer=6 --n_head=6 --n_embd=384 --steps=8 --rounds=3 --pairs=12 || exit 1
   echo; sh bench/snapshot_restart.sh || exit 1
 fi
 

@@ -52,7 +52,7 @@ local M = {}
 -- The file's slot after its head page is the payload; the JSON description ends it, with
 -- room to grow (its numbers' digits) without resizing the file.
 local META_ROOM = 64 * 1024
-M.BUDGET, M.WARM, M.PAIRS = 0.03, 2, 6
+M.BUDGET, M.WARM, M.PAIRS = 0.03, 2, 10
 
 function M.dir() return os.getenv("SHARD_SNAPSHOT_DIR") or "/dev/shm" end
 

@@ -43,7 +43,8 @@
 -- over those steps, stacked by tag.
 -- --snapshot_interval=K copies each rank's state into host memory every K steps
 -- (shard.snapshot; -1, the default: when shard launch may restart the job, every step if a
--- copy costs at most 3% of a step, else the smallest K under it; else never),
+-- snapshot costs the step at most 3% of its wall time, measured on the run, else the smallest
+-- K under it; else never),
 -- --snapshot_replicas=1 keeps each rank's buddy's too; a
 -- job that shard launch restarts (SHARD_RESTART) goes on from the newest state every rank
 -- can restore: snapshots, else the newest checkpoint.

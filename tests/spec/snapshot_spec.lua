@@ -169,7 +169,9 @@ describe("the automatic snapshot interval", function()
 
   it("is 1 when a snapshot costs the step at most 3% of its wall time, else the smallest K under that", function()
     local k, probes, taken = pick(1.02, 1.0)
-    assert.are.same({ 1, nil, "111010101010101" }, { k, probes, taken })   -- the first two steps, then every other step
+    local snapshot = require("shard.snapshot")
+    -- the first WARM steps, then every other step
+    assert.are.same({ 1, nil, ("1"):rep(snapshot.WARM) .. ("10"):rep(snapshot.PAIRS) .. "1" }, { k, probes, taken })
     assert.are.same(4, (pick(1.10, 1.0)))        -- 10%: 4 steps apart keep it at 2.5%
     assert.are.same(1, (pick(0.95, 1.0)))        -- cheaper than without (noise): 1
     assert.are.same(34, (pick(2.0, 1.0)))        -- 100%
