@@ -4,6 +4,9 @@
 -- TFLOP/s counting the causal half of the score and value products (forward 2 B H T^2 D,
 -- backward 2.5x that), the same lines as bench/peers/attention_torch.py:
 --   attention_fwd_ms N, attention_fwd_bwd_ms N, attention_fwd_tflops N, attention_fwd_bwd_tflops N
+-- and the same forward + backward with deterministic kernels (shard.set_deterministic: the
+-- two-kernel backward instead of the one pass that sums dq with atomics), which the peer lacks:
+--   attention_fwd_bwd_deterministic_ms N
 --   shard run bench/attention_gpu.lua [--batch_size=16 --block_size=1024 --n_embd=768 --n_head=12]
 local shard = require("shard")
 local F = require("shard.functional")
@@ -36,3 +39,6 @@ print(("attention_fwd_ms %.4f"):format(fwd_ms))
 print(("attention_fwd_bwd_ms %.4f"):format(all_ms))
 print(("attention_fwd_tflops %.1f"):format(fwd_flops / (fwd_ms / 1e3) / 1e12))
 print(("attention_fwd_bwd_tflops %.1f"):format(3.5 * fwd_flops / (all_ms / 1e3) / 1e12))
+shard.set_deterministic(true)
+print(("attention_fwd_bwd_deterministic_ms %.4f"):format(timing.median_ms(forward_backward, cfg.iters, cfg.warmup)))
+shard.set_deterministic(false)

@@ -63,12 +63,12 @@ for part in $parts; do
         step "train-shard-b$b-r$r" 180 bin/shard run bench/gpt2_124m.lua --batch_size="$b"
         step "train-torch-compile-b$b-r$r" 300 python3 bench/peers/gpt2_124m_torch.py --batch_size "$b"
       done ;;
-    prof)   # Nsight Compute on one call of each flash kernel (clocks left as they are)
+    prof)   # Nsight Compute on one call of each flash kernel, both backward forms (clocks left as they are)
       [ -x bin/shard ] || make -j"$(nproc)" all >"$out/build.log" 2>&1
       ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       step prof-attn 180 "${ncu:-ncu}" --clock-control none --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        -k 'regex:attn_(fwd|bwd_kv|bwd_q)_kernel' -c 4 bin/shard run bench/attention_gpu.lua --iters=1 --warmup=0
+        -k 'regex:attn_(fwd|bwd|bwd_kv|bwd_q|dq_store)_kernel' -c 7 bin/shard run bench/attention_gpu.lua --iters=1 --warmup=0
       grep -E '^  attn_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued' \
         "$out/prof-attn.log" | sed 's/^/    /' >>"$sum" ;;
     *) echo "bench/gpu.sh: unknown part '$part' (test, attn, train, prof)" >&2; exit 2 ;;

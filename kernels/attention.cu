@@ -10,12 +10,18 @@
  *   forward, one block per (query tile, b, h): S = Q K^T, online softmax in the exp2 domain
  *     (running max m and sum l per row, O rescaled when m grows), O += P V, out = O / l,
  *     lse = m + log l;
- *   backward, after Dq = rowsum(dout * out): one kernel per key tile accumulates
- *     dV += P^T dO and dK += dS^T Q over the query tiles that see it (S^T = K Q^T, so P^T and
- *     dS^T are in the A layout), and one kernel per query tile accumulates dQ += dS K over
- *     the key tiles it sees, where P = exp(S - lse) and dS = P (dO V^T - Dq). Splitting dQ
- *     from dK/dV recomputes S and dP once more (7 products per tile pair instead of 5) but
- *     needs no atomics, so gradients are identical from run to run.
+ *   backward, after Dq = rowsum(dout * out), in one pass as FlashAttention-2's: one block per
+ *     key tile accumulates dV += P^T dO and dK += dS^T Q in registers over the query tiles that
+ *     see it (S^T = K Q^T, so P^T and dS^T are in the A layout), where P = exp(S - lse) and
+ *     dS = P (dO V^T - Dq), puts dS^T in shared memory and adds dS K into an f32 dq
+ *     accumulator with atomicAdd: 5 products per tile pair; a last kernel scales dq into its
+ *     dtype and strides. The key tiles' shares of a dq row are summed in the order the GPU
+ *     runs their blocks, so dq's low bits vary from run to run. With sh_deterministic()
+ *     (core/determinism.h) the backward runs in two kernels instead: the same dK/dV kernel
+ *     without dq, then one per query tile that recomputes S and dP (7 products per tile pair)
+ *     and accumulates dQ += dS K over the key tiles it sees, each gradient row with one
+ *     writer, so the gradients are identical from run to run (dK and dV are the same bits in
+ *     both forms).
  * Blocks of the longest causal rows are scheduled first. q, k, v, out, dout and the
  * gradients may be strided views (heads of a fused qkv projection and of its gradient) with
  * a unit-stride last dim; inputs are read in place when rows are 16-byte aligned, outputs
@@ -23,20 +29,23 @@
  * Other dtypes and head sizes take a simple path (one warp per row, f32 math, D <= 256).
  *
  * Grouped-query attention: k and v have Hkv heads, G = H / Hkv query heads per k/v head.
- * Query head h reads k/v head h / G in place; the dK/dV kernel runs one block per (key tile,
- * k/v head) and walks the G query heads of the group, so each dk/dv row still has one writer.
+ * Query head h reads k/v head h / G in place; the dK/dV kernels run one block per (key tile,
+ * k/v head) and walk the G query heads of the group, so each dk/dv row still has one writer.
  * Rotary embeddings (rope_kernel): the rotation of runtime/cpu/attention.c, one thread per
  * element pair, angles in double; the nn.h front rotates q and k with it around these kernels. */
 #include "common.cuh"
 #include "core/backend_internal.h"
+extern "C" {
+#include "core/determinism.h"
+}
 #include <mma_sm80.cuh>
 
 /* The flash kernels: 64 x 64 tiles, four warps per block, warp w owning 16 rows of the tile
  * its block iterates against. A head of D columns is padded to DP = 32, 64 or 128 with zeros
  * in shared memory (zeros add nothing to Q K^T, and the padded output columns are not
  * written). Tile rows are padded by 8 elements (16 bytes), so the 8 row addresses of an
- * ldmatrix fall in distinct banks. */
-enum { FT = 64, F_THREADS = 128, SIMPLE_MAX_D = 256 };
+ * ldmatrix fall in distinct banks (the one-pass backward's 64 x 64 dS^T tile likewise: DS_LD). */
+enum { FT = 64, F_THREADS = 128, SIMPLE_MAX_D = 256, DS_LD = FT + 8 };
 #define SH_LOG2E 1.4426950408889634f
 
 /* Element strides of a [B, H, T, D] view (d is unit-stride). */
@@ -66,6 +75,12 @@ __device__ __forceinline__ void frag_a(uint32_t a[4], const __nv_bfloat16 *tile,
   ldsm_x4(a, tile + (r0 + (l & 7) + 8 * ((l >> 3) & 1)) * ld + c0 + 8 * (l >> 4));
 }
 
+/* The same A where the tile holds it transposed: A[r][c] = tile[c][r] (the transposing load). */
+__device__ __forceinline__ void frag_a_t(uint32_t a[4], const __nv_bfloat16 *tile, int ld, int r0, int c0) {
+  int l = threadIdx.x & 31;
+  ldsm_x4_trans(a, tile + (c0 + (l & 7) + 8 * (l >> 4)) * ld + r0 + 8 * ((l >> 3) & 1));
+}
+
 /* B of the n-tiles [n0, n0 + 8) and [n0 + 8, n0 + 16) over k in [k0, k0 + 16), where
  * B[k][n] = M[n][k] (the K of Q K^T: its rows are the product's columns). */
 __device__ __forceinline__ void frag_b_nk(uint32_t b[2][2], const __nv_bfloat16 *tile, int ld, int n0, int k0) {
@@ -89,23 +104,31 @@ __device__ __forceinline__ void mma_pair(float c0[4], float c1[4], const uint32_
   mma_bf16_16816(c1, a, b[1]);
 }
 
+/* acc[16 x 8 NT] (NT n-tiles) = the sum over KS k-steps of A B, both from shared tiles:
+ * load_a(a, kk) the A fragment of k-step kk, load_b(b, kk, np) the B of n-tiles 2 np, 2 np + 1. */
+template <int KS, int NT, typename LoadA, typename LoadB>
+__device__ __forceinline__ void mm_smem(float acc[NT][4], LoadA load_a, LoadB load_b) {
+#pragma unroll
+  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    uint32_t a[4];
+    load_a(a, kk);
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+      uint32_t b[2][2];
+      load_b(b, kk, np);
+      mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+    }
+  }
+}
+
 /* acc[16 x 8 NT] (NT n-tiles) = X[r0.., :DP] Y[y0 .. y0 + 8 NT, :DP]^T, both shared tiles. */
 template <int DP, int NT>
 __device__ __forceinline__ void mm_rows_t(float acc[NT][4], const __nv_bfloat16 *X, int r0, const __nv_bfloat16 *Y, int y0) {
   constexpr int LD = ftile<DP>::LD;
-#pragma unroll
-  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; kk++) {
-    uint32_t a[4];
-    frag_a(a, X, LD, r0, 16 * kk);
-#pragma unroll
-    for (int np = 0; np < NT / 2; np++) {
-      uint32_t b[2][2];
-      frag_b_nk(b, Y, LD, y0 + 16 * np, 16 * kk);
-      mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
-    }
-  }
+  mm_smem<DP / 16, NT>(acc, [&](uint32_t *a, int kk) { frag_a(a, X, LD, r0, 16 * kk); },
+                       [&](uint32_t (*b)[2], int kk, int np) { frag_b_nk(b, Y, LD, y0 + 16 * np, 16 * kk); });
 }
 
 /* acc[16 x DP] += P[16 x 8 NT] Y[y0 .. y0 + 8 NT, :DP]: P a C tile in registers (rounded to
@@ -127,25 +150,33 @@ __device__ __forceinline__ void mm_acc_p(float acc[DP / 8][4], const float p[NT]
   }
 }
 
-/* Writes a lane's part of rows [r0, r0 + 16) of a 16 x DP f32 C tile, times mul, as bf16 pairs
- * into a [B, H, T, D] view (unit-stride d, even strides), skipping rows at or past T and the
- * padding columns. */
-template <int DP>
-__device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64_t r0, int64_t T, int D, const float acc[DP / 8][4],
-                                           float mul) {
+/* fn(row, col, x0, x1) for each element pair (columns col, col + 1) of a lane's part of a
+ * 16 x 8 NT f32 C tile standing for rows [r0, r0 + 16) and columns [c0, c0 + 8 NT), skipping
+ * rows at or past T and columns at or past D (the padding). */
+template <int NT, typename Fn>
+__device__ __forceinline__ void c_tile_pairs(const float acc[NT][4], int64_t r0, int c0, int64_t T, int D, Fn fn) {
   int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     int64_t row = r0 + g + 8 * r;
     if (row >= T) continue;
 #pragma unroll
-    for (int n = 0; n < DP / 8; n++) {
-      int col = 8 * n + 2 * t;
-      if (col < D)
-        *reinterpret_cast<__nv_bfloat162 *>(dst + row * st + col) =
-            __floats2bfloat162_rn(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
+    for (int n = 0; n < NT; n++) {
+      int col = c0 + 8 * n + 2 * t;
+      if (col < D) fn(row, col, acc[n][2 * r], acc[n][2 * r + 1]);
     }
   }
+}
+
+/* Writes a lane's part of rows [r0, r0 + 16) of a 16 x DP f32 C tile, times mul, as bf16 pairs
+ * into a [B, H, T, D] view (unit-stride d, even strides), skipping rows at or past T and the
+ * padding columns. */
+template <int DP>
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, int64_t st, int64_t r0, int64_t T, int D, const float acc[DP / 8][4],
+                                           float mul) {
+  c_tile_pairs<DP / 8>(acc, r0, 0, T, D, [&](int64_t row, int col, float x0, float x1) {
+    *reinterpret_cast<__nv_bfloat162 *>(dst + row * st + col) = __floats2bfloat162_rn(x0 * mul, x1 * mul);
+  });
 }
 
 /* The key tile index blockIdx.x stands for, heaviest first: query tile n - 1 sees the most
@@ -280,20 +311,47 @@ __device__ __forceinline__ void probs_and_grads(float s[NT][4], float dp[NT][4],
     }
 }
 
-/* Backward for dK and dV, one block per (key tile, b, k/v head), heaviest first: warp w owns
+/* dq_acc[r0 + i, :D] += sum over the 64 keys of a tile of dS[rt0 + i][key] K[key, :], i < 16:
+ * the queries at rows rt0.. of the query tile, which are rows r0.. of the head (dq_acc: one
+ * head's f32 rows of D, from its first query); dS^T a shared [key][query] tile (the A operand
+ * through the transposing load), K the shared key tile. DC output columns at a time, so that
+ * the accumulator stays small beside the caller's dK and dV (at DP 128 64 columns spill, 32 do
+ * not); each sum is added to global memory with atomicAdd, skipping rows at or past T and the
+ * padding columns. */
+template <int DP>
+__device__ __forceinline__ void dq_add(float *dq_acc, int64_t r0, int64_t T, int D, const __nv_bfloat16 *dSt, int rt0,
+                                       const __nv_bfloat16 *K) {
+  constexpr int DC = DP > 64 ? 32 : DP, LD = ftile<DP>::LD;
+#pragma unroll
+  for (int c0 = 0; c0 < DP; c0 += DC) {
+    float acc[DC / 8][4];
+    mm_smem<FT / 16, DC / 8>(acc, [&](uint32_t *a, int kk) { frag_a_t(a, dSt, DS_LD, rt0, 16 * kk); },
+                             [&](uint32_t (*b)[2], int kk, int np) { frag_b_kn(b, K, LD, 16 * kk, c0 + 16 * np); });
+    c_tile_pairs<DC / 8>(acc, r0, c0, T, D, [&](int64_t row, int col, float x0, float x1) {
+      atomicAdd(dq_acc + row * D + col, x0);
+      atomicAdd(dq_acc + row * D + col + 1, x1);
+    });
+  }
+}
+
+/* Backward by key tile, one block per (key tile, b, k/v head), heaviest first: warp w owns
  * 16 keys and, over the G query heads of the group and the query tiles at or after the key
  * tile (Q, dO and their lse, Dq double-buffered), computes S^T = K Q^T and dP^T = V dO^T,
- * P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Each dK/dV row has one writer. */
-template <int DP>
-__global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
+ * P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Each dK/dV row has one writer.
+ * With dq_acc (the one-pass backward) each step also leaves dS^T in shared memory, and warp w
+ * adds dS K for queries 16 w.. of the step's query tile into dq_acc (dq_add). */
+template <int DP, bool DQ>
+__device__ __forceinline__ void attn_bwd_by_key_tile(
     const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
     at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
-    __nv_bfloat16 *dvout, at_view dvv, int H, int G, int64_t T, int D, float scale_log2, float scale) {
-  constexpr int TILE = ftile<DP>::ELEMS, QN = DP > 64 ? FT / 2 : FT;
+    __nv_bfloat16 *dvout, at_view dvv, float *dq_acc, int H, int G, int64_t T, int D, float scale_log2, float scale) {
+  constexpr int TILE = ftile<DP>::ELEMS, QN = DP > 64 || (DQ && DP > 32) ? FT / 2 : FT;
   extern __shared__ __align__(128) char smem[];
   __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + TILE, *Qs = Vs + TILE, *dOs = Qs + 2 * TILE;
   float *stats = (float *)(dOs + 2 * TILE);   /* [buf][lse2 | Dq][64] */
+  __nv_bfloat16 *dSt = (__nv_bfloat16 *)(stats + 4 * FT);   /* one-pass: dS^T [64 keys][DS_LD] */
   int Hkv = H / G, bkv = blockIdx.y, b = bkv / Hkv, hk = bkv % Hkv, w = threadIdx.x >> 5;
+  int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
   int64_t n_tiles = (T + FT - 1) / FT, jt = blockIdx.x, j0 = jt * FT, per_head = n_tiles - jt;
   tile_async<DP>(Ks, k + b * kv.sb + hk * kv.sh, kv.st, j0, T, D);
   tile_async<DP>(Vs, v + b * vv.sb + hk * vv.sh, vv.st, j0, T, D);
@@ -330,7 +388,8 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
     const __nv_bfloat16 *Q = Qs + buf * TILE, *dO = dOs + buf * TILE;
     const float *lse2 = stats + buf * 2 * FT, *dq = lse2 + FT;
     /* the query tile in column blocks of QN: at DP 128 two halves, so that S^T and dP^T fit
-     * in registers beside the dK and dV accumulators */
+     * in registers beside the dK and dV accumulators; in one pass at DP 64 too (166 registers,
+     * 3 blocks per SM, where whole tiles took 186 and 2) */
 #pragma unroll 1
     for (int q0 = 0; q0 < FT; q0 += QN) {
       float st[QN / 8][4], dpt[QN / 8][4];
@@ -341,11 +400,58 @@ __global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
                               [&](int, int c) { return dq[q0 + c]; });
       mm_acc_p<DP, QN / 8>(dV, st, dO, q0);
       mm_acc_p<DP, QN / 8>(dK, dpt, Q, q0);
+      if constexpr (DQ) {
+#pragma unroll
+        for (int n = 0; n < QN / 8; n++)
+#pragma unroll
+          for (int r = 0; r < 2; r++)
+            *reinterpret_cast<uint32_t *>(dSt + (16 * w + g + 8 * r) * DS_LD + q0 + 8 * n + 2 * t) =
+                pack_bf16(dpt[n][2 * r], dpt[n][2 * r + 1]);
+      }
+    }
+    if constexpr (DQ) {
+      __syncthreads();   /* dS^T whole: every warp's keys */
+      int64_t bh = (int64_t)b * H + hk * G + s / per_head;
+      dq_add<DP>(dq_acc + bh * T * D, i0 + 16 * w, T, D, dSt, 16 * w, Ks);
     }
     __syncthreads();
   }
   store_rows<DP>(dk + b * dkv.sb + hk * dkv.sh, dkv.st, j0 + 16 * w, T, D, dK, scale);
   store_rows<DP>(dvout + b * dvv.sb + hk * dvv.sh, dvv.st, j0 + 16 * w, T, D, dV, 1.0f);
+}
+
+/* The deterministic backward's dK/dV kernel: dQ is left to attn_bwd_q_kernel. */
+template <int DP>
+__global__ void __launch_bounds__(F_THREADS) attn_bwd_kv_kernel(
+    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
+    at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
+    __nv_bfloat16 *dvout, at_view dvv, int H, int G, int64_t T, int D, float scale_log2, float scale) {
+  attn_bwd_by_key_tile<DP, false>(q, k, v, dout, qv, kv, vv, dov, lse, Dq, dk, dkv, dvout, dvv, nullptr, H, G, T, D,
+                                  scale_log2, scale);
+}
+
+/* The one-pass backward: dK and dV, and dS K summed into dq_acc (zeroed before; f32
+ * [B, H, T, D], unscaled) with atomics, in whatever order the key tiles' blocks run. */
+template <int DP>
+__global__ void __launch_bounds__(F_THREADS) attn_bwd_kernel(
+    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const __nv_bfloat16 *dout, at_view qv,
+    at_view kv, at_view vv, at_view dov, const float *lse, const float *Dq, __nv_bfloat16 *dk, at_view dkv,
+    __nv_bfloat16 *dvout, at_view dvv, float *dq_acc, int H, int G, int64_t T, int D, float scale_log2, float scale) {
+  attn_bwd_by_key_tile<DP, true>(q, k, v, dout, qv, kv, vv, dov, lse, Dq, dk, dkv, dvout, dvv, dq_acc, H, G, T, D,
+                                 scale_log2, scale);
+}
+
+/* dq = dq_acc * scale into dq's [B, H, T, D] view (unit-stride d, even strides), one thread per
+ * element pair: the one-pass backward's last step. */
+__global__ void attn_dq_store_kernel(const float *dq_acc, __nv_bfloat16 *dq, at_view dqv, int64_t pairs, int H, int64_t T,
+                                     int D, float scale) {
+  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= pairs) return;
+  int64_t row = p / (D / 2), t = row % T, bh = row / T;
+  int col = (int)(p % (D / 2)) * 2;
+  const float *a = dq_acc + row * D + col;
+  *reinterpret_cast<__nv_bfloat162 *>(dq + bh / H * dqv.sb + bh % H * dqv.sh + t * dqv.st + col) =
+      __floats2bfloat162_rn(a[0] * scale, a[1] * scale);
 }
 
 /* Backward for dQ, one block per (query tile, b, h), heaviest first: warp w owns 16 queries
@@ -564,11 +670,17 @@ static __nv_bfloat16 *bf16_at(const sh_tensor *t, int64_t b0) { return (__nv_bfl
 static int padded_d(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
 /* Shared memory per block, in 64-row bf16 tiles of DP + 8 columns: forward Q, 2 K, 2 V;
- * backward dK/dV: K, V, 2 Q, 2 dO and two buffers of (lse, Dq) rows; backward dQ: Q, dO, 2 K, 2 V. */
-enum { FLASH_FWD, FLASH_BWD_KV, FLASH_BWD_Q };
+ * backward by key tile: K, V, 2 Q, 2 dO and two buffers of (lse, Dq) rows, and in one pass a
+ * 64 x 72 bf16 dS^T tile besides; backward dQ: Q, dO, 2 K, 2 V. */
+enum { FLASH_FWD, FLASH_BWD, FLASH_BWD_KV, FLASH_BWD_Q };
 static size_t flash_smem(int DP, int kernel) {
-  size_t tile = (size_t)FT * (DP + 8) * sizeof(__nv_bfloat16);
-  return kernel == FLASH_FWD ? 5 * tile : kernel == FLASH_BWD_KV ? 6 * tile + 4 * FT * sizeof(float) : 6 * tile;
+  size_t tile = (size_t)FT * (DP + 8) * sizeof(__nv_bfloat16), by_key = 6 * tile + 4 * FT * sizeof(float);
+  switch (kernel) {
+    case FLASH_FWD: return 5 * tile;
+    case FLASH_BWD: return by_key + (size_t)FT * DS_LD * sizeof(__nv_bfloat16);
+    case FLASH_BWD_KV: return by_key;
+    default: return 6 * tile;
+  }
 }
 
 /* Checks that the device gives a block the kernel's shared memory, and raises its limit once. */
@@ -599,10 +711,13 @@ static int flash_forward(const char *op, cudaStream_t st, const sh_tensor *Q, co
   return SH_OK;
 }
 
-/* The two backward kernels; dst[3] = dq, dk, dv targets, Dq and lse contiguous [B, H, T]. */
+/* The deterministic backward (sh_deterministic()): dK/dV by key tile, then dQ by query tile,
+ * each gradient row with one writer; dst[3] = dq, dk, dv targets, Dq and lse contiguous
+ * [B, H, T]. */
 template <int DP>
-static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K, const sh_tensor *V,
-                          const sh_tensor *dO, const float *lse, const float *Dq, sh_tensor *const dst[3], int G, float scale) {
+static int flash_backward_two_pass(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K,
+                                   const sh_tensor *V, const sh_tensor *dO, const float *lse, const float *Dq,
+                                   sh_tensor *const dst[3], int G, float scale) {
   static std::atomic<size_t> raised_kv{0}, raised_q{0};
   int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], Hkv = K->shape[1], nb;
   size_t smem_kv = flash_smem(DP, FLASH_BWD_KV), smem_q = flash_smem(DP, FLASH_BWD_Q);
@@ -624,6 +739,44 @@ static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, c
     CU_LAUNCHED(op);
   }
   return SH_OK;
+}
+
+/* The one-pass backward: dq_acc (f32 [B, H, T, D]) zeroed, attn_bwd_kernel per key tile (dK,
+ * dV, and dS K into dq_acc by atomicAdd), then dq_acc scaled into dq's dtype and strides. */
+template <int DP>
+static int flash_backward_one_pass(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K,
+                                   const sh_tensor *V, const sh_tensor *dO, const float *lse, const float *Dq,
+                                   sh_tensor *const dst[3], int G, float scale) {
+  static std::atomic<size_t> raised{0};
+  int64_t B = Q->shape[0], H = Q->shape[1], T = Q->shape[2], D = Q->shape[3], Hkv = K->shape[1], nb;
+  int64_t n_acc = B * H * T * D, pairs = n_acc / 2;
+  size_t smem = flash_smem(DP, FLASH_BWD);
+  SH_TRY(allow_smem(op, Q->device, (int)D, attn_bwd_kernel<DP>, smem, raised));
+  SH_TRY(tc_batches(op, Q, &nb));
+  sh_tguard acc;
+  SH_TRY(sh_tensor_empty(acc.out(), 1, &n_acc, SH_F32, Q->device));
+  float *dq_acc = (float *)sh_tensor_data(acc.t);
+  CU_TRY(op, cudaMemsetAsync(dq_acc, 0, (size_t)n_acc * sizeof(float), st));
+  unsigned tiles = (unsigned)((T + FT - 1) / FT);
+  for (int64_t b0 = 0; b0 < B; b0 += nb) {
+    int64_t n = sh_min64(nb, B - b0), row0 = b0 * H * T;
+    attn_bwd_kernel<DP><<<dim3(tiles, (unsigned)(n * Hkv)), F_THREADS, smem, st>>>(
+        bf16_at(Q, b0), bf16_at(K, b0), bf16_at(V, b0), bf16_at(dO, b0), view_of(Q), view_of(K), view_of(V), view_of(dO),
+        lse + row0, Dq + row0, bf16_at(dst[1], b0), view_of(dst[1]), bf16_at(dst[2], b0), view_of(dst[2]), dq_acc + row0 * D,
+        (int)H, G, T, (int)D, scale * SH_LOG2E, scale);
+    CU_LAUNCHED(op);
+  }
+  attn_dq_store_kernel<<<(unsigned)((pairs + 255) / 256), 256, 0, st>>>(dq_acc, bf16_at(dst[0], 0), view_of(dst[0]), pairs,
+                                                                         (int)H, T, (int)D, scale);
+  CU_LAUNCHED(op);
+  return SH_OK;
+}
+
+template <int DP>
+static int flash_backward(const char *op, cudaStream_t st, const sh_tensor *Q, const sh_tensor *K, const sh_tensor *V,
+                          const sh_tensor *dO, const float *lse, const float *Dq, sh_tensor *const dst[3], int G, float scale) {
+  return sh_deterministic() ? flash_backward_two_pass<DP>(op, st, Q, K, V, dO, lse, Dq, dst, G, scale)
+                            : flash_backward_one_pass<DP>(op, st, Q, K, V, dO, lse, Dq, dst, G, scale);
 }
 
 /* Kernels get the front's outputs and the scale it resolved (> 0). */

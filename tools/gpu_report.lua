@@ -24,7 +24,11 @@ M.LAUNCH = {
   attn_bwd_q_simple_kernel = { threads = 256 },
   attn_bwd_kv_simple_kernel = { threads = 256 },
   rope_kernel = { threads = 256 },
-  -- flash_smem: tile = 64 (DP + 8) bf16; forward 5 tiles, dK/dV 6 tiles + 64 x 4 f32, dQ 6 tiles
+  attn_dq_store_kernel = { threads = 256 },
+  -- flash_smem: tile = 64 (DP + 8) bf16; forward 5 tiles, dK/dV 6 tiles + 64 x 4 f32, dQ 6 tiles,
+  -- the one-pass backward dK/dV's and a 64 x 72 bf16 dS^T tile
+  ["attn_bwd_kernel<32>"] = { smem = 6 * 5120 + 1024 + 9216 }, ["attn_bwd_kernel<64>"] = { smem = 6 * 9216 + 1024 + 9216 },
+  ["attn_bwd_kernel<128>"] = { smem = 6 * 17408 + 1024 + 9216 },
   ["attn_fwd_kernel<32>"] = { smem = 5 * 5120 }, ["attn_fwd_kernel<64>"] = { smem = 5 * 9216 },
   ["attn_fwd_kernel<128>"] = { smem = 5 * 17408 },
   ["attn_bwd_kv_kernel<32>"] = { smem = 6 * 5120 + 1024 }, ["attn_bwd_kv_kernel<64>"] = { smem = 6 * 9216 + 1024 },

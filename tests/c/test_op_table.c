@@ -331,14 +331,14 @@ int main(int argc, char **argv) {
     check_tables_filled();
   }
   /* the f64 case of an f64-referenced row is its own reference: test-gpu runs it */
-  static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL };
+  static const ot_pass cpu = { -1, 0, -1, 1, 0, 1, "", " (reference)", NULL, 0 };
   int rows, cases;
   ot_run_pass(&cpu, filter, base, &rows, &cases);
   /* the attention rows again under avx2 when the set in use is above it: the 8-lane build of
    * the block kernels (attn_blocks.c), which tests/run.sh's rerun under avx2 reaches too */
   int isa = sh_cpu_isa();
   if (isa > SH_CPU_AVX2 && (!filter || strstr("attention", filter) || strstr(filter, "attention"))) {
-    static const ot_pass avx2 = { -1, 0, -1, 1, 0, 1, " [avx2]", " (reference)", NULL };
+    static const ot_pass avx2 = { -1, 0, -1, 1, 0, 1, " [avx2]", " (reference)", NULL, 0 };
     int arows, acases;
     CHECK_OK(sh_cpu_set_isa(SH_CPU_AVX2));
     ot_run_pass(&avx2, filter ? filter : "attention", base, &arows, &acases);

@@ -8,8 +8,12 @@
  * out: cudaMalloc calls, cudaFree calls, kernel launches, host synchronisations.
  * sh_emu_host_waits: the host synchronisations plus the cudaEventQuery/cudaStreamQuery calls
  * that answered cudaErrorNotReady (every time the host blocked on or polled the device).
- * sh_emu_graph_launches: cudaGraphLaunch calls (the kernels a graph replays are not launches). */
+ * sh_emu_graph_launches: cudaGraphLaunch calls (the kernels a graph replays are not launches).
+ *   extern void sh_emu_set_block_order(int order, unsigned long long seed) __attribute__((weak));
+ * sets the order the blocks of later launches run in (0 forward, 1 reverse, 2 shuffled by seed:
+ * SHARD_EMU_BLOCK_ORDER), so a test can show what a kernel's result owes to the block schedule. */
 #include "emu_api.h"
+#include "emu_test.h"
 
 extern "C" void sh_emu_counters_get(long out[4]) {
   emu::counters c = emu::get_counters();
@@ -24,3 +28,5 @@ extern "C" void sh_emu_counters_reset(void) { emu::reset_counters(); }
 extern "C" long sh_emu_host_waits(void) { return emu::get_counters().host_waits; }
 
 extern "C" long sh_emu_graph_launches(void) { return emu::get_counters().graph_launches; }
+
+extern "C" void sh_emu_set_block_order(int order, unsigned long long seed) { emu::set_block_order(order, seed); }

@@ -11,11 +11,14 @@
  * of 3) and the linear rows with its cuBLASLt refusing fused epilogues at run time.
  *   build/tests/gpu/test_op_table             every row
  *   build/tests/gpu/test_op_table attention   the rows whose op name contains "attention"
+ * The bf16 attention backward rows run twice: as they are (the one-pass backward, dq summed by
+ * atomics) and with sh_set_deterministic(1) (its two-kernel form).
  * Unfiltered, it also checks the CUDA kernel table (core/backend_internal.h): every slot of
  * SH_KERNELS filled or named in its absent list, and every slot reached on cuda by some row.
  * SHARD_TEST_SEED=N changes the inputs; SHARD_TEST_VERBOSE=1 prints every error. */
 #include "../ops/op_table.h"
 #include "core/cuda.h"
+#include "core/determinism.h"
 #include "ops/dispatch_internal.h"
 #include "gpu_test.h"
 
@@ -56,9 +59,24 @@ int main(int argc, char **argv) {
   if (!filter) check_table_filled();
   char on_dev[32];
   snprintf(on_dev, sizeof on_dev, " on cuda:%d", DEV);
-  const ot_pass cuda = { DEV, 0, -1, 0, 1, 0, on_dev, " on the cpu", synchronized };
+  const ot_pass cuda = { DEV, 0, -1, 0, 1, 0, on_dev, " on the cpu", synchronized, 0 };
   int rows, cases;
   ot_run_pass(&cuda, filter, base, &rows, &cases);
+  /* the attention backward rows again with deterministic kernels asked for: in bf16, where
+   * the tensor-core backward runs its two passes (dK/dV, then dQ) instead of the one that sums
+   * dq with atomics (the other dtypes' kernels are the same either way) */
+  char det_dev[48];
+  snprintf(det_dev, sizeof det_dev, " on cuda:%d [deterministic]", DEV);
+  const ot_pass det = { DEV, 0, -1, 0, 1, 0, det_dev, " on the cpu", synchronized, OT_BF16 };
+  static const char *const det_rows[] = {"attention_backward", "attention_gqa_backward"};
+  sh_set_deterministic(1);
+  for (int i = 0; i < 2; i++)
+    if (!filter || strstr(det_rows[i], filter) || strstr(filter, det_rows[i])) {
+      int drows, dcases;
+      ot_run_pass(&det, filter && strstr(filter, det_rows[i]) ? filter : det_rows[i], base, &drows, &dcases);
+      cases += dcases;
+    }
+  sh_set_deterministic(0);
   CHECK_OK(sh_cuda_synchronize(DEV));
   printf("test_op_table: %d rows, %d cases on cuda:%d against the cpu in %.2f s\n", rows, cases, DEV, ot_now() - t0);
   if (filter && rows == 0) CHECK(0, "no row's op contains \"%s\"", filter);

@@ -2002,6 +2002,7 @@ typedef struct {
   const char *got_where;       /* in failure messages: "label<got_where>: msg" */
   const char *ref_where;
   void (*after_got)(const char *label);  /* NULL, or run after the case under test */
+  unsigned dtypes;             /* 0: every dtype a row lists; else only these of them (OT_BF16 | ...) */
 } ot_pass;
 
 static void ot_run_pass(const ot_pass *p, const char *filter, uint64_t base, int *rows, int *cases) {
@@ -2011,7 +2012,7 @@ static void ot_run_pass(const ot_pass *p, const char *filter, uint64_t base, int
     if (!ot_selected(row, filter)) continue;
     (*rows)++;
     for (int dt = 0; dt < 8; dt++) {
-      if (!(row->dtypes & (1u << dt))) continue;
+      if (!(row->dtypes & (1u << dt)) || (p->dtypes && !(p->dtypes & (1u << dt)))) continue;
       if (p->skip_f64_referenced && row->ref == OT_REF_F64 && dt == SH_F64) continue;
       (*cases)++;
       char label[256];
