@@ -57,7 +57,7 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 HOST    ?= bin/shard
 
-.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report check-layers bench bench-adamw clean check-long check-fresh check-hf fuzz readme-figures
+.PHONY: all deps run test test-build c-tests test-asan test-gpu gpu-report check-layers bench bench-adamw clean check-long test-long check-fresh check-hf fuzz readme-figures
 all: lib/libshard.so lib/libshard.a $(HOST)
 
 $(BUILD)/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
@@ -197,7 +197,15 @@ fuzz: build-fuzz/fuzz_safetensors
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=0:max_allocation_size_mb=2048 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-fuzz/fuzz_safetensors $(FUZZ_ITERS) $(FUZZ_SEED)
 
-check-long: fuzz
+# make test-long: what does not fit make test's 10 minutes (tests/run.sh, SHARD_TEST_LONG=1): the
+# C tests and recipe specs under the further lower CPU kernel sets, the multi-process scripts
+# of minutes (tests/mpi/*.sh: deterministic mode at world 5-8), the emulated device's other
+# drain orders and its op table on a small device (tests/cuda_emu/long.sh). CI runs it.
+test-long: deps
+	@$(MAKE) test-build
+	@SHARD_TEST_LONG=1 SHARD_EMU_BUILD=$(EMU) SHARD_EMU_BIN=$(EMU_BIN) sh tests/run.sh $(BUILD) bin/shard $(T)
+
+check-long: test-long fuzz
 
 # make check-fresh: README's two commands (make run, then make test) in a fresh Debian 12 root,
 # debootstrap's minbase plus only what README says a fresh machine needs, on a clean clone of

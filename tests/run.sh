@@ -12,9 +12,12 @@
 #   tools/gpu_report.lua         the kernels' registers, shared memory and spills (BUILD/kernels/*.ptxas)
 # CPU kernel sets (runtime/cpu/cpu.h): everything runs under the set in use (SHARD_CPU_ISA, or the
 # best this CPU runs); then the C tests (the op table among them) and the recipe-loss specs
-# (RECIPE_SPECS) run again under each lower set this CPU runs, with OpenBLAS's kernels of such
-# a CPU (OPENBLAS_CORETYPE), so that one AVX-512 machine proves the AVX2 and baseline x86-64
-# paths too. Their lines carry the set: "ok   test_nn [avx2] (...)".
+# (RECIPE_SPECS) run again under one lower set this CPU runs (avx2 where lower, else the next;
+# make test-long: the others), with OpenBLAS's kernels of such a CPU (OPENBLAS_CORETYPE), so that one AVX-512
+# machine proves the AVX2 and baseline x86-64 paths too. Their lines carry the set:
+# "ok   test_nn [avx2] (...)".
+# SHARD_TEST_LONG=1 (make test-long) runs only what is too long for make test: the further
+# lower sets, tests/mpi/*.sh and tests/cuda_emu/long.sh (see below).
 # A passing runner prints one line; a failing one prints its output. A runner that crashes
 # or times out counts as one failure. The last line is exactly "N passed, N failed", and the
 # exit status is non-zero if anything failed.
@@ -150,7 +153,66 @@ lower_sets=$(echo "$cpu_info" | sed -n 's/^runs: //p' | tr ' ' '\n' | sed "0,/^$
 if [ -n "${SHARD_CPU_ISA:-}" ] && [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "$(openblas_core "$isa")" ]; then
   export OPENBLAS_CORETYPE=$(openblas_core "$isa")
 fi
-echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): every test under kernel set $isa${OPENBLAS_CORETYPE:+ (OpenBLAS $OPENBLAS_CORETYPE)}${lower_sets:+; C tests and recipe specs under $lower_sets}"
+# make test reruns under one lower set: avx2 where it is lower than the set in use (the set of
+# the AVX2-only servers), else the next lower one; make test-long under the others.
+case " $lower_sets " in
+  *" avx2 "*) first_lower=avx2 ;;
+  *) first_lower=${lower_sets%% *} ;;
+esac
+other_lower=$(echo "$lower_sets" | tr ' ' '\n' | grep -vx "$first_lower" | tr '\n' ' ' | sed 's/ $//')
+
+# A runner that prints its own lines and ends with "N passed, N failed": its lines, its totals
+# added; a missing summary or a failing status with none counted is one failure. Its own
+# timeouts bound it when LIMIT is 0.
+suite_test() {   # limit (seconds, 0: none), script, args...
+  limit=$1; shift
+  t_save=$TIMEOUT; TIMEOUT=$limit
+  run_captured sh "$@"
+  TIMEOUT=$t_save
+  sed '$d' "$out"
+  set -- "$1" $(tail -n 1 "$out" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
+  if [ $# -eq 3 ]; then
+    passed=$((passed + $2)); failed=$((failed + $3))
+    [ "$rc" -eq 0 ] || [ "$3" -ne 0 ] || failed=$((failed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL $1 ($(why), no summary line)"
+  fi
+}
+
+# The C tests and the recipe specs again under kernel set $1 (for the rest of the run).
+lower_set() {
+  export SHARD_CPU_ISA="$1" OPENBLAS_CORETYPE="$(openblas_core "$1")"
+  c_tests " [$1]"
+  for name in $RECIPE_SPECS; do
+    spec=tests/spec/$name.lua
+    [ -f "$spec" ] && selected "$spec" || continue
+    spec_test "$spec" " [$1]"
+  done
+}
+
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
+# SHARD_TEST_LONG=1 (make test-long, which CI runs after make test): the runs too long for
+# make test's 10 minutes: the other lower kernel sets, the multi-process scripts of minutes
+# (tests/mpi/*.sh), and the emulated device's other drain orders (tests/cuda_emu/long.sh).
+if [ "${SHARD_TEST_LONG:-}" = 1 ]; then
+  echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): make test-long${other_lower:+; C tests and recipe specs under $other_lower}"
+  for script in tests/mpi/*.sh; do
+    [ -f "$script" ] && selected "$script" || continue
+    suite_test 0 "$script" "$SHARD"
+  done
+  if [ -n "${SHARD_EMU_BUILD:-}" ] && case cuda_emu in *"$NAME"*) true ;; *) false ;; esac; then
+    suite_test 0 tests/cuda_emu/long.sh "$SHARD_EMU_BUILD" "$SHARD_EMU_BIN"
+  fi
+  for set in $other_lower; do lower_set "$set"; done
+  finish
+  exit
+fi
+
+echo "# CPU $(echo "$cpu_info" | sed -n 's/^model: //p'): every test under kernel set $isa${OPENBLAS_CORETYPE:+ (OpenBLAS $OPENBLAS_CORETYPE)}${first_lower:+; C tests and recipe specs under $first_lower (make test-long: ${other_lower:-none})}"
 
 c_tests ""
 
@@ -196,42 +258,16 @@ done
 # Across hosts on network namespaces (tests/netns/run.sh, about 25 s, needs root: without it
 # that is its one failure): its lines, its totals added.
 if case netns in *"$NAME"*) true ;; *) false ;; esac; then
-  run_captured sh tests/netns/run.sh "$SHARD"
-  sed '$d' "$out"
-  set -- $(tail -n 1 "$out" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
-  if [ $# -eq 2 ]; then
-    passed=$((passed + $1)); failed=$((failed + $2))
-    [ "$rc" -eq 0 ] || [ "$2" -ne 0 ] || failed=$((failed + 1))
-  else
-    failed=$((failed + 1)); echo "FAIL tests/netns/run.sh ($(why), no summary line)"
-  fi
+  suite_test "$TIMEOUT" tests/netns/run.sh "$SHARD"
 fi
 
 # The CUDA path on the emulated device (tests/cuda_emu), when the caller built it
 # (make test passes SHARD_EMU_BUILD and SHARD_EMU_BIN): its runner's lines, its totals added.
 if [ -n "${SHARD_EMU_BUILD:-}" ] && case cuda_emu in *"$NAME"*) true ;; *) false ;; esac; then
-  sh tests/cuda_emu/run.sh "$SHARD_EMU_BUILD" "$SHARD_EMU_BIN" >"$out" 2>&1
-  rc=$?
-  sed '$d' "$out"
-  set -- $(tail -n 1 "$out" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
-  if [ $# -eq 2 ]; then
-    passed=$((passed + $1)); failed=$((failed + $2))
-    [ "$rc" -eq 0 ] || [ "$2" -ne 0 ] || failed=$((failed + 1))
-  else
-    failed=$((failed + 1)); echo "FAIL tests/cuda_emu/run.sh ($(why), no summary line)"
-  fi
+  suite_test 0 tests/cuda_emu/run.sh "$SHARD_EMU_BUILD" "$SHARD_EMU_BIN"
 fi
 
-# The lower kernel sets, last: each changes the environment for what follows.
-for set in $lower_sets; do
-  export SHARD_CPU_ISA="$set" OPENBLAS_CORETYPE="$(openblas_core "$set")"
-  c_tests " [$set]"
-  for name in $RECIPE_SPECS; do
-    spec=tests/spec/$name.lua
-    [ -f "$spec" ] && selected "$spec" || continue
-    spec_test "$spec" " [$set]"
-  done
-done
-
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+# The first lower kernel set (make test-long runs the others), last: it changes the
+# environment for what follows.
+for set in $first_lower; do lower_set "$set"; done
+finish

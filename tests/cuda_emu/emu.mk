@@ -2,7 +2,8 @@
 #   make test-cuda-emu   builds the emulated device (tests/cuda_emu) and, against it, the
 #                        runtime (-DSHARD_CUDA), every kernels/*.cu (comm_nccl.cu against the
 #                        NCCL stand-in, tests/cuda_emu/nccl.cpp) and bin/shard-emu; then runs the emulator's self-tests and the CUDA test
-#                        programs (tests/gpu/test_*.c) on the emulated device.
+#                        programs (tests/gpu/test_*.c) on the emulated device (run.sh, then
+#                        long.sh: make test runs the first, make test-long the second).
 #   make shard-emu       only bin/shard-emu (bin/shard's link with the emulated objects).
 # Nothing here uses an NVIDIA header or library: the kernels are rewritten by
 # tests/cuda_emu/rewrite.lua (launches and __shared__; line numbers kept) and compiled by g++.
@@ -41,7 +42,7 @@ EMU_GPU_TESTS := $(patsubst tests/gpu/%.c,$(EMU)/tests/gpu/%,$(wildcard tests/gp
 .SECONDARY: $(EMU_KERNEL_HDR) $(EMU_KERNEL_SRC:%=$(EMU)/rw/%) $(EMU_SELF_CU:%=$(EMU)/rw/%)
 
 test-cuda-emu: $(EMU_SELF) $(EMU_BIN) $(EMU_GPU_TESTS)
-	@sh $(EMU_DIR)/run.sh $(EMU) $(EMU_BIN)
+	@SHARD_EMU_ALL=1 sh $(EMU_DIR)/run.sh $(EMU) $(EMU_BIN)
 
 shard-emu: $(EMU_BIN)
 

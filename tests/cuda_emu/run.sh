@@ -6,49 +6,12 @@
 # each printing "C name: N passed, N failed" (or "... N passed, N failed" last); a program that
 # crashes or prints no summary counts as one failure. Ends with "N passed, N failed" and a
 # non-zero status when anything failed. The device runs adversarially: deferred work drained
-# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise;
-# then the stream-heavy programs again with each seed of SHARD_EMU_DRAIN_SEEDS (below).
+# newest-first, blocks shuffled (SHARD_EMU_BLOCK_ORDER), unless the environment says otherwise.
+# The longer runs (other drain orders, the op table on a small device) are in long.sh.
 EMU=${1:-build-emu}
 SHARD=${2:-bin/shard-emu}
-TIMEOUT=${SHARD_EMU_TEST_TIMEOUT:-300}
 cd "$(dirname "$0")/../.." || exit 2
-: "${SHARD_EMU_BLOCK_ORDER:=shuffle:1}"
-export SHARD_EMU_BLOCK_ORDER
-# Every block the caching allocator hands out is refilled with NaN (device.cu's debug option),
-# so an output a kernel leaves unwritten shows on reused memory too, not only on fresh cudaMalloc.
-: "${SHARD_CUDA_POISON:=1}"
-export SHARD_CUDA_POISON
-passed=0
-failed=0
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-start=$(date +%s)
-
-run_one() {   # name, command...
-  name=$1; shift
-  t0=$(date +%s)
-  timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>&1
-  rc=$?
-  t1=$(date +%s)
-  line=$(grep -E '[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
-  if [ -z "$line" ]; then
-    failed=$((failed + 1))
-    echo "FAIL $name (exit $rc, no summary line)"
-    sed 's/^/    /' "$out" | tail -n 40
-    return
-  fi
-  p=$(echo "$line" | sed -E 's/.*[^0-9]([0-9]+) passed, ([0-9]+) failed$/\1/')
-  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
-  passed=$((passed + p))
-  failed=$((failed + f))
-  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
-    [ "$f" -ne 0 ] || failed=$((failed + 1))
-    echo "FAIL $name ($f failed, exit $rc, $((t1 - t0))s)"
-    grep -E '^(not ok|FAIL|cuda_emu:)' "$out" | sed 's/^/    /' | head -n 60
-  else
-    echo "ok   $name: $p passed ($((t1 - t0))s)"
-  fi
-}
+. tests/cuda_emu/runner.sh
 
 run_one "cuda_emu/test_rewrite.lua" ${LUAJIT:-luajit} tests/cuda_emu/tests/test_rewrite.lua
 for t in "$EMU"/self/*; do
@@ -62,17 +25,13 @@ SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 run_one "cuda_emu/test_emu_core (SHARD_EM
 # tests/run_gpu.sh, so the fallback runs too: for the op table only its linear rows use them);
 # and with the threads of a block in reverse order between barriers (a missing barrier whose
 # reader has the lower index shows in the first run, one whose reader has the higher index
-# here). The op table's reverse-order run is also on a small device: one SM, so a grid-stride
-# launch (32 blocks per SM) covers fewer elements than the larger rows and the kernels must
-# loop, and grid.y capped at 3, so the launches that put rows or heads on grid.y split them.
+# here); the op table's reverse-order run is in long.sh (make test-long).
 for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
   prog=$(basename "$t")
   run_one "gpu/$prog (emulated)" "$t"
   if [ "$prog" = test_op_table ]; then
     SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog linear (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t" linear
-    SHARD_EMU_THREAD_ORDER=reverse SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3 \
-      run_one "gpu/$prog (emulated, SHARD_EMU_THREAD_ORDER=reverse SHARD_EMU_SMS=1 SHARD_EMU_MAX_GRID_Y=3)" "$t"
   else
     SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
     SHARD_EMU_THREAD_ORDER=reverse run_one "gpu/$prog (emulated, SHARD_EMU_THREAD_ORDER=reverse)" "$t"
@@ -88,12 +47,9 @@ for s in tests/gpu/*.lua; do
   case $(basename "$s") in mpi_*|torchrun_*|support.lua) continue ;; esac
   run_one "gpu/$(basename "$s") (emulated)" "$SHARD" run "$s"
 done
-# Ranks as separate processes over the NCCL stand-in (nccl.cpp), started the three ways real
+# Ranks as separate processes over the NCCL stand-in, started the three ways real
 # runs start: mpirun, `shard launch` and a torchrun-style environment (MASTER_PORT held by
 # another process, as torchrun's store holds it).
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
-scratch=$(mktemp -d)
-trap 'rm -f "$out"; rm -rf "$scratch"' EXIT
 for n in 2 3 4; do
   rm -f "$scratch"/*
   run_one "gpu/mpi_fsdp_strategies.lua (emulated, mpirun -np $n)" \
@@ -148,30 +104,6 @@ for r in 0 1; do
     tail -n 20 "$out" | sed 's/^/    /'
   fi
 done
-# The stream-heavy programs again with host waits draining the streams in other orders
-# (SHARD_EMU_DRAIN_SEED, README "Streams"), so a race shows whichever stream was issued last:
-# seeds 1..6 give every wait every order of up to 3 streams; the default two keep the suite's
-# time (both orders of two streams).
-for seed in ${SHARD_EMU_DRAIN_SEEDS:-1 2}; do
-  for prog in test_cuda_device test_optim_multi; do
-    [ -x "$EMU/tests/gpu/$prog" ] || continue
-    SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$prog (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$EMU/tests/gpu/$prog"
-  done
-  for s in gpt_step offload_fsdp offload_flatparam trace_streams snapshot_restore; do
-    SHARD_EMU_DRAIN_SEED=$seed run_one "gpu/$s.lua (emulated, SHARD_EMU_DRAIN_SEED=$seed)" "$SHARD" run tests/gpu/$s.lua
-  done
-  rm -f "$scratch"/*
-  run_one "gpu/mpi_fsdp_strategies.lua (emulated, mpirun -np 2, SHARD_EMU_DRAIN_SEED=$seed)" \
-    $MPIRUN -np 2 -x SHARD_EMU_DRAIN_SEED=$seed -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/mpi_fsdp_strategies.lua
-  rm -f "$scratch"/*
-  run_one "gpu/trace_streams.lua (emulated, mpirun -np 2, SHARD_EMU_DRAIN_SEED=$seed)" \
-    $MPIRUN -np 2 -x SHARD_EMU_DRAIN_SEED=$seed -x SHARD_TEST_DIR="$scratch" "$SHARD" run tests/gpu/trace_streams.lua
-done
-# The captured step at world 2 (the graph's lanes: the compute and collective streams) under the
-# first seed only: 11 s of CPU a run; its world-1 cases have no order to show.
-seed=$(echo ${SHARD_EMU_DRAIN_SEEDS:-1 2} | cut -d' ' -f1)
-run_one "gpu/cuda_graph_step.lua (emulated, mpirun -np 2, SHARD_EMU_DRAIN_SEED=$seed)" \
-  $MPIRUN -np 2 -x SHARD_EMU_DRAIN_SEED=$seed "$SHARD" run tests/gpu/cuda_graph_step.lua
-echo "cuda_emu: $(( $(date +%s) - start ))s"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+# SHARD_EMU_ALL=1 (make test-cuda-emu): make test-long's part too.
+[ "${SHARD_EMU_ALL:-}" != 1 ] || . tests/cuda_emu/long.sh
+finish
