@@ -410,6 +410,7 @@ end
 
 function Meter:restart()
   self.t0, self.waited0, self.steps = timer.now(), require("shard.comm").wait_seconds(), 0
+  self.cpu0 = os.clock()   -- this process's CPU time, every thread's: a measure the machine's load does not stretch
 end
 
 -- The window's figures; restarts the window.
@@ -421,6 +422,7 @@ function Meter:window()
   local tokens_per_s = self.tokens_per_step / dt
   local flops = self.per_token * tokens_per_s / self.env.world      -- per rank
   local out = { steps = steps, seconds = seconds, waited = waited, ms_per_iter = dt * 1000,
+                cpu_ms_per_iter = (os.clock() - self.cpu0) / steps * 1000,
                 tokens_per_s = tokens_per_s, tflops = flops / 1e12,
                 mfu = self.peak and flops / self.peak.flops or nil,
                 exposed_comm_ms = waited / steps * 1000,
@@ -520,7 +522,7 @@ function M.run(recipe)
   write{ event = "start", device = env.device, cpu = cpu, world = env.world, strategy = cfg.strategy,
          n_params = model:num_params(), flops_per_token = meter.per_token, tokens_per_step = meter.tokens_per_step,
          peak_tflops = meter.peak and meter.peak.flops / 1e12, peak_source = meter.peak and meter.peak.source }
-  local rates, mfus = {}, {}
+  local rates, mfus, cpus = {}, {}, {}
   shard.trace.setup{ path = cfg.trace, steps = cfg.trace_steps, memory_timeline = cfg.memory_timeline, device = env.device }
   for it = start, cfg.max_iters do
     if it % cfg.eval_interval == 0 or it == cfg.max_iters then
@@ -545,7 +547,7 @@ function M.run(recipe)
     meter.steps = meter.steps + 1
     if logging then
       local w = meter:window()
-      rates[#rates + 1], mfus[#mfus + 1] = w.tokens_per_s, w.mfu
+      rates[#rates + 1], mfus[#mfus + 1], cpus[#cpus + 1] = w.tokens_per_s, w.mfu, w.cpu_ms_per_iter
       progress_line(it, loss, opt.lr, w)
       write{ iter = it, loss = loss, ms_per_iter = w.ms_per_iter, tokens_per_s = w.tokens_per_s, lr = opt.lr,
              tflops = w.tflops, mfu = w.mfu, peak_bytes = w.peak_bytes, exposed_comm_ms = w.exposed_comm_ms,
@@ -581,6 +583,7 @@ function M.run(recipe)
   -- alone (compiling, allocating, warming the caches)
   local function steady(xs) return #xs > 1 and { unpack(xs, 2) } or xs end
   metrics_line(model, opt, train, cfg, env, { tokens_per_s = median(steady(rates)), mfu = median(steady(mfus)),
+                                              cpu_ms_per_iter = median(steady(cpus)),
                                               params_sha256 = params_sha256, deterministic = cfg.deterministic })
   return { model = model, cfg = cfg, env = env }
 end

@@ -2,9 +2,10 @@
 -- world 1, 2 and 3 (mpirun; NCCL, on the emulator its stand-in, whose all_to_all is a group
 -- of ncclSend/ncclRecv) must print the same losses and params_sha256 in every case, bit for
 -- bit. The cases: full_shard, no_shard, offload and a grad_accum split, SHARD_DETERM_STEPS
--- steps (3 unless set). Starts the ranks itself with the binary running it (bin/shard-emu
--- under tests/cuda_emu/run.sh, bin/shard on a GPU). On real GPUs NCCL takes one rank per
--- device, so the worlds stop at the device count (one GPU: world 1 alone, the cases compared).
+-- steps (2 unless set: the second loss and the final parameters follow the reductions).
+-- Starts the ranks itself with the binary running it (bin/shard-emu under
+-- tests/cuda_emu/run.sh, bin/shard on a GPU). On real GPUs NCCL takes one rank per device, so
+-- the worlds stop at the device count (one GPU: world 1 alone, the cases compared).
 local ffi = require("ffi")
 local support = dofile((debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "") .. "support.lua")
 
@@ -21,7 +22,7 @@ local bin = ffi.string(buf, n)
 
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1"
 local CASES = "full_shard,no_shard,full_shard_offload,full_shard_accum2"
-local steps = os.getenv("SHARD_DETERM_STEPS") or "3"
+local steps = os.getenv("SHARD_DETERM_STEPS") or "2"
 
 local function run(np)
   local cmd = ("SHARD_DETERM_DEVICE=cuda SHARD_DETERM_CASES=%s SHARD_DETERM_STEPS=%s OMP_NUM_THREADS=1 %s -np %d " ..
