@@ -1,7 +1,7 @@
 -- Deterministic mode on CUDA (issue 37): tests/fixtures/deterministic_run.lua on the GPU at
 -- world 1, 2 and 3 (mpirun; NCCL, on the emulator its stand-in, whose all_to_all is a group
 -- of ncclSend/ncclRecv) must print the same losses and params_sha256 in every case, bit for
--- bit. The cases: full_shard, no_shard, offload and a grad_accum split, SHARD_DETERM_STEPS
+-- bit, after checking the device's all_to_all against its definition. The cases: full_shard, no_shard, offload and a grad_accum split, SHARD_DETERM_STEPS
 -- steps (2 unless set: the second loss and the final parameters follow the reductions).
 -- Starts the ranks itself with the binary running it (bin/shard-emu under
 -- tests/cuda_emu/run.sh, bin/shard on a GPU). On real GPUs NCCL takes one rank per device, so
@@ -34,6 +34,8 @@ local function run(np)
   local cases, count = {}, 0
   for name, rest in out:gmatch("case (%S+) (losses [^\n]*)") do cases[name] = rest; count = count + 1 end
   support.check(ok and count == 4, ("world %d ran %d of 4 cases%s"):format(np, count, ok and "" or ", and failed:\n" .. out))
+  local wrong = out:match("all_to_all: (%d+) wrong elements")
+  support.check(wrong == "0", ("world %d: the device's all_to_all: %s wrong elements"):format(np, tostring(wrong)))
   return cases
 end
 
