@@ -186,7 +186,7 @@ local function event_wait_fn()
   event_wait = event_wait or ffi.cast("sh_snap_ready_fn", C.sh_cuda_event_synchronize)
   return event_wait
 end
-local ALIGN = 256   -- each chunk's place in the staging
+local function aligned(n) return math.ceil(tonumber(n) / 256) * 256 end   -- each chunk's place in the staging
 
 local function stream(device, kind)
   local box = ffi.new("sh_cuda_stream*[1]")
@@ -218,7 +218,7 @@ end
 -- event the write waits for.
 function Snap:stage(tensors, list, ptrs, sizes)
   local total = 0
-  for _, i in ipairs(list) do total = total + math.ceil(tonumber(sizes[i - 1]) / ALIGN) * ALIGN end
+  for _, i in ipairs(list) do total = total + aligned(sizes[i - 1]) end
   local g = self:staging_for(tensors[list[1]].p.device, total)
   local compute = stream(g.device)
   check(C.sh_cuda_event_record(g.ready, compute))
@@ -233,7 +233,7 @@ function Snap:stage(tensors, list, ptrs, sizes)
       host:free()
       check(rc)
       ptrs[i - 1] = at
-      at = at + math.ceil(tonumber(sizes[i - 1]) / ALIGN) * ALIGN
+      at = at + aligned(sizes[i - 1])
     end
     check(C.sh_cuda_event_record(g.copied, g.stream))
   end)
@@ -242,6 +242,7 @@ function Snap:stage(tensors, list, ptrs, sizes)
   return g.copied
 end
 
+-- The run ended: the staging and the events go (every copy is done by then).
 function Snap:free_staging()
   local g = self.gpu
   if not g then return end
