@@ -3,6 +3,7 @@
  * single elements and whole cpu tensors in f64. */
 #include "ops_internal.h"
 #include "core/alloc_internal.h"
+#include <math.h>
 
 int sh_tensor_contiguous(sh_tensor **out, const sh_tensor *t) {
   *out = NULL;
@@ -38,11 +39,19 @@ static int require_cpu(const sh_tensor *t, const char *op) {
   return SH_OK;
 }
 
+/* An element as the host reads it. A NaN comes back as the plain quiet NaN: LuaJIT keeps its own
+ * values in NaN payloads, so a NaN with a payload (an f32 0xffffffff widened to a double has
+ * one) reads back in Lua as another type (nil, a table), not as a number. */
+static double host_value(const void *data, int dtype, int64_t off) {
+  double v = sh_load(data, dtype, off);
+  return isnan(v) ? (double)NAN : v;
+}
+
 int sh_tensor_item(const sh_tensor *t, double *out) {
   SH_TRY(require_cpu(t, "item"));
   if (sh_tensor_numel(t) != 1)
     return sh_fail(SH_ERR_ARG, "item: needs a tensor with one element, got %s", sh_desc(t));
-  *out = sh_load(t->storage->data, t->dtype, t->offset);
+  *out = host_value(t->storage->data, t->dtype, t->offset);
   return SH_OK;
 }
 
@@ -61,7 +70,7 @@ int sh_tensor_get(const sh_tensor *t, const int64_t *index, double *out) {
   int64_t off;
   SH_TRY(require_cpu(t, "get"));
   SH_TRY(element_offset(t, index, "get", &off));
-  *out = sh_load(t->storage->data, t->dtype, off);
+  *out = host_value(t->storage->data, t->dtype, off);
   return SH_OK;
 }
 
@@ -80,7 +89,7 @@ int sh_tensor_read_f64(const sh_tensor *t, double *out) {
   int64_t n = sh_tensor_numel(t);
   sh_nditer it;
   sh_nditer_init(&it, t->ndim, t->shape, 1, strides, &t->offset);
-  for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) out[i] = sh_load(t->storage->data, t->dtype, it.off[0]);
+  for (int64_t i = 0; i < n; i++, sh_nditer_next(&it)) out[i] = host_value(t->storage->data, t->dtype, it.off[0]);
   return SH_OK;
 }
 

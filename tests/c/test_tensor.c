@@ -518,6 +518,36 @@ static void test_allocator(void) {
   CHECK_FAILS(sh_mem_stats_get(3, &s2), SH_ERR_DEVICE, "cuda:3");
 }
 
+static uint64_t f64_bits(double v) { uint64_t b; memcpy(&b, &v, 8); return b; }
+
+/* NaNs with payloads (as kernels write them: f32 0xffffffff, bf16 0xffff, a signalling f64) read
+ * back through item, get and read_f64 as the plain quiet NaN 0x7ff8000000000000, the one
+ * LuaJIT takes for a number (its own values live in NaN payloads). */
+static void test_host_nan(void) {
+  static const struct { int dtype; uint64_t bits; } cases[] = {
+    {SH_F32, 0xffffffffu}, {SH_F32, 0x7fc00001u}, {SH_BF16, 0xffffu}, {SH_F16, 0xfe01u},
+    {SH_F64, 0xfff8000000000001ull}, {SH_F64, 0x7ff0000000000001ull}};
+  const int64_t shape[1] = {2};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    sh_tensor *t = make(1, shape, cases[c].dtype);
+    size_t size = (size_t)sh_dtype_size(cases[c].dtype);
+    memcpy((char *)t->storage->data + size, &cases[c].bits, size);   /* element 1; little-endian */
+    double item = 0, got = 0, all[2] = {0, 0};
+    sh_tensor *one = NULL;
+    CHECK_OK(sh_view_narrow(&one, t, 0, 1, 1));
+    CHECK_OK(sh_tensor_item(one, &item));
+    CHECK_OK(sh_tensor_get(t, (const int64_t[]){1}, &got));
+    CHECK_OK(sh_tensor_read_f64(t, all));
+    CHECK(f64_bits(item) == 0x7ff8000000000000ull && f64_bits(got) == 0x7ff8000000000000ull &&
+          f64_bits(all[1]) == 0x7ff8000000000000ull,
+          "case %zu (%s 0x%llx): item 0x%016llx get 0x%016llx read 0x%016llx", c, sh_dtype_name(cases[c].dtype),
+          (unsigned long long)cases[c].bits, (unsigned long long)f64_bits(item), (unsigned long long)f64_bits(got),
+          (unsigned long long)f64_bits(all[1]));
+    sh_tensor_destroy(one);
+    sh_tensor_destroy(t);
+  }
+}
+
 int main(int argc, char **argv) {
   check_args(argc, argv);
   RUN(test_create);
@@ -527,5 +557,6 @@ int main(int argc, char **argv) {
   RUN(test_rounding);
   RUN(test_lifetime);
   RUN(test_allocator);
+  RUN(test_host_nan);
   return check_summary("test_tensor");
 }

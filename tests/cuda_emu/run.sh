@@ -30,7 +30,9 @@ for t in "$EMU"/tests/gpu/test_*; do
   [ -x "$t" ] || continue
   prog=$(basename "$t")
   run_one "gpu/$prog (emulated)" "$t"
-  if [ "$prog" = test_op_table ]; then
+  if [ "$prog" = test_attention_bits ]; then
+    continue   # it sets its block orders itself; the op table's runs cover its kernels' barriers
+  elif [ "$prog" = test_op_table ]; then
     SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog linear (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t" linear
   else
     SHARD_NO_LT_EPILOGUE=1 run_one "gpu/$prog (emulated, SHARD_NO_LT_EPILOGUE=1)" "$t"
