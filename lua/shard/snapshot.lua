@@ -57,12 +57,15 @@ M.BUDGET, M.WARM, M.PAIRS = 0.03, 2, 10
 function M.dir() return os.getenv("SHARD_SNAPSHOT_DIR") or "/dev/shm" end
 
 -- The job's name in file names: shard launch's SHARD_JOB_ID (kept across its restarts), else
--- mpirun's job id, else one of this process's own (the same for the whole process).
+-- mpirun's job id, else one of this process's own (the same for the whole process): its pid and
+-- start time, so two jobs started together on a host never share files (math.random is the
+-- same sequence in every process).
+pcall(ffi.cdef, "int getpid(void);")
 local own_id
 function M.job_id()
   local id = os.getenv("SHARD_JOB_ID") or os.getenv("OMPI_MCA_ess_base_jobid") or os.getenv("PMIX_NAMESPACE")
   if not id or id == "" then
-    own_id = own_id or ("solo%d-%d"):format(os.time(), math.random(1e9))
+    own_id = own_id or ("solo%d-%d"):format(os.time(), ffi.C.getpid())
     id = own_id
   end
   return (id:gsub("[^%w_.-]", "_"))
