@@ -18,6 +18,7 @@
 local comm = require("shard.comm")
 local optim = require("shard.optim")
 local tensor = require("shard.tensor")
+local cuda_graph = require("shard.cuda_graph")
 
 local M = {}
 local GradScaler = {}
@@ -73,6 +74,11 @@ end
 -- an inf or NaN (one all-reduce of one flag). Once per step; returns found_inf.
 function GradScaler:unscale()
   if self.unscaled then return self.found_inf end
+  if cuda_graph.capturing() then
+    error("amp.GradScaler: fp16 loss scaling skips a step by reading on the host whether a gradient " ..
+          "overflowed, which a CUDA graph cannot capture: run this step eagerly (no --cuda_graph), or " ..
+          "train in bf16, which needs no scaler", 2)
+  end
   local grads, owned = {}, {}
   for _, e in ipairs(self.opt.entries) do
     local g, own = optim.grad_of(e)

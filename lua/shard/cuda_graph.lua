@@ -19,8 +19,8 @@
 -- graph's: runtime/core/cuda.h).
 -- Refused by name: a host read or a host batch inside the function (loss:item(), x:to("cuda")),
 -- a batch of another shape or dtype, FSDP CPU offload of the model given (its copies run on a
--- stream outside the capture), a CPU device. fp16's grad scaler skips a step by reading the
--- host: refused by the host-read rule.
+-- stream outside the capture), a CPU device, fp16's grad scaler (it skips a step by reading
+-- the host: amp.GradScaler asks M.capturing()).
 -- Replay speed is unmeasured on a real GPU: the emulator (tests/cuda_emu) checks correctness
 -- and counts launches, not time.
 local ffi = require("ffi")
@@ -50,12 +50,18 @@ local function cuda_index(device, what)
   return index
 end
 
+local capturing = false
+-- True while M.capture runs its function: what must not be captured asks, to refuse by name.
+function M.capturing() return capturing end
+
 -- Captures what fn() queues on `device` (cuda:N) as a graph; fn's results are returned after
 -- the graph. Nothing fn queues runs until the graph is launched.
 function M.capture(device, fn)
   local index = cuda_index(device, "cuda_graph.capture")
   check(C.sh_cuda_graph_begin(index), 2)
+  capturing = true
   local ok, a, b, c = pcall(fn)
+  capturing = false
   local box = ffi.new("sh_cuda_graph*[1]")
   local rc = C.sh_cuda_graph_end(index, box)
   if not ok then

@@ -9,7 +9,7 @@
 -- collectives in the graph are the NCCL stand-in's; FSDP only there); a replayed step is one
 -- host launch (the emulator's counters, skipped on a real GPU); and, at world 1, the refusals: a
 -- host read inside the step, another batch shape, two optimizers captured with different lrs
--- driven by one, a negative lr, CPU offload, a CPU device. SHARD_GRAPH_CASES (a list of plain,
+-- driven by one, a negative lr, CPU offload, a CPU device, fp16's grad scaler. SHARD_GRAPH_CASES (a list of plain,
 -- sgd, fsdp, refusals; default all) runs some (the drain-order reruns take fsdp). Prints
 -- "cuda_graph_step (rank R of N): N passed, N failed".
 local shard = require("shard")
@@ -216,6 +216,14 @@ if env.world == 1 and wanted("refusals") then
   reads(x, y)
   fails(function() reads(x, y) end, "while a CUDA graph is captured", "a host read inside the step")
   fails(function() cuda_graph.step(step, { warmup = 0 }) end, "warmup must be a whole number >= 1", "warmup 0")
+  local scaler = shard.amp.GradScaler(opt)
+  local scaled = cuda_graph.step(function(a, b)
+    local loss = model(a, b)
+    scaler:scale(loss):backward(); scaler:step(); scaler:update(); opt:zero_grad(true)
+    return loss
+  end, { warmup = 1 })
+  scaled(x, y)
+  fails(function() scaled(x, y) end, "amp.GradScaler: fp16 loss scaling skips a step by reading on the host", "fp16's grad scaler")
   local off = shard.fsdp.wrap(function() return nn.GPT(CFG) end, { policy = shard.fsdp.policy.transformer{ nn.Block },
                                                                     offload = { params = true } })
   local off_opt = optim.AdamW(off, { lr = 1e-3 })
