@@ -291,9 +291,17 @@ local function resume(cfg, env, state)
   return info.step
 end
 
+-- A step's end, after its backward: clip, then the optimizer. snaps: a copy of the state may be
+-- in flight until the optimizer writes it.
+local function update(model, opt, cfg, snaps)
+  local trace = shard.trace
+  if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
+  if snaps then snaps:before_update() end
+  trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
+end
+
 -- One training step of grad_accum micro-batches; returns the step's loss when `read` (a read
--- waits for the device, so only logged steps read it). snaps: a copy of the state may be in
--- flight until the optimizer writes it.
+-- waits for the device, so only logged steps read it).
 local function step(model, opt, train, cfg, read, snaps)
   local trace = shard.trace
   local xs, ys = {}, {}
@@ -312,9 +320,7 @@ local function step(model, opt, train, cfg, read, snaps)
     if read then loss_sum = loss_sum + scaled:item() end
     loss:free(); scaled:free(); xs[i]:free(); ys[i]:free()
   end
-  if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
-  if snaps then snaps:before_update() end
-  trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
+  update(model, opt, cfg, snaps)
   return read and gl:mean(loss_sum) or nil
 end
 
@@ -386,11 +392,8 @@ local function deterministic_backward(model, train, env, read)
 end
 
 local function deterministic_step(model, opt, train, cfg, env, read, snaps)
-  local trace = shard.trace
   local loss = deterministic_backward(model, train, env, read)
-  if cfg.grad_clip > 0 then trace.span("clip grad norm", shard.fsdp.clip_grad_norm, model, cfg.grad_clip) end
-  if snaps then snaps:before_update() end
-  trace.span("optimizer", function() opt:step(); opt:zero_grad(true) end)
+  update(model, opt, cfg, snaps)
   return loss
 end
 
